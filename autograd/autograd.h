@@ -1,0 +1,132 @@
+/* autograd.h: the tape, its nodes, saved tensors, grad mode and backward.
+ *
+ * Define-by-run: a differentiable op (autograd/fn_*.c) computes its output
+ * with tensor/ops.h and, when fr_should_record() says so, appends a node to
+ * the tape: which inputs gradients flow to (edges), what it saved, and its
+ * backward function. fr_backward(loss) walks the tape in reverse; as soon as
+ * a node has run, its saved tensors and the gradients of its outputs are
+ * released, so memory falls during backward instead of at its end. The tape
+ * is cleared afterwards; gradients accumulate into .grad of leaves (tagged
+ * FR_TAG_GRAD).
+ *
+ * Saved tensors have two forms. HELD: a reference plus the storage version
+ * seen at save time; unpacking a tensor whose storage was written inplace
+ * since then fails with FR_ERR_VERSION naming the saving op and the writer.
+ * RECIPE: a function that recomputes the tensor in backward (from what the
+ * recipe's own context keeps), so the tensor itself need not stay alive. The
+ * engine treats both alike: fr_node_unpack returns a reference the backward
+ * function releases when done.
+ *
+ * Ownership: the tape owns its nodes. A tensor's grad_fn is valid only while
+ * the tape generation it was made in is current; backward and fr_tape_clear
+ * start a new generation.
+ *
+ * One tape per thread (the tape and grad mode are thread-local). */
+#ifndef FR_AUTOGRAD_H
+#define FR_AUTOGRAD_H
+
+#include "../tensor/ops.h"
+#include "../tensor/tensor.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct fr_node fr_node;
+
+/* dout[i]: gradient of output i (never NULL: outputs that received no
+ * gradient get zeros only if some other output did). din[j]: the function
+ * sets a NEW reference for every input j with fr_node_needs_grad(node, j) and
+ * may leave others NULL. */
+typedef fr_status (*fr_backward_fn)(fr_node *node, fr_tensor *const *dout, fr_tensor **din);
+
+/* Recomputes a saved tensor; returns a new reference or NULL with an error. */
+typedef fr_tensor *(*fr_recipe_fn)(void *ctx);
+
+typedef enum { FR_EDGE_NONE = 0, FR_EDGE_LEAF, FR_EDGE_NODE } fr_edge_kind;
+typedef struct {
+    fr_edge_kind kind;
+    fr_tensor *leaf;     /* FR_EDGE_LEAF: the leaf (a reference) */
+    fr_node *node;       /* FR_EDGE_NODE: the producer */
+    int output;          /* which output of the producer */
+} fr_edge;
+
+typedef struct {
+    fr_tensor *held;          /* held form; NULL for a recipe */
+    uint64_t version;         /* storage version when saved */
+    fr_recipe_fn recipe;      /* recipe form */
+    void *recipe_ctx;
+    void (*recipe_ctx_free)(void *ctx);
+} fr_saved;
+
+struct fr_node {
+    const char *op;           /* "conv2d": named in errors */
+    fr_backward_fn backward;
+    void *ctx;                /* op parameters and small state */
+    void (*ctx_free)(void *ctx);
+    int n_inputs;
+    fr_edge *inputs;
+    int n_outputs;
+    fr_tensor **grads;        /* accumulated gradient per output */
+    int64_t (*out_shapes)[FR_MAX_DIMS];
+    int *out_ndims;
+    fr_device device;
+    int n_saved, cap_saved;
+    fr_saved *saved;
+    uint64_t gen;
+};
+
+/* ---- grad mode ---- */
+/* Nestable: while the depth is > 0 no node is recorded and nothing is saved. */
+void fr_no_grad_enter(void);
+void fr_no_grad_exit(void);
+bool fr_grad_enabled(void);
+
+/* ---- leaves ---- */
+/* Marks a leaf as wanting a gradient (parameters). */
+void fr_set_requires_grad(fr_tensor *t, bool on);
+/* True for a tensor that needs grad and whose producer is on the live tape. */
+bool fr_has_grad_fn(const fr_tensor *t);
+/* Drops the leaf's accumulated gradient (frees it). */
+void fr_zero_grad(fr_tensor *t);
+/* A view of t that is cut off from the tape. */
+fr_tensor *fr_detach(fr_tensor *t);
+
+/* ---- writing a differentiable op ---- */
+/* Whether an op with these inputs (NULL entries ignored) must record. */
+bool fr_should_record(int n, fr_tensor *const *inputs);
+/* Appends a node. Input edges are taken from the inputs' current state, so an
+ * inplace op must call this before rebinding its output. Returns NULL with
+ * FR_ERR_GRAPH when an input comes from a graph that backward already freed. */
+fr_node *fr_node_new(const char *op, fr_backward_fn backward, int n_inputs,
+                     fr_tensor *const *inputs, int n_outputs);
+/* Makes `t` output `index` of the node (sets grad_fn, requires_grad). */
+void fr_node_set_output(fr_node *node, int index, fr_tensor *t);
+/* Takes ownership of ctx; ctx_free (may be NULL for plain free) runs when the
+ * node is freed. */
+void fr_node_set_ctx(fr_node *node, void *ctx, void (*ctx_free)(void *));
+bool fr_node_needs_grad(const fr_node *node, int input);
+/* Saves t (held form); returns its index or -1 with an error. */
+int fr_node_save(fr_node *node, fr_tensor *t);
+/* Saves a recipe; the node owns ctx from here on. Returns index or -1. */
+int fr_node_save_recipe(fr_node *node, fr_recipe_fn fn, void *ctx, void (*ctx_free)(void *));
+/* A new reference to saved tensor i (recomputed for a recipe), or NULL with
+ * FR_ERR_VERSION when a held tensor was written inplace after saving. */
+fr_tensor *fr_node_unpack(fr_node *node, int i);
+/* Releases saved entry i early (after its last use in backward). */
+void fr_node_drop_saved(fr_node *node, int i);
+
+/* ---- the tape ---- */
+/* Runs backward from a one-element tensor, seeding its gradient with 1. */
+fr_status fr_backward(fr_tensor *loss);
+/* Runs backward from `out` with the given gradient (same shape). */
+fr_status fr_backward_with(fr_tensor *out, fr_tensor *grad_out);
+/* Frees every node on this thread's tape and what they saved. */
+void fr_tape_clear(void);
+/* Nodes on the tape now. */
+int fr_tape_size(void);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

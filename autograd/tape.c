@@ -1,0 +1,362 @@
+/* tape.c: grad mode, nodes, saved tensors and the backward engine. */
+#include "autograd.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+static _Thread_local int no_grad_depth;
+static _Thread_local fr_node **tape;
+static _Thread_local int tape_len, tape_cap;
+/* Generation of the live tape; starts at 1 so a zeroed tensor (gen 0) never
+ * looks attached. */
+static _Thread_local uint64_t tape_gen = 1;
+
+void fr_no_grad_enter(void) { no_grad_depth++; }
+void fr_no_grad_exit(void) {
+    FR_ASSERT(no_grad_depth > 0);
+    no_grad_depth--;
+}
+bool fr_grad_enabled(void) { return no_grad_depth == 0; }
+
+void fr_set_requires_grad(fr_tensor *t, bool on) {
+    FR_ASSERT(t);
+    t->requires_grad = on;
+}
+
+bool fr_has_grad_fn(const fr_tensor *t) {
+    return t && t->requires_grad && t->grad_fn && t->grad_fn_gen == tape_gen;
+}
+
+static bool is_leaf(const fr_tensor *t) { return t->requires_grad && !t->grad_fn; }
+
+void fr_zero_grad(fr_tensor *t) {
+    if (t)
+        fr_clear(&t->grad);
+}
+
+fr_tensor *fr_detach(fr_tensor *t) {
+    if (fr_check_defined("detach", "input", t) != FR_OK)
+        return NULL;
+    fr_tensor *v = fr_narrow(t, 0, 0, t->ndim ? t->shape[0] : 0);
+    if (!v && t->ndim == 0) /* narrow needs a dimension; a scalar views as itself */
+        v = fr_view(t, 0, NULL);
+    if (v) {
+        v->requires_grad = false;
+        v->grad_fn = NULL;
+    }
+    return v;
+}
+
+bool fr_should_record(int n, fr_tensor *const *inputs) {
+    if (no_grad_depth > 0)
+        return false;
+    for (int i = 0; i < n; i++)
+        if (inputs[i] && inputs[i]->requires_grad)
+            return true;
+    return false;
+}
+
+static void saved_release(fr_saved *s) {
+    if (s->held) {
+        fr_storage_unmark_saved(s->held->storage);
+        fr_clear(&s->held);
+    }
+    if (s->recipe_ctx_free)
+        s->recipe_ctx_free(s->recipe_ctx);
+    else
+        free(s->recipe_ctx);
+    memset(s, 0, sizeof *s);
+}
+
+static void node_free(fr_node *n) {
+    if (!n)
+        return;
+    for (int i = 0; i < n->n_saved; i++)
+        saved_release(&n->saved[i]);
+    for (int i = 0; i < n->n_inputs; i++)
+        if (n->inputs[i].kind == FR_EDGE_LEAF)
+            fr_release(n->inputs[i].leaf);
+    for (int i = 0; i < n->n_outputs; i++)
+        fr_release(n->grads[i]);
+    if (n->ctx_free)
+        n->ctx_free(n->ctx);
+    else
+        free(n->ctx);
+    free(n->saved);
+    free(n->inputs);
+    free(n->grads);
+    free(n->out_shapes);
+    free(n->out_ndims);
+    free(n);
+}
+
+fr_node *fr_node_new(const char *op, fr_backward_fn backward, int n_inputs,
+                     fr_tensor *const *inputs, int n_outputs) {
+    FR_ASSERT(backward && n_outputs >= 1 && n_inputs >= 0);
+    for (int i = 0; i < n_inputs; i++) {
+        const fr_tensor *t = inputs[i];
+        if (t && t->requires_grad && t->grad_fn && t->grad_fn_gen != tape_gen) {
+            fr_error(FR_ERR_GRAPH,
+                     "%s: input %d comes from a graph that backward (or fr_tape_clear) already "
+                     "freed; detach it or recompute it",
+                     op, i);
+            return NULL;
+        }
+    }
+    if (tape_len == tape_cap) {
+        int cap = tape_cap ? tape_cap * 2 : 256;
+        fr_node **grown = realloc(tape, (size_t)cap * sizeof *grown);
+        if (!grown) {
+            fr_error(FR_ERR_OOM, "%s: out of memory growing the tape", op);
+            return NULL;
+        }
+        tape = grown;
+        tape_cap = cap;
+    }
+    fr_node *n = calloc(1, sizeof *n);
+    if (!n || !(n->inputs = calloc((size_t)(n_inputs ? n_inputs : 1), sizeof *n->inputs)) ||
+        !(n->grads = calloc((size_t)n_outputs, sizeof *n->grads)) ||
+        !(n->out_shapes = calloc((size_t)n_outputs, sizeof *n->out_shapes)) ||
+        !(n->out_ndims = calloc((size_t)n_outputs, sizeof *n->out_ndims))) {
+        node_free(n);
+        fr_error(FR_ERR_OOM, "%s: out of memory recording a node", op);
+        return NULL;
+    }
+    n->op = op;
+    n->backward = backward;
+    n->n_inputs = n_inputs;
+    n->n_outputs = n_outputs;
+    n->gen = tape_gen;
+    for (int i = 0; i < n_inputs; i++) {
+        fr_tensor *t = inputs[i];
+        if (!t || !t->requires_grad)
+            continue;
+        if (is_leaf(t)) {
+            n->inputs[i].kind = FR_EDGE_LEAF;
+            n->inputs[i].leaf = fr_retain(t);
+        } else {
+            n->inputs[i].kind = FR_EDGE_NODE;
+            n->inputs[i].node = t->grad_fn;
+            n->inputs[i].output = t->grad_fn_out;
+        }
+    }
+    tape[tape_len++] = n;
+    return n;
+}
+
+void fr_node_set_output(fr_node *node, int index, fr_tensor *t) {
+    FR_ASSERT(index >= 0 && index < node->n_outputs);
+    t->requires_grad = true;
+    t->grad_fn = node;
+    t->grad_fn_gen = node->gen;
+    t->grad_fn_out = index;
+    node->device = fr_device_of(t);
+    node->out_ndims[index] = t->ndim;
+    memcpy(node->out_shapes[index], t->shape, sizeof node->out_shapes[index]);
+}
+
+void fr_node_set_ctx(fr_node *node, void *ctx, void (*ctx_free)(void *)) {
+    FR_ASSERT(!node->ctx);
+    node->ctx = ctx;
+    node->ctx_free = ctx_free;
+}
+
+bool fr_node_needs_grad(const fr_node *node, int input) {
+    FR_ASSERT(input >= 0 && input < node->n_inputs);
+    return node->inputs[input].kind != FR_EDGE_NONE;
+}
+
+static int saved_slot(fr_node *node) {
+    if (node->n_saved == node->cap_saved) {
+        int cap = node->cap_saved ? node->cap_saved * 2 : 4;
+        fr_saved *grown = realloc(node->saved, (size_t)cap * sizeof *grown);
+        if (!grown) {
+            fr_error(FR_ERR_OOM, "%s: out of memory saving a tensor", node->op);
+            return -1;
+        }
+        node->saved = grown;
+        node->cap_saved = cap;
+    }
+    memset(&node->saved[node->n_saved], 0, sizeof node->saved[0]);
+    return node->n_saved++;
+}
+
+int fr_node_save(fr_node *node, fr_tensor *t) {
+    FR_ASSERT(t);
+    int i = saved_slot(node);
+    if (i < 0)
+        return -1;
+    node->saved[i].held = fr_retain(t);
+    node->saved[i].version = t->storage->version;
+    fr_storage_mark_saved(t->storage);
+    return i;
+}
+
+int fr_node_save_recipe(fr_node *node, fr_recipe_fn fn, void *ctx, void (*ctx_free)(void *)) {
+    int i = saved_slot(node);
+    if (i < 0) {
+        if (ctx_free)
+            ctx_free(ctx);
+        else
+            free(ctx);
+        return -1;
+    }
+    node->saved[i].recipe = fn;
+    node->saved[i].recipe_ctx = ctx;
+    node->saved[i].recipe_ctx_free = ctx_free;
+    return i;
+}
+
+fr_tensor *fr_node_unpack(fr_node *node, int i) {
+    FR_ASSERT(i >= 0 && i < node->n_saved);
+    fr_saved *s = &node->saved[i];
+    if (s->held) {
+        const fr_storage *st = s->held->storage;
+        if (st->version != s->version) {
+            fr_error(FR_ERR_VERSION,
+                     "backward of %s: a tensor it saved for backward was modified inplace by %s "
+                     "(saved at version %llu, now version %llu); use the out-of-place op, or "
+                     "clone before writing",
+                     node->op, st->last_writer ? st->last_writer : "an inplace op",
+                     (unsigned long long)s->version, (unsigned long long)st->version);
+            return NULL;
+        }
+        return fr_retain(s->held);
+    }
+    FR_ASSERT(s->recipe);
+    /* Recomputation must not record a node of its own. */
+    fr_no_grad_enter();
+    fr_tensor *t = s->recipe(s->recipe_ctx);
+    fr_no_grad_exit();
+    return t;
+}
+
+void fr_node_drop_saved(fr_node *node, int i) {
+    FR_ASSERT(i >= 0 && i < node->n_saved);
+    saved_release(&node->saved[i]);
+}
+
+int fr_tape_size(void) { return tape_len; }
+
+void fr_tape_clear(void) {
+    for (int i = 0; i < tape_len; i++)
+        node_free(tape[i]);
+    free(tape);
+    tape = NULL;
+    tape_len = tape_cap = 0;
+    tape_gen++;
+}
+
+/* Adds g into *slot: takes the reference when the slot is empty. */
+static fr_status accumulate(fr_tensor **slot, fr_tensor *g) {
+    if (!*slot) {
+        *slot = g;
+        return FR_OK;
+    }
+    fr_status st = fr_axpy_(*slot, 1.0f, g);
+    fr_release(g);
+    return st;
+}
+
+static fr_status accumulate_leaf(fr_tensor *leaf, fr_tensor *g) {
+    if (!leaf->grad) {
+        /* Leaf gradients outlive backward, so they count as gradients, not
+         * as transient activations. */
+        leaf->grad = fr_empty_like(leaf, FR_TAG_GRAD);
+        fr_status st = leaf->grad ? fr_copy_(leaf->grad, g) : fr_last_status();
+        fr_release(g);
+        return st;
+    }
+    fr_status st = fr_axpy_(leaf->grad, 1.0f, g);
+    fr_release(g);
+    return st;
+}
+
+/* Runs one node: fills missing output gradients with zeros, calls backward,
+ * routes the input gradients. */
+static fr_status run_node(fr_node *n) {
+    for (int o = 0; o < n->n_outputs; o++)
+        if (!n->grads[o]) {
+            n->grads[o] = fr_zeros(n->device, FR_F32, n->out_ndims[o], n->out_shapes[o],
+                                   FR_TAG_TRANSIENT);
+            if (!n->grads[o])
+                return fr_last_status();
+        }
+    fr_tensor *stack_din[8];
+    fr_tensor **din = n->n_inputs <= 8 ? stack_din : calloc((size_t)n->n_inputs, sizeof *din);
+    if (!din)
+        return fr_error(FR_ERR_OOM, "backward of %s: out of memory", n->op);
+    memset(din, 0, (size_t)n->n_inputs * sizeof *din);
+    fr_status st = n->backward(n, n->grads, din);
+    /* The output gradients are consumed: free them before routing, so they
+     * never coexist with the gradients flowing further down. */
+    for (int o = 0; o < n->n_outputs; o++)
+        fr_clear(&n->grads[o]);
+    for (int i = 0; i < n->n_inputs; i++) {
+        fr_tensor *g = din[i];
+        din[i] = NULL;
+        if (!g)
+            continue;
+        fr_edge *e = &n->inputs[i];
+        if (st != FR_OK || e->kind == FR_EDGE_NONE) {
+            fr_release(g);
+        } else if (e->kind == FR_EDGE_LEAF) {
+            st = accumulate_leaf(e->leaf, g);
+        } else {
+            st = accumulate(&e->node->grads[e->output], g);
+        }
+    }
+    if (din != stack_din)
+        free(din);
+    return st;
+}
+
+fr_status fr_backward_with(fr_tensor *out, fr_tensor *grad_out) {
+    FR_TRY(fr_check_defined("backward", "output", out));
+    FR_TRY(fr_check_defined("backward", "gradient", grad_out));
+    if (!fr_has_grad_fn(out)) {
+        fr_tape_clear();
+        return fr_error(FR_ERR_GRAPH, out->requires_grad
+                                          ? "backward: the output's graph was already freed by an "
+                                            "earlier backward or fr_tape_clear"
+                                          : "backward: the output does not require grad (no "
+                                            "parameter reached it, or it was computed under no_grad)");
+    }
+    FR_TRY(fr_check_same_shape("backward", "output", out, "gradient", grad_out));
+    fr_node *root = out->grad_fn;
+    fr_status st = accumulate(&root->grads[out->grad_fn_out], fr_retain(grad_out));
+    /* Reverse tape order is a topological order: every consumer of a node's
+     * outputs was recorded after it. Each node is freed right after it ran. */
+    for (int i = tape_len - 1; i >= 0 && st == FR_OK; i--) {
+        fr_node *n = tape[i];
+        bool reached = false;
+        for (int o = 0; o < n->n_outputs; o++)
+            reached |= n->grads[o] != NULL;
+        if (reached)
+            st = run_node(n);
+        node_free(n);
+        tape[i] = NULL;
+        tape_len = i;
+    }
+    fr_tape_clear();
+    return st;
+}
+
+fr_status fr_backward(fr_tensor *loss) {
+    FR_TRY(fr_check_defined("backward", "loss", loss));
+    if (fr_numel(loss) != 1) {
+        char buf[96];
+        fr_tape_clear();
+        return fr_error(FR_ERR_GRAPH, "backward: loss must have one element, got shape %s; use "
+                                      "fr_backward_with for other outputs",
+                        fr_shape_str(loss, buf, sizeof buf));
+    }
+    fr_tensor *seed = fr_empty_like(loss, FR_TAG_TRANSIENT);
+    if (!seed)
+        return fr_last_status();
+    fr_status st = fr_fill_(seed, 1.0f);
+    if (st == FR_OK)
+        st = fr_backward_with(loss, seed);
+    fr_release(seed);
+    return st;
+}

@@ -1,0 +1,217 @@
+/* memory.c: the allocator front door and the ledger (see memory.h). */
+#include "memory.h"
+
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../cuda/fr_cuda.h"
+
+static const char *const tag_names[] = {
+    "parameters", "gradients", "optimizer", "saved", "transient", "workspace", "data",
+};
+FR_STATIC_ASSERT(sizeof tag_names / sizeof *tag_names == FR_TAG_COUNT,
+                 "tag_names must name every fr_mem_tag");
+
+const char *fr_mem_tag_name(fr_mem_tag tag) {
+    return (unsigned)tag < FR_TAG_COUNT ? tag_names[tag] : "?";
+}
+
+static pthread_mutex_t ledger_lock = PTHREAD_MUTEX_INITIALIZER;
+static fr_mem_stats ledger[FR_DEVICE_COUNT];
+static size_t limits[FR_DEVICE_COUNT];
+static fr_mem_trace_fn trace_fn;
+static void *trace_user;
+
+/* Both with the lock held. */
+static void note_peaks(fr_device dev) {
+    fr_mem_stats *s = &ledger[dev];
+    for (int t = 0; t < FR_TAG_COUNT; t++)
+        if (s->current[t] > s->peak[t])
+            s->peak[t] = s->current[t];
+    if (s->total_current > s->total_peak) {
+        s->total_peak = s->total_current;
+        memcpy(s->at_peak, s->current, sizeof s->at_peak);
+    }
+    if (trace_fn)
+        trace_fn(trace_user, dev, s);
+}
+
+static void count(fr_device dev, fr_mem_tag tag, size_t nbytes, bool add) {
+    fr_mem_stats *s = &ledger[dev];
+    if (add) {
+        s->current[tag] += nbytes;
+        s->total_current += nbytes;
+        s->live_blocks++;
+        s->n_allocs++;
+    } else {
+        FR_ASSERT(s->current[tag] >= nbytes && s->live_blocks > 0);
+        s->current[tag] -= nbytes;
+        s->total_current -= nbytes;
+        s->live_blocks--;
+    }
+    note_peaks(dev);
+}
+
+static fr_status oom(fr_device dev, size_t nbytes, fr_mem_tag tag, const char *why) {
+    char want[32], used[32];
+    fr_mem_format_bytes(nbytes, want, sizeof want);
+    fr_mem_format_bytes(fr_mem_total_current(dev), used, sizeof used);
+    return fr_error(FR_ERR_OOM, "out of memory on %s: %s for %s (%s in use; %s)",
+                    fr_device_name(dev), want, fr_mem_tag_name(tag), used, why);
+}
+
+void *fr_mem_alloc(fr_device dev, size_t nbytes, fr_mem_tag tag) {
+    FR_ASSERT((unsigned)dev < FR_DEVICE_COUNT && (unsigned)tag < FR_TAG_COUNT);
+    pthread_mutex_lock(&ledger_lock);
+    bool over = limits[dev] && ledger[dev].total_current + nbytes > limits[dev];
+    pthread_mutex_unlock(&ledger_lock);
+    if (over) {
+        char lim[32];
+        fr_mem_format_bytes(limits[dev], lim, sizeof lim);
+        char why[64];
+        snprintf(why, sizeof why, "limit %s", lim);
+        oom(dev, nbytes, tag, why);
+        return NULL;
+    }
+    void *p = NULL;
+    if (dev == FR_CPU) {
+        /* 64-byte alignment suits AVX-512 loads and keeps rows off shared
+         * cache lines; a 0-byte request still gets a unique pointer. */
+        size_t rounded = (nbytes + 63) & ~(size_t)63;
+        if (posix_memalign(&p, 64, rounded ? rounded : 64) != 0)
+            p = NULL;
+        if (!p) {
+            oom(dev, nbytes, tag, "the system refused");
+            return NULL;
+        }
+    } else {
+        size_t block = 0;
+        p = fr_cuda_alloc(nbytes, &block);
+        if (!p)
+            return NULL; /* fr_cuda_alloc has set the error */
+    }
+    pthread_mutex_lock(&ledger_lock);
+    count(dev, tag, nbytes, true);
+    pthread_mutex_unlock(&ledger_lock);
+    return p;
+}
+
+void fr_mem_free(fr_device dev, void *ptr, size_t nbytes, fr_mem_tag tag) {
+    if (!ptr)
+        return;
+    if (dev == FR_CPU)
+        free(ptr);
+    else
+        fr_cuda_free(ptr);
+    pthread_mutex_lock(&ledger_lock);
+    count(dev, tag, nbytes, false);
+    pthread_mutex_unlock(&ledger_lock);
+}
+
+void fr_mem_retag(fr_device dev, size_t nbytes, fr_mem_tag from, fr_mem_tag to) {
+    if (from == to)
+        return;
+    pthread_mutex_lock(&ledger_lock);
+    fr_mem_stats *s = &ledger[dev];
+    FR_ASSERT(s->current[from] >= nbytes);
+    s->current[from] -= nbytes;
+    s->current[to] += nbytes;
+    note_peaks(dev);
+    pthread_mutex_unlock(&ledger_lock);
+}
+
+void fr_mem_get_stats(fr_device dev, fr_mem_stats *out) {
+    FR_ASSERT((unsigned)dev < FR_DEVICE_COUNT);
+    pthread_mutex_lock(&ledger_lock);
+    *out = ledger[dev];
+    pthread_mutex_unlock(&ledger_lock);
+    if (dev == FR_CUDA)
+        fr_cuda_cache_stats(&out->reserved, &out->device_mallocs);
+    else
+        out->reserved = out->total_current;
+}
+
+size_t fr_mem_current(fr_device dev, fr_mem_tag tag) {
+    fr_mem_stats s;
+    fr_mem_get_stats(dev, &s);
+    return s.current[tag];
+}
+size_t fr_mem_peak(fr_device dev, fr_mem_tag tag) {
+    fr_mem_stats s;
+    fr_mem_get_stats(dev, &s);
+    return s.peak[tag];
+}
+size_t fr_mem_total_current(fr_device dev) {
+    fr_mem_stats s;
+    fr_mem_get_stats(dev, &s);
+    return s.total_current;
+}
+size_t fr_mem_total_peak(fr_device dev) {
+    fr_mem_stats s;
+    fr_mem_get_stats(dev, &s);
+    return s.total_peak;
+}
+
+void fr_mem_reset_peak(void) {
+    pthread_mutex_lock(&ledger_lock);
+    for (int d = 0; d < FR_DEVICE_COUNT; d++) {
+        fr_mem_stats *s = &ledger[d];
+        memcpy(s->peak, s->current, sizeof s->peak);
+        memcpy(s->at_peak, s->current, sizeof s->at_peak);
+        s->total_peak = s->total_current;
+    }
+    pthread_mutex_unlock(&ledger_lock);
+}
+
+void fr_mem_set_limit(fr_device dev, size_t max_bytes) {
+    pthread_mutex_lock(&ledger_lock);
+    limits[dev] = max_bytes;
+    pthread_mutex_unlock(&ledger_lock);
+}
+
+void fr_mem_empty_cache(void) { fr_cuda_empty_cache(); }
+
+void fr_mem_set_trace(fr_mem_trace_fn fn, void *user) {
+    pthread_mutex_lock(&ledger_lock);
+    trace_fn = fn;
+    trace_user = user;
+    pthread_mutex_unlock(&ledger_lock);
+}
+
+char *fr_mem_format_bytes(size_t bytes, char *buf, size_t len) {
+    static const char *const units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+    double v = (double)bytes;
+    int u = 0;
+    while (v >= 1024.0 && u < 4) {
+        v /= 1024.0;
+        u++;
+    }
+    if (u == 0)
+        snprintf(buf, len, "%zu B", bytes);
+    else
+        snprintf(buf, len, "%.2f %s", v, units[u]);
+    return buf;
+}
+
+void fr_mem_report(FILE *out) {
+    for (int d = 0; d < FR_DEVICE_COUNT; d++) {
+        fr_mem_stats s;
+        fr_mem_get_stats((fr_device)d, &s);
+        if (s.n_allocs == 0)
+            continue;
+        char a[32], b[32], c[32];
+        fprintf(out, "memory on %s: %s in use, peak %s", fr_device_name((fr_device)d),
+                fr_mem_format_bytes(s.total_current, a, sizeof a),
+                fr_mem_format_bytes(s.total_peak, b, sizeof b));
+        if (d == FR_CUDA)
+            fprintf(out, ", reserved %s, %zu cudaMalloc calls",
+                    fr_mem_format_bytes(s.reserved, c, sizeof c), s.device_mallocs);
+        fprintf(out, "\n  %-11s %14s %14s %14s\n", "tag", "current", "peak", "at peak");
+        for (int t = 0; t < FR_TAG_COUNT; t++)
+            fprintf(out, "  %-11s %14s %14s %14s\n", tag_names[t],
+                    fr_mem_format_bytes(s.current[t], a, sizeof a),
+                    fr_mem_format_bytes(s.peak[t], b, sizeof b),
+                    fr_mem_format_bytes(s.at_peak[t], c, sizeof c));
+    }
+}

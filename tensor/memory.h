@@ -1,0 +1,86 @@
+/* memory.h: the allocator every tensor byte passes through, and its ledger.
+ *
+ * Every allocation carries a tag saying what the bytes are for. The ledger
+ * keeps, per device and per tag, the bytes in use now and the most ever in use
+ * since the last fr_mem_reset_peak(); plus the total and a snapshot of the
+ * per-tag bytes at the moment the total peaked, so a report can say where a
+ * peak comes from. Counts are of requested bytes (exact); on CUDA the caching
+ * allocator's reserved bytes (blocks held from the driver) are reported beside
+ * them. All functions are thread-safe (the data loader allocates on its own
+ * thread). */
+#ifndef FR_MEMORY_H
+#define FR_MEMORY_H
+
+#include <stdio.h>
+
+#include "fr_base.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef enum {
+    FR_TAG_PARAM = 0,  /* model parameters and buffers (BN running stats) */
+    FR_TAG_GRAD,       /* .grad of leaves */
+    FR_TAG_OPTIM,      /* optimizer state (momentum, Adam moments) */
+    FR_TAG_SAVED,      /* activations held by the tape for backward */
+    FR_TAG_TRANSIENT,  /* activations and intermediate gradients in flight */
+    FR_TAG_WORKSPACE,  /* scratch of a kernel (im2col, cuDNN workspace) */
+    FR_TAG_DATA,       /* input batches and labels */
+    FR_TAG_COUNT
+} fr_mem_tag;
+
+const char *fr_mem_tag_name(fr_mem_tag tag);
+
+typedef struct {
+    size_t current[FR_TAG_COUNT];  /* bytes in use now, per tag */
+    size_t peak[FR_TAG_COUNT];     /* highest `current` per tag since reset */
+    size_t at_peak[FR_TAG_COUNT];  /* per-tag bytes when `total_peak` was hit */
+    size_t total_current;
+    size_t total_peak;
+    size_t live_blocks;            /* allocations not yet freed */
+    size_t n_allocs;               /* allocations since program start */
+    size_t reserved;               /* CUDA: bytes the caching allocator holds */
+    size_t device_mallocs;         /* CUDA: cudaMalloc calls since start */
+} fr_mem_stats;
+
+/* Allocates `nbytes` (64-byte aligned on the CPU) on `dev`, counted under
+ * `tag`. Returns NULL with FR_ERR_OOM (message names the tag, the request and
+ * what is in use) when the system refuses or a limit set by fr_mem_set_limit
+ * would be passed. nbytes == 0 gives a valid unique pointer. */
+void *fr_mem_alloc(fr_device dev, size_t nbytes, fr_mem_tag tag);
+/* Frees what fr_mem_alloc returned; `nbytes` and `tag` must be the ones it
+ * is counted under now. NULL is ignored. */
+void fr_mem_free(fr_device dev, void *ptr, size_t nbytes, fr_mem_tag tag);
+/* Moves `nbytes` from one tag to another without allocating (a transient
+ * activation becomes saved when the tape keeps it, and back). */
+void fr_mem_retag(fr_device dev, size_t nbytes, fr_mem_tag from, fr_mem_tag to);
+
+void fr_mem_get_stats(fr_device dev, fr_mem_stats *out);
+size_t fr_mem_current(fr_device dev, fr_mem_tag tag);
+size_t fr_mem_peak(fr_device dev, fr_mem_tag tag);
+size_t fr_mem_total_current(fr_device dev);
+size_t fr_mem_total_peak(fr_device dev);
+/* Sets every peak (all devices) to its current value. */
+void fr_mem_reset_peak(void);
+/* A cap on total bytes in use on `dev` (0 = none); used to test and to
+ * simulate small devices. */
+void fr_mem_set_limit(fr_device dev, size_t max_bytes);
+/* Writes a human-readable table of the ledger for every device in use. */
+void fr_mem_report(FILE *out);
+/* CUDA: returns every cached, unused block to the driver. No-op on CPU. */
+void fr_mem_empty_cache(void);
+
+/* Optional observer called after every change of the ledger, for plots of
+ * memory over time (examples/memreport). Called with the ledger lock held:
+ * it must not allocate through frugal. NULL removes it. */
+typedef void (*fr_mem_trace_fn)(void *user, fr_device dev, const fr_mem_stats *now);
+void fr_mem_set_trace(fr_mem_trace_fn fn, void *user);
+
+/* "12.3 MiB" style formatting into buf; returns buf. */
+char *fr_mem_format_bytes(size_t bytes, char *buf, size_t len);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,108 @@
+/* ops.h: tensor-level compute, without the tape.
+ *
+ * Each function checks its tensors (defined, f32 unless said, contiguous,
+ * shapes that fit, one device) and returns an error naming the op, the
+ * argument and the fault, then runs the kernel for the tensors' device
+ * (tensor/kernels.def). Outputs come first and are allocated by the caller;
+ * every op overwrites its outputs unless it says it accumulates. Forward and
+ * backward of a family sit side by side in one file, tensor/ops_<family>.c.
+ * autograd/ builds the differentiable ops on top of these. */
+#ifndef FR_OPS_H
+#define FR_OPS_H
+
+#include "kernels.h"
+#include "tensor.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ---- elementwise (ops_elementwise.c); same shapes; out may alias inputs ---- */
+fr_status fr_add_out(fr_tensor *out, const fr_tensor *a, const fr_tensor *b);
+fr_status fr_mul_out(fr_tensor *out, const fr_tensor *a, const fr_tensor *b);
+fr_status fr_scale_out(fr_tensor *out, const fr_tensor *x, float alpha);
+/* y += alpha * x (accumulates) */
+fr_status fr_axpy_(fr_tensor *y, float alpha, const fr_tensor *x);
+/* out (1 element) = sum of x */
+fr_status fr_sum_out(fr_tensor *out, const fr_tensor *x);
+/* y[i] = scale * src[0] */
+fr_status fr_fill_from_out(fr_tensor *y, const fr_tensor *src, float scale);
+
+/* ---- activations (ops_activation.c); y may be x; backward reads y ---- */
+fr_status fr_relu_forward(fr_tensor *y, const fr_tensor *x);
+fr_status fr_relu_backward(fr_tensor *dx, const fr_tensor *dy, const fr_tensor *y);
+fr_status fr_leaky_relu_forward(fr_tensor *y, const fr_tensor *x, float slope);
+fr_status fr_leaky_relu_backward(fr_tensor *dx, const fr_tensor *dy, const fr_tensor *y, float slope);
+
+/* ---- matrix products (ops_linear.c) ---- */
+/* c(M,N) = alpha * op(a) op(b) + beta * c; 2-d tensors */
+fr_status fr_gemm_out(fr_tensor *c, const fr_tensor *a, const fr_tensor *b, bool trans_a,
+                      bool trans_b, float alpha, float beta);
+/* y(N,OUT) = x(N,IN) w(OUT,IN)^T + b(OUT); b may be NULL */
+fr_status fr_linear_forward(fr_tensor *y, const fr_tensor *x, const fr_tensor *w, const fr_tensor *b);
+/* any of dx, dw, db may be NULL (not wanted) */
+fr_status fr_linear_backward(fr_tensor *dx, fr_tensor *dw, fr_tensor *db, const fr_tensor *dy,
+                             const fr_tensor *x, const fr_tensor *w);
+
+/* ---- convolution (ops_conv.c), groups = 1 ---- */
+typedef struct {
+    int stride, pad;
+} fr_conv_params;
+/* The output shape for x (N,C,H,W) and w (K,C,R,S), or an error. */
+fr_status fr_conv2d_shape(const fr_tensor *x, const fr_tensor *w, fr_conv_params p, fr_conv_shape *s);
+/* y (N,K,OH,OW) = conv(x, w) + b; b (K) may be NULL */
+fr_status fr_conv2d_forward(fr_tensor *y, const fr_tensor *x, const fr_tensor *w, const fr_tensor *b,
+                            fr_conv_params p);
+/* any of dx, dw, db may be NULL (not wanted); x is needed only for dw */
+fr_status fr_conv2d_backward(fr_tensor *dx, fr_tensor *dw, fr_tensor *db, const fr_tensor *dy,
+                             const fr_tensor *x, const fr_tensor *w, fr_conv_params p);
+
+/* ---- batch norm (ops_batchnorm.c). x (N,C,H,W) or (N,C); per-channel
+ * tensors (C). ---- */
+/* Training: batch statistics into mean/invstd (saved for backward), then
+ * normalise; running stats updated when given (may be NULL). */
+fr_status fr_batchnorm_train_forward(fr_tensor *y, fr_tensor *mean, fr_tensor *invstd,
+                                     const fr_tensor *x, const fr_tensor *gamma, const fr_tensor *beta,
+                                     fr_tensor *running_mean, fr_tensor *running_var,
+                                     float momentum, float eps);
+/* Eval: normalise with the running statistics. */
+fr_status fr_batchnorm_eval_forward(fr_tensor *y, const fr_tensor *x, const fr_tensor *gamma,
+                                    const fr_tensor *beta, const fr_tensor *running_mean,
+                                    const fr_tensor *running_var, float eps);
+/* Normalise with given statistics (what recompute-on-backward replays). */
+fr_status fr_batchnorm_apply(fr_tensor *y, const fr_tensor *x, const fr_tensor *mean,
+                             const fr_tensor *invstd, const fr_tensor *gamma, const fr_tensor *beta);
+/* Training-mode backward; dx may be NULL. */
+fr_status fr_batchnorm_backward(fr_tensor *dx, fr_tensor *dgamma, fr_tensor *dbeta,
+                                const fr_tensor *dy, const fr_tensor *x, const fr_tensor *mean,
+                                const fr_tensor *invstd, const fr_tensor *gamma);
+
+/* ---- pooling (ops_pool.c) ---- */
+typedef struct {
+    int kernel, stride, pad;
+} fr_pool_params;
+fr_status fr_pool2d_shape(const fr_tensor *x, fr_pool_params p, fr_pool_shape *s);
+fr_status fr_maxpool2d_forward(fr_tensor *y, const fr_tensor *x, fr_pool_params p);
+fr_status fr_maxpool2d_backward(fr_tensor *dx, const fr_tensor *dy, const fr_tensor *x, fr_pool_params p);
+fr_status fr_avgpool2d_forward(fr_tensor *y, const fr_tensor *x, fr_pool_params p);
+fr_status fr_avgpool2d_backward(fr_tensor *dx, const fr_tensor *dy, fr_pool_params p);
+/* y (N,C) = mean over H,W of x (N,C,H,W) */
+fr_status fr_global_avgpool_forward(fr_tensor *y, const fr_tensor *x);
+fr_status fr_global_avgpool_backward(fr_tensor *dx, const fr_tensor *dy);
+
+/* ---- concat along channels (ops_concat.c). Inputs (N,Ci,H,W) -> out
+ * (N,sum Ci,H,W); backward writes the slices of dout into each dx[i] that is
+ * not NULL. ---- */
+fr_status fr_concat_forward(fr_tensor *out, fr_tensor *const *inputs, int count);
+fr_status fr_concat_backward(fr_tensor *const *dx, int count, const fr_tensor *dout);
+
+/* ---- loss (ops_loss.c): fused log-softmax + NLL, mean over the batch.
+ * logits (N,K) f32, labels (N) i32 in [0,K), loss (1) ---- */
+fr_status fr_cross_entropy_forward(fr_tensor *loss, const fr_tensor *logits, const fr_tensor *labels);
+fr_status fr_cross_entropy_backward(fr_tensor *dlogits, const fr_tensor *dloss, const fr_tensor *logits,
+                                    const fr_tensor *labels);
+
+#ifdef __cplusplus
+}
+#endif
+#endif
