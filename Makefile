@@ -11,6 +11,8 @@ ifeq ($(CUDA),0)
   HAVE_CUDA :=
 else ifneq ($(NVCC),)
   HAVE_CUDA := 1
+else ifeq ($(CUDA),1)
+  $(error CUDA=1 but nvcc was not found (looked on PATH and in /usr/local/cuda/bin))
 endif
 
 # -march=native only when the compiler accepts it for this machine; the
@@ -102,7 +104,7 @@ test-only: all tests
 	@bash tests/run_tests.sh $(BUILD)/tests
 
 asan:
-	@$(MAKE) --no-print-directory BUILD=build-asan CUDA=0 SAN=1 test-only
+	@ASAN_OPTIONS=allocator_may_return_null=1:detect_leaks=1 $(MAKE) --no-print-directory BUILD=build-asan CUDA=0 SAN=1 test-only
 
 demo: deps
 	@$(MAKE) --no-print-directory all

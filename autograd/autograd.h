@@ -12,10 +12,12 @@
  * Saved tensors have two forms. HELD: a reference plus the storage version
  * seen at save time; unpacking a tensor whose storage was written inplace
  * since then fails with FR_ERR_VERSION naming the saving op and the writer.
- * RECIPE: a function that recomputes the tensor in backward (from what the
- * recipe's own context keeps), so the tensor itself need not stay alive. The
- * engine treats both alike: fr_node_unpack returns a reference the backward
- * function releases when done.
+ * RECIPE: an fr_recipe (tensor.h) that recomputes the tensor in backward
+ * from what the recipe itself keeps, so the tensor need not stay alive.
+ * fr_node_save picks the form: a tensor that carries a recipe (an op under a
+ * recompute strategy attached one) is saved as its recipe, anything else is
+ * held. The engine treats both alike: fr_node_unpack returns a reference the
+ * backward function releases when done; recomputation runs under no_grad.
  *
  * Ownership: the tape owns its nodes. A tensor's grad_fn is valid only while
  * the tape generation it was made in is current; backward and fr_tape_clear
@@ -34,14 +36,15 @@ extern "C" {
 
 typedef struct fr_node fr_node;
 
-/* dout[i]: gradient of output i (never NULL: outputs that received no
- * gradient get zeros only if some other output did). din[j]: the function
- * sets a NEW reference for every input j with fr_node_needs_grad(node, j) and
- * may leave others NULL. */
+/* dout[i]: gradient of output i (never NULL: an output that received no
+ * gradient gets zeros when another output did). din[j]: the function sets a
+ * NEW reference for every input j with fr_node_needs_grad(node, j) and may
+ * leave others NULL. dout tensors may be shared with other consumers: a
+ * backward may write into dout[i] (to reuse it as a din) only when both
+ * dout[i]->refcount and dout[i]->storage->refcount are 1. The same tensor
+ * (or a view of dout) may be returned for several inputs; the engine copies
+ * before it accumulates into shared bytes. */
 typedef fr_status (*fr_backward_fn)(fr_node *node, fr_tensor *const *dout, fr_tensor **din);
-
-/* Recomputes a saved tensor; returns a new reference or NULL with an error. */
-typedef fr_tensor *(*fr_recipe_fn)(void *ctx);
 
 typedef enum { FR_EDGE_NONE = 0, FR_EDGE_LEAF, FR_EDGE_NODE } fr_edge_kind;
 typedef struct {
@@ -54,9 +57,7 @@ typedef struct {
 typedef struct {
     fr_tensor *held;          /* held form; NULL for a recipe */
     uint64_t version;         /* storage version when saved */
-    fr_recipe_fn recipe;      /* recipe form */
-    void *recipe_ctx;
-    void (*recipe_ctx_free)(void *ctx);
+    fr_recipe *recipe;        /* recipe form (a reference) */
 } fr_saved;
 
 struct fr_node {
@@ -106,10 +107,14 @@ void fr_node_set_output(fr_node *node, int index, fr_tensor *t);
  * node is freed. */
 void fr_node_set_ctx(fr_node *node, void *ctx, void (*ctx_free)(void *));
 bool fr_node_needs_grad(const fr_node *node, int input);
-/* Saves t (held form); returns its index or -1 with an error. */
+/* Saves t: as its recipe when it carries one, else held. Returns the index
+ * or -1 with an error. */
 int fr_node_save(fr_node *node, fr_tensor *t);
-/* Saves a recipe; the node owns ctx from here on. Returns index or -1. */
-int fr_node_save_recipe(fr_node *node, fr_recipe_fn fn, void *ctx, void (*ctx_free)(void *));
+/* Saves t held even if it carries a recipe (for ops whose own recipe is
+ * built from t). */
+int fr_node_save_held(fr_node *node, fr_tensor *t);
+/* Saves a recipe directly (takes the caller's reference). */
+int fr_node_save_recipe(fr_node *node, fr_recipe *r);
 /* A new reference to saved tensor i (recomputed for a recipe), or NULL with
  * FR_ERR_VERSION when a held tensor was written inplace after saving. */
 fr_tensor *fr_node_unpack(fr_node *node, int i);
@@ -125,6 +130,11 @@ fr_status fr_backward_with(fr_tensor *out, fr_tensor *grad_out);
 void fr_tape_clear(void);
 /* Nodes on the tape now. */
 int fr_tape_size(void);
+/* Sets the current tape aside and starts an empty one (with its own
+ * generation); fr_tape_pop frees the inner tape and restores the outer one.
+ * Checkpointing uses this to re-run a segment during backward. */
+fr_status fr_tape_push(void);
+void fr_tape_pop(void);
 
 #ifdef __cplusplus
 }

@@ -1,6 +1,7 @@
 /* tape.c: grad mode, nodes, saved tensors and the backward engine. */
 #include "autograd.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -10,6 +11,17 @@ static _Thread_local int tape_len, tape_cap;
 /* Generation of the live tape; starts at 1 so a zeroed tensor (gen 0) never
  * looks attached. */
 static _Thread_local uint64_t tape_gen = 1;
+static _Thread_local uint64_t gen_counter = 1;
+
+/* Outer tapes set aside by fr_tape_push (checkpointing recomputes a segment
+ * on a tape of its own in the middle of backward). */
+#define FR_TAPE_DEPTH 8
+static _Thread_local struct {
+    fr_node **nodes;
+    int len, cap;
+    uint64_t gen;
+} outer[FR_TAPE_DEPTH];
+static _Thread_local int n_outer;
 
 void fr_no_grad_enter(void) { no_grad_depth++; }
 void fr_no_grad_exit(void) {
@@ -61,10 +73,7 @@ static void saved_release(fr_saved *s) {
         fr_storage_unmark_saved(s->held->storage);
         fr_clear(&s->held);
     }
-    if (s->recipe_ctx_free)
-        s->recipe_ctx_free(s->recipe_ctx);
-    else
-        free(s->recipe_ctx);
+    fr_recipe_release(s->recipe);
     memset(s, 0, sizeof *s);
 }
 
@@ -183,6 +192,13 @@ static int saved_slot(fr_node *node) {
 
 int fr_node_save(fr_node *node, fr_tensor *t) {
     FR_ASSERT(t);
+    if (t->recipe)
+        return fr_node_save_recipe(node, fr_recipe_retain(t->recipe));
+    return fr_node_save_held(node, t);
+}
+
+int fr_node_save_held(fr_node *node, fr_tensor *t) {
+    FR_ASSERT(t);
     int i = saved_slot(node);
     if (i < 0)
         return -1;
@@ -192,18 +208,14 @@ int fr_node_save(fr_node *node, fr_tensor *t) {
     return i;
 }
 
-int fr_node_save_recipe(fr_node *node, fr_recipe_fn fn, void *ctx, void (*ctx_free)(void *)) {
+int fr_node_save_recipe(fr_node *node, fr_recipe *r) {
+    FR_ASSERT(r && r->make);
     int i = saved_slot(node);
     if (i < 0) {
-        if (ctx_free)
-            ctx_free(ctx);
-        else
-            free(ctx);
+        fr_recipe_release(r);
         return -1;
     }
-    node->saved[i].recipe = fn;
-    node->saved[i].recipe_ctx = ctx;
-    node->saved[i].recipe_ctx_free = ctx_free;
+    node->saved[i].recipe = r;
     return i;
 }
 
@@ -226,8 +238,14 @@ fr_tensor *fr_node_unpack(fr_node *node, int i) {
     FR_ASSERT(s->recipe);
     /* Recomputation must not record a node of its own. */
     fr_no_grad_enter();
-    fr_tensor *t = s->recipe(s->recipe_ctx);
+    fr_tensor *t = s->recipe->make(s->recipe);
     fr_no_grad_exit();
+    if (!t) {
+        char why[512];
+        snprintf(why, sizeof why, "%s", fr_last_error());
+        fr_error(fr_last_status(), "backward of %s: recomputing a saved tensor (made by %s) "
+                 "failed: %s", node->op, s->recipe->op, why);
+    }
     return t;
 }
 
@@ -244,16 +262,55 @@ void fr_tape_clear(void) {
     free(tape);
     tape = NULL;
     tape_len = tape_cap = 0;
-    tape_gen++;
+    tape_gen = ++gen_counter;
 }
 
-/* Adds g into *slot: takes the reference when the slot is empty. */
+fr_status fr_tape_push(void) {
+    if (n_outer == FR_TAPE_DEPTH)
+        return fr_error(FR_ERR_GRAPH, "tape: more than %d nested tapes", FR_TAPE_DEPTH);
+    outer[n_outer].nodes = tape;
+    outer[n_outer].len = tape_len;
+    outer[n_outer].cap = tape_cap;
+    outer[n_outer].gen = tape_gen;
+    n_outer++;
+    tape = NULL;
+    tape_len = tape_cap = 0;
+    tape_gen = ++gen_counter;
+    return FR_OK;
+}
+
+void fr_tape_pop(void) {
+    FR_ASSERT(n_outer > 0);
+    fr_tape_clear();
+    n_outer--;
+    tape = outer[n_outer].nodes;
+    tape_len = outer[n_outer].len;
+    tape_cap = outer[n_outer].cap;
+    tape_gen = outer[n_outer].gen;
+}
+
+/* Adds g into *slot: takes the reference when the slot is empty. A backward
+ * may hand the same gradient (or a view of it) to several inputs, so a slot
+ * whose bytes are shared is replaced by a fresh sum rather than written. */
 static fr_status accumulate(fr_tensor **slot, fr_tensor *g) {
     if (!*slot) {
         *slot = g;
         return FR_OK;
     }
-    fr_status st = fr_axpy_(*slot, 1.0f, g);
+    fr_status st;
+    fr_tensor *cur = *slot;
+    if (cur->refcount > 1 || cur->storage->refcount > 1) {
+        fr_tensor *sum = fr_empty_like(cur, FR_TAG_TRANSIENT);
+        st = sum ? fr_add_out(sum, cur, g) : fr_last_status();
+        if (st == FR_OK) {
+            fr_release(cur);
+            *slot = sum;
+        } else {
+            fr_release(sum);
+        }
+    } else {
+        st = fr_axpy_(cur, 1.0f, g);
+    }
     fr_release(g);
     return st;
 }
@@ -315,7 +372,6 @@ fr_status fr_backward_with(fr_tensor *out, fr_tensor *grad_out) {
     FR_TRY(fr_check_defined("backward", "output", out));
     FR_TRY(fr_check_defined("backward", "gradient", grad_out));
     if (!fr_has_grad_fn(out)) {
-        fr_tape_clear();
         return fr_error(FR_ERR_GRAPH, out->requires_grad
                                           ? "backward: the output's graph was already freed by an "
                                             "earlier backward or fr_tape_clear"
@@ -346,7 +402,6 @@ fr_status fr_backward(fr_tensor *loss) {
     FR_TRY(fr_check_defined("backward", "loss", loss));
     if (fr_numel(loss) != 1) {
         char buf[96];
-        fr_tape_clear();
         return fr_error(FR_ERR_GRAPH, "backward: loss must have one element, got shape %s; use "
                                       "fr_backward_with for other outputs",
                         fr_shape_str(loss, buf, sizeof buf));

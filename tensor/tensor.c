@@ -101,7 +101,7 @@ static fr_status check_new_shape(int ndim, const int64_t *shape, int64_t *numel)
 }
 
 fr_tensor *fr_empty(fr_device dev, fr_dtype dtype, int ndim, const int64_t *shape, fr_mem_tag tag) {
-    int64_t n;
+    int64_t n = 0;
     if ((unsigned)dtype >= FR_DTYPE_COUNT || (unsigned)dev >= FR_DEVICE_COUNT ||
         (unsigned)tag >= FR_TAG_COUNT) {
         fr_error(FR_ERR_ARG, "tensor: unknown dtype, device or memory tag");
@@ -166,6 +166,7 @@ void fr_release(fr_tensor *t) {
     if (--t->refcount > 0)
         return;
     fr_release(t->grad);
+    fr_recipe_release(t->recipe);
     storage_release(t->storage);
     free(t);
     atomic_fetch_sub(&live_tensors, 1);
@@ -442,6 +443,22 @@ fr_status fr_fill_(fr_tensor *t, float value) {
     FR_TRY(FR_CALL_KERNEL(fr_device_of(t), fill, fr_data_f32(t), value, (size_t)fr_numel(t)));
     fr_bump_version(t, "fill_");
     return FR_OK;
+}
+
+fr_recipe *fr_recipe_retain(fr_recipe *r) {
+    if (r)
+        r->refcount++;
+    return r;
+}
+
+void fr_recipe_release(fr_recipe *r) {
+    if (r && --r->refcount == 0)
+        r->destroy(r);
+}
+
+void fr_set_recipe(fr_tensor *t, fr_recipe *r) {
+    fr_recipe_release(t->recipe);
+    t->recipe = r;
 }
 
 void fr_bump_version(fr_tensor *t, const char *op) {

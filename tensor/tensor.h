@@ -39,6 +39,21 @@ typedef struct fr_storage {
 } fr_storage;
 
 struct fr_node;
+struct fr_tensor;
+
+/* A way to compute a tensor's values again later, so that whoever needs the
+ * tensor in backward can keep the recipe instead of the bytes (recompute on
+ * backward, DESIGN.md). tensor/ only counts references; autograd/ and the ops
+ * that build recipes give them meaning. */
+typedef struct fr_recipe {
+    int refcount;
+    const char *op;                                        /* producer, for errors */
+    struct fr_tensor *(*make)(struct fr_recipe *self);     /* new reference or NULL */
+    void (*destroy)(struct fr_recipe *self);               /* frees self and its holdings */
+} fr_recipe;
+
+fr_recipe *fr_recipe_retain(fr_recipe *r);
+void fr_recipe_release(fr_recipe *r);
 
 typedef struct fr_tensor {
     fr_storage *storage;
@@ -54,6 +69,7 @@ typedef struct fr_tensor {
     struct fr_node *grad_fn;       /* producer on the tape, valid while */
     uint64_t grad_fn_gen;          /*   the tape generation matches */
     int grad_fn_out;               /* which output of grad_fn */
+    fr_recipe *recipe;             /* owned; set when the values can be recomputed */
     const char *name;              /* optional, static or owned elsewhere */
 } fr_tensor;
 
@@ -104,6 +120,9 @@ fr_status fr_read_f32(const fr_tensor *t, float *host, size_t n);
 /* One element as float (any dtype, any device); for losses and tests. */
 float fr_item(const fr_tensor *t);
 fr_status fr_fill_(fr_tensor *t, float value);
+
+/* Attaches a recipe (takes the caller's reference; replaces any earlier one). */
+void fr_set_recipe(fr_tensor *t, fr_recipe *r);
 
 /* Records an inplace write by `op` (see the version-counter note above). */
 void fr_bump_version(fr_tensor *t, const char *op);
