@@ -83,6 +83,13 @@ void fr_no_grad_enter(void);
 void fr_no_grad_exit(void);
 bool fr_grad_enabled(void);
 
+/* Recomputation mode (nestable): set while backward re-runs forward code
+ * (checkpointed segments). Ops that update state in forward — BN running
+ * statistics — skip the update then, so a step updates them exactly once. */
+void fr_recompute_enter(void);
+void fr_recompute_exit(void);
+bool fr_in_recompute(void);
+
 /* ---- leaves ---- */
 /* Marks a leaf as wanting a gradient (parameters). */
 void fr_set_requires_grad(fr_tensor *t, bool on);

@@ -65,11 +65,17 @@ fr_tensor *fr_add_(fr_tensor *a, fr_tensor *b) {
 
 /* ---- mul ---- */
 
+/* Each input's gradient needs the other input; only those are kept. */
+typedef struct {
+    int saved_other[2]; /* saved index of the tensor input i's gradient needs */
+} mul_ctx;
+
 static fr_status mul_backward(fr_node *node, fr_tensor *const *dout, fr_tensor **din) {
+    const mul_ctx *c = node->ctx;
     for (int i = 0; i < 2; i++) {
         if (!fr_node_needs_grad(node, i))
             continue;
-        fr_tensor *other = fr_node_unpack(node, 1 - i);
+        fr_tensor *other = fr_node_unpack(node, c->saved_other[i]);
         if (!other)
             return fr_last_status();
         din[i] = new_like(dout[0]);
@@ -90,9 +96,21 @@ fr_tensor *fr_mul(fr_tensor *a, fr_tensor *b) {
     }
     fr_tensor *in[2] = {a, b};
     if (fr_should_record(2, in)) {
-        fr_node *node = fr_node_new("mul", mul_backward, 2, in, 1);
-        /* saved slot 0 is a, slot 1 is b: each input's gradient needs the other */
-        if (!node || fr_node_save(node, a) < 0 || fr_node_save(node, b) < 0) {
+        mul_ctx *c = malloc(sizeof *c);
+        fr_node *node = c ? fr_node_new("mul", mul_backward, 2, in, 1) : NULL;
+        bool ok = node != NULL;
+        if (node) {
+            fr_node_set_ctx(node, c, NULL);
+            c->saved_other[0] = c->saved_other[1] = -1;
+            for (int i = 0; ok && i < 2; i++)
+                if (fr_node_needs_grad(node, i))
+                    ok = (c->saved_other[i] = fr_node_save(node, in[1 - i])) >= 0;
+        } else if (!c) {
+            fr_error(FR_ERR_OOM, "mul: out of memory");
+        } else {
+            free(c);
+        }
+        if (!ok) {
             fr_release(y);
             return NULL;
         }

@@ -57,6 +57,39 @@ fr_tensor *fr_concat(fr_tensor *const *inputs, int count);
 /* fn_loss.c: fused log-softmax + NLL, mean over the batch; labels i32 */
 fr_tensor *fr_cross_entropy(fr_tensor *logits, fr_tensor *labels);
 
+/* fn_bn_act.c: fused batch norm (training statistics) + optional residual
+ * add + activation: y = act(BN(x) + residual). The building block of the
+ * memory strategies:
+ *  - FR_BNACT_RECOMPUTE keeps only x and the batch mean/invstd; without a
+ *    residual the output carries a recipe, so an op that saves it (the next
+ *    conv) keeps the recipe instead of the bytes and backward recomputes it;
+ *    with a residual the output (a block output, held anyway by the next
+ *    block) is kept for the activation's mask.
+ *  - FR_BNACT_INPLACE_ABN (Rota Bulo et al. 2018) writes y over x and keeps
+ *    only y: backward inverts the activation (leaky ReLU or identity; plain
+ *    ReLU is rejected) and the affine map, whose scale is |gamma| + eps.
+ * Training mode only when recording; under no_grad eval mode is fine. */
+typedef enum { FR_ACT_IDENTITY = 0, FR_ACT_RELU, FR_ACT_LEAKY_RELU, FR_ACT_COUNT } fr_act;
+typedef enum { FR_BNACT_RECOMPUTE = 0, FR_BNACT_INPLACE_ABN, FR_BNACT_COUNT } fr_bnact_mode;
+typedef struct {
+    fr_tensor *gamma, *beta, *running_mean, *running_var;
+    float momentum, eps;
+    bool training;
+} fr_bn_state;
+fr_tensor *fr_bn_act(fr_tensor *x, fr_tensor *residual, const fr_bn_state *bn, fr_act act,
+                     float slope, fr_bnact_mode mode);
+/* |gamma| + eps, differentiable: InPlace-ABN's scale computed the plain way. */
+fr_tensor *fr_abn_scale(fr_tensor *gamma, float eps);
+/* The slope InPlace-ABN uses with leaky ReLU. */
+#define FR_ABN_SLOPE 0.01f
+
+/* checkpoint.c: runs fn(fn_ctx, x) keeping none of its activations (only x);
+ * backward runs the segment again with grad on and backpropagates through
+ * it. fn_ctx is borrowed: it must outlive the backward. BN running
+ * statistics are updated once (the replay runs in recompute mode). */
+typedef fr_tensor *(*fr_segment_fn)(void *fn_ctx, fr_tensor *x);
+fr_tensor *fr_checkpoint(fr_segment_fn fn, void *fn_ctx, fr_tensor *x);
+
 #ifdef __cplusplus
 }
 #endif

@@ -23,6 +23,14 @@ static _Thread_local struct {
 } outer[FR_TAPE_DEPTH];
 static _Thread_local int n_outer;
 
+static _Thread_local int recompute_depth;
+void fr_recompute_enter(void) { recompute_depth++; }
+void fr_recompute_exit(void) {
+    FR_ASSERT(recompute_depth > 0);
+    recompute_depth--;
+}
+bool fr_in_recompute(void) { return recompute_depth > 0; }
+
 void fr_no_grad_enter(void) { no_grad_depth++; }
 void fr_no_grad_exit(void) {
     FR_ASSERT(no_grad_depth > 0);

@@ -30,6 +30,9 @@ int fr_st_count(const fr_st_file *f);
 const char *fr_st_name(const fr_st_file *f, int i);
 /* -1 when absent. */
 int fr_st_find(const fr_st_file *f, const char *name);
+/* FR_DTYPE_COUNT for a valid safetensors dtype frugal cannot hold (I64,
+ * F64, ...): such a file still opens, and fr_st_get on that entry fails with
+ * FR_ERR_DTYPE naming it. */
 fr_dtype fr_st_dtype(const fr_st_file *f, int i);
 int fr_st_ndim(const fr_st_file *f, int i);
 const int64_t *fr_st_shape(const fr_st_file *f, int i);

@@ -24,9 +24,29 @@ typedef struct {
     int kernel, stride, pad;
 } fr_pool_shape;
 
+/* Adam's per-step scalars, rounded to f32 from the double values PyTorch's
+ * Python side holds (tensor/ops_optim.c computes them once for both
+ * backends). */
+typedef struct {
+    float beta1, one_minus_beta1;   /* m = beta1 * m + (1 - beta1) * g */
+    float beta2, one_minus_beta2;   /* v = beta2 * v + (1 - beta2) * g * g */
+    float eps;
+    float l2;          /* Adam: g += l2 * w first (0 for AdamW) */
+    float decay;       /* AdamW: w *= decay = 1 - lr * wd first (1 for Adam) */
+    float step_size;   /* lr / (1 - beta1^t) */
+    float bc2_sqrt;    /* sqrt(1 - beta2^t) */
+} fr_adam_scalars;
+
 #define FR_KERNEL(name, params) fr_status fr_cpu_##name params;
 #include "kernels.def"
 #undef FR_KERNEL
+
+/* fr_cpu_gemm on the calling thread only, with row strides (lda, ldb, ldc)
+ * for sub-blocks: for CPU kernels that parallelise over their own work items
+ * (cpu_conv.c runs one per image per thread). */
+fr_status fr_cpu_gemm_serial(float *c, int ldc, const float *a, int lda, const float *b, int ldb,
+                             int m, int n, int k, bool trans_a, bool trans_b, float alpha,
+                             float beta);
 
 #ifdef __cplusplus
 }

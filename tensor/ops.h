@@ -69,6 +69,9 @@ fr_status fr_batchnorm_train_forward(fr_tensor *y, fr_tensor *mean, fr_tensor *i
 fr_status fr_batchnorm_eval_forward(fr_tensor *y, const fr_tensor *x, const fr_tensor *gamma,
                                     const fr_tensor *beta, const fr_tensor *running_mean,
                                     const fr_tensor *running_var, float eps);
+/* invstd (C) = 1 / sqrt(var (C) + eps): the eval-mode scale, kept by an
+ * eval-mode node for its backward. */
+fr_status fr_batchnorm_invstd(fr_tensor *invstd, const fr_tensor *var, float eps);
 /* Normalise with given statistics (what recompute-on-backward replays). */
 fr_status fr_batchnorm_apply(fr_tensor *y, const fr_tensor *x, const fr_tensor *mean,
                              const fr_tensor *invstd, const fr_tensor *gamma, const fr_tensor *beta);
@@ -92,7 +95,8 @@ fr_status fr_global_avgpool_backward(fr_tensor *dx, const fr_tensor *dy);
 
 /* ---- concat along channels (ops_concat.c). Inputs (N,Ci,H,W) -> out
  * (N,sum Ci,H,W); backward writes the slices of dout into each dx[i] that is
- * not NULL. ---- */
+ * not NULL. The dx shapes give the channel offsets, so at most one dx may be
+ * NULL (its width is what is left). Inputs may be channel-slice views. ---- */
 fr_status fr_concat_forward(fr_tensor *out, fr_tensor *const *inputs, int count);
 fr_status fr_concat_backward(fr_tensor *const *dx, int count, const fr_tensor *dout);
 
@@ -101,6 +105,30 @@ fr_status fr_concat_backward(fr_tensor *const *dx, int count, const fr_tensor *d
 fr_status fr_cross_entropy_forward(fr_tensor *loss, const fr_tensor *logits, const fr_tensor *labels);
 fr_status fr_cross_entropy_backward(fr_tensor *dlogits, const fr_tensor *dloss, const fr_tensor *logits,
                                     const fr_tensor *labels);
+
+/* ---- InPlace-ABN helpers (ops_abn.c); per-channel tensors (C), x-shaped
+ * tensors (N,C,H,W) or (N,C) ---- */
+fr_status fr_abn_gamma_out(fr_tensor *gamma_eff, const fr_tensor *gamma, float eps);
+fr_status fr_abn_gamma_grad_out(fr_tensor *dgamma, const fr_tensor *dgamma_eff, const fr_tensor *gamma);
+/* residual may be NULL; slope 1 means the identity activation */
+fr_status fr_abn_invert_out(fr_tensor *xhat, const fr_tensor *y, const fr_tensor *gamma_eff,
+                            const fr_tensor *beta, const fr_tensor *residual, float slope);
+
+/* ---- optimizer updates (ops_optim.c): in place on a parameter w and its
+ * state; w, the state and the gradient g are f32, contiguous, one shape, one
+ * device. Scalars are doubles as in PyTorch's Python code and are rounded to
+ * f32 where PyTorch's kernels round them. Both bump w's version. ---- */
+/* SGD with momentum, dampening, Nesterov and (L2) weight decay. buf is the
+ * momentum buffer (NULL when momentum == 0); first_step fills it from the
+ * gradient instead of decaying it. */
+fr_status fr_sgd_update_(fr_tensor *w, fr_tensor *buf, const fr_tensor *g, double lr, double momentum,
+                         double dampening, double weight_decay, bool nesterov, bool first_step);
+/* Adam (decoupled false: weight decay added to the gradient) or AdamW
+ * (decoupled true: w *= 1 - lr * weight_decay), step t >= 1 counted per
+ * parameter, m and v the moments. */
+fr_status fr_adam_update_(fr_tensor *w, fr_tensor *m, fr_tensor *v, const fr_tensor *g, double lr,
+                          double beta1, double beta2, double eps, double weight_decay, bool decoupled,
+                          int64_t t);
 
 #ifdef __cplusplus
 }

@@ -131,7 +131,7 @@ static void test_version_check_names_both_ops(void) {
     fr_tensor *w = fr_t_rand(FR_CPU, 1, FR_SHAPE(N), 10);
     fr_set_requires_grad(w, true);
     fr_tensor *a = fr_scale(w, 1.5f);       /* non-leaf */
-    fr_tensor *y = fr_mul(a, x);            /* saves a */
+    fr_tensor *y = fr_mul(a, w);            /* saves a for w's gradient */
     fr_tensor *a2 = fr_scale_(a, 2.0f);     /* overwrites what mul saved */
     fr_tensor *loss = fr_sum(y);
     CHECK_ERR(fr_backward(loss), FR_ERR_VERSION, "backward of mul");

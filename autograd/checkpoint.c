@@ -1,0 +1,74 @@
+/* checkpoint.c: segment checkpointing (Chen et al. 2016, "Training Deep Nets
+ * with Sublinear Memory Cost"). The segment runs forward under no_grad, so
+ * none of its activations are kept; only its input is saved. In backward the
+ * segment is run again with grad on, on a tape of its own, and backpropagated
+ * at once; parameters inside it receive their gradients as leaves do. */
+#include <stdlib.h>
+
+#include "functions.h"
+
+typedef struct {
+    fr_segment_fn fn;
+    void *fn_ctx;
+} checkpoint_ctx;
+
+static fr_status checkpoint_backward(fr_node *node, fr_tensor *const *dout, fr_tensor **din) {
+    const checkpoint_ctx *c = node->ctx;
+    fr_tensor *x = fr_node_unpack(node, 0);
+    if (!x)
+        return fr_last_status();
+    FR_TRY(fr_tape_push());
+    fr_tensor *leaf = fr_detach(x);
+    fr_release(x);
+    fr_status st = leaf ? FR_OK : fr_last_status();
+    fr_tensor *y = NULL;
+    if (st == FR_OK) {
+        /* The input becomes a leaf of the inner tape, so its gradient lands
+         * in leaf->grad; the segment's parameters are leaves already. */
+        fr_set_requires_grad(leaf, true);
+        fr_recompute_enter();
+        y = c->fn(c->fn_ctx, leaf);
+        fr_recompute_exit();
+        st = y ? fr_backward_with(y, dout[0]) : fr_last_status();
+    }
+    if (st == FR_OK && fr_node_needs_grad(node, 0) && leaf->grad)
+        din[0] = fr_retain(leaf->grad);
+    fr_release(y);
+    fr_release(leaf);
+    fr_tape_pop();
+    return st;
+}
+
+fr_tensor *fr_checkpoint(fr_segment_fn fn, void *fn_ctx, fr_tensor *x) {
+    if (!fn) {
+        fr_error(FR_ERR_ARG, "checkpoint: segment function is NULL");
+        return NULL;
+    }
+    if (fr_check_defined("checkpoint", "x", x) != FR_OK)
+        return NULL;
+    /* Recorded whenever grad is on: the segment's parameters need gradients
+     * even when its input (a data batch) does not. */
+    if (!fr_grad_enabled())
+        return fn(fn_ctx, x);
+    fr_no_grad_enter();
+    fr_tensor *y = fn(fn_ctx, x);
+    fr_no_grad_exit();
+    if (!y)
+        return NULL;
+    checkpoint_ctx *c = malloc(sizeof *c);
+    fr_node *node = c ? fr_node_new("checkpoint", checkpoint_backward, 1, &x, 1) : NULL;
+    if (!node || fr_node_save_held(node, x) < 0) {
+        if (!c)
+            fr_error(FR_ERR_OOM, "checkpoint: out of memory");
+        else if (!node)
+            free(c);
+        else
+            fr_node_set_ctx(node, c, NULL);
+        fr_release(y);
+        return NULL;
+    }
+    *c = (checkpoint_ctx){.fn = fn, .fn_ctx = fn_ctx};
+    fr_node_set_ctx(node, c, NULL);
+    fr_node_set_output(node, 0, y);
+    return y;
+}

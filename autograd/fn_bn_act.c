@@ -1,0 +1,386 @@
+/* fn_bn_act.c: fused BN + residual + activation under the two memory modes
+ * of functions.h (recompute, InPlace-ABN). */
+#include <stdlib.h>
+
+#include "functions.h"
+
+typedef struct {
+    fr_act act;
+    float slope;
+    fr_bnact_mode mode;
+    bool has_residual;
+    /* indices of saved tensors (-1: not saved) */
+    int i_x, i_y, i_mean, i_invstd, i_gamma, i_beta, i_residual, i_gamma_eff;
+} bnact_ctx;
+
+static fr_tensor *channels_like(const fr_tensor *gamma) {
+    return fr_empty(fr_device_of(gamma), FR_F32, 1, gamma->shape, FR_TAG_TRANSIENT);
+}
+
+/* y = act(y) in place; identity leaves y alone. */
+static fr_status act_forward(fr_tensor *y, fr_act act, float slope) {
+    if (act == FR_ACT_RELU)
+        return fr_relu_forward(y, y);
+    if (act == FR_ACT_LEAKY_RELU)
+        return fr_leaky_relu_forward(y, y, slope);
+    return FR_OK;
+}
+
+/* dz = dy * act'(.), reading the sign from `y` (the activation's output or
+ * input: both have the same sign). dz is new. */
+static fr_tensor *act_backward(fr_tensor *dy, const fr_tensor *y, fr_act act, float slope) {
+    fr_tensor *dz = fr_empty_like(dy, FR_TAG_TRANSIENT);
+    fr_status st = !dz                      ? fr_last_status()
+                   : act == FR_ACT_RELU       ? fr_relu_backward(dz, dy, y)
+                   : act == FR_ACT_LEAKY_RELU ? fr_leaky_relu_backward(dz, dy, y, slope)
+                                              : fr_copy_(dz, dy);
+    if (st != FR_OK)
+        fr_clear(&dz);
+    return dz;
+}
+
+/* ---- the recipe that rebuilds y = act(BN(x)) from x and the statistics ---- */
+
+typedef struct {
+    fr_recipe base;
+    fr_tensor *x, *mean, *invstd, *gamma, *beta;
+    uint64_t x_version;
+    fr_act act;
+    float slope;
+} bnact_recipe;
+
+static fr_tensor *bnact_recipe_make(fr_recipe *self) {
+    bnact_recipe *r = (bnact_recipe *)self;
+    if (r->x->storage->version != r->x_version) {
+        fr_error(FR_ERR_VERSION,
+                 "bn_act recompute: its input was modified inplace by %s after the forward",
+                 r->x->storage->last_writer ? r->x->storage->last_writer : "an inplace op");
+        return NULL;
+    }
+    fr_tensor *y = fr_empty_like(r->x, FR_TAG_TRANSIENT);
+    fr_status st = y ? fr_batchnorm_apply(y, r->x, r->mean, r->invstd, r->gamma, r->beta)
+                     : fr_last_status();
+    if (st == FR_OK)
+        st = act_forward(y, r->act, r->slope);
+    if (st != FR_OK)
+        fr_clear(&y);
+    return y;
+}
+
+static void bnact_recipe_destroy(fr_recipe *self) {
+    bnact_recipe *r = (bnact_recipe *)self;
+    fr_release(r->x);
+    fr_release(r->mean);
+    fr_release(r->invstd);
+    fr_release(r->gamma);
+    fr_release(r->beta);
+    free(r);
+}
+
+static fr_recipe *bnact_recipe_new(fr_tensor *x, fr_tensor *mean, fr_tensor *invstd,
+                                   const fr_bn_state *bn, fr_act act, float slope) {
+    bnact_recipe *r = calloc(1, sizeof *r);
+    if (!r) {
+        fr_error(FR_ERR_OOM, "bn_act: out of memory");
+        return NULL;
+    }
+    r->base = (fr_recipe){.refcount = 1, .op = "bn_act", .make = bnact_recipe_make,
+                          .destroy = bnact_recipe_destroy};
+    r->x = fr_retain(x);
+    r->mean = fr_retain(mean);
+    r->invstd = fr_retain(invstd);
+    r->gamma = fr_retain(bn->gamma);
+    r->beta = fr_retain(bn->beta);
+    r->x_version = x->storage->version;
+    r->act = act;
+    r->slope = slope;
+    return &r->base;
+}
+
+/* ---- backward ---- */
+
+static fr_status unpack_all(fr_node *node, const int *idx, fr_tensor **out, int n) {
+    for (int i = 0; i < n; i++) {
+        out[i] = idx[i] >= 0 ? fr_node_unpack(node, idx[i]) : NULL;
+        if (idx[i] >= 0 && !out[i]) {
+            for (int j = 0; j < i; j++)
+                fr_clear(&out[j]);
+            return fr_last_status();
+        }
+    }
+    return FR_OK;
+}
+
+static fr_status recompute_backward(fr_node *node, const bnact_ctx *c, fr_tensor *dy,
+                                    fr_tensor **din) {
+    enum { X, MEAN, INVSTD, GAMMA, BETA, Y, NT };
+    int idx[NT] = {c->i_x, c->i_mean, c->i_invstd, c->i_gamma, c->i_beta, c->i_y};
+    fr_tensor *t[NT];
+    FR_TRY(unpack_all(node, idx, t, NT));
+    fr_tensor *pre = NULL, *dz = NULL, *dx = NULL, *dgamma = NULL, *dbeta = NULL;
+    fr_status st = FR_OK;
+    /* The activation's mask: from the kept output when there is one (block
+     * outputs), else from BN(x) recomputed here and freed right after. */
+    const fr_tensor *sign_src = t[Y];
+    if (!sign_src) {
+        pre = fr_empty_like(t[X], FR_TAG_TRANSIENT);
+        st = pre ? fr_batchnorm_apply(pre, t[X], t[MEAN], t[INVSTD], t[GAMMA], t[BETA])
+                 : fr_last_status();
+        sign_src = pre;
+    }
+    if (st == FR_OK && !(dz = act_backward(dy, sign_src, c->act, c->slope)))
+        st = fr_last_status();
+    fr_clear(&pre);
+    if (st == FR_OK) {
+        dx = fr_node_needs_grad(node, 0) ? fr_empty_like(t[X], FR_TAG_TRANSIENT) : NULL;
+        dgamma = channels_like(t[GAMMA]);
+        dbeta = channels_like(t[GAMMA]);
+        st = dgamma && dbeta && (dx || !fr_node_needs_grad(node, 0))
+                 ? fr_batchnorm_backward(dx, dgamma, dbeta, dz, t[X], t[MEAN], t[INVSTD], t[GAMMA])
+                 : fr_last_status();
+    }
+    if (st == FR_OK) {
+        din[0] = dx;
+        din[1] = fr_node_needs_grad(node, 1) ? dgamma : NULL;
+        din[2] = fr_node_needs_grad(node, 2) ? dbeta : NULL;
+        din[3] = c->has_residual && fr_node_needs_grad(node, 3) ? fr_retain(dz) : NULL;
+        if (!din[1])
+            fr_release(dgamma);
+        if (!din[2])
+            fr_release(dbeta);
+    } else {
+        fr_release(dx);
+        fr_release(dgamma);
+        fr_release(dbeta);
+    }
+    fr_release(dz);
+    for (int i = 0; i < NT; i++)
+        fr_release(t[i]);
+    return st;
+}
+
+static fr_status abn_backward(fr_node *node, const bnact_ctx *c, fr_tensor *dy, fr_tensor **din) {
+    enum { Y, INVSTD, GAMMA, BETA, GEFF, RES, NT };
+    int idx[NT] = {c->i_y, c->i_invstd, c->i_gamma, c->i_beta, c->i_gamma_eff, c->i_residual};
+    fr_tensor *t[NT];
+    FR_TRY(unpack_all(node, idx, t, NT));
+    fr_tensor *dz = act_backward(dy, t[Y], c->act, c->slope);
+    fr_tensor *xhat = fr_empty_like(t[Y], FR_TAG_TRANSIENT);
+    fr_tensor *zero = channels_like(t[GAMMA]), *one = channels_like(t[GAMMA]);
+    fr_tensor *scale = channels_like(t[GAMMA]), *dgeff = channels_like(t[GAMMA]);
+    fr_tensor *dbeta = channels_like(t[GAMMA]), *dgamma = channels_like(t[GAMMA]);
+    fr_tensor *dx = fr_node_needs_grad(node, 0) ? fr_empty_like(t[Y], FR_TAG_TRANSIENT) : NULL;
+    fr_status st = dz && xhat && zero && one && scale && dgeff && dbeta && dgamma &&
+                           (dx || !fr_node_needs_grad(node, 0))
+                       ? FR_OK
+                       : fr_last_status();
+    float slope = c->act == FR_ACT_LEAKY_RELU ? c->slope : 1.0f;
+    if (st == FR_OK)
+        st = fr_abn_invert_out(xhat, t[Y], t[GEFF], t[BETA], t[RES], slope);
+    /* BN backward written in terms of xhat: with mean 0, invstd 1 and the
+     * scale gamma_eff * invstd, the standard kernel gives exactly
+     * dx = gamma_eff * invstd / M * (M dz - sum dz - xhat sum(dz xhat)). */
+    if (st == FR_OK)
+        st = fr_fill_(zero, 0.0f);
+    if (st == FR_OK)
+        st = fr_fill_(one, 1.0f);
+    if (st == FR_OK)
+        st = fr_mul_out(scale, t[GEFF], t[INVSTD]);
+    if (st == FR_OK)
+        st = fr_batchnorm_backward(dx, dgeff, dbeta, dz, xhat, zero, one, scale);
+    if (st == FR_OK)
+        st = fr_abn_gamma_grad_out(dgamma, dgeff, t[GAMMA]);
+    if (st == FR_OK) {
+        din[0] = dx;
+        dx = NULL;
+        if (fr_node_needs_grad(node, 1)) {
+            din[1] = dgamma;
+            dgamma = NULL;
+        }
+        if (fr_node_needs_grad(node, 2)) {
+            din[2] = dbeta;
+            dbeta = NULL;
+        }
+        if (c->has_residual && fr_node_needs_grad(node, 3))
+            din[3] = fr_retain(dz);
+    }
+    fr_tensor *tmp[] = {dz, xhat, zero, one, scale, dgeff, dbeta, dgamma, dx};
+    for (size_t i = 0; i < sizeof tmp / sizeof *tmp; i++)
+        fr_release(tmp[i]);
+    for (int i = 0; i < NT; i++)
+        fr_release(t[i]);
+    return st;
+}
+
+static fr_status bnact_backward(fr_node *node, fr_tensor *const *dout, fr_tensor **din) {
+    const bnact_ctx *c = node->ctx;
+    return c->mode == FR_BNACT_INPLACE_ABN ? abn_backward(node, c, dout[0], din)
+                                           : recompute_backward(node, c, dout[0], din);
+}
+
+/* ---- |gamma| + eps as a differentiable op (the ABN scale computed the
+ * plain way, for reference models) ---- */
+
+static fr_status abn_scale_backward(fr_node *node, fr_tensor *const *dout, fr_tensor **din) {
+    fr_tensor *gamma = fr_node_unpack(node, 0);
+    if (!gamma)
+        return fr_last_status();
+    din[0] = fr_empty_like(gamma, FR_TAG_TRANSIENT);
+    fr_status st = din[0] ? fr_abn_gamma_grad_out(din[0], dout[0], gamma) : fr_last_status();
+    fr_release(gamma);
+    return st;
+}
+
+fr_tensor *fr_abn_scale(fr_tensor *gamma, float eps) {
+    if (fr_check_f32c("abn_scale", "gamma", gamma) != FR_OK)
+        return NULL;
+    fr_tensor *y = fr_empty_like(gamma, FR_TAG_TRANSIENT);
+    if (!y || fr_abn_gamma_out(y, gamma, eps) != FR_OK) {
+        fr_release(y);
+        return NULL;
+    }
+    if (fr_should_record(1, &gamma)) {
+        fr_node *node = fr_node_new("abn_scale", abn_scale_backward, 1, &gamma, 1);
+        if (!node || fr_node_save(node, gamma) < 0) {
+            fr_release(y);
+            return NULL;
+        }
+        fr_node_set_output(node, 0, y);
+    }
+    return y;
+}
+
+/* ---- forward ---- */
+
+static fr_status check_args(fr_tensor *x, fr_tensor *residual, const fr_bn_state *bn, fr_act act,
+                            float slope, fr_bnact_mode mode, bool recording) {
+    const char *op = "bn_act";
+    FR_TRY(fr_check_f32c(op, "x", x));
+    if (!bn)
+        return fr_error(FR_ERR_ARG, "%s: bn state is NULL", op);
+    FR_TRY(fr_check_defined(op, "gamma", bn->gamma));
+    FR_TRY(fr_check_defined(op, "beta", bn->beta));
+    if ((unsigned)act >= FR_ACT_COUNT || (unsigned)mode >= FR_BNACT_COUNT)
+        return fr_error(FR_ERR_ARG, "%s: unknown activation or mode", op);
+    if (residual) {
+        FR_TRY(fr_check_f32c(op, "residual", residual));
+        FR_TRY(fr_check_same_shape(op, "residual", residual, "x", x));
+        FR_TRY(fr_check_same_device(op, "residual", residual, "x", x));
+    }
+    if (act == FR_ACT_LEAKY_RELU && !(slope > 0.0f))
+        return fr_error(FR_ERR_ARG, "%s: leaky_relu slope must be > 0, got %g", op, (double)slope);
+    if (mode == FR_BNACT_INPLACE_ABN && act == FR_ACT_RELU)
+        return fr_error(FR_ERR_ARG,
+                        "inplace_abn: plain ReLU cannot be inverted (it loses the negative "
+                        "half); use leaky_relu (e.g. slope 0.01) or identity");
+    if (recording && !bn->training)
+        return fr_error(FR_ERR_ARG,
+                        "%s: eval mode with gradient recording is not supported; run eval under "
+                        "fr_no_grad_enter or use fr_batch_norm",
+                        op);
+    if (mode == FR_BNACT_INPLACE_ABN && recording && x->requires_grad && !fr_has_grad_fn(x))
+        return fr_error(FR_ERR_ARG, "inplace_abn: in-place write on a leaf that requires grad");
+    return FR_OK;
+}
+
+/* y = act(BN(x; gamma_used) + residual) into y (which may be x); fills mean
+ * and invstd in training mode. */
+static fr_status compute(fr_tensor *y, fr_tensor *mean, fr_tensor *invstd, fr_tensor *x,
+                         fr_tensor *residual, const fr_bn_state *bn, const fr_tensor *gamma_used,
+                         fr_act act, float slope) {
+    fr_status st;
+    if (bn->training) {
+        bool update = bn->running_mean && !fr_in_recompute();
+        st = fr_batchnorm_train_forward(y, mean, invstd, x, gamma_used, bn->beta,
+                                        update ? bn->running_mean : NULL,
+                                        update ? bn->running_var : NULL, bn->momentum, bn->eps);
+    } else {
+        st = fr_batchnorm_eval_forward(y, x, gamma_used, bn->beta, bn->running_mean,
+                                       bn->running_var, bn->eps);
+    }
+    if (st == FR_OK && residual)
+        st = fr_add_out(y, y, residual);
+    if (st == FR_OK)
+        st = act_forward(y, act, slope);
+    return st;
+}
+
+fr_tensor *fr_bn_act(fr_tensor *x, fr_tensor *residual, const fr_bn_state *bn, fr_act act,
+                     float slope, fr_bnact_mode mode) {
+    fr_tensor *in[4] = {x, bn ? bn->gamma : NULL, bn ? bn->beta : NULL, residual};
+    bool recording = fr_should_record(4, in);
+    if (check_args(x, residual, bn, act, slope, mode, recording) != FR_OK)
+        return NULL;
+    bool abn = mode == FR_BNACT_INPLACE_ABN;
+    const char *op = abn ? "inplace_abn" : "bn_act";
+    fr_tensor *mean = channels_like(bn->gamma), *invstd = channels_like(bn->gamma);
+    fr_tensor *gamma_eff = abn ? channels_like(bn->gamma) : NULL;
+    fr_tensor *y = NULL;
+    fr_node *node = NULL;
+    bnact_ctx *c = NULL;
+    fr_status st = mean && invstd && (gamma_eff || !abn) ? FR_OK : fr_last_status();
+    if (st == FR_OK && abn)
+        st = fr_abn_gamma_out(gamma_eff, bn->gamma, bn->eps);
+    /* An inplace op records before writing, so x's edge is its old producer. */
+    if (st == FR_OK && recording) {
+        c = malloc(sizeof *c);
+        node = c ? fr_node_new(op, bnact_backward, 4, in, 1) : NULL;
+        if (!node) {
+            st = c ? fr_last_status() : fr_error(FR_ERR_OOM, "%s: out of memory", op);
+            free(c);
+            c = NULL;
+        } else {
+            *c = (bnact_ctx){.act = act, .slope = slope, .mode = mode,
+                             .has_residual = residual != NULL, .i_x = -1, .i_y = -1,
+                             .i_mean = -1, .i_invstd = -1, .i_gamma = -1, .i_beta = -1,
+                             .i_residual = -1, .i_gamma_eff = -1};
+            fr_node_set_ctx(node, c, NULL);
+        }
+    }
+    if (st == FR_OK) {
+        y = abn ? fr_retain(x) : fr_empty_like(x, FR_TAG_TRANSIENT);
+        st = y ? compute(y, mean, invstd, x, residual, bn, abn ? gamma_eff : bn->gamma, act, slope)
+               : fr_last_status();
+    }
+    if (st == FR_OK && abn)
+        fr_bump_version(x, "inplace_abn");
+    if (st == FR_OK && node) {
+        bool ok;
+        if (abn) {
+            ok = (c->i_y = fr_node_save_held(node, y)) >= 0 &&
+                 (c->i_invstd = fr_node_save(node, invstd)) >= 0 &&
+                 (c->i_gamma = fr_node_save(node, bn->gamma)) >= 0 &&
+                 (c->i_beta = fr_node_save(node, bn->beta)) >= 0 &&
+                 (c->i_gamma_eff = fr_node_save(node, gamma_eff)) >= 0 &&
+                 (!residual || (c->i_residual = fr_node_save(node, residual)) >= 0);
+        } else {
+            ok = (c->i_x = fr_node_save_held(node, x)) >= 0 &&
+                 (c->i_mean = fr_node_save(node, mean)) >= 0 &&
+                 (c->i_invstd = fr_node_save(node, invstd)) >= 0 &&
+                 (c->i_gamma = fr_node_save(node, bn->gamma)) >= 0 &&
+                 (c->i_beta = fr_node_save(node, bn->beta)) >= 0;
+            if (ok && residual) {
+                /* a block output: kept by the next block anyway, so its mask
+                 * costs nothing */
+                ok = (c->i_y = fr_node_save_held(node, y)) >= 0;
+            } else if (ok) {
+                fr_recipe *r = bnact_recipe_new(x, mean, invstd, bn, act, slope);
+                ok = r != NULL;
+                if (ok)
+                    fr_set_recipe(y, r);
+            }
+        }
+        if (ok)
+            fr_node_set_output(node, 0, y);
+        else
+            st = fr_last_status();
+    }
+    fr_release(mean);
+    fr_release(invstd);
+    fr_release(gamma_eff);
+    if (st != FR_OK) {
+        fr_release(y);
+        return NULL;
+    }
+    return y;
+}

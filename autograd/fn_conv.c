@@ -1,0 +1,105 @@
+/* fn_conv.c: differentiable 2-d convolution, groups = 1.
+ *
+ * The node saves only what the wanted gradients need: x for dw (so a first
+ * layer whose weights are frozen keeps no reference to the batch) and w for
+ * dx (a parameter: holding it costs nothing). Shapes live in the context, so
+ * a gradient can be allocated without its tensor being saved. Saving goes
+ * through fr_node_save, so an x that carries a recipe (a fused BN+ReLU
+ * output) is recomputed in backward rather than kept; backward releases the
+ * unpacked x as soon as dw is done, before dx is allocated, so a recomputed
+ * x and dx are never alive together. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "functions.h"
+
+enum { CONV_X = 0, CONV_W, CONV_B };
+
+typedef struct {
+    fr_conv_params p;
+    int64_t x_shape[4], w_shape[4];
+    int x, w; /* saved slots, -1 when not saved */
+} conv_ctx;
+
+static fr_tensor *grad_like(const fr_tensor *dy, int ndim, const int64_t *shape) {
+    return fr_empty(fr_device_of(dy), FR_F32, ndim, shape, FR_TAG_TRANSIENT);
+}
+
+static fr_status conv_backward(fr_node *node, fr_tensor *const *dout, fr_tensor **din) {
+    const conv_ctx *c = node->ctx;
+    fr_tensor *dy = dout[0];
+    fr_status st = FR_OK;
+    if (fr_node_needs_grad(node, CONV_W)) {
+        fr_tensor *x = fr_node_unpack(node, c->x);
+        fr_tensor *dw = x ? grad_like(dy, 4, c->w_shape) : NULL;
+        st = dw ? fr_conv2d_backward(NULL, dw, NULL, dy, x, NULL, c->p) : fr_last_status();
+        fr_release(x);
+        if (st != FR_OK) {
+            fr_release(dw);
+            return st;
+        }
+        din[CONV_W] = dw;
+    }
+    if (fr_node_needs_grad(node, CONV_X)) {
+        fr_tensor *w = fr_node_unpack(node, c->w);
+        fr_tensor *dx = w ? grad_like(dy, 4, c->x_shape) : NULL;
+        st = dx ? fr_conv2d_backward(dx, NULL, NULL, dy, NULL, w, c->p) : fr_last_status();
+        fr_release(w);
+        if (st != FR_OK) {
+            fr_release(dx);
+            return st;
+        }
+        din[CONV_X] = dx;
+    }
+    if (fr_node_needs_grad(node, CONV_B)) {
+        fr_tensor *db = grad_like(dy, 1, FR_SHAPE(c->w_shape[0]));
+        st = db ? fr_conv2d_backward(NULL, NULL, db, dy, NULL, NULL, c->p) : fr_last_status();
+        if (st != FR_OK) {
+            fr_release(db);
+            return st;
+        }
+        din[CONV_B] = db;
+    }
+    return FR_OK;
+}
+
+/* Records the node for y = conv(x, w) + b. */
+static fr_status conv_record(fr_tensor *const *in, fr_conv_params p, fr_tensor *y) {
+    conv_ctx *c = calloc(1, sizeof *c);
+    if (!c)
+        return fr_error(FR_ERR_OOM, "conv2d: out of memory recording a node");
+    fr_node *node = fr_node_new("conv2d", conv_backward, 3, in, 1);
+    if (!node) {
+        free(c);
+        return fr_last_status();
+    }
+    c->p = p;
+    memcpy(c->x_shape, in[CONV_X]->shape, sizeof c->x_shape);
+    memcpy(c->w_shape, in[CONV_W]->shape, sizeof c->w_shape);
+    c->x = c->w = -1;
+    fr_node_set_ctx(node, c, NULL);
+    if (fr_node_needs_grad(node, CONV_W) && (c->x = fr_node_save(node, in[CONV_X])) < 0)
+        return fr_last_status();
+    if (fr_node_needs_grad(node, CONV_X) && (c->w = fr_node_save(node, in[CONV_W])) < 0)
+        return fr_last_status();
+    fr_node_set_output(node, 0, y);
+    return FR_OK;
+}
+
+fr_tensor *fr_conv2d(fr_tensor *x, fr_tensor *w, fr_tensor *b, fr_conv_params p) {
+    fr_conv_shape s;
+    if (fr_check_defined("conv2d", "x", x) != FR_OK || fr_check_defined("conv2d", "w", w) != FR_OK ||
+        fr_conv2d_shape(x, w, p, &s) != FR_OK)
+        return NULL;
+    fr_tensor *y = fr_empty(fr_device_of(x), FR_F32, 4, FR_SHAPE(s.n, s.k, s.oh, s.ow),
+                            FR_TAG_TRANSIENT);
+    if (!y)
+        return NULL;
+    fr_tensor *in[3] = {x, w, b};
+    fr_status st = fr_conv2d_forward(y, x, w, b, p);
+    if (st == FR_OK && fr_should_record(3, in))
+        st = conv_record(in, p, y);
+    if (st != FR_OK)
+        fr_clear(&y);
+    return y;
+}

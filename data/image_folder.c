@@ -1,0 +1,190 @@
+/* image_folder.c: datasets from a folder of class sub-folders of images,
+ * decoded with stb_image. See dataset.h.
+ *
+ * Two passes: the first reads only each file's header (stbi_info) to check
+ * that every file is an image of the common size and to count them; the
+ * second decodes straight into the dataset's pixel tensor. So a bad file is
+ * reported before any pixel memory is taken, and pixels are held once. */
+#include "dataset.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+/* Only the formats the design names: TGA is left out on purpose, because
+ * stb's TGA probe accepts many files that are not images. */
+#define STB_IMAGE_IMPLEMENTATION
+#define STBI_ONLY_PNG
+#define STBI_ONLY_JPEG
+#define STBI_ONLY_BMP
+#define STBI_NO_HDR
+#define STBI_NO_LINEAR
+#define STBI_FAILURE_USERMSG
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wsign-compare"
+#pragma GCC diagnostic ignored "-Wunused-function"
+#pragma GCC diagnostic ignored "-Wunused-parameter"
+#pragma GCC diagnostic ignored "-Wimplicit-fallthrough"
+#pragma GCC diagnostic ignored "-Wmisleading-indentation"
+#pragma GCC diagnostic ignored "-Wtype-limits"
+#include <stb/stb_image.h>
+#pragma GCC diagnostic pop
+
+typedef struct {
+    char **items;
+    int n, cap;
+} name_list;
+
+static void list_free(name_list *l) {
+    for (int i = 0; i < l->n; i++)
+        free(l->items[i]);
+    free(l->items);
+    memset(l, 0, sizeof *l);
+}
+
+static fr_status list_add(name_list *l, const char *s) {
+    if (l->n == l->cap) {
+        int cap = l->cap ? 2 * l->cap : 64;
+        char **items = realloc(l->items, (size_t)cap * sizeof *items);
+        if (!items)
+            return fr_error(FR_ERR_OOM, "image folder: out of memory listing files");
+        l->items = items;
+        l->cap = cap;
+    }
+    if (!(l->items[l->n] = strdup(s)))
+        return fr_error(FR_ERR_OOM, "image folder: out of memory listing files");
+    l->n++;
+    return FR_OK;
+}
+
+static int cmp_str(const void *a, const void *b) {
+    return strcmp(*(char *const *)a, *(char *const *)b);
+}
+
+/* The names in `dir` (dot files skipped) that are directories (want_dirs)
+ * or regular files, sorted. */
+static fr_status list_dir(name_list *out, const char *dir, bool want_dirs) {
+    DIR *d = opendir(dir);
+    if (!d)
+        return fr_error(FR_ERR_IO, "image folder: cannot open %s: %s", dir, strerror(errno));
+    fr_status st = FR_OK;
+    char path[4096];
+    for (struct dirent *e; st == FR_OK && (e = readdir(d));) {
+        if (e->d_name[0] == '.')
+            continue;
+        snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
+        struct stat sb;
+        if (stat(path, &sb) != 0)
+            st = fr_error(FR_ERR_IO, "image folder: cannot stat %s: %s", path, strerror(errno));
+        else if (want_dirs ? S_ISDIR(sb.st_mode) : S_ISREG(sb.st_mode))
+            st = list_add(out, e->d_name);
+    }
+    closedir(d);
+    if (st == FR_OK && out->n)
+        qsort(out->items, (size_t)out->n, sizeof *out->items, cmp_str);
+    return st;
+}
+
+static int channels_of(int comp) { return comp <= 2 ? 1 : 3; }
+
+fr_dataset *fr_dataset_load_folder(const char *dir, int channels) {
+    if (!dir || (channels != 0 && channels != 1 && channels != 3)) {
+        fr_error(FR_ERR_ARG, "image folder: dir must be given and channels be 0, 1 or 3 (got %d)",
+                 channels);
+        return NULL;
+    }
+    name_list classes = {0}, files = {0};
+    int *labels = NULL, w0 = 0, h0 = 0;
+    fr_dataset *ds = NULL;
+    char path[4096];
+    if (list_dir(&classes, dir, true) != FR_OK)
+        goto done;
+    if (classes.n == 0) {
+        fr_error(FR_ERR_FORMAT, "image folder: %s has no class sub-folders", dir);
+        goto done;
+    }
+    /* pass 1: list, and check every file's header */
+    for (int k = 0; k < classes.n; k++) {
+        name_list in_class = {0};
+        snprintf(path, sizeof path, "%s/%s", dir, classes.items[k]);
+        fr_status st = list_dir(&in_class, path, false);
+        if (st == FR_OK && in_class.n == 0)
+            st = fr_error(FR_ERR_FORMAT, "image folder: class folder %s holds no image files", path);
+        int *grown = st == FR_OK ? realloc(labels, (size_t)(files.n + in_class.n) * sizeof *labels) : NULL;
+        if (st == FR_OK && !grown)
+            st = fr_error(FR_ERR_OOM, "image folder: out of memory listing files");
+        if (grown)
+            labels = grown;
+        for (int i = 0; st == FR_OK && i < in_class.n; i++) {
+            snprintf(path, sizeof path, "%s/%s/%s", dir, classes.items[k], in_class.items[i]);
+            labels[files.n] = k;
+            st = list_add(&files, path);
+        }
+        list_free(&in_class);
+        if (st != FR_OK)
+            goto done;
+    }
+    for (int i = 0; i < files.n; i++) {
+        int w, h, comp;
+        if (!stbi_info(files.items[i], &w, &h, &comp)) {
+            fr_error(FR_ERR_FORMAT, "image folder: %s is not a PNG, JPEG or BMP image (%s)",
+                     files.items[i], stbi_failure_reason());
+            goto done;
+        }
+        if (i == 0) {
+            w0 = w;
+            h0 = h;
+            if (!channels)
+                channels = channels_of(comp);
+        } else if (w != w0 || h != h0) {
+            fr_error(FR_ERR_FORMAT, "image folder: %s is %dx%d (WxH) but %s is %dx%d; all images must "
+                     "have one size", files.items[i], w, h, files.items[0], w0, h0);
+            goto done;
+        }
+    }
+    const char *slash = strrchr(dir, '/');
+    ds = fr_dataset_new(slash && slash[1] ? slash + 1 : dir, files.n, channels, h0, w0, classes.n);
+    if (!ds)
+        goto done;
+    /* pass 2: decode into (N, C, H, W), converting stb's interleaved HWC */
+    uint8_t *px = fr_data(ds->images);
+    int32_t *lab = fr_data(ds->labels);
+    const int64_t plane = (int64_t)h0 * w0;
+    for (int i = 0; i < files.n; i++) {
+        int w, h, comp;
+        uint8_t *img = stbi_load(files.items[i], &w, &h, &comp, channels);
+        if (!img || w != w0 || h != h0) {
+            fr_error(FR_ERR_FORMAT, "image folder: cannot decode %s (%s)", files.items[i],
+                     img ? "its size changed while loading" : stbi_failure_reason());
+            stbi_image_free(img);
+            fr_dataset_free(ds);
+            ds = NULL;
+            goto done;
+        }
+        uint8_t *dst = px + (int64_t)i * channels * plane;  // (C, H, W)
+        for (int64_t p = 0; p < plane; p++)
+            for (int c = 0; c < channels; c++)
+                dst[c * plane + p] = img[p * channels + c];
+        stbi_image_free(img);
+        lab[i] = labels[i];
+    }
+    ds->class_names = calloc((size_t)classes.n, sizeof *ds->class_names);
+    if (!ds->class_names) {
+        fr_error(FR_ERR_OOM, "image folder: out of memory");
+        fr_dataset_free(ds);
+        ds = NULL;
+        goto done;
+    }
+    /* hand the class names over */
+    for (int k = 0; k < classes.n; k++) {
+        ds->class_names[k] = classes.items[k];
+        classes.items[k] = NULL;
+    }
+done:
+    list_free(&classes);
+    list_free(&files);
+    free(labels);
+    return ds;
+}

@@ -1,0 +1,63 @@
+/* loader.h: mini-batches from a dataset, optionally prepared on a
+ * background thread.
+ *
+ * Each epoch visits every image once, in a seeded Fisher-Yates order when
+ * `shuffle` (else in dataset order); the last, smaller batch is dropped when
+ * `drop_last`. Each image is augmented and normalised (augment.h) with an rng
+ * seeded from (seed, epoch, position in the epoch), so a batch depends only
+ * on the seed and its place, never on threading or timing: the batches are
+ * the same with and without `prefetch`, and fr_loader_seek resumes a run
+ * exactly.
+ *
+ * With `prefetch`, a thread builds the next batch while the caller works on
+ * the current one (one batch ahead, so at most two batches exist beside the
+ * dataset). The loader reads the dataset in place; the dataset must outlive
+ * it. Batches are returned on `device` (copied from the CPU there with
+ * fr_to_device), tagged FR_TAG_DATA. */
+#ifndef FR_LOADER_H
+#define FR_LOADER_H
+
+#include "augment.h"
+#include "dataset.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct {
+    int batch_size;
+    bool shuffle;
+    bool drop_last;
+    uint64_t seed;
+    fr_augment aug;     /* crop/flip/normalisation; all zero = pixels / 255 */
+    fr_device device;   /* where batches are returned */
+    bool prefetch;      /* prepare the next batch on a background thread */
+} fr_loader_config;
+
+typedef struct fr_loader fr_loader;
+
+/* Starts at epoch 0, batch 0. NULL with an error on a bad config. */
+fr_loader *fr_loader_new(const fr_dataset *ds, const fr_loader_config *cfg);
+/* Stops the thread (waiting at most for the batch it is building) and frees
+ * everything not handed out. NULL is ignored. */
+void fr_loader_free(fr_loader *l);
+
+/* Batches per epoch. */
+int64_t fr_loader_num_batches(const fr_loader *l);
+/* The epoch and batch index the next fr_loader_next call returns. */
+int64_t fr_loader_epoch(const fr_loader *l);
+int64_t fr_loader_batch(const fr_loader *l);
+
+/* The next batch: *images (B, C, H, W) f32 and *labels (B,) i32, one
+ * reference each for the caller. At the end of an epoch it returns FR_OK
+ * with both NULL, and the call after that starts the next epoch. */
+fr_status fr_loader_next(fr_loader *l, fr_tensor **images, fr_tensor **labels);
+
+/* Continues from batch `batch` of epoch `epoch` (0 <= batch <= batches per
+ * epoch), discarding any prepared batch; for resuming from a checkpoint. */
+fr_status fr_loader_seek(fr_loader *l, int64_t epoch, int64_t batch);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

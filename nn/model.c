@@ -1,0 +1,101 @@
+/* model.c: the generic model record and strategy names; see model.h. */
+#include "model.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+fr_status fr_strategy_parse(const char *text, fr_strategy *out) {
+    static const char *const choices =
+        "plain, or a '+'-joined set of inplace, recompute, abn, checkpoint[:K]";
+    if (!text || !*text)
+        return fr_error(FR_ERR_ARG, "empty memory strategy (choose %s)", choices);
+    fr_strategy s = FR_STRATEGY_PLAIN;
+    if (strcmp(text, "plain") != 0) {
+        const char *p = text;
+        while (*p) {
+            size_t len = strcspn(p, "+");
+            char word[32];
+            if (len == 0 || len >= sizeof word)
+                return fr_error(FR_ERR_ARG, "unknown memory strategy \"%s\" (choose %s)", text, choices);
+            memcpy(word, p, len);
+            word[len] = '\0';
+            char *end;
+            if (!strcmp(word, "inplace"))
+                s.inplace = true;
+            else if (!strcmp(word, "recompute"))
+                s.recompute = true;
+            else if (!strcmp(word, "abn"))
+                s.abn = true;
+            else if (!strcmp(word, "abn_reference"))
+                s.abn_reference = true;
+            else if (!strcmp(word, "checkpoint"))
+                s.checkpoint = -1;
+            else if (!strncmp(word, "checkpoint:", 11) && word[11] &&
+                     (s.checkpoint = (int)strtol(word + 11, &end, 10)) > 0 && !*end)
+                ;
+            else
+                return fr_error(FR_ERR_ARG, "unknown memory strategy \"%s\" in \"%s\" (choose %s)",
+                                word, text, choices);
+            p += len;
+            if (*p == '+')
+                p++;
+        }
+    }
+    if (s.abn && s.abn_reference)
+        return fr_error(FR_ERR_ARG, "memory strategy \"%s\": abn and abn_reference exclude each other",
+                        text);
+    *out = s;
+    return FR_OK;
+}
+
+const char *fr_strategy_format(fr_strategy s, char *buf, size_t len) {
+    size_t used = 0;
+    buf[0] = '\0';
+#define FR_APPEND(...) used += (size_t)snprintf(buf + used, used < len ? len - used : 0, __VA_ARGS__)
+    if (s.inplace)
+        FR_APPEND("%sinplace", used ? "+" : "");
+    if (s.recompute)
+        FR_APPEND("%srecompute", used ? "+" : "");
+    if (s.abn)
+        FR_APPEND("%sabn", used ? "+" : "");
+    if (s.abn_reference)
+        FR_APPEND("%sabn_reference", used ? "+" : "");
+    if (s.checkpoint < 0)
+        FR_APPEND("%scheckpoint", used ? "+" : "");
+    else if (s.checkpoint > 0)
+        FR_APPEND("%scheckpoint:%d", used ? "+" : "", s.checkpoint);
+    if (!used)
+        FR_APPEND("plain");
+#undef FR_APPEND
+    return buf;
+}
+
+bool fr_strategy_equal(fr_strategy a, fr_strategy b) {
+    return a.inplace == b.inplace && a.recompute == b.recompute && a.abn == b.abn &&
+           a.abn_reference == b.abn_reference && a.checkpoint == b.checkpoint;
+}
+
+fr_model *fr_model_alloc(const char *name, int in_channels, int num_classes) {
+    fr_model *m = calloc(1, sizeof *m);
+    if (!m || !(m->params = fr_params_new())) {
+        free(m);
+        fr_error(FR_ERR_OOM, "model %s: out of memory", name);
+        return NULL;
+    }
+    snprintf(m->name, sizeof m->name, "%s", name);
+    m->in_channels = in_channels;
+    m->num_classes = num_classes;
+    return m;
+}
+
+void fr_model_free(fr_model *m) {
+    if (!m)
+        return;
+    if (m->impl_free)
+        m->impl_free(m->impl);
+    else
+        free(m->impl);
+    fr_params_free(m->params);
+    free(m);
+}

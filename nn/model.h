@@ -1,0 +1,86 @@
+/* model.h: what every model offers a training program, whatever its
+ * architecture: a forward to logits, a parameter registry, a configuration
+ * (the memory strategy) and a free.
+ *
+ *     fr_model *m = fr_resnet_create("resnet20", 3, 10, 42);
+ *     fr_strategy_parse("recompute+checkpoint", &m->cfg.strategy); // may change between steps
+ *     fr_tensor *logits = fr_model_forward(m, x, true);
+ *     ...
+ *     fr_model_free(m);
+ *
+ * The strategy is read at every forward, so one set of weights can be run
+ * under several strategies (tests compare them). */
+#ifndef FR_MODEL_H
+#define FR_MODEL_H
+
+#include "params.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* How activations are kept for backward: a set of switches that combine.
+ * Every combination computes the same function and the same gradients as
+ * plain (abn excepted: see below); they differ in memory and time. All the
+ * places a strategy changes a block are in nn/blocks.c; checkpointing is
+ * applied by the model's forward.
+ *   inplace    ReLU and the residual add written over BN's output
+ *   recompute  fused BN+ReLU keeping only its input and batch statistics; its
+ *              output is recomputed in backward for the next conv
+ *   abn        InPlace-ABN: BN + leaky ReLU (slope 0.01) written over the conv
+ *              output, inverted in backward. It changes the model's function
+ *              (leaky ReLU, scale |gamma| + eps), so compare it with
+ *              abn_reference, the same function computed the plain way
+ *   checkpoint keep only every k-th block's output and recompute each
+ *              segment of k blocks in backward (k = ceil(sqrt(blocks)) when
+ *              checkpoint is -1) */
+typedef struct {
+    bool inplace;
+    bool recompute;
+    bool abn;
+    bool abn_reference; /* the abn function without its memory trick (tests) */
+    int checkpoint;     /* 0 off, -1 automatic, k > 0 blocks per segment */
+} fr_strategy;
+
+#define FR_STRATEGY_PLAIN ((fr_strategy){0})
+#define FR_STRATEGY_INPLACE ((fr_strategy){.inplace = true})
+
+/* "plain", or names joined by '+': "inplace", "recompute", "abn",
+ * "checkpoint" or "checkpoint:K" (e.g. "abn+checkpoint:4"). FR_ERR_ARG naming
+ * the choices otherwise. */
+fr_status fr_strategy_parse(const char *text, fr_strategy *out);
+/* The canonical text of a strategy ("recompute+checkpoint:6"); returns buf. */
+const char *fr_strategy_format(fr_strategy s, char *buf, size_t len);
+bool fr_strategy_equal(fr_strategy a, fr_strategy b);
+
+typedef struct {
+    fr_strategy strategy;
+} fr_model_cfg;
+
+typedef struct fr_model fr_model;
+struct fr_model {
+    char name[32];         /* "resnet20" */
+    int in_channels, num_classes;
+    fr_model_cfg cfg;
+    fr_params *params;     /* owned */
+    /* x (N, in_channels, H, W) borrowed -> logits (N, num_classes), a new
+     * reference; NULL with an error. After a failure the nodes recorded
+     * before it stay on the tape: fr_tape_clear() drops them. */
+    fr_tensor *(*forward)(fr_model *m, fr_tensor *x, bool training);
+    void *impl;            /* architecture-specific layers; owned */
+    void (*impl_free)(void *impl);
+};
+
+static inline fr_tensor *fr_model_forward(fr_model *m, fr_tensor *x, bool training) {
+    return m->forward(m, x, training);
+}
+
+/* A model with an empty registry and no forward, for constructors. */
+fr_model *fr_model_alloc(const char *name, int in_channels, int num_classes);
+/* Frees the layers, the registry and every tensor in it. NULL-safe. */
+void fr_model_free(fr_model *m);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,113 @@
+/* cpu_batchnorm.c: batch-norm kernels on the host. x is (N, C, HW); every
+ * per-channel buffer is (C). Channel ch of sample i is the contiguous run
+ * x[(i * C + ch) * HW ...], so a thread owning a channel strides over N. */
+#include <math.h>
+
+#include "kernels.h"
+
+/* Below this many elements in total, one thread is faster. */
+#define FR_BN_PAR_MIN 32768
+
+static inline const float *plane(const float *x, int i, int ch, int c, int hw) {
+    return x + ((size_t)i * (size_t)c + (size_t)ch) * (size_t)hw;
+}
+
+fr_status fr_cpu_bn_stats(float *mean, float *var, const float *x, int n, int c, int hw) {
+    size_t total = (size_t)n * (size_t)c * (size_t)hw;
+#pragma omp parallel for if (total > FR_BN_PAR_MIN && c > 1) schedule(static)
+    for (int ch = 0; ch < c; ch++) {
+        /* Sums of x - shift with the shift a value from the channel: the
+         * one-pass variance then does not cancel catastrophically when
+         * |mean| >> std, and double keeps ~10^8-element channels exact
+         * enough. */
+        double shift = n > 0 && hw > 0 ? plane(x, 0, ch, c, hw)[0] : 0.0;
+        double s = 0.0, ss = 0.0;
+        for (int i = 0; i < n; i++) {
+            const float *p = plane(x, i, ch, c, hw);
+            for (int j = 0; j < hw; j++) {
+                double d = (double)p[j] - shift;
+                s += d;
+                ss += d * d;
+            }
+        }
+        double count = (double)n * (double)hw;
+        double m = count > 0 ? s / count : 0.0;
+        double v = count > 0 ? ss / count - m * m : 0.0;
+        mean[ch] = (float)(shift + m);
+        var[ch] = (float)(v > 0.0 ? v : 0.0);
+    }
+    return FR_OK;
+}
+
+fr_status fr_cpu_bn_invstd(float *invstd, const float *var, float eps, int c) {
+    for (int ch = 0; ch < c; ch++)
+        invstd[ch] = (float)(1.0 / sqrt((double)var[ch] + (double)eps));
+    return FR_OK;
+}
+
+fr_status fr_cpu_bn_update_running(float *running_mean, float *running_var, const float *mean,
+                                   const float *var, float momentum, int count, int c) {
+    /* PyTorch keeps the unbiased variance in its running estimate although
+     * it normalises the batch with the biased one. */
+    double bessel = count > 1 ? (double)count / (double)(count - 1) : 1.0;
+    double m = momentum;
+    for (int ch = 0; ch < c; ch++) {
+        running_mean[ch] = (float)((1.0 - m) * running_mean[ch] + m * mean[ch]);
+        running_var[ch] = (float)((1.0 - m) * running_var[ch] + m * var[ch] * bessel);
+    }
+    return FR_OK;
+}
+
+fr_status fr_cpu_bn_apply(float *y, const float *x, const float *mean, const float *invstd,
+                          const float *gamma, const float *beta, int n, int c, int hw) {
+    size_t total = (size_t)n * (size_t)c * (size_t)hw;
+    int planes = n * c;
+#pragma omp parallel for if (total > FR_BN_PAR_MIN && planes > 1) schedule(static)
+    for (int pl = 0; pl < planes; pl++) {
+        int ch = pl % c;
+        float sc = invstd[ch] * gamma[ch];
+        float mu = mean[ch], b = beta[ch];
+        const float *xp = x + (size_t)pl * (size_t)hw;
+        float *yp = y + (size_t)pl * (size_t)hw;
+        for (int j = 0; j < hw; j++)
+            yp[j] = (xp[j] - mu) * sc + b;
+    }
+    return FR_OK;
+}
+
+fr_status fr_cpu_bn_bwd(float *dx, float *dgamma, float *dbeta, const float *dy, const float *x,
+                        const float *mean, const float *invstd, const float *gamma, int n, int c,
+                        int hw) {
+    size_t total = (size_t)n * (size_t)c * (size_t)hw;
+#pragma omp parallel for if (total > FR_BN_PAR_MIN && c > 1) schedule(static)
+    for (int ch = 0; ch < c; ch++) {
+        double mu = mean[ch], is = invstd[ch];
+        double sdy = 0.0, sdyxh = 0.0;
+        for (int i = 0; i < n; i++) {
+            const float *xp = plane(x, i, ch, c, hw), *dyp = plane(dy, i, ch, c, hw);
+            for (int j = 0; j < hw; j++) {
+                sdy += dyp[j];
+                sdyxh += dyp[j] * (((double)xp[j] - mu) * is);
+            }
+        }
+        dbeta[ch] = (float)sdy;
+        dgamma[ch] = (float)sdyxh;
+        if (!dx)
+            continue;
+        /* With xhat = (x - mean) * invstd and M = N*HW values per channel:
+         * dx = gamma * invstd * (dy - mean(dy) - xhat * mean(dy * xhat)),
+         * the mean and variance terms being what the batch statistics
+         * contribute. */
+        double count = (double)n * (double)hw;
+        double mdy = sdy / count, mdyxh = sdyxh / count, k = (double)gamma[ch] * is;
+        for (int i = 0; i < n; i++) {
+            const float *xp = plane(x, i, ch, c, hw), *dyp = plane(dy, i, ch, c, hw);
+            float *dxp = dx + ((size_t)i * (size_t)c + (size_t)ch) * (size_t)hw;
+            for (int j = 0; j < hw; j++) {
+                double xh = ((double)xp[j] - mu) * is;
+                dxp[j] = (float)(k * ((double)dyp[j] - mdy - xh * mdyxh));
+            }
+        }
+    }
+    return FR_OK;
+}

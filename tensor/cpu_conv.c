@@ -1,0 +1,368 @@
+/* cpu_conv.c: 2-d convolution (groups = 1) on the host, forward and both
+ * backward passes, as column matrices and GEMM.
+ *
+ * A column matrix unrolls every receptive field of a band of output rows of
+ * one image into a column: col (C*R*S, P), P = rows * OW. Then
+ *   forward     y(K, P)        = w(K, CRS)     col(CRS, P)
+ *   bwd_data    dcol(CRS, P)   = w^T(CRS, K)   dy(K, P),  then col2im into dx
+ *   bwd_weight  dw^T(CRS, K)  += col(CRS, P)   dy^T(P, K)
+ * where y / dy are the image's (K, OH*OW) block read or written in place
+ * (row stride OH*OW), so nothing is gathered or scattered.
+ *
+ * Parallelism is over images (or bands, when there are fewer images than
+ * threads): each OpenMP thread unrolls its own band into its own column
+ * buffer and runs a single-threaded GEMM on it (fr_cpu_gemm_serial). The
+ * buffer is written and read back by the same core while it sits in that
+ * core's cache (a CIFAR image's columns are at most 576 KiB), there is no
+ * barrier between unrolling and multiplying, and no second thread pool
+ * competes for the cores. bwd_weight sums per-thread partial gradients in a
+ * fixed order, so results do not depend on scheduling.
+ *
+ * A 1x1 stride-1 unpadded convolution needs no column matrix: an image's
+ * (C, H*W) block already is one. */
+#include <omp.h>
+#include <string.h>
+
+#include "kernels.h"
+#include "memory.h"
+
+typedef float fr_v8 __attribute__((vector_size(32)));
+
+/* Column-matrix bytes per thread. Bands are cut so one band's columns stay
+ * within this, which keeps them in L2 / L3 between unrolling and GEMM while
+ * leaving the GEMM hundreds of columns wide. All threads together stay
+ * within CONV_WS_TOTAL (many-core machines get narrower bands). */
+#define CONV_COL_BUDGET ((size_t)2 << 20)
+#define CONV_WS_TOTAL ((size_t)32 << 20)
+
+typedef struct {
+    int rows;      /* output rows per band (the last band may have fewer) */
+    int bands;     /* bands per image */
+    size_t cols;   /* P of a full band: rows * OW */
+    int threads;   /* upper bound on the team size */
+} conv_plan;
+
+/* split_for_threads: fwd and bwd_weight may hand bands of one image to
+ * different threads, so with fewer images than threads the images are cut
+ * into more bands; bwd_data keeps an image on one thread (col2im of adjacent
+ * bands writes the same input rows). */
+static conv_plan plan_bands(const fr_conv_shape *s, bool split_for_threads) {
+    conv_plan p;
+    p.threads = omp_in_parallel() ? 1 : omp_get_max_threads();
+    size_t per_row = (size_t)s->c * s->r * s->s * s->ow * sizeof(float);
+    size_t budget = CONV_WS_TOTAL / (size_t)p.threads;
+    if (budget > CONV_COL_BUDGET)
+        budget = CONV_COL_BUDGET;
+    size_t rows = per_row ? budget / per_row : (size_t)s->oh;
+    if (rows < 1)
+        rows = 1;
+    if (rows > (size_t)s->oh)
+        rows = (size_t)(s->oh > 0 ? s->oh : 1);
+    int bands = s->oh > 0 ? (s->oh + (int)rows - 1) / (int)rows : 1;
+    if (split_for_threads && s->n > 0 && s->n * bands < p.threads) {
+        int want = (p.threads + s->n - 1) / s->n;
+        bands = want < s->oh ? want : (s->oh > 0 ? s->oh : 1);
+        rows = (size_t)((s->oh + bands - 1) / bands);
+        bands = s->oh > 0 ? (s->oh + (int)rows - 1) / (int)rows : 1;
+    }
+    p.rows = (int)rows;
+    p.bands = bands;
+    p.cols = rows * (size_t)s->ow;
+    return p;
+}
+
+/* Output column ow reads input column ow * stride - pad + kx; the range
+ * [lo, hi) of ow for which that lies inside [0, W). Likewise for rows. */
+static void valid_range(int size, int out, int stride, int pad, int k, int *lo, int *hi) {
+    int first = pad - k, last = size - 1 + pad - k; /* ow * stride must lie in [first, last] */
+    int a = first <= 0 ? 0 : (first + stride - 1) / stride;
+    int b = last < 0 ? 0 : last / stride + 1;
+    *lo = a > out ? out : a;
+    *hi = b > out ? out : b < *lo ? *lo : b;
+}
+
+/* d += s over n floats, eight at a time (the compiler does not vectorise
+ * this at -O2 on its own). */
+static void add_into(float *restrict d, const float *restrict s, size_t n) {
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        fr_v8 a, b;
+        memcpy(&a, d + i, sizeof a);
+        memcpy(&b, s + i, sizeof b);
+        a += b;
+        memcpy(d + i, &a, sizeof a);
+    }
+    for (; i < n; i++)
+        d[i] += s[i];
+}
+
+/* A stride-1 convolution that keeps the width (OW == W, i.e. 2 * pad ==
+ * S - 1, the usual 3x3 pad 1) maps a run of output rows onto a run of input
+ * rows shifted by kx - pad elements: one contiguous copy per kernel tap,
+ * with only the few wrapped-around edge columns to fix. This is what makes
+ * im2col and col2im cheap on 8-pixel-wide CIFAR layers, where per-row copies
+ * would be dominated by call overhead. */
+static bool same_width(const fr_conv_shape *s) { return s->stride == 1 && s->ow == s->w; }
+
+/* Sets columns [0, lo) and [hi, OW) of a (rows, OW) block to zero. Column
+ * by column, because there are only `pad` of them. */
+static void zero_edges(float *d, int rows, int ow, int lo, int hi) {
+    for (int j = 0; j < lo; j++)
+        for (int r = 0; r < rows; r++)
+            d[(size_t)r * ow + j] = 0.0f;
+    for (int j = hi; j < ow; j++)
+        for (int r = 0; r < rows; r++)
+            d[(size_t)r * ow + j] = 0.0f;
+}
+
+/* col (CRS, rows*OW) from output rows [oh0, oh0+rows) of image x (C, H, W). */
+static void im2col(float *col, const float *x, const fr_conv_shape *s, int oh0, int rows) {
+    size_t cols = (size_t)rows * s->ow;
+    for (int c = 0; c < s->c; c++)
+        for (int ky = 0; ky < s->r; ky++) {
+            const float *plane = x + (size_t)c * s->h * s->w; // (H, W)
+            int ra, rb;
+            valid_range(s->h, s->oh, s->stride, s->pad, ky, &ra, &rb);
+            ra = ra < oh0 ? oh0 : ra > oh0 + rows ? oh0 + rows : ra;
+            rb = rb > oh0 + rows ? oh0 + rows : rb < ra ? ra : rb;
+            for (int kx = 0; kx < s->s; kx++) {
+                float *dst = col + ((size_t)(c * s->r + ky) * s->s + kx) * cols; // (rows, OW)
+                int lo, hi;
+                valid_range(s->w, s->ow, s->stride, s->pad, kx, &lo, &hi);
+                /* rows whose input row is padding */
+                memset(dst, 0, (size_t)(ra - oh0) * s->ow * sizeof *dst);
+                memset(dst + (size_t)(rb - oh0) * s->ow, 0,
+                       (size_t)(oh0 + rows - rb) * s->ow * sizeof *dst);
+                if (rb == ra)
+                    continue;
+                float *d = dst + (size_t)(ra - oh0) * s->ow;
+                const float *src = plane + (size_t)(ra * s->stride - s->pad + ky) * s->w;
+                if (same_width(s)) {
+                    ptrdiff_t shift = kx - s->pad;
+                    size_t len = (size_t)(rb - ra) * s->ow;
+                    size_t j0 = shift < 0 ? (size_t)-shift : 0, j1 = shift > 0 ? len - shift : len;
+                    memcpy(d + j0, src + j0 + shift, (j1 - j0) * sizeof *d);
+                    zero_edges(d, rb - ra, s->ow, lo, hi);
+                    continue;
+                }
+                for (int oh = ra; oh < rb; oh++, d += s->ow, src += (size_t)s->stride * s->w) {
+                    for (int ow = 0; ow < lo; ow++)
+                        d[ow] = 0.0f;
+                    const float *sp = src + lo * s->stride - s->pad + kx;
+                    for (int ow = lo; ow < hi; ow++)
+                        d[ow] = sp[(size_t)(ow - lo) * s->stride];
+                    for (int ow = hi; ow < s->ow; ow++)
+                        d[ow] = 0.0f;
+                }
+            }
+        }
+}
+
+/* Adds col (CRS, rows*OW) back onto image dx (C, H, W). Entries that belong
+ * to padding are discarded; the same-width path zeroes them in col first
+ * (col is scratch) so each tap can be added as one contiguous run. */
+static void col2im(float *dx, float *col, const fr_conv_shape *s, int oh0, int rows) {
+    size_t cols = (size_t)rows * s->ow;
+    for (int c = 0; c < s->c; c++)
+        for (int ky = 0; ky < s->r; ky++) {
+            float *plane = dx + (size_t)c * s->h * s->w; // (H, W)
+            int ra, rb;
+            valid_range(s->h, s->oh, s->stride, s->pad, ky, &ra, &rb);
+            ra = ra < oh0 ? oh0 : ra > oh0 + rows ? oh0 + rows : ra;
+            rb = rb > oh0 + rows ? oh0 + rows : rb < ra ? ra : rb;
+            if (rb == ra)
+                continue;
+            for (int kx = 0; kx < s->s; kx++) {
+                float *src = col + ((size_t)(c * s->r + ky) * s->s + kx) * cols +
+                             (size_t)(ra - oh0) * s->ow; // (rb - ra, OW)
+                float *d = plane + (size_t)(ra * s->stride - s->pad + ky) * s->w;
+                int lo, hi;
+                valid_range(s->w, s->ow, s->stride, s->pad, kx, &lo, &hi);
+                if (same_width(s)) {
+                    ptrdiff_t shift = kx - s->pad;
+                    size_t len = (size_t)(rb - ra) * s->ow;
+                    size_t j0 = shift < 0 ? (size_t)-shift : 0, j1 = shift > 0 ? len - shift : len;
+                    zero_edges(src, rb - ra, s->ow, lo, hi);
+                    add_into(d + j0 + shift, src + j0, j1 - j0);
+                    continue;
+                }
+                for (int oh = ra; oh < rb; oh++, src += s->ow, d += (size_t)s->stride * s->w) {
+                    float *dp = d + lo * s->stride - s->pad + kx;
+                    for (int ow = lo; ow < hi; ow++)
+                        dp[(size_t)(ow - lo) * s->stride] += src[ow];
+                }
+            }
+        }
+}
+
+static bool is_pointwise(const fr_conv_shape *s) {
+    return s->r == 1 && s->s == 1 && s->stride == 1 && s->pad == 0;
+}
+
+/* Workspace for `threads` column buffers of plan->cols columns, plus
+ * `extra` floats per thread. */
+static float *ws_alloc(const fr_conv_shape *s, const conv_plan *p, size_t extra, size_t *bytes) {
+    size_t per_thread = (size_t)s->c * s->r * s->s * p->cols + extra;
+    *bytes = per_thread * (size_t)p->threads * sizeof(float);
+    return fr_mem_alloc(FR_CPU, *bytes, FR_TAG_WORKSPACE);
+}
+
+/* A worker thread's failure: its message is in that thread's error slot, so
+ * the calling thread reports it again in its own. */
+static fr_status worker_failed(fr_status st, const char *what, const fr_conv_shape *s) {
+    return fr_error(st, "conv2d %s: a worker thread failed (%s) for input (%d, %d, %d, %d), "
+                        "weight (%d, %d, %d, %d)",
+                    what, fr_status_name(st), s->n, s->c, s->h, s->w, s->k, s->c, s->r, s->s);
+}
+
+fr_status fr_cpu_conv2d_fwd(float *y, const float *x, const float *w, const fr_conv_shape *s) {
+    int crs = s->c * s->r * s->s, ohw = s->oh * s->ow;
+    size_t x_img = (size_t)s->c * s->h * s->w, y_img = (size_t)s->k * ohw;
+    fr_status failed = FR_OK;
+    if (is_pointwise(s)) {
+#pragma omp parallel for schedule(static)
+        for (int n = 0; n < s->n; n++) {
+            fr_status st = fr_cpu_gemm_serial(y + n * y_img, ohw, w, s->c, x + n * x_img, ohw, s->k,
+                                              ohw, s->c, false, false, 1.0f, 0.0f);
+            if (st != FR_OK) {
+#pragma omp atomic write
+                failed = st;
+            }
+        }
+        return failed == FR_OK ? FR_OK : worker_failed(failed, "forward", s);
+    }
+    conv_plan p = plan_bands(s, true);
+    size_t ws_bytes;
+    float *ws = ws_alloc(s, &p, 0, &ws_bytes);
+    if (!ws)
+        return fr_last_status();
+    int units = s->n * p.bands;
+#pragma omp parallel num_threads(p.threads)
+    {
+        float *col = ws + (size_t)omp_get_thread_num() * crs * p.cols; // (CRS, P)
+#pragma omp for schedule(static)
+        for (int u = 0; u < units; u++) {
+            int n = u / p.bands, oh0 = u % p.bands * p.rows;
+            int rows = s->oh - oh0 < p.rows ? s->oh - oh0 : p.rows;
+            im2col(col, x + n * x_img, s, oh0, rows);
+            fr_status st = fr_cpu_gemm_serial(y + n * y_img + (size_t)oh0 * s->ow, ohw, w, crs, col,
+                                              rows * s->ow, s->k, rows * s->ow, crs, false, false,
+                                              1.0f, 0.0f);
+            if (st != FR_OK) {
+#pragma omp atomic write
+                failed = st;
+            }
+        }
+    }
+    fr_mem_free(FR_CPU, ws, ws_bytes, FR_TAG_WORKSPACE);
+    return failed == FR_OK ? FR_OK : worker_failed(failed, "forward", s);
+}
+
+fr_status fr_cpu_conv2d_bwd_data(float *dx, const float *dy, const float *w, const fr_conv_shape *s) {
+    int crs = s->c * s->r * s->s, ohw = s->oh * s->ow;
+    size_t x_img = (size_t)s->c * s->h * s->w, y_img = (size_t)s->k * ohw;
+    fr_status failed = FR_OK;
+    if (is_pointwise(s)) {
+#pragma omp parallel for schedule(static)
+        for (int n = 0; n < s->n; n++) {
+            fr_status st = fr_cpu_gemm_serial(dx + n * x_img, ohw, w, s->c, dy + n * y_img, ohw,
+                                              s->c, ohw, s->k, true, false, 1.0f, 0.0f);
+            if (st != FR_OK) {
+#pragma omp atomic write
+                failed = st;
+            }
+        }
+        return failed == FR_OK ? FR_OK : worker_failed(failed, "backward (data)", s);
+    }
+    conv_plan p = plan_bands(s, false);
+    size_t ws_bytes;
+    float *ws = ws_alloc(s, &p, 0, &ws_bytes);
+    if (!ws)
+        return fr_last_status();
+#pragma omp parallel num_threads(p.threads)
+    {
+        float *col = ws + (size_t)omp_get_thread_num() * crs * p.cols; // (CRS, P)
+#pragma omp for schedule(static)
+        for (int n = 0; n < s->n; n++) {
+            float *dxn = dx + n * x_img; // (C, H, W)
+            /* Every input pixel is written, even one no window reaches. */
+            memset(dxn, 0, x_img * sizeof *dxn);
+            for (int oh0 = 0; oh0 < s->oh; oh0 += p.rows) {
+                int rows = s->oh - oh0 < p.rows ? s->oh - oh0 : p.rows;
+                fr_status st = fr_cpu_gemm_serial(col, rows * s->ow, w, crs,
+                                                  dy + n * y_img + (size_t)oh0 * s->ow, ohw, crs,
+                                                  rows * s->ow, s->k, true, false, 1.0f, 0.0f);
+                if (st != FR_OK) {
+#pragma omp atomic write
+                    failed = st;
+                    break;
+                }
+                col2im(dxn, col, s, oh0, rows);
+            }
+        }
+    }
+    fr_mem_free(FR_CPU, ws, ws_bytes, FR_TAG_WORKSPACE);
+    return failed == FR_OK ? FR_OK : worker_failed(failed, "backward (data)", s);
+}
+
+/* Each thread accumulates dw^T (CRS, K) = col (CRS, P) dy^T (P, K) over its
+ * images: OpenBLAS runs this tall-and-narrow product about twice as fast as
+ * dw = dy col^T when K is 16, and no slower otherwise. The partials are
+ * summed (in thread order, so the result is deterministic) and transposed
+ * into dw at the end. */
+fr_status fr_cpu_conv2d_bwd_weight(float *dw, const float *dy, const float *x, const fr_conv_shape *s) {
+    int crs = s->c * s->r * s->s, ohw = s->oh * s->ow;
+    size_t x_img = (size_t)s->c * s->h * s->w, y_img = (size_t)s->k * ohw;
+    size_t dw_len = (size_t)s->k * crs;
+    bool pointwise = is_pointwise(s);
+    conv_plan p = plan_bands(s, true);
+    if (pointwise) { /* no columns: the image is used in place, one band */
+        p.cols = 0;
+        p.bands = 1;
+        p.rows = s->oh;
+    }
+    size_t ws_bytes;
+    /* Per thread: its columns, then its partial dw^T (CRS, K). */
+    float *ws = ws_alloc(s, &p, dw_len, &ws_bytes);
+    if (!ws)
+        return fr_last_status();
+    size_t per_thread = (size_t)crs * p.cols + dw_len;
+    int units = s->n * p.bands, team = 1;
+    fr_status failed = FR_OK;
+#pragma omp parallel num_threads(p.threads)
+    {
+#pragma omp single
+        team = omp_get_num_threads();
+        float *col = ws + (size_t)omp_get_thread_num() * per_thread; // (CRS, P)
+        float *part = col + (size_t)crs * p.cols;                     // (CRS, K)
+        memset(part, 0, dw_len * sizeof *part);
+#pragma omp for schedule(static)
+        for (int u = 0; u < units; u++) {
+            int n = u / p.bands, oh0 = u % p.bands * p.rows;
+            int rows = s->oh - oh0 < p.rows ? s->oh - oh0 : p.rows;
+            const float *cols = x + n * x_img; // (C, H*W) for a pointwise conv
+            if (!pointwise) {
+                im2col(col, x + n * x_img, s, oh0, rows);
+                cols = col;
+            }
+            fr_status st = fr_cpu_gemm_serial(part, s->k, cols, pointwise ? ohw : rows * s->ow,
+                                              dy + n * y_img + (size_t)oh0 * s->ow, ohw, crs, s->k,
+                                              rows * s->ow, false, true, 1.0f, 1.0f);
+            if (st != FR_OK) {
+#pragma omp atomic write
+                failed = st;
+            }
+        }
+        /* The implicit barrier above: every partial is complete. */
+#pragma omp for schedule(static)
+        for (int k = 0; k < s->k; k++)
+            for (int i = 0; i < crs; i++) {
+                float total = 0.0f;
+                for (int t = 0; t < team; t++)
+                    total += ws[(size_t)t * per_thread + (size_t)crs * p.cols + (size_t)i * s->k + k];
+                dw[(size_t)k * crs + i] = total;
+            }
+    }
+    fr_mem_free(FR_CPU, ws, ws_bytes, FR_TAG_WORKSPACE);
+    return failed == FR_OK ? FR_OK : worker_failed(failed, "backward (weight)", s);
+}

@@ -1,0 +1,274 @@
+/* cpu_gemm.c: row-major single-precision GEMM on the host, and the
+ * per-channel bias kernels that go with linear and convolution layers.
+ *
+ * Threading: OpenMP is frugal's only thread pool on the CPU. OpenBLAS (when
+ * FR_HAVE_CBLAS) is switched to one thread on first use, and fr_cpu_gemm
+ * splits a large product into column or row slabs that OpenMP threads hand to
+ * single-threaded sgemm calls. Two pools would fight: OpenBLAS's threads
+ * busy-wait after each call while the OpenMP threads of the im2col around it
+ * want the same cores, which measured 5-10x slower on the two cores here.
+ *
+ * Without OpenBLAS a built-in GEMM runs: the classic blocking (K panels,
+ * packed strips of A and B so the innermost loop streams contiguous memory,
+ * and a 6x16 register tile written with GCC vector extensions, so it becomes
+ * AVX/FMA under -march=native and plain SSE elsewhere). Slower than
+ * OpenBLAS, but never naive-slow. */
+#include <omp.h>
+#include <pthread.h>
+#include <string.h>
+
+#include "kernels.h"
+#include "memory.h"
+
+#ifdef FR_HAVE_CBLAS
+#include <cblas.h>
+#endif
+
+/* Below this many multiply-adds a product runs on one thread: splitting
+ * costs more than it saves. */
+#define GEMM_PARALLEL_MIN ((size_t)1 << 18)
+
+/* Scales the (m, n) block at c (row stride ldc) by beta; beta == 0
+ * overwrites, so NaN/inf already in c (uninitialised outputs) never leak into
+ * the result, as in BLAS. */
+static void scale_c(float *c, int ldc, int m, int n, float beta) {
+    if (beta == 1.0f)
+        return;
+    for (int i = 0; i < m; i++) {
+        float *row = c + (size_t)i * ldc;
+        if (beta == 0.0f)
+            memset(row, 0, (size_t)n * sizeof *row);
+        else
+            for (int j = 0; j < n; j++)
+                row[j] *= beta;
+    }
+}
+
+#ifdef FR_HAVE_CBLAS
+
+static pthread_once_t blas_once = PTHREAD_ONCE_INIT;
+static void blas_single_thread(void) { openblas_set_num_threads(1); }
+
+fr_status fr_cpu_gemm_serial(float *c, int ldc, const float *a, int lda, const float *b, int ldb,
+                             int m, int n, int k, bool trans_a, bool trans_b, float alpha,
+                             float beta) {
+    pthread_once(&blas_once, blas_single_thread);
+    if (m <= 0 || n <= 0)
+        return FR_OK;
+    if (k <= 0) { /* BLAS rejects a zero leading dimension; the product is empty */
+        scale_c(c, ldc, m, n, beta);
+        return FR_OK;
+    }
+    cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans,
+                trans_b ? CblasTrans : CblasNoTrans, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+    return FR_OK;
+}
+
+#else /* built-in GEMM */
+
+enum {
+    GEMM_MR = 6,    /* rows of the register tile */
+    GEMM_NR = 16,   /* columns of the register tile: two 8-float vectors */
+    GEMM_KC = 256,  /* depth of a packed panel: a 16-column strip of B stays in L1 */
+    GEMM_MC = 96,   /* rows of a packed A block: MC x KC floats = 96 KiB (L2) */
+    GEMM_NC = 1024, /* columns of a packed B panel: KC x NC floats = 1 MiB (L2/L3) */
+};
+
+typedef float fr_v8 __attribute__((vector_size(32)));
+
+static inline fr_v8 load_v8(const float *p) {
+    fr_v8 v;
+    memcpy(&v, p, sizeof v);
+    return v;
+}
+
+/* Packs rows [i0, i0+mc) and depth [p0, p0+kc) of op(A) into strips of MR
+ * rows, each stored depth-major: strip[p * MR + i]. Rows past mc are zero,
+ * so the micro-kernel never branches. */
+static void pack_a(float *dst, const float *a, int lda, bool trans_a, int i0, int mc, int p0, int kc) {
+    for (int is = 0; is < mc; is += GEMM_MR) {
+        float *strip = dst + (size_t)is * kc;
+        int rows = mc - is < GEMM_MR ? mc - is : GEMM_MR;
+        if (rows < GEMM_MR)
+            memset(strip, 0, (size_t)kc * GEMM_MR * sizeof *strip);
+        for (int i = 0; i < rows; i++) {
+            int row = i0 + is + i;
+            if (trans_a) {
+                const float *src = a + (size_t)p0 * lda + row; /* column `row` of A^T */
+                for (int p = 0; p < kc; p++)
+                    strip[p * GEMM_MR + i] = src[(size_t)p * lda];
+            } else {
+                const float *src = a + (size_t)row * lda + p0;
+                for (int p = 0; p < kc; p++)
+                    strip[p * GEMM_MR + i] = src[p];
+            }
+        }
+    }
+}
+
+/* Packs depth [p0, p0+kc) and columns [j0, j0+nc) of op(B) into strips of
+ * NR columns: strip[p * NR + j]; columns past nc are zero. */
+static void pack_b(float *dst, const float *b, int ldb, bool trans_b, int j0, int nc, int p0, int kc) {
+    for (int js = 0; js < nc; js += GEMM_NR) {
+        float *strip = dst + (size_t)js * kc;
+        int cols = nc - js < GEMM_NR ? nc - js : GEMM_NR;
+        if (cols < GEMM_NR)
+            memset(strip, 0, (size_t)kc * GEMM_NR * sizeof *strip);
+        if (trans_b) {
+            for (int j = 0; j < cols; j++) {
+                const float *src = b + (size_t)(j0 + js + j) * ldb + p0;
+                for (int p = 0; p < kc; p++)
+                    strip[p * GEMM_NR + j] = src[p];
+            }
+        } else {
+            for (int p = 0; p < kc; p++)
+                memcpy(strip + p * GEMM_NR, b + (size_t)(p0 + p) * ldb + j0 + js,
+                       (size_t)cols * sizeof *strip);
+        }
+    }
+}
+
+/* c(mr, nr) += alpha * strip_a * strip_b over depth kc. The twelve
+ * accumulators are named variables so they stay in registers. Contraction
+ * into FMA is allowed here (the -std=c11 default forbids it): it only drops
+ * an intermediate rounding, as every BLAS does. */
+#define GEMM_ROW(i)                          \
+    do {                                     \
+        float a_ = pa[p * GEMM_MR + (i)];    \
+        acc##i##0 += a_ * b0;                \
+        acc##i##1 += a_ * b1;                \
+    } while (0)
+
+__attribute__((optimize("fp-contract=fast"))) static void
+micro_kernel(int kc, const float *pa, const float *pb, float *c, int ldc, int mr, int nr,
+             float alpha) {
+    fr_v8 acc00 = {0}, acc01 = {0}, acc10 = {0}, acc11 = {0}, acc20 = {0}, acc21 = {0};
+    fr_v8 acc30 = {0}, acc31 = {0}, acc40 = {0}, acc41 = {0}, acc50 = {0}, acc51 = {0};
+    for (int p = 0; p < kc; p++) {
+        fr_v8 b0 = load_v8(pb + p * GEMM_NR), b1 = load_v8(pb + p * GEMM_NR + 8);
+        GEMM_ROW(0);
+        GEMM_ROW(1);
+        GEMM_ROW(2);
+        GEMM_ROW(3);
+        GEMM_ROW(4);
+        GEMM_ROW(5);
+    }
+    fr_v8 acc[GEMM_MR][2] = {{acc00, acc01}, {acc10, acc11}, {acc20, acc21},
+                             {acc30, acc31}, {acc40, acc41}, {acc50, acc51}};
+    float tile[GEMM_MR][GEMM_NR];
+    memcpy(tile, acc, sizeof tile);
+    for (int i = 0; i < mr; i++)
+        for (int j = 0; j < nr; j++)
+            c[(size_t)i * ldc + j] += alpha * tile[i][j];
+}
+
+fr_status fr_cpu_gemm_serial(float *c, int ldc, const float *a, int lda, const float *b, int ldb,
+                             int m, int n, int k, bool trans_a, bool trans_b, float alpha,
+                             float beta) {
+    if (m <= 0 || n <= 0)
+        return FR_OK;
+    scale_c(c, ldc, m, n, beta);
+    if (k <= 0 || alpha == 0.0f)
+        return FR_OK;
+    int kc_max = k < GEMM_KC ? k : GEMM_KC;
+    int nc_max = (n < GEMM_NC ? n : GEMM_NC) + GEMM_NR; /* room for the zero-padded strip */
+    size_t a_bytes = (size_t)(GEMM_MC + GEMM_MR) * kc_max * sizeof(float);
+    size_t b_bytes = (size_t)nc_max * kc_max * sizeof(float);
+    float *pa = fr_mem_alloc(FR_CPU, a_bytes, FR_TAG_WORKSPACE);
+    float *pb = pa ? fr_mem_alloc(FR_CPU, b_bytes, FR_TAG_WORKSPACE) : NULL;
+    if (!pb) {
+        fr_mem_free(FR_CPU, pa, a_bytes, FR_TAG_WORKSPACE);
+        return fr_last_status();
+    }
+    for (int j0 = 0; j0 < n; j0 += GEMM_NC) {
+        int nc = n - j0 < GEMM_NC ? n - j0 : GEMM_NC;
+        for (int p0 = 0; p0 < k; p0 += GEMM_KC) {
+            int kc = k - p0 < GEMM_KC ? k - p0 : GEMM_KC;
+            pack_b(pb, b, ldb, trans_b, j0, nc, p0, kc);
+            for (int i0 = 0; i0 < m; i0 += GEMM_MC) {
+                int mc = m - i0 < GEMM_MC ? m - i0 : GEMM_MC;
+                pack_a(pa, a, lda, trans_a, i0, mc, p0, kc);
+                for (int js = 0; js < nc; js += GEMM_NR)
+                    for (int is = 0; is < mc; is += GEMM_MR)
+                        micro_kernel(kc, pa + (size_t)is * kc, pb + (size_t)js * kc,
+                                     c + (size_t)(i0 + is) * ldc + j0 + js, ldc,
+                                     mc - is < GEMM_MR ? mc - is : GEMM_MR,
+                                     nc - js < GEMM_NR ? nc - js : GEMM_NR, alpha);
+            }
+        }
+    }
+    fr_mem_free(FR_CPU, pa, a_bytes, FR_TAG_WORKSPACE);
+    fr_mem_free(FR_CPU, pb, b_bytes, FR_TAG_WORKSPACE);
+    return FR_OK;
+}
+
+#endif
+
+/* Splits C into one slab per thread along its longer side (slab edges on
+ * multiples of 16 so each slab keeps whole register tiles), each slab a
+ * serial GEMM over the matching rows of op(A) or columns of op(B). */
+fr_status fr_cpu_gemm(float *c, const float *a, const float *b, int m, int n, int k, bool trans_a,
+                      bool trans_b, float alpha, float beta) {
+    int lda = trans_a ? m : k, ldb = trans_b ? k : n;
+    if (lda < 1)
+        lda = 1;
+    if (ldb < 1)
+        ldb = 1;
+    int threads = omp_in_parallel() ? 1 : omp_get_max_threads();
+    if (threads <= 1 || m <= 0 || n <= 0 || (size_t)m * n * (k > 0 ? k : 1) < GEMM_PARALLEL_MIN)
+        return fr_cpu_gemm_serial(c, n, a, lda, b, ldb, m, n, k, trans_a, trans_b, alpha, beta);
+    bool split_n = n >= m;
+    int len = split_n ? n : m;
+    int slab = (len + threads - 1) / threads;
+    slab = (slab + 15) / 16 * 16;
+    int slabs = (len + slab - 1) / slab;
+    fr_status failed = FR_OK;
+#pragma omp parallel for schedule(static)
+    for (int t = 0; t < slabs; t++) {
+        int start = t * slab, size = len - start < slab ? len - start : slab;
+        fr_status st;
+        if (split_n)
+            st = fr_cpu_gemm_serial(c + start, n, a, lda, trans_b ? b + (size_t)start * ldb : b + start,
+                                    ldb, m, size, k, trans_a, trans_b, alpha, beta);
+        else
+            st = fr_cpu_gemm_serial(c + (size_t)start * n, n,
+                                    trans_a ? a + start : a + (size_t)start * lda, lda, b, ldb, size,
+                                    n, k, trans_a, trans_b, alpha, beta);
+        if (st != FR_OK) {
+#pragma omp atomic write
+            failed = st;
+        }
+    }
+    if (failed != FR_OK)
+        return fr_error(failed, "gemm: out of memory for the packing buffers of a (%d, %d, %d) product",
+                        m, n, k);
+    return FR_OK;
+}
+
+fr_status fr_cpu_bias_add(float *y, const float *b, int n, int c, int hw) {
+#pragma omp parallel for collapse(2) schedule(static) if ((size_t)n * c * hw > 32768)
+    for (int i = 0; i < n; i++)
+        for (int ch = 0; ch < c; ch++) {
+            float *row = y + ((size_t)i * c + ch) * hw; // (HW)
+            float v = b[ch];
+            for (int j = 0; j < hw; j++)
+                row[j] += v;
+        }
+    return FR_OK;
+}
+
+/* Sums in double: a bias gradient adds N*HW terms (65536 for a CIFAR batch),
+ * where float accumulation would lose digits PyTorch keeps. */
+fr_status fr_cpu_bias_grad(float *db, const float *dy, int n, int c, int hw) {
+#pragma omp parallel for schedule(static) if ((size_t)n * c * hw > 32768)
+    for (int ch = 0; ch < c; ch++) {
+        double total = 0.0;
+        for (int i = 0; i < n; i++) {
+            const float *row = dy + ((size_t)i * c + ch) * hw; // (HW)
+            for (int j = 0; j < hw; j++)
+                total += row[j];
+        }
+        db[ch] = (float)total;
+    }
+    return FR_OK;
+}

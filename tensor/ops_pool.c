@@ -1,0 +1,104 @@
+/* ops_pool.c: checked pooling (see ops.h). x (N, C, H, W), y (N, C, OH, OW)
+ * with OH = (H + 2 pad - kernel) / stride + 1 (floor), the same along the
+ * width; square windows. */
+#include <limits.h>
+
+#include "ops.h"
+
+fr_status fr_pool2d_shape(const fr_tensor *x, fr_pool_params p, fr_pool_shape *s) {
+    const char *op = "pool2d";
+    char sx[96];
+    FR_TRY(fr_check_ndim(op, "x", x, 4));
+    fr_shape_str(x, sx, sizeof sx);
+    if (p.kernel < 1 || p.stride < 1 || p.pad < 0)
+        return fr_error(FR_ERR_ARG,
+                        "pool2d: need kernel >= 1, stride >= 1, pad >= 0; got kernel %d, stride %d, "
+                        "pad %d",
+                        p.kernel, p.stride, p.pad);
+    /* PyTorch's rule: a window must always overlap the real input. */
+    if (p.pad > p.kernel / 2)
+        return fr_error(FR_ERR_ARG, "pool2d: pad %d is more than half the kernel %d", p.pad, p.kernel);
+    if (x->shape[0] * x->shape[1] > INT_MAX || x->shape[2] * x->shape[3] > INT_MAX)
+        return fr_error(FR_ERR_SHAPE, "pool2d: x %s is too large for the kernels", sx);
+    int64_t ph = x->shape[2] + 2 * (int64_t)p.pad, pw = x->shape[3] + 2 * (int64_t)p.pad;
+    if (p.kernel > ph || p.kernel > pw)
+        return fr_error(FR_ERR_SHAPE, "pool2d: kernel %d is larger than x %s padded by %d", p.kernel,
+                        sx, p.pad);
+    *s = (fr_pool_shape){
+        .n = (int)x->shape[0], .c = (int)x->shape[1], .h = (int)x->shape[2], .w = (int)x->shape[3],
+        .oh = (int)((ph - p.kernel) / p.stride + 1), .ow = (int)((pw - p.kernel) / p.stride + 1),
+        .kernel = p.kernel, .stride = p.stride, .pad = p.pad,
+    };
+    return FR_OK;
+}
+
+/* f32, contiguous, on ref's device, and (when shape != NULL) of that shape. */
+static fr_status check_t(const char *op, const char *arg, const fr_tensor *t, int ndim,
+                         const int64_t *shape, const char *ref_name, const fr_tensor *ref) {
+    FR_TRY(fr_check_f32c(op, arg, t));
+    if (shape)
+        FR_TRY(fr_check_shape(op, arg, t, ndim, shape));
+    return fr_check_same_device(op, arg, t, ref_name, ref);
+}
+
+/* Checks x (the pooled input, or the tensor carrying its shape) and the
+ * output-shaped tensor `out`, filling s. */
+static fr_status check_pool(const char *op, const char *x_name, const fr_tensor *x,
+                            const char *out_name, const fr_tensor *out, fr_pool_params p,
+                            fr_pool_shape *s) {
+    FR_TRY(check_t(op, x_name, x, 0, NULL, x_name, x));
+    FR_TRY(fr_pool2d_shape(x, p, s));
+    return check_t(op, out_name, out, 4, FR_SHAPE(s->n, s->c, s->oh, s->ow), x_name, x);
+}
+
+fr_status fr_maxpool2d_forward(fr_tensor *y, const fr_tensor *x, fr_pool_params p) {
+    fr_pool_shape s;
+    FR_TRY(check_pool("max_pool2d", "x", x, "y", y, p, &s));
+    return FR_CALL_KERNEL(fr_device_of(x), maxpool_fwd, fr_data_f32(y), fr_data_f32(x), &s);
+}
+
+fr_status fr_maxpool2d_backward(fr_tensor *dx, const fr_tensor *dy, const fr_tensor *x, fr_pool_params p) {
+    const char *op = "max_pool2d_backward";
+    fr_pool_shape s;
+    FR_TRY(check_pool(op, "x", x, "dy", dy, p, &s));
+    FR_TRY(check_t(op, "dx", dx, 4, x->shape, "x", x));
+    return FR_CALL_KERNEL(fr_device_of(x), maxpool_bwd, fr_data_f32(dx), fr_data_f32(dy),
+                          fr_data_f32(x), &s);
+}
+
+fr_status fr_avgpool2d_forward(fr_tensor *y, const fr_tensor *x, fr_pool_params p) {
+    fr_pool_shape s;
+    FR_TRY(check_pool("avg_pool2d", "x", x, "y", y, p, &s));
+    return FR_CALL_KERNEL(fr_device_of(x), avgpool_fwd, fr_data_f32(y), fr_data_f32(x), &s);
+}
+
+/* Needs no input values: dx carries the input's shape. */
+fr_status fr_avgpool2d_backward(fr_tensor *dx, const fr_tensor *dy, fr_pool_params p) {
+    fr_pool_shape s;
+    FR_TRY(check_pool("avg_pool2d_backward", "dx", dx, "dy", dy, p, &s));
+    return FR_CALL_KERNEL(fr_device_of(dx), avgpool_bwd, fr_data_f32(dx), fr_data_f32(dy), &s);
+}
+
+/* x (N, C, H, W) and y (N, C): the kernels see (N*C, H*W) and (N*C). */
+static fr_status check_global(const char *op, const char *x_name, const fr_tensor *x,
+                              const char *y_name, const fr_tensor *y) {
+    char sx[96];
+    FR_TRY(check_t(op, x_name, x, 0, NULL, x_name, x));
+    FR_TRY(fr_check_ndim(op, x_name, x, 4));
+    if (x->shape[0] * x->shape[1] > INT_MAX || x->shape[2] * x->shape[3] > INT_MAX)
+        return fr_error(FR_ERR_SHAPE, "%s: %s %s is too large for the kernels", op, x_name,
+                        fr_shape_str(x, sx, sizeof sx));
+    return check_t(op, y_name, y, 2, FR_SHAPE(x->shape[0], x->shape[1]), x_name, x);
+}
+
+fr_status fr_global_avgpool_forward(fr_tensor *y, const fr_tensor *x) {
+    FR_TRY(check_global("global_avg_pool", "x", x, "y", y));
+    return FR_CALL_KERNEL(fr_device_of(x), global_avgpool_fwd, fr_data_f32(y), fr_data_f32(x),
+                          (int)(x->shape[0] * x->shape[1]), (int)(x->shape[2] * x->shape[3]));
+}
+
+fr_status fr_global_avgpool_backward(fr_tensor *dx, const fr_tensor *dy) {
+    FR_TRY(check_global("global_avg_pool_backward", "dx", dx, "dy", dy));
+    return FR_CALL_KERNEL(fr_device_of(dx), global_avgpool_bwd, fr_data_f32(dx), fr_data_f32(dy),
+                          (int)(dx->shape[0] * dx->shape[1]), (int)(dx->shape[2] * dx->shape[3]));
+}

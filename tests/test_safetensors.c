@@ -1,0 +1,519 @@
+/* test_safetensors.c: safetensors round trips, PyTorch interop, malformed
+ * files, and atomic saving. */
+#include <dirent.h>
+#include <ftw.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "testlib.h"
+
+/* ---- temp files ---- */
+
+static char tmpdir[256];
+
+static void make_tmpdir(void) {
+    snprintf(tmpdir, sizeof tmpdir, "/tmp/fr_st_XXXXXX");
+    if (!mkdtemp(tmpdir)) {
+        perror("mkdtemp");
+        abort();
+    }
+}
+
+static int rm_one(const char *p, const struct stat *sb, int flag, struct FTW *ftw) {
+    (void)sb, (void)flag, (void)ftw;
+    return remove(p);
+}
+
+static void remove_tmpdir(void) { nftw(tmpdir, rm_one, 16, FTW_DEPTH | FTW_PHYS); }
+
+static char *tmp_path(char *buf, size_t len, const char *name) {
+    snprintf(buf, len, "%s/%s", tmpdir, name);
+    return buf;
+}
+
+static void write_bytes(const char *path, const void *data, size_t n) {
+    FILE *fp = fopen(path, "wb");
+    CHECK(fp != NULL);
+    if (!fp)
+        return;
+    CHECK(fwrite(data, 1, n, fp) == n);
+    fclose(fp);
+}
+
+/* A file with an explicit 8-byte length field, header text and data. */
+static void write_st(const char *path, uint64_t hlen, const char *header, const void *data,
+                     size_t ndata) {
+    size_t htext = strlen(header);
+    unsigned char *buf = malloc(8 + htext + ndata + 1);
+    for (int b = 0; b < 8; b++)
+        buf[b] = (unsigned char)(hlen >> (8 * b));
+    memcpy(buf + 8, header, htext);
+    if (ndata)
+        memcpy(buf + 8 + htext, data, ndata);
+    write_bytes(path, buf, 8 + htext + ndata);
+    free(buf);
+}
+
+static unsigned char *read_all(const char *path, size_t *n) {
+    FILE *fp = fopen(path, "rb");
+    if (!fp)
+        return NULL;
+    fseek(fp, 0, SEEK_END);
+    long len = ftell(fp);
+    fseek(fp, 0, SEEK_SET);
+    unsigned char *buf = malloc((size_t)len + 1);
+    *n = fread(buf, 1, (size_t)len, fp);
+    fclose(fp);
+    return buf;
+}
+
+static int count_temp_files(void) {
+    DIR *d = opendir(tmpdir);
+    int n = 0;
+    for (struct dirent *e; d && (e = readdir(d));)
+        n += strstr(e->d_name, ".tmp.") != NULL;
+    if (d)
+        closedir(d);
+    return n;
+}
+
+/* ---- round trip ---- */
+
+static bool same_bytes(const fr_tensor *a, const fr_tensor *b) {
+    if (!a || !b || a->dtype != b->dtype || a->ndim != b->ndim)
+        return false;
+    for (int i = 0; i < a->ndim; i++)
+        if (a->shape[i] != b->shape[i])
+            return false;
+    fr_tensor *ca = fr_contiguous((fr_tensor *)a, FR_TAG_WORKSPACE);
+    fr_tensor *cb = fr_contiguous((fr_tensor *)b, FR_TAG_WORKSPACE);
+    bool same = !memcmp(fr_data(ca), fr_data(cb), fr_nbytes(ca));
+    fr_release(ca);
+    fr_release(cb);
+    return same;
+}
+
+static void test_round_trip(void) {
+    char path[512];
+    make_tmpdir();
+    tmp_path(path, sizeof path, "rt.safetensors");
+    fr_tensor *f32 = fr_t_rand(FR_CPU, 2, FR_SHAPE(2, 3), 1);
+    fr_tensor *f16 = fr_to_dtype(f32, FR_F16, FR_TAG_DATA);
+    fr_tensor *bf16 = fr_to_dtype(f32, FR_BF16, FR_TAG_DATA);
+    int32_t iv[5] = {-7, 0, 1, 2147483647, -2147483647 - 1};
+    fr_tensor *i32 = fr_from_host(FR_CPU, FR_I32, 1, FR_SHAPE(5), FR_TAG_DATA, iv);
+    uint8_t uv[8] = {0, 1, 2, 127, 128, 200, 254, 255};
+    fr_tensor *u8 = fr_from_host(FR_CPU, FR_U8, 3, FR_SHAPE(2, 2, 2), FR_TAG_DATA, uv);
+    float sv = -3.5f;
+    fr_tensor *scalar = fr_from_host(FR_CPU, FR_F32, 0, NULL, FR_TAG_DATA, &sv);
+    fr_tensor *empty = fr_empty(FR_CPU, FR_F32, 2, FR_SHAPE(0, 3), FR_TAG_DATA);
+    fr_tensor *nd5 = fr_t_rand(FR_CPU, 5, FR_SHAPE(1, 2, 1, 3, 2), 2);
+    fr_tensor *wide = fr_t_rand(FR_CPU, 2, FR_SHAPE(3, 4), 3);
+    fr_tensor *strided = fr_narrow(wide, 1, 1, 2);  // (3, 2), not contiguous
+    CHECK(!fr_is_contiguous(strided));
+
+    fr_st_writer *w = fr_st_writer_new();
+    const char *names[] = {"z.f32", "f16", "bf16", "layer1.0.conv1.weight", "u8", "scalar",
+                           "empty", "nd5", "strided", "we\"ird\\name\n"};
+    fr_tensor *ts[] = {f32, f16, bf16, i32, u8, scalar, empty, nd5, strided, f32};
+    int n = (int)(sizeof ts / sizeof *ts);
+    for (int i = 0; i < n; i++)
+        CHECK_OK(fr_st_writer_add(w, names[i], ts[i]));
+    CHECK_OK(fr_st_writer_add_metadata(w, "format", "pt"));
+    CHECK_OK(fr_st_writer_add_metadata(w, "note", "quote \" backslash \\ tab \t done"));
+    /* The writer keeps references, so the caller may drop its own. */
+    fr_clear(&strided);
+    CHECK_OK(fr_st_writer_save(w, path));
+    fr_st_writer_free(w);
+
+    size_t len;
+    unsigned char *raw = read_all(path, &len);
+    CHECK(raw && len >= 8);
+    uint64_t hlen = 0;
+    for (int b = 7; raw && b >= 0; b--)
+        hlen = hlen << 8 | raw[b];
+    CHECK(hlen % 8 == 0 && raw[8] == '{' && raw[8 + hlen - 1] == ' ');
+    free(raw);
+
+    fr_st_file *f = fr_st_open(path);
+    CHECK_NOTNULL(f);
+    if (f) {
+        CHECK(fr_st_count(f) == n);
+        for (int i = 1; i < fr_st_count(f); i++)
+            CHECK(strcmp(fr_st_name(f, i - 1), fr_st_name(f, i)) < 0);
+        CHECK(fr_st_find(f, "absent") == -1);
+        CHECK(!strcmp(fr_st_metadata(f, "format"), "pt"));
+        CHECK(!strcmp(fr_st_metadata(f, "note"), "quote \" backslash \\ tab \t done"));
+        CHECK(fr_st_metadata(f, "absent") == NULL);
+        int k = fr_st_find(f, "u8");
+        CHECK(k >= 0 && fr_st_dtype(f, k) == FR_U8 && fr_st_ndim(f, k) == 3 &&
+              fr_st_shape(f, k)[2] == 2);
+        k = fr_st_find(f, "scalar");
+        CHECK(k >= 0 && fr_st_ndim(f, k) == 0);
+        k = fr_st_find(f, "empty");
+        CHECK(k >= 0 && fr_st_ndim(f, k) == 2 && fr_st_shape(f, k)[0] == 0);
+        fr_clear(&wide);
+        for (int i = 0; i < n; i++) {
+            fr_tensor *got = fr_st_get(f, names[i], FR_CPU, FR_TAG_DATA);
+            CHECK_NOTNULL(got);
+            if (i == 8) {
+                /* the strided view comes back contiguous, same values */
+                fr_tensor *w2 = fr_t_rand(FR_CPU, 2, FR_SHAPE(3, 4), 3);
+                fr_tensor *v = fr_narrow(w2, 1, 1, 2);
+                CHECK(same_bytes(got, v));
+                fr_release(v);
+                fr_release(w2);
+            } else if (!same_bytes(got, ts[i])) {
+                fprintf(stderr, "    tensor %s differs after the round trip\n", names[i]);
+                fr_t_failed_now = 1;
+            }
+            fr_release(got);
+        }
+        CHECK(fr_st_get(f, "absent", FR_CPU, FR_TAG_DATA) == NULL);
+        CHECK_ERR(fr_last_status(), FR_ERR_ARG, path);
+        CHECK(strstr(fr_last_error(), "absent") != NULL);
+        fr_st_close(f);
+    }
+    /* An empty writer gives a valid file with no tensors. */
+    w = fr_st_writer_new();
+    CHECK_OK(fr_st_writer_save(w, path));
+    fr_st_writer_free(w);
+    f = fr_st_open(path);
+    CHECK(f && fr_st_count(f) == 0);
+    fr_st_close(f);
+    for (int i = 0; i < n - 1; i++)
+        if (i != 8)
+            fr_release(ts[i]);
+    remove_tmpdir();
+}
+
+static void test_read_into(void) {
+    char path[512];
+    make_tmpdir();
+    tmp_path(path, sizeof path, "ri.safetensors");
+    fr_tensor *a = fr_t_rand(FR_CPU, 2, FR_SHAPE(2, 3), 5);
+    fr_st_writer *w = fr_st_writer_new();
+    CHECK_OK(fr_st_writer_add(w, "a", a));
+    CHECK_OK(fr_st_writer_save(w, path));
+    fr_st_writer_free(w);
+    fr_st_file *f = fr_st_open(path);
+    CHECK_NOTNULL(f);
+
+    fr_tensor *dst = fr_zeros(FR_CPU, FR_F32, 2, FR_SHAPE(2, 3), FR_TAG_PARAM);
+    uint64_t v0 = dst->storage->version;
+    CHECK_OK(fr_st_read_into(f, "a", dst));
+    CHECK(same_bytes(dst, a));
+    CHECK(dst->storage->version > v0);
+
+    /* into a strided destination */
+    fr_tensor *big = fr_zeros(FR_CPU, FR_F32, 2, FR_SHAPE(2, 5), FR_TAG_PARAM);
+    fr_tensor *part = fr_narrow(big, 1, 1, 3);
+    CHECK_OK(fr_st_read_into(f, "a", part));
+    CHECK(same_bytes(part, a));
+    CHECK(fr_data_f32(big)[0] == 0.0f && fr_data_f32(big)[4] == 0.0f);
+
+    fr_tensor *wrong_shape = fr_zeros(FR_CPU, FR_F32, 2, FR_SHAPE(3, 2), FR_TAG_PARAM);
+    CHECK_ERR(fr_st_read_into(f, "a", wrong_shape), FR_ERR_SHAPE, "(2, 3)");
+    CHECK(strstr(fr_last_error(), "(3, 2)") && strstr(fr_last_error(), path) &&
+          strstr(fr_last_error(), "'a'"));
+    fr_tensor *wrong_dtype = fr_zeros(FR_CPU, FR_I32, 2, FR_SHAPE(2, 3), FR_TAG_PARAM);
+    CHECK_ERR(fr_st_read_into(f, "a", wrong_dtype), FR_ERR_DTYPE, path);
+    CHECK(strstr(fr_last_error(), "F32") && strstr(fr_last_error(), "i32"));
+    CHECK_ERR(fr_st_read_into(f, "nope", dst), FR_ERR_ARG, "nope");
+
+    fr_release(a);
+    fr_release(dst);
+    fr_release(part);
+    fr_release(big);
+    fr_release(wrong_shape);
+    fr_release(wrong_dtype);
+    fr_st_close(f);
+    remove_tmpdir();
+}
+
+/* ---- malformed files ---- */
+
+typedef struct {
+    const char *what;
+    const char *header;   /* header text; its length goes in the length field */
+    size_t ndata;         /* zero bytes of data after it */
+    const char *needle;   /* expected in the message besides the path */
+} bad_case;
+
+static void expect_open_fails(const char *path, const char *what, const char *needle) {
+    fr_clear_error();
+    fr_st_file *f = fr_st_open(path);
+    fr_status s = fr_last_status();
+    if (f || (s != FR_ERR_FORMAT && s != FR_ERR_IO) || !strstr(fr_last_error(), path) ||
+        (needle && !strstr(fr_last_error(), needle))) {
+        fprintf(stderr, "    %s: open gave %s \"%s\" (expected format/io error naming the file%s%s)\n",
+                what, f ? "a file" : fr_status_name(s), fr_last_error(), needle ? " and " : "",
+                needle ? needle : "");
+        fr_t_failed_now = 1;
+    }
+    fr_st_close(f);
+}
+
+static void test_malformed(void) {
+    char path[512];
+    make_tmpdir();
+    tmp_path(path, sizeof path, "bad.safetensors");
+    static const bad_case cases[] = {
+        {"cut-off JSON", "{\"a\":{\"dtype\":\"F32\"", 0, "unexpected end"},
+        {"bare word", "{\"a\":{\"dtype\":F32,\"shape\":[1],\"data_offsets\":[0,4]}}", 4, "byte"},
+        {"trailing comma", "{\"a\":1,}", 0, "byte"},
+        {"float in shape", "{\"a\":{\"dtype\":\"F32\",\"shape\":[2.5],\"data_offsets\":[0,4]}}", 4, "integer"},
+        {"leading zero", "{\"a\":{\"dtype\":\"F32\",\"shape\":[01],\"data_offsets\":[0,4]}}", 4, "leading zero"},
+        {"bad escape", "{\"a\\q\":{}}", 0, "escape"},
+        {"lone surrogate", "{\"\\ud800\":{}}", 0, "surrogate"},
+        {"raw control char", "{\"a\nb\":{}}", 0, "control"},
+        {"trailing garbage", "{} x", 0, "trailing"},
+        {"root not an object", "[1, 2]", 0, "not a JSON object"},
+        {"huge integer", "{\"a\":{\"dtype\":\"U8\",\"shape\":[99999999999999999999],\"data_offsets\":[0,1]}}", 1, "too large"},
+        {"deep nesting", "{\"a\":[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]}", 0, "deep"},
+        {"offsets past the end", "{\"a\":{\"dtype\":\"F32\",\"shape\":[4],\"data_offsets\":[0,16]}}", 8, "pass the end"},
+        {"overlapping offsets",
+         "{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]},"
+         "\"b\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[4,12]}}", 12, "overlap"},
+        {"gap between tensors", "{\"a\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[4,8]}}", 8, "gap"},
+        {"trailing data bytes", "{\"a\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]}}", 8, "trailing"},
+        {"end before begin", "{\"a\":{\"dtype\":\"F32\",\"shape\":[0],\"data_offsets\":[8,4]}}", 8, "before begin"},
+        {"shape/bytes mismatch", "{\"a\":{\"dtype\":\"F32\",\"shape\":[3],\"data_offsets\":[0,8]}}", 8, "need 12"},
+        {"unknown dtype", "{\"a\":{\"dtype\":\"F33\",\"shape\":[1],\"data_offsets\":[0,4]}}", 4, "unknown dtype \"F33\""},
+        {"missing dtype", "{\"a\":{\"shape\":[1],\"data_offsets\":[0,4]}}", 4, "missing field \"dtype\""},
+        {"unknown field", "{\"a\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4],\"x\":1}}", 4, "unknown field"},
+        {"negative dim", "{\"a\":{\"dtype\":\"F32\",\"shape\":[-1],\"data_offsets\":[0,4]}}", 4, ">= 0"},
+        {"six dims", "{\"a\":{\"dtype\":\"F32\",\"shape\":[1,1,1,1,1,1],\"data_offsets\":[0,4]}}", 4, "at most 5"},
+        {"one offset", "{\"a\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0]}}", 4, "data_offsets"},
+        {"empty tensor name", "{\"\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]}}", 4, "empty name"},
+        {"duplicate names",
+         "{\"a\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]},"
+         "\"a\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[4,8]}}", 8, "twice"},
+        {"metadata not strings", "{\"__metadata__\":{\"epoch\":3}}", 0, "not a string"},
+        {"entry not an object", "{\"a\":[1]}", 0, "not an object"},
+    };
+    static unsigned char zeros[64];
+    for (size_t c = 0; c < sizeof cases / sizeof *cases; c++) {
+        write_st(path, strlen(cases[c].header), cases[c].header, zeros, cases[c].ndata);
+        expect_open_fails(path, cases[c].what, cases[c].needle);
+    }
+
+    /* length fields that do not fit the file */
+    write_bytes(path, "\x05\0\0", 3);
+    expect_open_fails(path, "3-byte file", "too short");
+    write_st(path, 1000, "{}      ", NULL, 0);
+    expect_open_fails(path, "header length past EOF", "header length");
+    write_st(path, UINT64_MAX, "{}      ", NULL, 0);
+    expect_open_fails(path, "absurd header length", "header length");
+    write_st(path, 0, "", NULL, 0);
+    expect_open_fails(path, "zero header length", "header length");
+    tmp_path(path, sizeof path, "missing.safetensors");
+    expect_open_fails(path, "missing file", NULL);
+    CHECK(fr_last_status() == FR_ERR_IO);
+    remove_tmpdir();
+}
+
+static void test_unsupported_dtype(void) {
+    char path[512];
+    make_tmpdir();
+    tmp_path(path, sizeof path, "i64.safetensors");
+    static const unsigned char data[16] = {7};
+    const char *hdr = "{\"a\":{\"dtype\":\"I64\",\"shape\":[1],\"data_offsets\":[0,8]},"
+                      "\"b\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[8,16]}}";
+    write_st(path, strlen(hdr), hdr, data, 16);
+    /* A file holding a dtype frugal cannot hold still opens (PyTorch's
+     * BatchNorm num_batches_tracked is int64); asking for it fails. */
+    fr_st_file *f = fr_st_open(path);
+    CHECK_NOTNULL(f);
+    if (f) {
+        CHECK(fr_st_count(f) == 2 && fr_st_dtype(f, 0) == FR_DTYPE_COUNT);
+        CHECK(fr_st_get(f, "a", FR_CPU, FR_TAG_DATA) == NULL);
+        CHECK_ERR(fr_last_status(), FR_ERR_DTYPE, "unsupported dtype I64");
+        CHECK(strstr(fr_last_error(), "'a'") && strstr(fr_last_error(), path));
+        fr_tensor *b = fr_st_get(f, "b", FR_CPU, FR_TAG_DATA);
+        CHECK(b && fr_numel(b) == 2);
+        fr_release(b);
+        fr_st_close(f);
+    }
+    remove_tmpdir();
+}
+
+/* ---- atomic saves ---- */
+
+static fr_status save_one(const char *path, const char *name, fr_tensor *t) {
+    fr_st_writer *w = fr_st_writer_new();
+    fr_status s = fr_st_writer_add(w, name, t);
+    if (s == FR_OK)
+        s = fr_st_writer_save(w, path);
+    fr_st_writer_free(w);
+    return s;
+}
+
+static void test_atomic_save(void) {
+    char path[512], bad[512];
+    make_tmpdir();
+    tmp_path(path, sizeof path, "ck.safetensors");
+    fr_tensor *a = fr_t_rand(FR_CPU, 1, FR_SHAPE(4), 11);
+    fr_tensor *b = fr_t_rand(FR_CPU, 2, FR_SHAPE(2, 2), 12);
+
+    tmp_path(bad, sizeof bad, "no/such/dir/x.safetensors");
+    CHECK_ERR(save_one(bad, "a", a), FR_ERR_IO, bad);
+
+    /* saving over an existing file replaces it */
+    CHECK_OK(save_one(path, "a", a));
+    CHECK_OK(save_one(path, "b", b));
+    fr_st_file *f = fr_st_open(path);
+    CHECK(f && fr_st_count(f) == 1 && fr_st_find(f, "b") == 0);
+    fr_st_close(f);
+
+    /* a save that fails part-way (the strided tensor cannot be made
+     * contiguous under a memory cap) leaves the old file byte-identical */
+    size_t n_before, n_after;
+    unsigned char *before = read_all(path, &n_before);
+    fr_tensor *wide = fr_t_rand(FR_CPU, 2, FR_SHAPE(4, 8), 13);
+    fr_tensor *strided = fr_narrow(wide, 1, 2, 4);  // (4, 4), strided
+    fr_st_writer *w = fr_st_writer_new();
+    CHECK_OK(fr_st_writer_add(w, "a_first", a));
+    CHECK_OK(fr_st_writer_add(w, "b_strided", strided));
+    fr_mem_set_limit(FR_CPU, fr_mem_total_current(FR_CPU));
+    CHECK_ERR(fr_st_writer_save(w, path), FR_ERR_OOM, path);
+    CHECK(strstr(fr_last_error(), "b_strided") != NULL);
+    fr_mem_set_limit(FR_CPU, 0);
+    fr_st_writer_free(w);
+    unsigned char *after = read_all(path, &n_after);
+    CHECK(before && after && n_before == n_after && !memcmp(before, after, n_before));
+    CHECK(count_temp_files() == 0);
+    free(before);
+    free(after);
+
+    /* rename onto a directory fails; no temp file stays behind */
+    tmp_path(bad, sizeof bad, "adir");
+    CHECK(mkdir(bad, 0700) == 0);
+    CHECK_ERR(save_one(bad, "a", a), FR_ERR_IO, bad);
+    CHECK(count_temp_files() == 0);
+
+    /* writer argument errors */
+    w = fr_st_writer_new();
+    CHECK_OK(fr_st_writer_add(w, "x", a));
+    CHECK_ERR(fr_st_writer_add(w, "x", b), FR_ERR_ARG, "twice");
+    CHECK_ERR(fr_st_writer_add(w, "__metadata__", b), FR_ERR_ARG, "__metadata__");
+    CHECK_ERR(fr_st_writer_add(w, "y", NULL), FR_ERR_ARG, "NULL");
+    CHECK_OK(fr_st_writer_add_metadata(w, "k", "v"));
+    CHECK_ERR(fr_st_writer_add_metadata(w, "k", "w"), FR_ERR_ARG, "twice");
+    fr_st_writer_free(w);
+
+    fr_release(strided);
+    fr_release(wide);
+    fr_release(a);
+    fr_release(b);
+    remove_tmpdir();
+}
+
+/* ---- PyTorch interop ---- */
+
+static void test_pytorch_interop(void) {
+    fr_st_file *f = fr_t_fixture("interop");
+    if (!f)
+        return;
+    CHECK(!strcmp(fr_st_metadata(f, "format"), "pt"));
+
+    float want[24];
+    for (int i = 0; i < 12; i++)
+        want[i] = (float)i / 8.0f - 0.5f;
+    fr_tensor *t = fr_t_fixture_tensor(f, "f32", FR_CPU);
+    CHECK(t && t->ndim == 2 && t->shape[0] == 3 && t->shape[1] == 4);
+    fr_t_allclose(t, want, 12, 0, 0, "f32");
+    fr_release(t);
+
+    /* half types: exact for representable values, f16 rounding for 1e-4 */
+    const float h[6] = {0.5f, -1.25f, 65504.0f, 1e-4f, 0.0f, -0.0f};
+    fr_tensor *t16 = fr_t_fixture_tensor(f, "f16", FR_CPU);
+    t = t16 ? fr_to_dtype(t16, FR_F32, FR_TAG_DATA) : NULL;
+    fr_t_allclose(t, h, 6, 0, 1e-3, "f16");
+    CHECK(t16 && ((uint16_t *)fr_data(t16))[5] == 0x8000);
+    fr_release(t);
+    fr_release(t16);
+    const float bf[4] = {1.0f, -2.5f, 3.140625f, 1e30f};
+    t16 = fr_t_fixture_tensor(f, "bf16", FR_CPU);
+    t = t16 ? fr_to_dtype(t16, FR_F32, FR_TAG_DATA) : NULL;
+    fr_t_allclose(t, bf, 4, 0, 4e-3, "bf16");
+    fr_release(t);
+    fr_release(t16);
+
+    t = fr_t_fixture_tensor(f, "i32", FR_CPU);
+    CHECK(t && t->dtype == FR_I32 && fr_numel(t) == 7);
+    for (int i = 0; t && i < 7; i++)
+        CHECK(((int32_t *)fr_data(t))[i] == i - 3);
+    fr_release(t);
+    t = fr_t_fixture_tensor(f, "u8", FR_CPU);
+    CHECK(t && t->dtype == FR_U8 && t->ndim == 2 && t->shape[1] == 7);
+    for (int i = 0; t && i < 7; i++)
+        CHECK(((uint8_t *)fr_data(t))[i] == 37 * i);
+    fr_release(t);
+
+    t = fr_t_fixture_tensor(f, "scalar", FR_CPU);
+    CHECK(t && t->ndim == 0 && fr_item(t) == 2.75f);
+    fr_release(t);
+    t = fr_t_fixture_tensor(f, "empty", FR_CPU);
+    CHECK(t && t->ndim == 2 && t->shape[0] == 0 && t->shape[1] == 3);
+    fr_release(t);
+    for (int i = 0; i < 24; i++)
+        want[i] = (float)i;
+    t = fr_t_fixture_tensor(f, "nd5", FR_CPU);
+    CHECK(t && t->ndim == 5 && t->shape[3] == 4);
+    fr_t_allclose(t, want, 24, 0, 0, "nd5");
+    fr_release(t);
+
+    /* the random weight: its sum as PyTorch computed it in double */
+    t = fr_t_fixture_tensor(f, "layer1.0.conv1.weight", FR_CPU);
+    const char *sum_text = fr_st_metadata(f, "rand_sum");
+    CHECK(t && sum_text && fr_numel(t) == 108);
+    if (t && sum_text) {
+        double sum = 0;
+        for (int i = 0; i < 108; i++)
+            sum += fr_data_f32(t)[i];
+        CHECK_CLOSE(sum, strtod(sum_text, NULL), 1e-9);
+    }
+    fr_release(t);
+
+    CHECK(fr_st_get(f, "num_batches_tracked", FR_CPU, FR_TAG_DATA) == NULL);
+    CHECK_ERR(fr_last_status(), FR_ERR_DTYPE, "num_batches_tracked");
+    fr_st_close(f);
+}
+
+static void test_cuda_round_trip(void) {
+    if (!fr_t_have_cuda())
+        SKIP("no CUDA device");
+    char path[512];
+    make_tmpdir();
+    tmp_path(path, sizeof path, "cuda.safetensors");
+    fr_tensor *h = fr_t_rand(FR_CPU, 2, FR_SHAPE(3, 5), 21);
+    fr_tensor *d = fr_to_device(h, FR_CUDA, FR_TAG_DATA);
+    CHECK_OK(save_one(path, "w", d));
+    fr_st_file *f = fr_st_open(path);
+    fr_tensor *back = f ? fr_st_get(f, "w", FR_CUDA, FR_TAG_DATA) : NULL;
+    fr_tensor *dst = fr_zeros(FR_CUDA, FR_F32, 2, FR_SHAPE(3, 5), FR_TAG_PARAM);
+    CHECK(back && fr_device_of(back) == FR_CUDA);
+    fr_t_allclose_t(back, h, 0, 0, "cuda get");
+    CHECK_OK(fr_st_read_into(f, "w", dst));
+    fr_t_allclose_t(dst, h, 0, 0, "cuda read_into");
+    fr_release(dst);
+    fr_release(back);
+    fr_release(d);
+    fr_release(h);
+    fr_st_close(f);
+    remove_tmpdir();
+}
+
+int main(void) {
+    RUN(test_round_trip);
+    RUN(test_read_into);
+    RUN(test_malformed);
+    RUN(test_unsupported_dtype);
+    RUN(test_atomic_save);
+    RUN(test_pytorch_interop);
+    RUN(test_cuda_round_trip);
+    return TEST_SUMMARY();
+}
