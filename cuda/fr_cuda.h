@@ -14,6 +14,12 @@
 #define FR_CUDA_H
 
 #include "../tensor/fr_base.h"
+#ifdef FR_WITH_CUDA
+/* The kernel declarations below use kernels.h's shape records; kernels.h
+ * includes this header after defining them, and the guards make either
+ * include order work. */
+#include "../tensor/kernels.h"
+#endif
 
 #ifdef __cplusplus
 extern "C" {

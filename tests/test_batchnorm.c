@@ -19,27 +19,13 @@ typedef struct {
     fr_tensor *x, *gamma, *beta, *rm, *rv, *dy;
 } bn_case;
 
-static fr_tensor *get(fr_st_file *f, const char *prefix, const char *name) {
-    char key[64];
-    snprintf(key, sizeof key, "%s_%s", prefix, name);
-    return fr_t_fixture_tensor(f, key, FR_CPU);
-}
-
-static void expect(fr_st_file *f, const char *prefix, const char *name, const fr_tensor *got) {
-    char key[64];
-    snprintf(key, sizeof key, "%s_%s", prefix, name);
-    fr_tensor *want = fr_t_fixture_tensor(f, key, FR_CPU);
-    fr_t_allclose_t(got, want, ATOL, RTOL, key);
-    fr_release(want);
-}
-
 static bool load_case(fr_st_file *f, const char *prefix, bn_case *c) {
-    c->x = get(f, prefix, "x");
-    c->gamma = get(f, prefix, "gamma");
-    c->beta = get(f, prefix, "beta");
-    c->rm = get(f, prefix, "rm0");
-    c->rv = get(f, prefix, "rv0");
-    c->dy = get(f, prefix, "dy");
+    c->x = fr_t_fixture_case(f, prefix, "x");
+    c->gamma = fr_t_fixture_case(f, prefix, "gamma");
+    c->beta = fr_t_fixture_case(f, prefix, "beta");
+    c->rm = fr_t_fixture_case(f, prefix, "rm0");
+    c->rv = fr_t_fixture_case(f, prefix, "rv0");
+    c->dy = fr_t_fixture_case(f, prefix, "dy");
     if (!c->x || !c->gamma || !c->beta || !c->rm || !c->rv || !c->dy)
         return false;
     fr_set_requires_grad(c->x, true);
@@ -78,16 +64,16 @@ static void test_matches_torch(void) {
         fr_tensor *y = fr_batch_norm(c.x, c.gamma, c.beta, c.rm, c.rv, true, MOMENTUM, EPS);
         CHECK_NOTNULL(y);
         if (y) {
-            expect(f, cases[k], "y", y);
-            expect(f, cases[k], "rm1", c.rm);
-            expect(f, cases[k], "rv1", c.rv);
+            fr_t_fixture_expect(f, cases[k], "y", y, ATOL, RTOL);
+            fr_t_fixture_expect(f, cases[k], "rm1", c.rm, ATOL, RTOL);
+            fr_t_fixture_expect(f, cases[k], "rv1", c.rv, ATOL, RTOL);
             CHECK_OK(fr_backward_with(y, c.dy));
-            expect(f, cases[k], "dx", c.x->grad);
-            expect(f, cases[k], "dgamma", c.gamma->grad);
-            expect(f, cases[k], "dbeta", c.beta->grad);
+            fr_t_fixture_expect(f, cases[k], "dx", c.x->grad, ATOL, RTOL);
+            fr_t_fixture_expect(f, cases[k], "dgamma", c.gamma->grad, ATOL, RTOL);
+            fr_t_fixture_expect(f, cases[k], "dbeta", c.beta->grad, ATOL, RTOL);
             /* backward did not touch the running statistics again */
-            expect(f, cases[k], "rm1", c.rm);
-            expect(f, cases[k], "rv1", c.rv);
+            fr_t_fixture_expect(f, cases[k], "rm1", c.rm, ATOL, RTOL);
+            fr_t_fixture_expect(f, cases[k], "rv1", c.rv, ATOL, RTOL);
         }
         fr_release(y);
         /* eval with the updated statistics */
@@ -95,12 +81,12 @@ static void test_matches_torch(void) {
         y = fr_batch_norm(c.x, c.gamma, c.beta, c.rm, c.rv, false, MOMENTUM, EPS);
         CHECK_NOTNULL(y);
         if (y) {
-            expect(f, cases[k], "eval_y", y);
+            fr_t_fixture_expect(f, cases[k], "eval_y", y, ATOL, RTOL);
             CHECK_OK(fr_backward_with(y, c.dy));
-            expect(f, cases[k], "eval_dx", c.x->grad);
-            expect(f, cases[k], "eval_dgamma", c.gamma->grad);
-            expect(f, cases[k], "eval_dbeta", c.beta->grad);
-            expect(f, cases[k], "rm1", c.rm);
+            fr_t_fixture_expect(f, cases[k], "eval_dx", c.x->grad, ATOL, RTOL);
+            fr_t_fixture_expect(f, cases[k], "eval_dgamma", c.gamma->grad, ATOL, RTOL);
+            fr_t_fixture_expect(f, cases[k], "eval_dbeta", c.beta->grad, ATOL, RTOL);
+            fr_t_fixture_expect(f, cases[k], "rm1", c.rm, ATOL, RTOL);
         }
         fr_release(y);
         free_case(&c);
@@ -122,13 +108,13 @@ static void test_ops_inplace_and_param_grads_only(void) {
         uint64_t v = c.rm->storage->version;
         CHECK_OK(fr_batchnorm_train_forward(x, mean, invstd, x, c.gamma, c.beta, c.rm, c.rv,
                                             MOMENTUM, EPS));
-        expect(f, "nchw", "y", x);
-        expect(f, "nchw", "rm1", c.rm);
-        expect(f, "nchw", "rv1", c.rv);
+        fr_t_fixture_expect(f, "nchw", "y", x, ATOL, RTOL);
+        fr_t_fixture_expect(f, "nchw", "rm1", c.rm, ATOL, RTOL);
+        fr_t_fixture_expect(f, "nchw", "rv1", c.rv, ATOL, RTOL);
         CHECK(c.rm->storage->version == v + 1); /* an inplace write, recorded */
         CHECK_OK(fr_batchnorm_backward(NULL, dgamma, dbeta, c.dy, c.x, mean, invstd, c.gamma));
-        expect(f, "nchw", "dgamma", dgamma);
-        expect(f, "nchw", "dbeta", dbeta);
+        fr_t_fixture_expect(f, "nchw", "dgamma", dgamma, ATOL, RTOL);
+        fr_t_fixture_expect(f, "nchw", "dbeta", dbeta, ATOL, RTOL);
         /* replaying with the kept statistics gives the same output */
         fr_tensor *y2 = fr_empty_like(c.x, FR_TAG_TRANSIENT);
         CHECK_OK(fr_batchnorm_apply(y2, c.x, mean, invstd, c.gamma, c.beta));

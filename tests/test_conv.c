@@ -29,28 +29,14 @@ static const conv_case cases[] = {
 };
 #define N_CASES ((int)(sizeof cases / sizeof cases[0]))
 
-static fr_tensor *get(fr_st_file *f, const char *prefix, const char *name) {
-    char key[64];
-    snprintf(key, sizeof key, "%s_%s", prefix, name);
-    return fr_t_fixture_tensor(f, key, FR_CPU);
-}
-
-static void expect(fr_st_file *f, const char *prefix, const char *name, const fr_tensor *got) {
-    char key[64];
-    snprintf(key, sizeof key, "%s_%s", prefix, name);
-    fr_tensor *want = fr_t_fixture_tensor(f, key, FR_CPU);
-    fr_t_allclose_t(got, want, ATOL, RTOL, key);
-    fr_release(want);
-}
-
 /* ---- against PyTorch ---- */
 
 static void test_matches_torch(void) {
     fr_st_file *f = fr_t_fixture("conv");
     for (int i = 0; f && i < N_CASES; i++) {
         const conv_case *c = &cases[i];
-        fr_tensor *x = get(f, c->name, "x"), *w = get(f, c->name, "w"), *dy = get(f, c->name, "dy");
-        fr_tensor *b = c->bias ? get(f, c->name, "b") : NULL;
+        fr_tensor *x = fr_t_fixture_case(f, c->name, "x"), *w = fr_t_fixture_case(f, c->name, "w"), *dy = fr_t_fixture_case(f, c->name, "dy");
+        fr_tensor *b = c->bias ? fr_t_fixture_case(f, c->name, "b") : NULL;
         if (x && w && dy && (b || !c->bias)) {
             fr_set_requires_grad(x, true);
             fr_set_requires_grad(w, true);
@@ -59,12 +45,12 @@ static void test_matches_torch(void) {
             fr_tensor *y = fr_conv2d(x, w, b, (fr_conv_params){c->stride, c->pad});
             CHECK_NOTNULL(y);
             if (y) {
-                expect(f, c->name, "y", y);
+                fr_t_fixture_expect(f, c->name, "y", y, ATOL, RTOL);
                 CHECK_OK(fr_backward_with(y, dy));
-                expect(f, c->name, "dx", x->grad);
-                expect(f, c->name, "dw", w->grad);
+                fr_t_fixture_expect(f, c->name, "dx", x->grad, ATOL, RTOL);
+                fr_t_fixture_expect(f, c->name, "dw", w->grad, ATOL, RTOL);
                 if (b)
-                    expect(f, c->name, "db", b->grad);
+                    fr_t_fixture_expect(f, c->name, "db", b->grad, ATOL, RTOL);
             }
             fr_release(y);
         }
@@ -82,8 +68,8 @@ static void test_ops_each_gradient_alone(void) {
     fr_st_file *f = fr_t_fixture("conv");
     const char *name = "s2p0"; /* the last input row is reached by no window */
     fr_conv_params p = {2, 0};
-    fr_tensor *x = get(f, name, "x"), *w = get(f, name, "w"), *b = get(f, name, "b");
-    fr_tensor *dy = get(f, name, "dy");
+    fr_tensor *x = fr_t_fixture_case(f, name, "x"), *w = fr_t_fixture_case(f, name, "w"), *b = fr_t_fixture_case(f, name, "b");
+    fr_tensor *dy = fr_t_fixture_case(f, name, "dy");
     if (x && w && b && dy) {
         fr_tensor *y = fr_empty_like(dy, FR_TAG_TRANSIENT);
         fr_tensor *dx = fr_empty_like(x, FR_TAG_TRANSIENT), *dw = fr_empty_like(w, FR_TAG_TRANSIENT);
@@ -92,16 +78,16 @@ static void test_ops_each_gradient_alone(void) {
         for (int i = 0; i < 4; i++)
             CHECK_OK(fr_fill_(outs[i], NAN));
         CHECK_OK(fr_conv2d_forward(y, x, w, b, p));
-        expect(f, name, "y", y);
+        fr_t_fixture_expect(f, name, "y", y, ATOL, RTOL);
         CHECK_OK(fr_conv2d_backward(dx, NULL, NULL, dy, NULL, w, p)); /* x not needed for dx */
-        expect(f, name, "dx", dx);
+        fr_t_fixture_expect(f, name, "dx", dx, ATOL, RTOL);
         CHECK_OK(fr_conv2d_backward(NULL, dw, NULL, dy, x, NULL, p));
-        expect(f, name, "dw", dw);
+        fr_t_fixture_expect(f, name, "dw", dw, ATOL, RTOL);
         CHECK_OK(fr_conv2d_backward(NULL, NULL, db, dy, NULL, NULL, p));
-        expect(f, name, "db", db);
+        fr_t_fixture_expect(f, name, "db", db, ATOL, RTOL);
         /* twice: bwd_weight overwrites dw, it does not accumulate */
         CHECK_OK(fr_conv2d_backward(NULL, dw, NULL, dy, x, NULL, p));
-        expect(f, name, "dw", dw);
+        fr_t_fixture_expect(f, name, "dw", dw, ATOL, RTOL);
         for (int i = 0; i < 4; i++)
             fr_release(outs[i]);
     }

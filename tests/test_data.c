@@ -1,7 +1,6 @@
 /* test_data.c: dataset readers (IDX plain and gzip, CIFAR-10/100, image
  * folders) on small files written here, their error cases, augmentation on
  * a known image, and the batch loader with and without its thread. */
-#include <ftw.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -23,22 +22,10 @@
 
 /* ---- temp files ---- */
 
-static char tmpdir[256];
+static const char *tmpdir;
 
-static void make_tmpdir(void) {
-    snprintf(tmpdir, sizeof tmpdir, "/tmp/fr_data_XXXXXX");
-    if (!mkdtemp(tmpdir)) {
-        perror("mkdtemp");
-        abort();
-    }
-}
-
-static int rm_one(const char *p, const struct stat *sb, int flag, struct FTW *ftw) {
-    (void)sb, (void)flag, (void)ftw;
-    return remove(p);
-}
-
-static void remove_tmpdir(void) { nftw(tmpdir, rm_one, 16, FTW_DEPTH | FTW_PHYS); }
+static void make_tmpdir(void) { tmpdir = fr_t_make_tmpdir("data"); }
+static void remove_tmpdir(void) { fr_t_remove_tmpdir(tmpdir); }
 
 static const char *tmp_path(char *buf, const char *name) {
     snprintf(buf, 512, "%s/%s", tmpdir, name);

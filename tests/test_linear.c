@@ -12,20 +12,6 @@
 #define ATOL 1e-5
 #define RTOL 1e-5
 
-static fr_tensor *get(fr_st_file *f, const char *prefix, const char *name) {
-    char key[64];
-    snprintf(key, sizeof key, "%s_%s", prefix, name);
-    return fr_t_fixture_tensor(f, key, FR_CPU);
-}
-
-static void expect(fr_st_file *f, const char *prefix, const char *name, const fr_tensor *got) {
-    char key[64];
-    snprintf(key, sizeof key, "%s_%s", prefix, name);
-    fr_tensor *want = fr_t_fixture_tensor(f, key, FR_CPU);
-    fr_t_allclose_t(got, want, ATOL, RTOL, key);
-    fr_release(want);
-}
-
 /* ---- GEMM ---- */
 
 static void gemm_case(int m, int n, int k, bool ta, bool tb, float alpha, float beta) {
@@ -99,8 +85,8 @@ static void test_linear_matches_torch(void) {
     fr_st_file *f = fr_t_fixture("linear");
     for (size_t i = 0; f && i < sizeof lin_cases / sizeof lin_cases[0]; i++) {
         const char *name = lin_cases[i].name;
-        fr_tensor *x = get(f, name, "x"), *w = get(f, name, "w"), *dy = get(f, name, "dy");
-        fr_tensor *b = lin_cases[i].bias ? get(f, name, "b") : NULL;
+        fr_tensor *x = fr_t_fixture_case(f, name, "x"), *w = fr_t_fixture_case(f, name, "w"), *dy = fr_t_fixture_case(f, name, "dy");
+        fr_tensor *b = lin_cases[i].bias ? fr_t_fixture_case(f, name, "b") : NULL;
         if (x && w && dy) {
             fr_set_requires_grad(x, true);
             fr_set_requires_grad(w, true);
@@ -109,12 +95,12 @@ static void test_linear_matches_torch(void) {
             fr_tensor *y = fr_linear(x, w, b);
             CHECK_NOTNULL(y);
             if (y) {
-                expect(f, name, "y", y);
+                fr_t_fixture_expect(f, name, "y", y, ATOL, RTOL);
                 CHECK_OK(fr_backward_with(y, dy));
-                expect(f, name, "dx", x->grad);
-                expect(f, name, "dw", w->grad);
+                fr_t_fixture_expect(f, name, "dx", x->grad, ATOL, RTOL);
+                fr_t_fixture_expect(f, name, "dw", w->grad, ATOL, RTOL);
                 if (b)
-                    expect(f, name, "db", b->grad);
+                    fr_t_fixture_expect(f, name, "db", b->grad, ATOL, RTOL);
             }
             fr_release(y);
         }
@@ -128,17 +114,17 @@ static void test_linear_matches_torch(void) {
 
 static void test_matmul_matches_torch(void) {
     fr_st_file *f = fr_t_fixture("linear");
-    fr_tensor *a = get(f, "mm", "a"), *b = get(f, "mm", "b"), *dy = get(f, "mm", "dy");
+    fr_tensor *a = fr_t_fixture_case(f, "mm", "a"), *b = fr_t_fixture_case(f, "mm", "b"), *dy = fr_t_fixture_case(f, "mm", "dy");
     if (a && b && dy) {
         fr_set_requires_grad(a, true);
         fr_set_requires_grad(b, true);
         fr_tensor *y = fr_matmul(a, b);
         CHECK_NOTNULL(y);
         if (y) {
-            expect(f, "mm", "y", y);
+            fr_t_fixture_expect(f, "mm", "y", y, ATOL, RTOL);
             CHECK_OK(fr_backward_with(y, dy));
-            expect(f, "mm", "da", a->grad);
-            expect(f, "mm", "db", b->grad);
+            fr_t_fixture_expect(f, "mm", "da", a->grad, ATOL, RTOL);
+            fr_t_fixture_expect(f, "mm", "db", b->grad, ATOL, RTOL);
         }
         fr_release(y);
     }
@@ -151,8 +137,8 @@ static void test_matmul_matches_torch(void) {
 /* The tensor-level backward, each gradient alone into NaN-filled outputs. */
 static void test_linear_ops_each_gradient_alone(void) {
     fr_st_file *f = fr_t_fixture("linear");
-    fr_tensor *x = get(f, "bias", "x"), *w = get(f, "bias", "w"), *dy = get(f, "bias", "dy");
-    fr_tensor *b = get(f, "bias", "b");
+    fr_tensor *x = fr_t_fixture_case(f, "bias", "x"), *w = fr_t_fixture_case(f, "bias", "w"), *dy = fr_t_fixture_case(f, "bias", "dy");
+    fr_tensor *b = fr_t_fixture_case(f, "bias", "b");
     if (x && w && dy && b) {
         fr_tensor *dx = fr_empty_like(x, FR_TAG_TRANSIENT), *dw = fr_empty_like(w, FR_TAG_TRANSIENT);
         fr_tensor *db = fr_empty_like(b, FR_TAG_TRANSIENT);
@@ -160,11 +146,11 @@ static void test_linear_ops_each_gradient_alone(void) {
         CHECK_OK(fr_fill_(dw, NAN));
         CHECK_OK(fr_fill_(db, NAN));
         CHECK_OK(fr_linear_backward(dx, NULL, NULL, dy, NULL, w));
-        expect(f, "bias", "dx", dx);
+        fr_t_fixture_expect(f, "bias", "dx", dx, ATOL, RTOL);
         CHECK_OK(fr_linear_backward(NULL, dw, NULL, dy, x, NULL));
-        expect(f, "bias", "dw", dw);
+        fr_t_fixture_expect(f, "bias", "dw", dw, ATOL, RTOL);
         CHECK_OK(fr_linear_backward(NULL, NULL, db, dy, NULL, NULL));
-        expect(f, "bias", "db", db);
+        fr_t_fixture_expect(f, "bias", "db", db, ATOL, RTOL);
         fr_release(db);
         fr_release(dw);
         fr_release(dx);

@@ -24,20 +24,6 @@ static const struct {
     {"avg_k3s2p1", AVG, {3, 2, 1}}, {"global", GLOBAL, {0, 0, 0}},
 };
 
-static fr_tensor *get(fr_st_file *f, const char *prefix, const char *name) {
-    char key[64];
-    snprintf(key, sizeof key, "%s_%s", prefix, name);
-    return fr_t_fixture_tensor(f, key, FR_CPU);
-}
-
-static void expect(fr_st_file *f, const char *prefix, const char *name, const fr_tensor *got) {
-    char key[64];
-    snprintf(key, sizeof key, "%s_%s", prefix, name);
-    fr_tensor *want = fr_t_fixture_tensor(f, key, FR_CPU);
-    fr_t_allclose_t(got, want, ATOL, RTOL, key);
-    fr_release(want);
-}
-
 static fr_tensor *run(kind k, fr_tensor *x, fr_pool_params p) {
     return k == MAX ? fr_max_pool2d(x, p) : k == AVG ? fr_avg_pool2d(x, p) : fr_global_avg_pool(x);
 }
@@ -45,15 +31,15 @@ static fr_tensor *run(kind k, fr_tensor *x, fr_pool_params p) {
 static void test_matches_torch(void) {
     fr_st_file *f = fr_t_fixture("pool");
     for (size_t i = 0; f && i < sizeof cases / sizeof cases[0]; i++) {
-        fr_tensor *x = get(f, cases[i].name, "x"), *dy = get(f, cases[i].name, "dy");
+        fr_tensor *x = fr_t_fixture_case(f, cases[i].name, "x"), *dy = fr_t_fixture_case(f, cases[i].name, "dy");
         if (x && dy) {
             fr_set_requires_grad(x, true);
             fr_tensor *y = run(cases[i].k, x, cases[i].p);
             CHECK_NOTNULL(y);
             if (y) {
-                expect(f, cases[i].name, "y", y);
+                fr_t_fixture_expect(f, cases[i].name, "y", y, ATOL, RTOL);
                 CHECK_OK(fr_backward_with(y, dy));
-                expect(f, cases[i].name, "dx", x->grad);
+                fr_t_fixture_expect(f, cases[i].name, "dx", x->grad, ATOL, RTOL);
             }
             fr_release(y);
         }

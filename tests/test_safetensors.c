@@ -1,7 +1,6 @@
 /* test_safetensors.c: safetensors round trips, PyTorch interop, malformed
  * files, and atomic saving. */
 #include <dirent.h>
-#include <ftw.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -11,22 +10,10 @@
 
 /* ---- temp files ---- */
 
-static char tmpdir[256];
+static const char *tmpdir;
 
-static void make_tmpdir(void) {
-    snprintf(tmpdir, sizeof tmpdir, "/tmp/fr_st_XXXXXX");
-    if (!mkdtemp(tmpdir)) {
-        perror("mkdtemp");
-        abort();
-    }
-}
-
-static int rm_one(const char *p, const struct stat *sb, int flag, struct FTW *ftw) {
-    (void)sb, (void)flag, (void)ftw;
-    return remove(p);
-}
-
-static void remove_tmpdir(void) { nftw(tmpdir, rm_one, 16, FTW_DEPTH | FTW_PHYS); }
+static void make_tmpdir(void) { tmpdir = fr_t_make_tmpdir("st"); }
+static void remove_tmpdir(void) { fr_t_remove_tmpdir(tmpdir); }
 
 static char *tmp_path(char *buf, size_t len, const char *name) {
     snprintf(buf, len, "%s/%s", tmpdir, name);

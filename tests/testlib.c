@@ -1,8 +1,10 @@
 /* testlib.c: see testlib.h. */
 #include "testlib.h"
 
+#include <ftw.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 int fr_t_failed_now;
 const char *fr_t_skip_reason;
@@ -169,6 +171,41 @@ fr_tensor *fr_t_fixture_tensor(fr_st_file *f, const char *name, fr_device dev) {
     }
     return t;
 }
+
+fr_tensor *fr_t_fixture_case(fr_st_file *f, const char *prefix, const char *name) {
+    char key[128];
+    snprintf(key, sizeof key, "%s_%s", prefix, name);
+    return fr_t_fixture_tensor(f, key, FR_CPU);
+}
+
+bool fr_t_fixture_expect(fr_st_file *f, const char *prefix, const char *name, const fr_tensor *got,
+                         double atol, double rtol) {
+    char key[128];
+    snprintf(key, sizeof key, "%s_%s", prefix, name);
+    fr_tensor *want = fr_t_fixture_tensor(f, key, FR_CPU);
+    bool ok = fr_t_allclose_t(got, want, atol, rtol, key);
+    fr_release(want);
+    return ok;
+}
+
+const char *fr_t_make_tmpdir(const char *tag) {
+    static char dirs[8][256];
+    static int next;
+    char *d = dirs[next++ % 8];
+    snprintf(d, sizeof dirs[0], "/tmp/fr_%s_XXXXXX", tag);
+    if (!mkdtemp(d)) {
+        perror("mkdtemp");
+        abort();
+    }
+    return d;
+}
+
+static int remove_one(const char *p, const struct stat *sb, int flag, struct FTW *ftw) {
+    (void)sb, (void)flag, (void)ftw;
+    return remove(p);
+}
+
+void fr_t_remove_tmpdir(const char *path) { nftw(path, remove_one, 16, FTW_DEPTH | FTW_PHYS); }
 
 static double loss_value(fr_t_loss_fn loss, void *ctx) {
     fr_no_grad_enter();

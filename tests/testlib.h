@@ -95,6 +95,17 @@ fr_st_file *fr_t_fixture(const char *name);
 /* A named tensor from a fixture on `dev`, tagged data. */
 fr_tensor *fr_t_fixture_tensor(fr_st_file *f, const char *name, fr_device dev);
 
+/* Fixture tensors named "<prefix>_<name>" (one file holds several cases). */
+fr_tensor *fr_t_fixture_case(fr_st_file *f, const char *prefix, const char *name);
+/* Compares `got` with the fixture tensor "<prefix>_<name>" (see fr_t_allclose). */
+bool fr_t_fixture_expect(fr_st_file *f, const char *prefix, const char *name, const fr_tensor *got,
+                         double atol, double rtol);
+
+/* A fresh directory /tmp/fr_<tag>_XXXXXX (aborts the program if none can be
+ * made: nothing can be tested then), and its recursive removal. */
+const char *fr_t_make_tmpdir(const char *tag);
+void fr_t_remove_tmpdir(const char *path);
+
 /* Finite-difference check. `loss` builds a one-element tensor from the
  * current values of the inputs (grad mode does not matter). For each input
  * in `wrt` (CPU, f32), compares input->grad (already computed by the caller's

@@ -1,0 +1,64 @@
+/* activation.cu: ReLU and leaky ReLU on the GPU, the same arithmetic as
+ * tensor/cpu_activation.c. Backward reads the output y (y > 0 exactly when
+ * x > 0), so an inplace forward loses nothing the gradient needs. Each thread
+ * reads element i before writing it: y may be x, dx may be dy. */
+#include "internal.h"
+
+__global__ void relu_fwd_kernel(float *y, const float *x, size_t n) {
+    FR_CUDA_FOR(i, n) {
+        float v = x[i];
+        y[i] = v > 0.0f ? v : 0.0f;
+    }
+}
+
+__global__ void relu_bwd_kernel(float *dx, const float *dy, const float *y, size_t n) {
+    FR_CUDA_FOR(i, n) dx[i] = y[i] > 0.0f ? dy[i] : 0.0f;
+}
+
+__global__ void leaky_relu_fwd_kernel(float *y, const float *x, float slope, size_t n) {
+    FR_CUDA_FOR(i, n) {
+        float v = x[i];
+        y[i] = v > 0.0f ? v : v * slope;
+    }
+}
+
+__global__ void leaky_relu_bwd_kernel(float *dx, const float *dy, const float *y, float slope,
+                                      size_t n) {
+    FR_CUDA_FOR(i, n) {
+        float g = dy[i];
+        dx[i] = y[i] > 0.0f ? g : g * slope;
+    }
+}
+
+extern "C" fr_status fr_cuda_relu_fwd(float *y, const float *x, size_t n) {
+    if (n == 0)
+        return FR_OK;
+    relu_fwd_kernel<<<fr_cuda_grid(n), FR_CUDA_THREADS>>>(y, x, n);
+    FR_CUDA_LAUNCH_CHECK();
+    return FR_OK;
+}
+
+extern "C" fr_status fr_cuda_relu_bwd(float *dx, const float *dy, const float *y, size_t n) {
+    if (n == 0)
+        return FR_OK;
+    relu_bwd_kernel<<<fr_cuda_grid(n), FR_CUDA_THREADS>>>(dx, dy, y, n);
+    FR_CUDA_LAUNCH_CHECK();
+    return FR_OK;
+}
+
+extern "C" fr_status fr_cuda_leaky_relu_fwd(float *y, const float *x, float slope, size_t n) {
+    if (n == 0)
+        return FR_OK;
+    leaky_relu_fwd_kernel<<<fr_cuda_grid(n), FR_CUDA_THREADS>>>(y, x, slope, n);
+    FR_CUDA_LAUNCH_CHECK();
+    return FR_OK;
+}
+
+extern "C" fr_status fr_cuda_leaky_relu_bwd(float *dx, const float *dy, const float *y, float slope,
+                                            size_t n) {
+    if (n == 0)
+        return FR_OK;
+    leaky_relu_bwd_kernel<<<fr_cuda_grid(n), FR_CUDA_THREADS>>>(dx, dy, y, slope, n);
+    FR_CUDA_LAUNCH_CHECK();
+    return FR_OK;
+}

@@ -1,0 +1,329 @@
+/* allocator.cu: the caching device allocator behind fr_mem_alloc(FR_CUDA).
+ *
+ * cudaMalloc and cudaFree are slow and synchronise the device, so memory is
+ * taken from the driver in segments and carved into blocks that are reused:
+ *  - sizes are rounded up to 512 bytes;
+ *  - requests up to 1 MiB come from the small pool, whose segments are 2 MiB;
+ *    larger ones from the large pool, whose segments are the request rounded
+ *    up to 2 MiB;
+ *  - free blocks sit in bins by size class (floor(log2(size))); a request
+ *    takes the smallest free block that fits (best fit), splitting off the
+ *    rest when it is worth keeping (>= 512 B small, > 1 MiB large);
+ *  - a freed block merges with free neighbours of its own segment, so a
+ *    segment whose blocks are all free becomes one block again;
+ *  - fr_cuda_empty_cache returns such whole free segments to the driver.
+ * In steady state (the same sizes every step) no cudaMalloc happens at all.
+ *
+ * Reuse without events is safe because all work runs on the one (legacy
+ * default) stream: a block freed while a kernel still reads it can only be
+ * written by work enqueued later, which runs after that kernel. cudaFree
+ * itself waits for the device.
+ *
+ * One mutex guards everything: the data loader thread allocates too. */
+#include <pthread.h>
+#include <stdint.h>
+#include <stdlib.h>
+
+#include "internal.h"
+
+#define ROUND ((size_t)512)
+#define SMALL_MAX ((size_t)1 << 20)      /* largest request of the small pool */
+#define SMALL_SEGMENT ((size_t)2 << 20)  /* segment size of the small pool */
+#define LARGE_ROUND ((size_t)2 << 20)    /* large segments are multiples of this */
+#define N_BINS 64
+
+enum { POOL_SMALL = 0, POOL_LARGE, N_POOLS };
+
+typedef struct block {
+    char *ptr;
+    size_t size;
+    int pool;
+    bool free;
+    struct block *prev, *next;          /* neighbours in the segment, by address */
+    struct block *bin_prev, *bin_next;  /* free list of the bin (when free) */
+    struct block *hash_next;            /* chain in the live table (when in use) */
+} block;
+
+static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
+static block *bins[N_POOLS][N_BINS];
+static size_t reserved_bytes, n_device_mallocs;
+
+/* Blocks in use, found by pointer on free: a chained hash table that doubles
+ * when it averages two blocks per bucket. */
+static block **table;
+static size_t table_size, table_count;
+
+static size_t round_up(size_t n, size_t to) { return (n + to - 1) / to * to; }
+
+static int bin_of(size_t size) {
+    int b = 0;
+    while (size >>= 1)
+        b++;
+    return b < N_BINS ? b : N_BINS - 1;
+}
+
+static size_t hash_of(const void *p, size_t buckets) {
+    /* Pointers are 512-aligned: drop the zero bits, then scramble. */
+    uint64_t h = ((uint64_t)(uintptr_t)p >> 9) * 0x9E3779B97F4A7C15ull;
+    return (size_t)(h >> 20) & (buckets - 1);
+}
+
+/* ---- bins (lock held) ---- */
+
+static void bin_insert(block *b) {
+    block **head = &bins[b->pool][bin_of(b->size)];
+    b->bin_prev = NULL;
+    b->bin_next = *head;
+    if (*head)
+        (*head)->bin_prev = b;
+    *head = b;
+}
+
+static void bin_remove(block *b) {
+    block **head = &bins[b->pool][bin_of(b->size)];
+    if (b->bin_prev)
+        b->bin_prev->bin_next = b->bin_next;
+    else
+        *head = b->bin_next;
+    if (b->bin_next)
+        b->bin_next->bin_prev = b->bin_prev;
+    b->bin_prev = b->bin_next = NULL;
+}
+
+/* The smallest free block of `pool` holding `size` bytes, or NULL. Every block
+ * in a higher bin is larger than every block in a lower one, so the first bin
+ * (from size's own upward) with a fitting block holds the best fit. */
+static block *best_fit(int pool, size_t size) {
+    for (int bin = bin_of(size); bin < N_BINS; bin++) {
+        block *best = NULL;
+        for (block *b = bins[pool][bin]; b; b = b->bin_next)
+            if (b->size >= size && (!best || b->size < best->size))
+                best = b;
+        if (best)
+            return best;
+    }
+    return NULL;
+}
+
+/* ---- live table (lock held) ---- */
+
+static void table_grow(void) {
+    size_t size = table_size ? table_size * 2 : 1024;
+    block **t = (block **)calloc(size, sizeof *t);
+    if (!t)
+        return; /* keep the old table: chains get longer, nothing breaks */
+    for (size_t i = 0; i < table_size; i++)
+        for (block *b = table[i], *next; b; b = next) {
+            next = b->hash_next;
+            size_t h = hash_of(b->ptr, size);
+            b->hash_next = t[h];
+            t[h] = b;
+        }
+    free(table);
+    table = t;
+    table_size = size;
+}
+
+static bool table_insert(block *b) {
+    if (table_count >= table_size * 2)
+        table_grow();
+    if (!table_size)
+        return false;
+    size_t h = hash_of(b->ptr, table_size);
+    b->hash_next = table[h];
+    table[h] = b;
+    table_count++;
+    return true;
+}
+
+static block *table_remove(const void *ptr) {
+    if (!table_size)
+        return NULL;
+    for (block **pb = &table[hash_of(ptr, table_size)]; *pb; pb = &(*pb)->hash_next)
+        if ((*pb)->ptr == ptr) {
+            block *b = *pb;
+            *pb = b->hash_next;
+            b->hash_next = NULL;
+            table_count--;
+            return b;
+        }
+    return NULL;
+}
+
+/* ---- segments (lock held) ---- */
+
+/* Returns every whole free segment to the driver. */
+static void release_free_segments(void) {
+    for (int pool = 0; pool < N_POOLS; pool++)
+        for (int bin = 0; bin < N_BINS; bin++)
+            for (block *b = bins[pool][bin], *next; b; b = next) {
+                next = b->bin_next;
+                if (b->prev || b->next)
+                    continue; /* part of a segment that is still in use */
+                bin_remove(b);
+                cudaError_t e = cudaFree(b->ptr);
+                if (e != cudaSuccess) {
+                    /* The device is in trouble; forget the segment rather
+                     * than hand it out again. The next checked call reports
+                     * the state of the device. */
+                    (void)cudaGetLastError();
+                    fr_error(FR_ERR_CUDA, "cuda empty cache: cudaFree: %s", cudaGetErrorString(e));
+                }
+                reserved_bytes -= b->size;
+                free(b);
+            }
+}
+
+/* A new segment of `size` bytes as one free-to-use block (not in a bin), or
+ * NULL with *err set to the driver's answer (cudaSuccess when only the host
+ * ran out of memory). */
+static block *new_segment(int pool, size_t size, cudaError_t *err) {
+    block *b = (block *)calloc(1, sizeof *b);
+    *err = cudaSuccess;
+    if (!b)
+        return NULL;
+    void *p = NULL;
+    *err = cudaMalloc(&p, size);
+    if (*err != cudaSuccess) {
+        (void)cudaGetLastError(); /* not sticky: clear it for later checks */
+        free(b);
+        return NULL;
+    }
+    n_device_mallocs++;
+    reserved_bytes += size;
+    b->ptr = (char *)p;
+    b->size = size;
+    b->pool = pool;
+    return b;
+}
+
+/* Splits b so that it keeps `size` bytes; the rest becomes a free block. */
+static void split(block *b, size_t size) {
+    size_t rest = b->size - size;
+    bool worth = b->pool == POOL_SMALL ? rest >= ROUND : rest > SMALL_MAX;
+    if (!worth)
+        return;
+    block *r = (block *)calloc(1, sizeof *r);
+    if (!r)
+        return; /* the caller just gets a bigger block */
+    r->ptr = b->ptr + size;
+    r->size = rest;
+    r->pool = b->pool;
+    r->free = true;
+    r->prev = b;
+    r->next = b->next;
+    if (b->next)
+        b->next->prev = r;
+    b->next = r;
+    b->size = size;
+    bin_insert(r);
+}
+
+/* Marks a block free, merges it with free neighbours of its segment and
+ * files the result in its bin. */
+static void give_back(block *b) {
+    b->free = true;
+    block *next = b->next;
+    if (next && next->free) {
+        bin_remove(next);
+        b->size += next->size;
+        b->next = next->next;
+        if (b->next)
+            b->next->prev = b;
+        free(next);
+    }
+    block *prev = b->prev;
+    if (prev && prev->free) {
+        bin_remove(prev);
+        prev->size += b->size;
+        prev->next = b->next;
+        if (prev->next)
+            prev->next->prev = prev;
+        free(b);
+        b = prev;
+    }
+    bin_insert(b);
+}
+
+/* ---- the interface (fr_cuda.h) ---- */
+
+extern "C" void *fr_cuda_alloc(size_t nbytes, size_t *block_bytes) {
+    if (fr_cuda_device_count() == 0) {
+        fr_error(FR_ERR_DEVICE, "cuda alloc: no CUDA device is available");
+        return NULL;
+    }
+    if (nbytes > SIZE_MAX / 2) {
+        fr_error(FR_ERR_OOM, "cuda: out of memory: %zu bytes requested", nbytes);
+        return NULL;
+    }
+    size_t size = round_up(nbytes ? nbytes : 1, ROUND);
+    int pool = size <= SMALL_MAX ? POOL_SMALL : POOL_LARGE;
+
+    pthread_mutex_lock(&lock);
+    block *b = best_fit(pool, size);
+    if (b) {
+        bin_remove(b);
+    } else {
+        size_t seg = pool == POOL_SMALL ? SMALL_SEGMENT : round_up(size, LARGE_ROUND);
+        cudaError_t err;
+        b = new_segment(pool, seg, &err);
+        if (!b && err != cudaSuccess) {
+            /* Cached free segments may be what fills the device: give them
+             * back and try once more. */
+            release_free_segments();
+            b = new_segment(pool, seg, &err);
+        }
+        if (!b) {
+            char want[32], held[32];
+            size_t reserved = reserved_bytes;
+            pthread_mutex_unlock(&lock);
+            fr_mem_format_bytes(nbytes, want, sizeof want);
+            fr_mem_format_bytes(reserved, held, sizeof held);
+            fr_error(FR_ERR_OOM,
+                     "cuda: out of memory: cannot allocate %s (%zu bytes; frugal's cache holds %s "
+                     "reserved): %s",
+                     want, nbytes, held,
+                     err != cudaSuccess ? cudaGetErrorString(err) : "host memory exhausted");
+            return NULL;
+        }
+    }
+    split(b, size);
+    b->free = false;
+    if (!table_insert(b)) {
+        /* No host memory for the table: undo, keeping the block cached. */
+        give_back(b);
+        pthread_mutex_unlock(&lock);
+        fr_error(FR_ERR_OOM, "cuda alloc: out of host memory for the block table");
+        return NULL;
+    }
+    if (block_bytes)
+        *block_bytes = b->size;
+    void *p = b->ptr;
+    pthread_mutex_unlock(&lock);
+    return p;
+}
+
+extern "C" void fr_cuda_free(void *ptr) {
+    if (!ptr)
+        return;
+    pthread_mutex_lock(&lock);
+    block *b = table_remove(ptr);
+    FR_ASSERT(b && !b->free); /* a pointer fr_cuda_alloc did not hand out */
+    give_back(b);
+    pthread_mutex_unlock(&lock);
+}
+
+extern "C" void fr_cuda_empty_cache(void) {
+    pthread_mutex_lock(&lock);
+    release_free_segments();
+    pthread_mutex_unlock(&lock);
+}
+
+extern "C" void fr_cuda_cache_stats(size_t *reserved, size_t *device_mallocs) {
+    pthread_mutex_lock(&lock);
+    if (reserved)
+        *reserved = reserved_bytes;
+    if (device_mallocs)
+        *device_mallocs = n_device_mallocs;
+    pthread_mutex_unlock(&lock);
+}

@@ -1,0 +1,157 @@
+/* batchnorm.cu: batch-norm kernels on the GPU. x is (N, C, HW); every
+ * per-channel buffer is (C).
+ *
+ * The per-channel reductions (statistics, backward sums) run one block per
+ * channel, each thread striding over the channel's N*HW values and the block
+ * adding the partial sums in a fixed tree: deterministic, no atomics.
+ * Statistics are two-pass in float: first the mean, then the mean of squared
+ * deviations from it, which cannot cancel catastrophically the way
+ * E[x^2] - E[x]^2 does when |mean| >> std. */
+#include "internal.h"
+
+#define BN_THREADS 512
+
+/* The i-th of channel ch's N*HW values. */
+__device__ inline size_t bn_index(size_t i, int ch, int c, int hw) {
+    size_t img = i / (size_t)hw, j = i % (size_t)hw;
+    return (img * (size_t)c + (size_t)ch) * (size_t)hw + j;
+}
+
+__global__ void bn_stats_kernel(float *mean, float *var, const float *x, int n, int c, int hw) {
+    __shared__ float sh[BN_THREADS];
+    int ch = blockIdx.x;
+    size_t count = (size_t)n * (size_t)hw;
+    float acc = 0.0f;
+    for (size_t i = threadIdx.x; i < count; i += BN_THREADS)
+        acc += x[bn_index(i, ch, c, hw)];
+    float m = count ? fr_block_sum<float, BN_THREADS>(acc, sh) / (float)count : 0.0f;
+    acc = 0.0f;
+    for (size_t i = threadIdx.x; i < count; i += BN_THREADS) {
+        float d = x[bn_index(i, ch, c, hw)] - m;
+        acc += d * d;
+    }
+    float v = count ? fr_block_sum<float, BN_THREADS>(acc, sh) / (float)count : 0.0f;
+    if (threadIdx.x == 0) {
+        mean[ch] = m;
+        var[ch] = v;
+    }
+}
+
+extern "C" fr_status fr_cuda_bn_stats(float *mean, float *var, const float *x, int n, int c, int hw) {
+    if (c <= 0)
+        return FR_OK;
+    bn_stats_kernel<<<c, BN_THREADS>>>(mean, var, x, n, c, hw);
+    FR_CUDA_LAUNCH_CHECK();
+    return FR_OK;
+}
+
+/* ---- per-channel scalars; computed in double like the CPU kernels ---- */
+
+__global__ void bn_invstd_kernel(float *invstd, const float *var, float eps, int c) {
+    FR_CUDA_FOR(ch, c) invstd[ch] = (float)(1.0 / sqrt((double)var[ch] + (double)eps));
+}
+
+extern "C" fr_status fr_cuda_bn_invstd(float *invstd, const float *var, float eps, int c) {
+    if (c <= 0)
+        return FR_OK;
+    bn_invstd_kernel<<<fr_cuda_grid((size_t)c), FR_CUDA_THREADS>>>(invstd, var, eps, c);
+    FR_CUDA_LAUNCH_CHECK();
+    return FR_OK;
+}
+
+/* PyTorch keeps the unbiased variance in its running estimate although it
+ * normalises the batch with the biased one. */
+__global__ void bn_update_running_kernel(float *running_mean, float *running_var,
+                                         const float *mean, const float *var, double momentum,
+                                         double bessel, int c) {
+    FR_CUDA_FOR(ch, c) {
+        running_mean[ch] = (float)((1.0 - momentum) * running_mean[ch] + momentum * mean[ch]);
+        running_var[ch] = (float)((1.0 - momentum) * running_var[ch] + momentum * var[ch] * bessel);
+    }
+}
+
+extern "C" fr_status fr_cuda_bn_update_running(float *running_mean, float *running_var,
+                                               const float *mean, const float *var, float momentum,
+                                               int count, int c) {
+    if (c <= 0)
+        return FR_OK;
+    double bessel = count > 1 ? (double)count / (double)(count - 1) : 1.0;
+    bn_update_running_kernel<<<fr_cuda_grid((size_t)c), FR_CUDA_THREADS>>>(
+        running_mean, running_var, mean, var, (double)momentum, bessel, c);
+    FR_CUDA_LAUNCH_CHECK();
+    return FR_OK;
+}
+
+/* ---- normalise: y = (x - mean) * (invstd * gamma) + beta, the CPU's
+ * grouping. Each thread reads x[i] before writing y[i], so y may be x. ---- */
+
+__global__ void bn_apply_kernel(float *y, const float *x, const float *mean, const float *invstd,
+                                const float *gamma, const float *beta, int c, size_t hw,
+                                size_t total) {
+    FR_CUDA_FOR(i, total) {
+        size_t ch = (i / hw) % (size_t)c;
+        float sc = invstd[ch] * gamma[ch];
+        y[i] = (x[i] - mean[ch]) * sc + beta[ch];
+    }
+}
+
+extern "C" fr_status fr_cuda_bn_apply(float *y, const float *x, const float *mean,
+                                      const float *invstd, const float *gamma, const float *beta,
+                                      int n, int c, int hw) {
+    size_t total = (size_t)n * (size_t)c * (size_t)hw;
+    if (total == 0)
+        return FR_OK;
+    bn_apply_kernel<<<fr_cuda_grid(total), FR_CUDA_THREADS>>>(y, x, mean, invstd, gamma, beta, c,
+                                                              (size_t)hw, total);
+    FR_CUDA_LAUNCH_CHECK();
+    return FR_OK;
+}
+
+/* ---- backward (training mode). With xhat = (x - mean) * invstd and M =
+ * N*HW values per channel:
+ *   dbeta  = sum dy,   dgamma = sum dy * xhat,
+ *   dx     = gamma * invstd * (dy - dbeta / M - xhat * dgamma / M),
+ * the two means being what the batch statistics contribute. One block per
+ * channel: the sums first, then (after the block has agreed on them) dx. Each
+ * element of dx is written by the thread that read dy and x there, after the
+ * sums are complete, so dx may alias dy or x. ---- */
+
+__global__ void bn_bwd_kernel(float *dx, float *dgamma, float *dbeta, const float *dy,
+                              const float *x, const float *mean, const float *invstd,
+                              const float *gamma, int n, int c, int hw) {
+    __shared__ float sh[BN_THREADS];
+    int ch = blockIdx.x;
+    size_t count = (size_t)n * (size_t)hw;
+    float mu = mean[ch], is = invstd[ch];
+    float acc_dy = 0.0f, acc_dyxh = 0.0f;
+    for (size_t i = threadIdx.x; i < count; i += BN_THREADS) {
+        size_t at = bn_index(i, ch, c, hw);
+        float g = dy[at];
+        acc_dy += g;
+        acc_dyxh += g * ((x[at] - mu) * is);
+    }
+    float sdy = fr_block_sum<float, BN_THREADS>(acc_dy, sh);
+    float sdyxh = fr_block_sum<float, BN_THREADS>(acc_dyxh, sh);
+    if (threadIdx.x == 0) {
+        dbeta[ch] = sdy;
+        dgamma[ch] = sdyxh;
+    }
+    if (!dx || count == 0)
+        return;
+    float mdy = sdy / (float)count, mdyxh = sdyxh / (float)count, k = gamma[ch] * is;
+    for (size_t i = threadIdx.x; i < count; i += BN_THREADS) {
+        size_t at = bn_index(i, ch, c, hw);
+        float xh = (x[at] - mu) * is;
+        dx[at] = k * (dy[at] - mdy - xh * mdyxh);
+    }
+}
+
+extern "C" fr_status fr_cuda_bn_bwd(float *dx, float *dgamma, float *dbeta, const float *dy,
+                                    const float *x, const float *mean, const float *invstd,
+                                    const float *gamma, int n, int c, int hw) {
+    if (c <= 0)
+        return FR_OK;
+    bn_bwd_kernel<<<c, BN_THREADS>>>(dx, dgamma, dbeta, dy, x, mean, invstd, gamma, n, c, hw);
+    FR_CUDA_LAUNCH_CHECK();
+    return FR_OK;
+}

@@ -1,0 +1,76 @@
+/* internal.h: what the cuda/ *.cu files share and nobody else sees: the
+ * cuBLAS handle, a row-major GEMM on top of it, launch shapes and a
+ * deterministic block reduction. Only .cu files include this header. */
+#ifndef FR_CUDA_INTERNAL_H
+#define FR_CUDA_INTERNAL_H
+
+#include "../tensor/kernels.h"
+#include "../tensor/memory.h"
+#include "check.h"
+
+/* The process-wide cuBLAS handle, created on first use (thread-safe). cuBLAS
+ * forbids two threads using one handle at the same time; in frugal only the
+ * training thread runs GEMMs (the loader thread only allocates and copies). */
+fr_status fr_cuda_blas(cublasHandle_t *out);
+
+/* Row-major, strided-batched: for b < batch,
+ *   C_b(M,N) = alpha * op(A_b) op(B_b) + beta * C_b
+ * with X_b = X + b * stride_x (a stride of 0 shares one matrix across the
+ * batch). op(A) is (M,K), A stored (K,M) when trans_a; likewise B. */
+fr_status fr_cuda_gemm_rm(float *c, long long stride_c, const float *a, long long stride_a,
+                          const float *b, long long stride_b, int m, int n, int k, bool trans_a,
+                          bool trans_b, float alpha, float beta, int batch);
+
+/* Launch shape for n independent elements handled by a grid-stride loop: the
+ * grid is capped, the loop covers the rest. Callers return early when n == 0
+ * (a grid of 0 blocks is a launch error). */
+#define FR_CUDA_THREADS 256
+#define FR_CUDA_MAX_BLOCKS 65535u
+static inline unsigned fr_cuda_grid(size_t n) {
+    size_t blocks = (n + FR_CUDA_THREADS - 1) / FR_CUDA_THREADS;
+    return blocks > FR_CUDA_MAX_BLOCKS ? FR_CUDA_MAX_BLOCKS : (unsigned)blocks;
+}
+
+/* for (size_t i = <this thread's first>; i < n; i += <threads in the grid>) */
+#define FR_CUDA_FOR(i, n)                                                           \
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < (size_t)(n); \
+         i += (size_t)gridDim.x * blockDim.x)
+
+#ifdef __CUDACC__
+/* Sum of v over the block, returned to every thread. THREADS must equal
+ * blockDim.x and be a power of two; sh holds THREADS values. The tree adds in
+ * a fixed order, so the result does not depend on scheduling (runs are
+ * bit-for-bit repeatable). Every thread of the block must call it. */
+template <typename T, int THREADS>
+__device__ inline T fr_block_sum(T v, T *sh) {
+    static_assert((THREADS & (THREADS - 1)) == 0, "THREADS must be a power of two");
+    sh[threadIdx.x] = v;
+    __syncthreads();
+    for (int half = THREADS / 2; half > 0; half >>= 1) {
+        if ((int)threadIdx.x < half)
+            sh[threadIdx.x] += sh[threadIdx.x + half];
+        __syncthreads();
+    }
+    T total = sh[0];
+    __syncthreads(); /* sh may be reused by the caller right away */
+    return total;
+}
+
+/* Maximum over the block, same rules as fr_block_sum. */
+template <int THREADS>
+__device__ inline float fr_block_max(float v, float *sh) {
+    static_assert((THREADS & (THREADS - 1)) == 0, "THREADS must be a power of two");
+    sh[threadIdx.x] = v;
+    __syncthreads();
+    for (int half = THREADS / 2; half > 0; half >>= 1) {
+        if ((int)threadIdx.x < half)
+            sh[threadIdx.x] = fmaxf(sh[threadIdx.x], sh[threadIdx.x + half]);
+        __syncthreads();
+    }
+    float m = sh[0];
+    __syncthreads();
+    return m;
+}
+#endif
+
+#endif

@@ -1,0 +1,147 @@
+#!/usr/bin/env bash
+# device-check.sh: builds frugal with CUDA and runs its tests (and the bench,
+# when there is one) on a GPU machine that has nvcc but no package manager.
+#
+#   bash scripts/device-check.sh --prepare   # HERE, before sending the tree:
+#       copies the headers that machine lacks (stb, zlib) into .carry/include
+#   bash scripts/device-check.sh             # THERE (with .carry carried):
+#       writes preflight.log, build.log, tests.log, bench.log and
+#       nvidia-smi.txt under $OUT (default ./out)
+#
+# Libraries the toolkit folder lacks (cuDNN or cuBLAS shipped as Python
+# wheels, an unversioned libz.so) are found and offered to the compiler and
+# linker through CPATH / LIBRARY_PATH / LD_LIBRARY_PATH, never by editing the
+# tree. Environment: JOBS (default 16), BENCH_TIMEOUT seconds (default 240).
+set -u -o pipefail
+
+root=$(cd "$(dirname "$0")/.." && pwd)
+cd "$root" || exit 1
+build=build-cuda
+carry_inc=.carry/include
+
+if [ "${1:-}" = "--prepare" ]; then
+    mkdir -p "$carry_inc/stb"
+    for h in stb_image.h stb_image_write.h; do
+        cp "/usr/include/stb/$h" "$carry_inc/stb/" ||
+            { echo "prepare: /usr/include/stb/$h is missing" >&2; exit 1; }
+    done
+    for h in zlib.h zconf.h; do
+        f=$(echo "#include <$h>" | cc -E -H -x c - 2>&1 >/dev/null | awk '/^\. /{print $2; exit}')
+        [ -n "$f" ] && cp "$f" "$carry_inc/"
+    done
+    echo "prepare: $(find "$carry_inc" -type f | wc -l) headers under $carry_inc; carry .carry"
+    exit 0
+fi
+
+OUT=${OUT:-$root/out}
+mkdir -p "$OUT"
+jobs=${JOBS:-16}
+rc=0
+
+# ---- preflight: where the pieces are (run in this shell so exports stay) ----
+libdir=$(mktemp -d)
+trap 'rm -rf "$libdir"' EXIT
+
+# Folders of the NVIDIA Python wheels (site-packages/nvidia/<pkg>), where an
+# image may keep cuDNN or cuBLAS instead of the toolkit folder.
+wheel_dirs() {
+    local py
+    py=$(command -v python3) || return 0
+    "$py" -c '
+import os, site
+for base in site.getsitepackages() + [site.getusersitepackages()]:
+    d = os.path.join(base, "nvidia")
+    if os.path.isdir(d):
+        for sub in sorted(os.listdir(d)):
+            if os.path.isdir(os.path.join(d, sub)):
+                print(os.path.join(d, sub))
+' 2>/dev/null
+}
+
+find_header() { # name -> the folder holding it, or nothing
+    local d
+    for d in /usr/local/cuda/include /usr/include "$root/$carry_inc" $inc_dirs; do
+        [ -f "$d/$1" ] && { echo "$d"; return; }
+    done
+}
+
+find_lib() { # stem -> libstem.so or libstem.so.N, or nothing
+    local d f
+    for d in /usr/local/cuda/lib64 /usr/local/cuda/targets/x86_64-linux/lib \
+        /usr/lib/x86_64-linux-gnu /lib/x86_64-linux-gnu /usr/lib64 $lib_dirs; do
+        for f in "$d/lib$1.so" "$d"/lib"$1".so.[0-9]*; do
+            [ -f "$f" ] && { echo "$f"; return; }
+        done
+    done
+}
+
+preflight() {
+    local nvcc_bin h d l f
+    echo "== $(date -u +%FT%TZ) $(uname -srm)"
+    nvcc_bin=$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)
+    echo "nvcc: $nvcc_bin: $("$nvcc_bin" --version 2>&1 | tail -n 1)"
+    echo "cc: $(cc --version 2>&1 | head -n 1)"
+    [ -f "$carry_inc/stb/stb_image.h" ] || [ -f /usr/include/stb/stb_image.h ] ||
+        echo "WARNING: no stb headers (run scripts/device-check.sh --prepare first, carry .carry)"
+    for h in cuda_runtime.h cublas_v2.h cudnn.h zlib.h; do
+        d=$(find_header "$h")
+        echo "header $h: ${d:-MISSING}"
+        case "$d" in
+        "" | /usr/include | /usr/local/cuda/include | "$root/$carry_inc") ;;
+        *) CPATH="$d${CPATH:+:$CPATH}" ;;
+        esac
+    done
+    for l in cudart cublas cublasLt cudnn z; do
+        f=$(find_lib "$l")
+        echo "library $l: ${f:-MISSING}"
+        [ -n "$f" ] || continue
+        # -l<stem> needs an unversioned name; the private folder supplies one.
+        ln -sf "$f" "$libdir/lib$l.so"
+        d=$(dirname "$f")
+        case ":$LD_LIBRARY_PATH:" in *":$d:"*) ;; *)
+            case "$d" in /usr/lib/x86_64-linux-gnu | /lib/x86_64-linux-gnu | /usr/lib64) ;;
+            *) LD_LIBRARY_PATH="$d${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" ;;
+            esac ;;
+        esac
+    done
+    LIBRARY_PATH="$libdir${LIBRARY_PATH:+:$LIBRARY_PATH}"
+    export LIBRARY_PATH LD_LIBRARY_PATH
+    # an empty CPATH element would mean "the current folder": only when set
+    if [ -n "$CPATH" ]; then export CPATH; else unset CPATH; fi
+    echo "CPATH=${CPATH:-}"
+    echo "LIBRARY_PATH=$LIBRARY_PATH"
+    echo "LD_LIBRARY_PATH=$LD_LIBRARY_PATH"
+}
+
+wheels=$(wheel_dirs)
+inc_dirs=$(for w in $wheels; do echo "$w/include"; done)
+lib_dirs=$(for w in $wheels; do echo "$w/lib"; done)
+CPATH=${CPATH:-}
+LIBRARY_PATH=${LIBRARY_PATH:-}
+LD_LIBRARY_PATH=${LD_LIBRARY_PATH:-}
+preflight >"$OUT/preflight.log" 2>&1
+cat "$OUT/preflight.log"
+
+nvidia-smi >"$OUT/nvidia-smi.txt" 2>&1 || echo "nvidia-smi failed" >>"$OUT/nvidia-smi.txt"
+
+# ---- build and test ----
+extra="-I$carry_inc"
+if ! make BUILD=$build EXTRA_CFLAGS="$extra" -j"$jobs" -k tests 2>&1 | tee "$OUT/build.log"; then
+    echo "device-check: the build failed (see build.log); running what was built" |
+        tee -a "$OUT/build.log"
+    rc=1
+fi
+bash tests/run_tests.sh $build/tests 2>&1 | tee "$OUT/tests.log" || rc=1
+
+# ---- bench: what `make bench` does, minus its apt-based deps step ----
+if ls bench/*.c >/dev/null 2>&1 && [ -f bench/run.sh ]; then
+    bins=$(ls bench/*.c | sed "s|^bench/\(.*\)\.c$|$build/bench/\1|")
+    {
+        make BUILD=$build EXTRA_CFLAGS="$extra" -j"$jobs" all $bins &&
+            timeout "${BENCH_TIMEOUT:-240}" bash bench/run.sh $build
+    } 2>&1 | tee "$OUT/bench.log" ||
+        echo "device-check: the bench failed or timed out" | tee -a "$OUT/bench.log"
+fi
+
+echo "device-check: done, exit $rc; logs in $OUT"
+exit $rc
