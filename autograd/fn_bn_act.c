@@ -1,5 +1,5 @@
-/* fn_bn_act.c: fused BN + residual + activation under the two memory modes
- * of functions.h (recompute, InPlace-ABN). */
+/* fn_bn_act.c: fused BN + residual + activation under the memory modes of
+ * functions.h (recompute, recompute with a recomputable input, InPlace-ABN). */
 #include <stdlib.h>
 
 #include "functions.h"
@@ -39,11 +39,13 @@ static fr_tensor *act_backward(fr_tensor *dy, const fr_tensor *y, fr_act act, fl
     return dz;
 }
 
-/* ---- the recipe that rebuilds y = act(BN(x)) from x and the statistics ---- */
+/* ---- the recipe that rebuilds y = act(BN(x)) from x and the statistics;
+ * x is either held or itself a recipe (FR_BNACT_RECOMPUTE_X) ---- */
 
 typedef struct {
     fr_recipe base;
     fr_tensor *x, *mean, *invstd, *gamma, *beta;
+    fr_recipe *x_recipe; /* set instead of x */
     uint64_t x_version;
     fr_act act;
     float slope;
@@ -51,17 +53,29 @@ typedef struct {
 
 static fr_tensor *bnact_recipe_make(fr_recipe *self) {
     bnact_recipe *r = (bnact_recipe *)self;
-    if (r->x->storage->version != r->x_version) {
+    fr_tensor *x, *y;
+    if (r->x_recipe) {
+        if (!(x = r->x_recipe->make(r->x_recipe)))
+            return NULL;
+    } else if (r->x->storage->version != r->x_version) {
         fr_error(FR_ERR_VERSION,
                  "bn_act recompute: its input was modified inplace by %s after the forward",
                  r->x->storage->last_writer ? r->x->storage->last_writer : "an inplace op");
         return NULL;
+    } else {
+        x = fr_retain(r->x);
     }
-    fr_tensor *y = fr_empty_like(r->x, FR_TAG_TRANSIENT);
-    fr_status st = y ? fr_batchnorm_apply(y, r->x, r->mean, r->invstd, r->gamma, r->beta)
+    /* A rebuilt x belongs to nobody else: normalise it in place, so that
+     * rebuilding y costs one tensor, not two. */
+    if (r->x_recipe && x->refcount == 1 && x->storage->refcount == 1)
+        y = fr_retain(x);
+    else
+        y = fr_empty_like(x, FR_TAG_TRANSIENT);
+    fr_status st = y ? fr_batchnorm_apply(y, x, r->mean, r->invstd, r->gamma, r->beta)
                      : fr_last_status();
     if (st == FR_OK)
         st = act_forward(y, r->act, r->slope);
+    fr_release(x);
     if (st != FR_OK)
         fr_clear(&y);
     return y;
@@ -70,6 +84,7 @@ static fr_tensor *bnact_recipe_make(fr_recipe *self) {
 static void bnact_recipe_destroy(fr_recipe *self) {
     bnact_recipe *r = (bnact_recipe *)self;
     fr_release(r->x);
+    fr_recipe_release(r->x_recipe);
     fr_release(r->mean);
     fr_release(r->invstd);
     fr_release(r->gamma);
@@ -77,8 +92,10 @@ static void bnact_recipe_destroy(fr_recipe *self) {
     free(r);
 }
 
-static fr_recipe *bnact_recipe_new(fr_tensor *x, fr_tensor *mean, fr_tensor *invstd,
-                                   const fr_bn_state *bn, fr_act act, float slope) {
+/* Keeps x, or x's own recipe when `via_recipe` and x carries one. */
+static fr_recipe *bnact_recipe_new(fr_tensor *x, bool via_recipe, fr_tensor *mean,
+                                   fr_tensor *invstd, const fr_bn_state *bn, fr_act act,
+                                   float slope) {
     bnact_recipe *r = calloc(1, sizeof *r);
     if (!r) {
         fr_error(FR_ERR_OOM, "bn_act: out of memory");
@@ -86,7 +103,10 @@ static fr_recipe *bnact_recipe_new(fr_tensor *x, fr_tensor *mean, fr_tensor *inv
     }
     r->base = (fr_recipe){.refcount = 1, .op = "bn_act", .make = bnact_recipe_make,
                           .destroy = bnact_recipe_destroy};
-    r->x = fr_retain(x);
+    if (via_recipe && x->recipe)
+        r->x_recipe = fr_recipe_retain(x->recipe);
+    else
+        r->x = fr_retain(x);
     r->mean = fr_retain(mean);
     r->invstd = fr_retain(invstd);
     r->gamma = fr_retain(bn->gamma);
@@ -354,7 +374,11 @@ fr_tensor *fr_bn_act(fr_tensor *x, fr_tensor *residual, const fr_bn_state *bn, f
                  (c->i_gamma_eff = fr_node_save(node, gamma_eff)) >= 0 &&
                  (!residual || (c->i_residual = fr_node_save(node, residual)) >= 0);
         } else {
-            ok = (c->i_x = fr_node_save_held(node, x)) >= 0 &&
+            /* RECOMPUTE_X keeps x's recipe when it has one; plain RECOMPUTE
+             * holds x, which its own recipe for y reads. */
+            bool via_recipe = mode == FR_BNACT_RECOMPUTE_X;
+            c->i_x = via_recipe ? fr_node_save(node, x) : fr_node_save_held(node, x);
+            ok = c->i_x >= 0 &&
                  (c->i_mean = fr_node_save(node, mean)) >= 0 &&
                  (c->i_invstd = fr_node_save(node, invstd)) >= 0 &&
                  (c->i_gamma = fr_node_save(node, bn->gamma)) >= 0 &&
@@ -364,7 +388,7 @@ fr_tensor *fr_bn_act(fr_tensor *x, fr_tensor *residual, const fr_bn_state *bn, f
                  * costs nothing */
                 ok = (c->i_y = fr_node_save_held(node, y)) >= 0;
             } else if (ok) {
-                fr_recipe *r = bnact_recipe_new(x, mean, invstd, bn, act, slope);
+                fr_recipe *r = bnact_recipe_new(x, via_recipe, mean, invstd, bn, act, slope);
                 ok = r != NULL;
                 if (ok)
                     fr_set_recipe(y, r);

@@ -1,6 +1,12 @@
 /* fn_concat.c: differentiable concat along channels. Backward needs no
  * saved tensor, only each input's channel count: input i's gradient is its
- * slice of dout, copied out for the inputs that want one. */
+ * slice of dout, copied out for the inputs that want one.
+ *
+ * fr_concat_recomputable also attaches a recipe to its output that
+ * concatenates the inputs again. An op that saves the output (BN) then keeps
+ * the recipe, i.e. references to the inputs, instead of a copy of their
+ * bytes: memory-efficient DenseNet, where every layer reads the
+ * concatenation of all earlier features, which are kept anyway. */
 #include <stdio.h>
 #include <stdlib.h>
 
@@ -33,7 +39,73 @@ static fr_status concat_backward(fr_node *node, fr_tensor *const *dout, fr_tenso
     return FR_OK;
 }
 
-fr_tensor *fr_concat(fr_tensor *const *inputs, int count) {
+/* ---- the recipe: the inputs (references) and their versions ---- */
+
+typedef struct {
+    fr_recipe base;
+    int count;
+    int ndim;
+    int64_t shape[FR_MAX_DIMS]; /* of the output */
+    uint64_t *versions;         /* of each input's storage when recorded */
+    fr_tensor *inputs[];
+} concat_recipe;
+
+static fr_tensor *concat_recipe_make(fr_recipe *self) {
+    concat_recipe *r = (concat_recipe *)self;
+    for (int i = 0; i < r->count; i++) {
+        const fr_storage *s = r->inputs[i]->storage;
+        if (s->version != r->versions[i]) {
+            fr_error(FR_ERR_VERSION,
+                     "concat recompute: input %d was modified inplace by %s after the forward "
+                     "(recorded at version %llu, now %llu)",
+                     i, s->last_writer ? s->last_writer : "an inplace op",
+                     (unsigned long long)r->versions[i], (unsigned long long)s->version);
+            return NULL;
+        }
+    }
+    fr_tensor *y = fr_empty(fr_device_of(r->inputs[0]), FR_F32, r->ndim, r->shape, FR_TAG_TRANSIENT);
+    if (y && fr_concat_forward(y, r->inputs, r->count) != FR_OK)
+        fr_clear(&y);
+    return y;
+}
+
+static void concat_recipe_destroy(fr_recipe *self) {
+    concat_recipe *r = (concat_recipe *)self;
+    for (int i = 0; i < r->count; i++) {
+        fr_storage_unmark_saved(r->inputs[i]->storage);
+        fr_release(r->inputs[i]);
+    }
+    free(r->versions);
+    free(r);
+}
+
+/* The inputs are what backward will need to rebuild y, so while the recipe
+ * lives they count as saved in the ledger (the tape's own saves do the
+ * same); an input several recipes hold is counted once. */
+static fr_recipe *concat_recipe_new(fr_tensor *const *inputs, int count, const fr_tensor *y) {
+    concat_recipe *r = calloc(1, sizeof *r + (size_t)count * sizeof r->inputs[0]);
+    uint64_t *versions = r ? malloc((size_t)count * sizeof *versions) : NULL;
+    if (!versions) {
+        free(r);
+        fr_error(FR_ERR_OOM, "concat: out of memory building a recipe");
+        return NULL;
+    }
+    r->base = (fr_recipe){.refcount = 1, .op = "concat", .make = concat_recipe_make,
+                          .destroy = concat_recipe_destroy};
+    r->count = count;
+    r->ndim = y->ndim;
+    for (int d = 0; d < y->ndim; d++)
+        r->shape[d] = y->shape[d];
+    r->versions = versions;
+    for (int i = 0; i < count; i++) {
+        r->inputs[i] = fr_retain(inputs[i]);
+        r->versions[i] = inputs[i]->storage->version;
+        fr_storage_mark_saved(inputs[i]->storage);
+    }
+    return &r->base;
+}
+
+static fr_tensor *concat(fr_tensor *const *inputs, int count, bool recomputable) {
     char arg[32];
     if (!inputs || count < 1) {
         fr_error(FR_ERR_ARG, "concat: needs at least one input, got %d", inputs ? count : 0);
@@ -77,6 +149,22 @@ fr_tensor *fr_concat(fr_tensor *const *inputs, int count) {
             c->channels[i] = inputs[i]->shape[1];
         fr_node_set_ctx(node, c, NULL);
         fr_node_set_output(node, 0, y);
+        /* Only a recorded output can be saved by a later op: under no_grad
+         * the recipe would buy nothing. */
+        if (recomputable) {
+            fr_recipe *r = concat_recipe_new(inputs, count, y);
+            if (!r) {
+                fr_release(y);
+                return NULL;
+            }
+            fr_set_recipe(y, r);
+        }
     }
     return y;
+}
+
+fr_tensor *fr_concat(fr_tensor *const *inputs, int count) { return concat(inputs, count, false); }
+
+fr_tensor *fr_concat_recomputable(fr_tensor *const *inputs, int count) {
+    return concat(inputs, count, true);
 }

@@ -53,6 +53,13 @@ fr_tensor *fr_global_avg_pool(fr_tensor *x);           /* (N,C,H,W) -> (N,C) */
 
 /* fn_concat.c: along channels (dim 1) */
 fr_tensor *fr_concat(fr_tensor *const *inputs, int count);
+/* fr_concat whose output, when recorded, carries a recipe that concatenates
+ * the inputs again (memory-efficient DenseNet, Pleiss et al. 2017): an op
+ * that saves the output keeps the recipe, i.e. references to the inputs,
+ * instead of the bytes. While the recipe lives the inputs count as saved in
+ * the ledger; an input written inplace before backward makes the recompute
+ * fail with FR_ERR_VERSION. */
+fr_tensor *fr_concat_recomputable(fr_tensor *const *inputs, int count);
 
 /* fn_loss.c: fused log-softmax + NLL, mean over the batch; labels i32 */
 fr_tensor *fr_cross_entropy(fr_tensor *logits, fr_tensor *labels);
@@ -68,9 +75,21 @@ fr_tensor *fr_cross_entropy(fr_tensor *logits, fr_tensor *labels);
  *  - FR_BNACT_INPLACE_ABN (Rota Bulo et al. 2018) writes y over x and keeps
  *    only y: backward inverts the activation (leaky ReLU or identity; plain
  *    ReLU is rejected) and the affine map, whose scale is |gamma| + eps.
+ *  - FR_BNACT_RECOMPUTE_X is RECOMPUTE where x itself carries a recipe (a
+ *    fr_concat_recomputable output): x is saved as that recipe, and y's
+ *    recipe is built from it, so neither x nor y stays alive (memory-
+ *    efficient DenseNet). Backward rebuilds x once for BN's gradient, and
+ *    once more for the op that saved y (BN is applied in place over the
+ *    rebuilt x); each is freed right after use. An x without a recipe is
+ *    kept as in RECOMPUTE.
  * Training mode only when recording; under no_grad eval mode is fine. */
 typedef enum { FR_ACT_IDENTITY = 0, FR_ACT_RELU, FR_ACT_LEAKY_RELU, FR_ACT_COUNT } fr_act;
-typedef enum { FR_BNACT_RECOMPUTE = 0, FR_BNACT_INPLACE_ABN, FR_BNACT_COUNT } fr_bnact_mode;
+typedef enum {
+    FR_BNACT_RECOMPUTE = 0,
+    FR_BNACT_INPLACE_ABN,
+    FR_BNACT_RECOMPUTE_X,
+    FR_BNACT_COUNT
+} fr_bnact_mode;
 typedef struct {
     fr_tensor *gamma, *beta, *running_mean, *running_var;
     float momentum, eps;

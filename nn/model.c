@@ -23,7 +23,7 @@ fr_status fr_strategy_parse(const char *text, fr_strategy *out) {
             char *end;
             if (!strcmp(word, "inplace"))
                 s.inplace = true;
-            else if (!strcmp(word, "recompute"))
+            else if (!strcmp(word, "recompute") || !strcmp(word, "efficient"))
                 s.recompute = true;
             else if (!strcmp(word, "abn"))
                 s.abn = true;

@@ -26,7 +26,10 @@ extern "C" {
  * applied by the model's forward.
  *   inplace    ReLU and the residual add written over BN's output
  *   recompute  fused BN+ReLU keeping only its input and batch statistics; its
- *              output is recomputed in backward for the next conv
+ *              output is recomputed in backward for the next conv. For DenseNet
+ *              this is the memory-efficient form (Pleiss et al. 2017): the
+ *              concatenation and BN+ReLU before each 1x1 conv are recipes
+ *              ("efficient" is accepted as another name for it)
  *   abn        InPlace-ABN: BN + leaky ReLU (slope 0.01) written over the conv
  *              output, inverted in backward. It changes the model's function
  *              (leaky ReLU, scale |gamma| + eps), so compare it with
