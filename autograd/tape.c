@@ -325,9 +325,11 @@ static fr_status accumulate(fr_tensor **slot, fr_tensor *g) {
 
 static fr_status accumulate_leaf(fr_tensor *leaf, fr_tensor *g) {
     if (!leaf->grad) {
-        /* Leaf gradients outlive backward, so they count as gradients, not
-         * as transient activations. */
-        leaf->grad = fr_empty_like(leaf, FR_TAG_GRAD);
+        /* A parameter's gradient outlives backward: it counts as a gradient.
+         * A leaf cut from an activation (a checkpointed segment's input)
+         * passes its gradient on at once: it stays an activation gradient. */
+        fr_mem_tag tag = leaf->storage->home_tag == FR_TAG_TRANSIENT ? FR_TAG_TRANSIENT : FR_TAG_GRAD;
+        leaf->grad = fr_empty_like(leaf, tag);
         fr_status st = leaf->grad ? fr_copy_(leaf->grad, g) : fr_last_status();
         fr_release(g);
         return st;

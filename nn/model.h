@@ -34,9 +34,10 @@ extern "C" {
  *              output, inverted in backward. It changes the model's function
  *              (leaky ReLU, scale |gamma| + eps), so compare it with
  *              abn_reference, the same function computed the plain way
- *   checkpoint keep only every k-th block's output and recompute each
- *              segment of k blocks in backward (k = ceil(sqrt(blocks)) when
- *              checkpoint is -1) */
+ *   checkpoint keep only the inputs of segments of blocks and recompute each
+ *              segment in backward: k blocks per segment for "checkpoint:k";
+ *              for "checkpoint" (-1) segments chosen by estimated bytes
+ *              (nn/plan.h), so the large early blocks get short segments */
 typedef struct {
     bool inplace;
     bool recompute;

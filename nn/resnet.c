@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "blocks.h"
+#include "plan.h"
 
 typedef struct {
     fr_conv2d_layer conv1, conv2;
@@ -89,14 +90,47 @@ static fr_tensor *segment_forward(void *ctx, fr_tensor *x) {
     return out;
 }
 
-/* Blocks per checkpointed segment: ceil(sqrt(blocks)) unless given. */
-static int segment_length(const resnet *r, const fr_strategy *st) {
-    if (st->checkpoint > 0)
-        return st->checkpoint < r->n_blocks ? st->checkpoint : r->n_blocks;
-    int k = 1;
-    while (k * k < r->n_blocks)
-        k++;
-    return k;
+/* Splits the blocks into checkpoint segments: k blocks each for
+ * "checkpoint:k"; for "checkpoint", by estimated bytes (nn/plan.h). A block's
+ * cost counts the activation-sized tensors it keeps for backward, in units
+ * of its output's elements: conv1, relu1 and conv2 outputs plus the block
+ * output (4) under plain, one fewer under recompute (relu1 is a recipe), two
+ * under abn (each BN+act writes over its conv's output); a projection
+ * shortcut keeps one more. Returns the number of segments. */
+static int plan(const resnet *r, const fr_strategy *st, const fr_tensor *x, int *seg_len) {
+    if (st->checkpoint > 0) {
+        int n = 0;
+        for (int first = 0; first < r->n_blocks; first += st->checkpoint)
+            seg_len[n++] = first + st->checkpoint <= r->n_blocks ? st->checkpoint : r->n_blocks - first;
+        return n;
+    }
+    double *cost = malloc(2 * (size_t)r->n_blocks * sizeof *cost);
+    if (!cost) {
+        for (int i = 0; i < r->n_blocks; i++)
+            seg_len[i] = 1;
+        return r->n_blocks;
+    }
+    double *input = cost + r->n_blocks;
+    double per_block = st->abn ? 2 : st->recompute ? 3 : 4;
+    int64_t h = x->shape[2], w = x->shape[3];
+    double prev = (double)stage_width[0] * (double)(h * w);
+    int per_stage = r->n_blocks / STAGES;
+    for (int i = 0; i < r->n_blocks; i++) {
+        int stage = i / per_stage;
+        if (i > 0 && i % per_stage == 0) { /* a stride-2 block: (H+1)/2 */
+            h = (h + 1) / 2;
+            w = (w + 1) / 2;
+        }
+        double width = stage_width[stage] * (r->preact ? EXPANSION : 1);
+        double out = width * (double)(h * w);
+        bool projection = r->preact ? r->bottleneck[i].has_shortcut : r->basic[i].has_shortcut;
+        cost[i] = out * (per_block + (projection ? 1 : 0));
+        input[i] = prev;
+        prev = out;
+    }
+    int n = fr_plan_segments(cost, input, r->n_blocks, seg_len);
+    free(cost);
+    return n;
 }
 
 static fr_tensor *resnet_forward(fr_model *m, fr_tensor *x, bool training) {
@@ -117,13 +151,19 @@ static fr_tensor *resnet_forward(fr_model *m, fr_tensor *x, bool training) {
     else
         out = fr_conv_bn_relu(&r->conv1, &r->bn, x, training, cfg);
     if (cfg->strategy.checkpoint) {
-        int k = segment_length(r, &cfg->strategy), n = 0;
-        for (int first = 0; first < r->n_blocks && out; first += k, n++) {
-            segment *s = &r->segments[n];
-            *s = (segment){.r = r, .cfg = cfg, .first = first, .training = training,
-                           .count = first + k <= r->n_blocks ? k : r->n_blocks - first};
-            out = fr_chain(out, fr_checkpoint(segment_forward, s, out));
+        int *seg_len = malloc((size_t)r->n_blocks * sizeof *seg_len);
+        int n_seg = seg_len ? plan(r, &cfg->strategy, x, seg_len) : 0;
+        if (!seg_len) {
+            fr_error(FR_ERR_OOM, "%s: out of memory planning checkpoint segments", m->name);
+            fr_clear(&out);
         }
+        for (int s = 0, first = 0; s < n_seg && out; first += seg_len[s], s++) {
+            segment *seg = &r->segments[s];
+            *seg = (segment){.r = r, .cfg = cfg, .first = first, .count = seg_len[s],
+                             .training = training};
+            out = fr_chain(out, fr_checkpoint(segment_forward, seg, out));
+        }
+        free(seg_len);
     } else {
         for (int i = 0; i < r->n_blocks; i++)
             out = fr_chain(out, block_forward(r, i, out, training, cfg));

@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "testlib.h"
+#include "nn/plan.h"
 #include "nn/resnet.h"
 
 #define NB 4
@@ -271,6 +272,60 @@ static void test_checkpoint_equals_plain_and_keeps_only_inputs(void) {
 }
 
 
+/* ---- the segment planner ---- */
+
+static void test_plan_balances_bytes(void) {
+    /* three stages of 9 blocks whose activations halve per stage (CIFAR
+     * ResNet-56), inputs one quarter of a block's cost */
+    enum { N = 27 };
+    double cost[N], input[N];
+    for (int i = 0; i < N; i++) {
+        cost[i] = 4.0 * (double)(1 << (2 - i / 9));
+        input[i] = cost[i] / 4;
+    }
+    int len[N], uniform[5] = {6, 6, 6, 6, 3};
+    int n = fr_plan_segments(cost, input, N, len);
+    int total = 0;
+    for (int s = 0; s < n; s++) {
+        CHECK(len[s] >= 1);
+        total += len[s];
+    }
+    CHECK(total == N);
+    double planned = fr_plan_peak(cost, input, N, len, n);
+    double equal = fr_plan_peak(cost, input, N, uniform, 5);
+    double none = 0;
+    for (int i = 0; i < N; i++)
+        none += cost[i];
+    /* shorter segments where blocks are big: the planned peak is well below
+     * the equal split's and far below keeping everything */
+    CHECK(planned < 0.75 * equal);
+    CHECK(planned < 0.3 * none);
+    /* and no split into equal runs of k blocks does better */
+    for (int k = 1; k <= N; k++) {
+        int eq[N], m = 0;
+        for (int i = 0; i < N; i += k)
+            eq[m++] = i + k <= N ? k : N - i;
+        CHECK(planned <= fr_plan_peak(cost, input, N, eq, m));
+    }
+    /* exhaustive check on a small case: no split of 6 blocks beats it */
+    double c6[6] = {8, 8, 4, 4, 2, 2}, i6[6] = {2, 2, 1, 1, 0.5, 0.5};
+    int l6[6];
+    int n6 = fr_plan_segments(c6, i6, 6, l6);
+    double best = fr_plan_peak(c6, i6, 6, l6, n6);
+    for (int mask = 0; mask < 32; mask++) { /* bit b set: a segment ends after block b */
+        int l[6], k = 0, run = 0;
+        for (int b = 0; b < 6; b++) {
+            run++;
+            if (b == 5 || (mask >> b & 1)) {
+                l[k++] = run;
+                run = 0;
+            }
+        }
+        CHECK(best <= fr_plan_peak(c6, i6, 6, l, k));
+    }
+    CHECK(fr_plan_segments(c6, i6, 0, l6) == 0);
+}
+
 /* ---- whole models: every strategy against plain ---- */
 
 typedef struct {
@@ -417,6 +472,7 @@ int main(void) {
     RUN(test_inplace_abn_rejects_relu);
     RUN(test_recompute_detects_inplace_misuse);
     RUN(test_checkpoint_equals_plain_and_keeps_only_inputs);
+    RUN(test_plan_balances_bytes);
     RUN(test_resnet20_every_strategy_equals_plain);
     RUN(test_preresnet20_every_strategy_equals_plain);
     return TEST_SUMMARY();

@@ -1,0 +1,35 @@
+/* plan.h: choosing checkpoint segments by bytes, not by block count.
+ *
+ * Checkpointing keeps each segment's input through the whole step and, while
+ * backward replays a segment, that segment's own saved activations. Equal
+ * block counts are a poor split for CIFAR networks, whose first stage has
+ * activations 4x larger than the last: the replay of a first-stage segment
+ * sets the peak. fr_plan_segments follows Chen et al. 2016 (section 4.2):
+ * split greedily under a byte budget b, starting a new segment when the next
+ * block would pass b, and search b for the split whose estimated peak is
+ * smallest. Because every segment input stays held until backward reaches
+ * it, later segments should be shorter than a constant budget makes them, so
+ * the planner also bisects on the peak with a split that counts the inputs
+ * already held, and keeps the better of the two. */
+#ifndef FR_PLAN_H
+#define FR_PLAN_H
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* block_cost[i]: bytes block i keeps for backward (excluding its input);
+ * input_cost[i]: bytes of block i's input, kept when a segment starts at i.
+ * Writes the length of each segment into seg_len (room for n) and returns
+ * the number of segments (0 when n <= 0). Deterministic. */
+int fr_plan_segments(const double *block_cost, const double *input_cost, int n, int *seg_len);
+
+/* The estimated peak of saved bytes for a split (the quantity minimised):
+ * max over segments s of (inputs of segments 0..s) + cost of s. */
+double fr_plan_peak(const double *block_cost, const double *input_cost, int n, const int *seg_len,
+                    int n_seg);
+
+#ifdef __cplusplus
+}
+#endif
+#endif
