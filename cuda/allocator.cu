@@ -14,6 +14,11 @@
  *  - fr_cuda_empty_cache returns such whole free segments to the driver.
  * In steady state (the same sizes every step) no cudaMalloc happens at all.
  *
+ * When cudaMalloc refuses, the cache's whole free segments go back to the
+ * driver and the request is tried once more; if that fails too the error is
+ * FR_ERR_OOM, and its message carries the ledger's CUDA report (in use and
+ * peak per tag, reserved bytes), so a user sees what fills the device.
+ *
  * Reuse without events is safe because all work runs on the one (legacy
  * default) stream: a block freed while a kernel still reads it can only be
  * written by work enqueued later, which runs after that kernel. cudaFree
@@ -22,7 +27,9 @@
  * One mutex guards everything: the data loader thread allocates too. */
 #include <pthread.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "internal.h"
 
@@ -245,6 +252,36 @@ static void give_back(block *b) {
     bin_insert(b);
 }
 
+/* ---- out of memory ---- */
+
+/* Records FR_ERR_OOM for a request of nbytes that the device refused (`why`),
+ * followed by the CUDA part of fr_mem_report. Called without the lock: the
+ * report reads the cache's statistics. The message buffer holds 1 KiB, which
+ * is why only the CUDA part is appended (about 600 bytes). */
+static void report_oom(size_t nbytes, const char *why) {
+    char want[32], held[32];
+    size_t reserved = 0;
+    fr_cuda_cache_stats(&reserved, NULL);
+    fr_mem_format_bytes(nbytes, want, sizeof want);
+    fr_mem_format_bytes(reserved, held, sizeof held);
+    char *text = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&text, &len);
+    if (f) {
+        fr_mem_report(f);
+        fclose(f); /* text and len are valid from here */
+    }
+    char *part = text ? strstr(text, "memory on cuda") : NULL;
+    if (part && len && text[len - 1] == '\n')
+        text[len - 1] = '\0';
+    fr_error(FR_ERR_OOM,
+             "cuda: out of memory: cannot allocate %s (%zu bytes; frugal's cache holds %s "
+             "reserved): %s\n%s",
+             want, nbytes, held, why,
+             part ? part : text ? "frugal holds nothing on cuda" : "(no ledger report: out of host memory)");
+    free(text);
+}
+
 /* ---- the interface (fr_cuda.h) ---- */
 
 extern "C" void *fr_cuda_alloc(size_t nbytes, size_t *block_bytes) {
@@ -253,7 +290,7 @@ extern "C" void *fr_cuda_alloc(size_t nbytes, size_t *block_bytes) {
         return NULL;
     }
     if (nbytes > SIZE_MAX / 2) {
-        fr_error(FR_ERR_OOM, "cuda: out of memory: %zu bytes requested", nbytes);
+        report_oom(nbytes, "larger than any device");
         return NULL;
     }
     size_t size = round_up(nbytes ? nbytes : 1, ROUND);
@@ -274,16 +311,14 @@ extern "C" void *fr_cuda_alloc(size_t nbytes, size_t *block_bytes) {
             b = new_segment(pool, seg, &err);
         }
         if (!b) {
-            char want[32], held[32];
-            size_t reserved = reserved_bytes;
             pthread_mutex_unlock(&lock);
-            fr_mem_format_bytes(nbytes, want, sizeof want);
-            fr_mem_format_bytes(reserved, held, sizeof held);
-            fr_error(FR_ERR_OOM,
-                     "cuda: out of memory: cannot allocate %s (%zu bytes; frugal's cache holds %s "
-                     "reserved): %s",
-                     want, nbytes, held,
-                     err != cudaSuccess ? cudaGetErrorString(err) : "host memory exhausted");
+            char why[160];
+            if (err != cudaSuccess)
+                snprintf(why, sizeof why, "%s, also after returning the cached free segments",
+                         cudaGetErrorString(err));
+            else
+                snprintf(why, sizeof why, "host memory exhausted");
+            report_oom(nbytes, why);
             return NULL;
         }
     }

@@ -1,5 +1,8 @@
-/* conv.cu: 2-d convolution (groups = 1) on the GPU as column matrices and
- * cuBLAS GEMM, batched over chunks of images.
+/* conv.cu: 2-d convolution (groups = 1) on the GPU. The kernels of
+ * kernels.def first offer the call to cuDNN (conv_cudnn.cu); when it declines
+ * (cuDNN off or unavailable, a shape it cannot do, no workspace to be had)
+ * the convolution runs here as column matrices and cuBLAS GEMM, batched over
+ * chunks of images.
  *
  * With CRS = C*R*S and P = OH*OW output pixels per image:
  *   forward     y_n(K, P)     = w(K, CRS)   col_n(CRS, P)     for each image n
@@ -11,18 +14,20 @@
  * images is the inner dimension of a single GEMM that accumulates into dw.
  *
  * Workspace comes from the ledger (FR_TAG_WORKSPACE) and is freed before
- * return. A chunk takes as many images as fit a fixed budget; when even that
- * cannot be had (a memory limit, a full device) the chunk is halved down to
- * one image before giving up. A 1x1, stride-1, unpadded convolution needs no
- * column matrix for forward and bwd_data: each image's (C, H*W) block is one.
+ * return. A chunk takes as many images as fit min(32 MiB, the workspace
+ * budget), at least one; when even that cannot be had (a memory limit, a full
+ * device) the chunk is halved down to one image before giving up. A 1x1,
+ * stride-1, unpadded convolution needs no column matrix for forward and
+ * bwd_data: each image's (C, H*W) block is one.
  *
  * Every index into x, dx, y, dy and the columns is computed in size_t. The
  * col2im here gathers (each dx element sums the column entries that read it,
  * in a fixed order), so no atomics and the result is deterministic. */
 #include "internal.h"
 
-/* Upper bound on workspace bytes per call; the ledger counts them. */
-#define CONV_WS_BUDGET ((size_t)32 << 20)
+/* Upper bound on im2col's workspace bytes per call, below the shared budget
+ * (fr_cuda_workspace_budget): larger chunks stop paying off well before. */
+#define CONV_WS_MAX ((size_t)32 << 20)
 
 static bool is_pointwise(const fr_conv_shape *s) {
     return s->r == 1 && s->s == 1 && s->stride == 1 && s->pad == 0;
@@ -109,7 +114,10 @@ typedef struct {
 /* Takes per_image * nb bytes with nb as large as the budget allows, halving
  * nb while the allocation fails. */
 static fr_status ws_alloc(conv_ws *ws, int n, size_t per_image) {
-    size_t fit = per_image ? CONV_WS_BUDGET / per_image : (size_t)n;
+    size_t cap = fr_cuda_workspace_budget();
+    if (cap > CONV_WS_MAX)
+        cap = CONV_WS_MAX;
+    size_t fit = per_image ? cap / per_image : (size_t)n;
     int nb = fit < 1 ? 1 : fit > (size_t)n ? n : (int)fit;
     for (;;) {
         ws->bytes = (size_t)nb * per_image;
@@ -144,8 +152,7 @@ static fr_status fwd_chunks(float *y, const float *x, const float *w, const fr_c
     return FR_OK;
 }
 
-extern "C" fr_status fr_cuda_conv2d_fwd(float *y, const float *x, const float *w,
-                                        const fr_conv_shape *s) {
+static fr_status im2col_fwd(float *y, const float *x, const float *w, const fr_conv_shape *s) {
     int crs = s->c * s->r * s->s, p = s->oh * s->ow;
     if (s->n == 0 || p == 0 || s->k == 0)
         return FR_OK;
@@ -181,8 +188,8 @@ static fr_status bwd_data_chunks(float *dx, const float *dy, const float *w, con
     return FR_OK;
 }
 
-extern "C" fr_status fr_cuda_conv2d_bwd_data(float *dx, const float *dy, const float *w,
-                                             const fr_conv_shape *s) {
+static fr_status im2col_bwd_data(float *dx, const float *dy, const float *w,
+                                 const fr_conv_shape *s) {
     int crs = s->c * s->r * s->s, p = s->oh * s->ow;
     size_t x_img = (size_t)s->c * s->h * s->w;
     if (s->n == 0 || x_img == 0)
@@ -226,8 +233,8 @@ static fr_status bwd_weight_chunks(float *dw, const float *dy, const float *x,
     return FR_OK;
 }
 
-extern "C" fr_status fr_cuda_conv2d_bwd_weight(float *dw, const float *dy, const float *x,
-                                               const fr_conv_shape *s) {
+static fr_status im2col_bwd_weight(float *dw, const float *dy, const float *x,
+                                   const fr_conv_shape *s) {
     int crs = s->c * s->r * s->s, p = s->oh * s->ow;
     if ((size_t)s->k * crs == 0)
         return FR_OK;
@@ -238,4 +245,27 @@ extern "C" fr_status fr_cuda_conv2d_bwd_weight(float *dw, const float *dy, const
     fr_status st = bwd_weight_chunks(dw, dy, x, s, ws.ptr, ws.nb);
     ws_free(&ws);
     return st;
+}
+
+/* ---- the kernels: cuDNN first ---- */
+
+extern "C" fr_status fr_cuda_conv2d_fwd(float *y, const float *x, const float *w,
+                                        const fr_conv_shape *s) {
+    bool ran = false;
+    FR_TRY(fr_cudnn_conv2d_fwd(y, x, w, s, &ran));
+    return ran ? FR_OK : im2col_fwd(y, x, w, s);
+}
+
+extern "C" fr_status fr_cuda_conv2d_bwd_data(float *dx, const float *dy, const float *w,
+                                             const fr_conv_shape *s) {
+    bool ran = false;
+    FR_TRY(fr_cudnn_conv2d_bwd_data(dx, dy, w, s, &ran));
+    return ran ? FR_OK : im2col_bwd_data(dx, dy, w, s);
+}
+
+extern "C" fr_status fr_cuda_conv2d_bwd_weight(float *dw, const float *dy, const float *x,
+                                               const fr_conv_shape *s) {
+    bool ran = false;
+    FR_TRY(fr_cudnn_conv2d_bwd_weight(dw, dy, x, s, &ran));
+    return ran ? FR_OK : im2col_bwd_weight(dw, dy, x, s);
 }

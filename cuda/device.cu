@@ -1,6 +1,7 @@
-/* device.cu: device discovery, copies, synchronisation, pinned host memory
- * and the shared cuBLAS handle. */
+/* device.cu: device discovery, copies, events, synchronisation, pinned host
+ * memory and the shared cuBLAS and cuDNN handles. */
 #include <pthread.h>
+#include <stdlib.h>
 
 #include "internal.h"
 
@@ -50,6 +51,28 @@ extern "C" fr_status fr_cuda_memcpy(void *dst, const void *src, size_t nbytes, f
     return fr_error(FR_ERR_ARG, "cuda memcpy: unknown copy kind %d", (int)kind);
 }
 
+extern "C" fr_status fr_cuda_memcpy_async(void *dst, const void *src, size_t nbytes,
+                                          fr_copy_kind kind) {
+    if (nbytes == 0)
+        return FR_OK;
+    cudaMemcpyKind k;
+    switch (kind) {
+    case FR_COPY_H2D:
+        k = cudaMemcpyHostToDevice;
+        break;
+    case FR_COPY_D2H:
+        k = cudaMemcpyDeviceToHost;
+        break;
+    case FR_COPY_D2D:
+        k = cudaMemcpyDeviceToDevice;
+        break;
+    default:
+        return fr_error(FR_ERR_ARG, "cuda memcpy async: unknown copy kind %d", (int)kind);
+    }
+    FR_CUDA_CHECK(cudaMemcpyAsync(dst, src, nbytes, k, 0));
+    return FR_OK;
+}
+
 extern "C" fr_status fr_cuda_synchronize(void) {
     FR_CUDA_CHECK(cudaDeviceSynchronize());
     return FR_OK;
@@ -79,6 +102,48 @@ extern "C" void fr_cuda_host_free(void *ptr) {
         (void)cudaGetLastError();
         fr_error(FR_ERR_CUDA, "cuda host free: %s", cudaGetErrorString(e));
     }
+}
+
+/* ---- events ---- */
+
+struct fr_cuda_event {
+    cudaEvent_t ev;
+};
+
+extern "C" fr_cuda_event *fr_cuda_event_new(void) {
+    fr_cuda_event *e = (fr_cuda_event *)calloc(1, sizeof *e);
+    if (!e) {
+        fr_error(FR_ERR_OOM, "cuda event: out of host memory");
+        return NULL;
+    }
+    /* No timing (cheaper to record); blocking sync, so a thread that waits
+     * (the loader's) sleeps instead of taking a core from the CPU kernels. */
+    cudaError_t err = cudaEventCreateWithFlags(&e->ev, cudaEventDisableTiming | cudaEventBlockingSync);
+    if (err != cudaSuccess) {
+        (void)cudaGetLastError();
+        fr_error(FR_ERR_CUDA, "cuda event: cudaEventCreateWithFlags: %s", cudaGetErrorString(err));
+        free(e);
+        return NULL;
+    }
+    return e;
+}
+
+extern "C" fr_status fr_cuda_event_record(fr_cuda_event *e) {
+    FR_CUDA_CHECK(cudaEventRecord(e->ev, 0));
+    return FR_OK;
+}
+
+extern "C" fr_status fr_cuda_event_wait(fr_cuda_event *e) {
+    FR_CUDA_CHECK(cudaEventSynchronize(e->ev));
+    return FR_OK;
+}
+
+extern "C" void fr_cuda_event_free(fr_cuda_event *e) {
+    if (!e)
+        return;
+    if (cudaEventDestroy(e->ev) != cudaSuccess)
+        (void)cudaGetLastError(); /* nothing to report to: the event is gone either way */
+    free(e);
 }
 
 /* ---- cuBLAS ---- */
@@ -132,5 +197,37 @@ fr_status fr_cuda_blas(cublasHandle_t *out) {
         st = create_blas_handle(&blas_handle);
     *out = blas_handle;
     pthread_mutex_unlock(&blas_lock);
+    return st;
+}
+
+/* ---- cuDNN ---- */
+
+static pthread_mutex_t dnn_lock = PTHREAD_MUTEX_INITIALIZER;
+static cudnnHandle_t dnn_handle;
+static bool dnn_failed;
+
+/* With dnn_lock held. */
+static fr_status create_dnn_handle(cudnnHandle_t *out) {
+    cudnnHandle_t h = NULL;
+    FR_CUDNN_CHECK(cudnnCreate(&h));
+    cudnnStatus_t st = cudnnSetStream(h, 0);
+    if (st != CUDNN_STATUS_SUCCESS) {
+        (void)cudnnDestroy(h); /* the error worth reporting is the one below */
+        return fr_error(FR_ERR_CUDA, "%s:%d: cudnnSetStream(h, 0): %s", __FILE__, __LINE__,
+                        cudnnGetErrorString(st));
+    }
+    *out = h;
+    return FR_OK;
+}
+
+fr_status fr_cuda_cudnn(cudnnHandle_t *out) {
+    pthread_mutex_lock(&dnn_lock);
+    fr_status st = FR_OK;
+    if (dnn_failed)
+        st = fr_error(FR_ERR_CUDA, "cudnn: the handle could not be created earlier");
+    else if (!dnn_handle && (st = create_dnn_handle(&dnn_handle)) != FR_OK)
+        dnn_failed = true; /* a library or driver problem: do not retry per call */
+    *out = dnn_handle;
+    pthread_mutex_unlock(&dnn_lock);
     return st;
 }

@@ -1,6 +1,7 @@
 /* internal.h: what the cuda/ *.cu files share and nobody else sees: the
- * cuBLAS handle, a row-major GEMM on top of it, launch shapes and a
- * deterministic block reduction. Only .cu files include this header. */
+ * cuBLAS and cuDNN handles, a row-major GEMM, the cuDNN convolutions, launch
+ * shapes and a deterministic block reduction. Only .cu files include this
+ * header. */
 #ifndef FR_CUDA_INTERNAL_H
 #define FR_CUDA_INTERNAL_H
 
@@ -12,6 +13,23 @@
  * forbids two threads using one handle at the same time; in frugal only the
  * training thread runs GEMMs (the loader thread only allocates and copies). */
 fr_status fr_cuda_blas(cublasHandle_t *out);
+
+/* The process-wide cuDNN handle, on the legacy default stream, created on
+ * first use. FR_ERR_CUDA when cuDNN cannot be initialised; the failure is
+ * remembered, so later calls fail at once (callers then use their fallback).
+ * Same one-thread-at-a-time rule as cuBLAS. */
+fr_status fr_cuda_cudnn(cudnnHandle_t *out);
+
+/* Convolutions through cuDNN (conv_cudnn.cu), arguments as in kernels.def.
+ * *ran = false with FR_OK means cuDNN is off, unavailable, or cannot do this
+ * shape within the workspace budget: the caller runs im2col instead. Every
+ * call is counted for fr_cuda_conv_counts either way. */
+fr_status fr_cudnn_conv2d_fwd(float *y, const float *x, const float *w, const fr_conv_shape *s,
+                              bool *ran);
+fr_status fr_cudnn_conv2d_bwd_data(float *dx, const float *dy, const float *w,
+                                   const fr_conv_shape *s, bool *ran);
+fr_status fr_cudnn_conv2d_bwd_weight(float *dw, const float *dy, const float *x,
+                                     const fr_conv_shape *s, bool *ran);
 
 /* Row-major, strided-batched: for b < batch,
  *   C_b(M,N) = alpha * op(A_b) op(B_b) + beta * C_b

@@ -6,15 +6,40 @@
  * guarded by a mutex and a condition variable: the thread fills it and
  * waits while it is full; next() waits while it is empty and empties it.
  * A generation counter lets seek() and free() discard a batch the thread
- * was building for a position that no longer matters. */
+ * was building for a position that no longer matters.
+ *
+ * CUDA batches are built into pinned (page-locked) staging buffers instead of
+ * CPU tensors; next() allocates the device tensors, enqueues asynchronous
+ * copies on the one stream (the caller's next kernels order after them) and
+ * records the staging buffer's event. Two buffers alternate: batch k is
+ * built into buffer k % 2, whose last reader was batch k-2's copy, so the
+ * builder waits on that buffer's event before refilling it. The wait is
+ * almost always already over (the copy was enqueued a whole batch earlier)
+ * and happens on the builder's thread, never stalling the caller's stream.
+ * Two suffice: the builder starts batch k only after next() took batch k-1,
+ * which is after next() enqueued batch k-2's copy and recorded its event.
+ * If the buffers cannot be pinned, batches go the plain way (CPU tensors,
+ * then fr_to_device). */
 #include "loader.h"
 
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "../cuda/fr_cuda.h"
+
+#define N_STAGES 2
+
 typedef struct {
-    fr_tensor *images, *labels;  /* NULL, NULL: the end-of-epoch marker */
+    float *images;          // (B, C, H, W) pinned
+    int32_t *labels;        // (B,) pinned
+    fr_cuda_event *copied;  /* recorded after the copies that read this buffer */
+} stage;
+
+typedef struct {
+    fr_tensor *images, *labels;  /* NULL, NULL (and stage -1): the end-of-epoch marker */
+    int stage;                   /* >= 0: the batch is in that staging buffer */
+    int64_t size;                /* images in it */
     fr_status status;
     char message[1024];
 } batch_result;
@@ -36,6 +61,10 @@ struct fr_loader {
     uint64_t gen;
     int64_t build_epoch, build_batch;  /* what the thread builds next */
     batch_result slot;
+    /* CUDA staging; next_stage belongs to whoever builds (thread or caller) */
+    bool staged;
+    stage stages[N_STAGES];
+    int next_stage;
 };
 
 static void make_perm(fr_loader *l, int64_t epoch) {
@@ -56,10 +85,45 @@ static void make_perm(fr_loader *l, int64_t epoch) {
     l->perm_epoch = epoch;
 }
 
-/* Builds batch `index` of `epoch` on the CPU; index == n_batches gives the
- * end-of-epoch marker. */
+/* ---- staging buffers (CUDA) ---- */
+
+static void stages_free(fr_loader *l) {
+    for (int k = 0; k < N_STAGES; k++) {
+        stage *st = &l->stages[k];
+        /* a copy still reading the buffer must finish before it is unpinned;
+         * a failed wait leaves nothing better to do than free */
+        if (st->copied)
+            (void)fr_cuda_event_wait(st->copied);
+        fr_cuda_host_free(st->images);
+        fr_cuda_host_free(st->labels);
+        fr_cuda_event_free(st->copied);
+        memset(st, 0, sizeof *st);
+    }
+}
+
+/* Pins N_STAGES buffers of one full batch each; false (nothing held) when the
+ * driver refuses. */
+static bool stages_new(fr_loader *l) {
+    const fr_dataset *ds = l->ds;
+    size_t bs = (size_t)l->cfg.batch_size, chw = (size_t)(ds->c * ds->h * ds->w);
+    for (int k = 0; k < N_STAGES; k++) {
+        stage *st = &l->stages[k];
+        st->images = fr_cuda_host_alloc(bs * chw * sizeof(float));
+        st->labels = st->images ? fr_cuda_host_alloc(bs * sizeof(int32_t)) : NULL;
+        st->copied = st->labels ? fr_cuda_event_new() : NULL;
+        if (!st->copied) {
+            stages_free(l);
+            return false;
+        }
+    }
+    return true;
+}
+
+/* Builds batch `index` of `epoch` on the host, into CPU tensors or a staging
+ * buffer; index == n_batches gives the end-of-epoch marker. */
 static void build_batch(fr_loader *l, int64_t epoch, int64_t index, batch_result *out) {
     memset(out, 0, sizeof *out);
+    out->stage = -1;
     if (index >= l->n_batches)
         return;
     if (l->perm_epoch != epoch)
@@ -67,24 +131,68 @@ static void build_batch(fr_loader *l, int64_t epoch, int64_t index, batch_result
     const fr_dataset *ds = l->ds;
     int64_t start = index * l->cfg.batch_size;
     int64_t bs = ds->n - start < l->cfg.batch_size ? ds->n - start : l->cfg.batch_size;
-    out->images = fr_empty(FR_CPU, FR_F32, 4, FR_SHAPE(bs, ds->c, ds->h, ds->w), FR_TAG_DATA);
-    out->labels = out->images ? fr_empty(FR_CPU, FR_I32, 1, FR_SHAPE(bs), FR_TAG_DATA) : NULL;
-    out->status = out->labels ? FR_OK : fr_last_status();
+    float *px = NULL;      // (bs, C, H, W)
+    int32_t *lab = NULL;   // (bs,)
+    if (l->staged) {
+        int k = l->next_stage;
+        l->next_stage = (k + 1) % N_STAGES;
+        out->status = fr_cuda_event_wait(l->stages[k].copied); /* see the top of the file */
+        out->stage = k;
+        out->size = bs;
+        px = l->stages[k].images;
+        lab = l->stages[k].labels;
+    } else {
+        out->images = fr_empty(FR_CPU, FR_F32, 4, FR_SHAPE(bs, ds->c, ds->h, ds->w), FR_TAG_DATA);
+        out->labels = out->images ? fr_empty(FR_CPU, FR_I32, 1, FR_SHAPE(bs), FR_TAG_DATA) : NULL;
+        out->status = out->labels ? FR_OK : fr_last_status();
+        if (out->labels) {
+            px = fr_data_f32(out->images);
+            lab = fr_data(out->labels);
+        }
+    }
     const int64_t chw = ds->c * ds->h * ds->w;
     for (int64_t j = 0; j < bs && out->status == FR_OK; j++) {
         int64_t pos = start + j, i = l->perm[pos];
         fr_rng r;
         fr_rng_seed(&r, fr_rng_mix(l->cfg.seed, (uint64_t)epoch, (uint64_t)pos));
-        out->status = fr_aug_apply(fr_data_f32(out->images) + j * chw, fr_dataset_image(ds, i),
-                                   (int)ds->c, (int)ds->h, (int)ds->w, &l->cfg.aug, &r);
-        ((int32_t *)fr_data(out->labels))[j] = fr_dataset_label(ds, i);
+        out->status = fr_aug_apply(px + j * chw, fr_dataset_image(ds, i), (int)ds->c, (int)ds->h,
+                                   (int)ds->w, &l->cfg.aug, &r);
+        lab[j] = fr_dataset_label(ds, i);
     }
     if (out->status != FR_OK) {
         snprintf(out->message, sizeof out->message, "loader: batch %lld of epoch %lld: %s",
                  (long long)index, (long long)epoch, fr_last_error());
         fr_clear(&out->images);
         fr_clear(&out->labels);
+        out->stage = -1;
     }
+}
+
+/* Device tensors for a staged batch, filled by asynchronous copies. */
+static fr_status upload(fr_loader *l, const batch_result *r, fr_tensor **images,
+                        fr_tensor **labels) {
+    const fr_dataset *ds = l->ds;
+    stage *st = &l->stages[r->stage];
+    fr_tensor *x = fr_empty(FR_CUDA, FR_F32, 4, FR_SHAPE(r->size, ds->c, ds->h, ds->w), FR_TAG_DATA);
+    fr_tensor *y = x ? fr_empty(FR_CUDA, FR_I32, 1, FR_SHAPE(r->size), FR_TAG_DATA) : NULL;
+    fr_status s = y ? FR_OK : fr_last_status();
+    if (s == FR_OK)
+        s = fr_cuda_memcpy_async(fr_data(x), st->images, fr_nbytes(x), FR_COPY_H2D);
+    if (s == FR_OK)
+        s = fr_cuda_memcpy_async(fr_data(y), st->labels, fr_nbytes(y), FR_COPY_H2D);
+    /* Recorded whatever happened: a copy that was enqueued must finish before
+     * the builder refills the buffer. */
+    fr_status e = fr_cuda_event_record(st->copied);
+    if (s == FR_OK)
+        s = e;
+    if (s != FR_OK) {
+        fr_release(x);
+        fr_release(y);
+        return s;
+    }
+    *images = x;
+    *labels = y;
+    return FR_OK;
 }
 
 static void result_release(batch_result *r) {
@@ -153,12 +261,18 @@ fr_loader *fr_loader_new(const fr_dataset *ds, const fr_loader_config *cfg) {
         free(l);
         return NULL;
     }
+    /* Without a device (or pinned memory) the plain path reports the problem
+     * when a batch is moved, as it always has. */
+    if (cfg->device == FR_CUDA && fr_cuda_device_count() > 0)
+        l->staged = stages_new(l);
     if (cfg->prefetch) {
         pthread_mutex_init(&l->mu, NULL);
         pthread_cond_init(&l->cv, NULL);
         if (pthread_create(&l->thread, NULL, worker, l) != 0) {
             pthread_mutex_destroy(&l->mu);
             pthread_cond_destroy(&l->cv);
+            if (l->staged)
+                stages_free(l);
             fr_mem_free(FR_CPU, l->perm, (size_t)ds->n * sizeof *l->perm, FR_TAG_DATA);
             free(l);
             fr_error(FR_ERR_OOM, "loader: cannot start the prefetch thread");
@@ -183,6 +297,8 @@ void fr_loader_free(fr_loader *l) {
         pthread_mutex_destroy(&l->mu);
         pthread_cond_destroy(&l->cv);
     }
+    if (l->staged)
+        stages_free(l);
     fr_mem_free(FR_CPU, l->perm, (size_t)l->ds->n * sizeof *l->perm, FR_TAG_DATA);
     free(l);
 }
@@ -236,6 +352,8 @@ fr_status fr_loader_next(fr_loader *l, fr_tensor **images, fr_tensor **labels) {
     }
     if (r.status != FR_OK)
         return fr_error(r.status, "%s", r.message);
+    if (r.stage >= 0)
+        return upload(l, &r, images, labels);
     if (r.images && l->cfg.device != FR_CPU) {
         fr_tensor *x = fr_to_device(r.images, l->cfg.device, FR_TAG_DATA);
         fr_tensor *y = x ? fr_to_device(r.labels, l->cfg.device, FR_TAG_DATA) : NULL;

@@ -12,8 +12,13 @@
  * With `prefetch`, a thread builds the next batch while the caller works on
  * the current one (one batch ahead, so at most two batches exist beside the
  * dataset). The loader reads the dataset in place; the dataset must outlive
- * it. Batches are returned on `device` (copied from the CPU there with
- * fr_to_device), tagged FR_TAG_DATA. */
+ * it. Batches are returned on `device`, tagged FR_TAG_DATA. On CUDA they are
+ * built in two page-locked staging buffers (2 x batch_size images, pinned
+ * at fr_loader_new; host memory outside the ledger) and copied
+ * asynchronously on the one stream, so the copy overlaps the host's work and
+ * the caller's kernels order after it; when memory cannot be pinned they are
+ * built as CPU tensors and moved with fr_to_device. The batches are the same
+ * either way. */
 #ifndef FR_LOADER_H
 #define FR_LOADER_H
 

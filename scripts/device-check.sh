@@ -5,8 +5,9 @@
 #   bash scripts/device-check.sh --prepare   # HERE, before sending the tree:
 #       copies the headers that machine lacks (stb, zlib) into .carry/include
 #   bash scripts/device-check.sh             # THERE (with .carry carried):
-#       writes preflight.log, build.log, tests.log, bench.log and
-#       nvidia-smi.txt under $OUT (default ./out)
+#       writes preflight.log, build.log, tests.log, tests-im2col.log (the
+#       CUDA tests with FR_CUDNN=0), bench.log and nvidia-smi.txt under $OUT
+#       (default ./out)
 #
 # Libraries the toolkit folder lacks (cuDNN or cuBLAS shipped as Python
 # wheels, an unversioned libz.so) are found and offered to the compiler and
@@ -132,6 +133,16 @@ if ! make BUILD=$build EXTRA_CFLAGS="$extra" -j"$jobs" -k tests 2>&1 | tee "$OUT
     rc=1
 fi
 bash tests/run_tests.sh $build/tests 2>&1 | tee "$OUT/tests.log" || rc=1
+
+# ---- the im2col + cuBLAS fallback: the CUDA test programs again, cuDNN off ----
+# (a few seconds; test_cuda_conv compares both backends itself when cuDNN is
+# on, this run also covers the network and the allocator without cuDNN)
+fallback=$(mktemp -d)
+for t in test_cuda_conv test_cuda test_cuda_alloc; do
+    [ -x "$build/tests/$t" ] && ln -s "$root/$build/tests/$t" "$fallback/$t"
+done
+FR_CUDNN=0 bash tests/run_tests.sh "$fallback" 2>&1 | tee "$OUT/tests-im2col.log" || rc=1
+rm -rf "$fallback"
 
 # ---- bench: what `make bench` does, minus its apt-based deps step ----
 if ls bench/*.c >/dev/null 2>&1 && [ -f bench/run.sh ]; then

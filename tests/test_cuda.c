@@ -2,7 +2,8 @@
  * tensor/ops.h (and so every kernel of kernels.def) runs on the same random
  * inputs on both devices, forward and backward; a small network runs through
  * autograd on both (loss, every gradient and the BN running statistics must
- * agree). The caching allocator has its own program, test_cuda_alloc.c.
+ * agree). The caching allocator has its own program, test_cuda_alloc.c, and
+ * so does convolution on its two CUDA backends, test_cuda_conv.c.
  *
  * Tolerances are |cuda - cpu| <= atol + rtol * |cpu|, stated per check:
  * exact (0) where both sides do the same rounded operations in the same
@@ -11,10 +12,15 @@
  * multiply-add; 1e-5..1e-4 where sums run in another order (GEMM,
  * convolution, batch-norm statistics in float, exp/log in float).
  *
+ * The loader's CUDA batches (pinned staging, async copies) must equal its
+ * CPU batches. Convolutions here (the network) run on cuDNN, or on im2col
+ * when the environment says FR_CUDNN=0.
+ *
  * Without a GPU (or in a CUDA=0 build) every test but the first skips. */
 #include <stdlib.h>
 #include <string.h>
 
+#include "data/loader.h"
 #include "testlib.h"
 
 #define NEED_CUDA()                      \
@@ -226,81 +232,6 @@ static void test_linear(void) {
     pr_check(dw, 1e-5, 1e-5, "linear dw");
     pr_check(db, 1e-6, 1e-6, "linear db");
     pair *all[] = {&x, &w, &b, &dy, &y, &dx, &dw, &db};
-    for (size_t i = 0; i < sizeof all / sizeof *all; i++)
-        pr_free(all[i]);
-}
-
-/* ---- convolution: forward, dx, dw, db on several geometries; sums of
- * C*R*S (forward, dx) or N*OH*OW (dw) products: 1e-4 ---- */
-
-typedef struct {
-    int n, c, h, w, k, r, stride, pad;
-    bool bias;
-} conv_case;
-
-static void run_conv(conv_case cc, uint32_t seed) {
-    fr_conv_params p = {cc.stride, cc.pad};
-    pair x = PR_RAND(seed, cc.n, cc.c, cc.h, cc.w), w = PR_RAND(seed + 1, cc.k, cc.c, cc.r, cc.r);
-    pair b = cc.bias ? PR_RAND(seed + 2, cc.k) : (pair){NULL, NULL};
-    fr_conv_shape s;
-    CHECK_OK(fr_conv2d_shape(x.c, w.c, p, &s));
-    pair y = PR_EMPTY(cc.n, cc.k, s.oh, s.ow), dy = PR_RAND(seed + 3, cc.n, cc.k, s.oh, s.ow);
-    pair dx = PR_EMPTY(cc.n, cc.c, cc.h, cc.w), dw = PR_EMPTY(cc.k, cc.c, cc.r, cc.r);
-    pair db = cc.bias ? PR_EMPTY(cc.k) : (pair){NULL, NULL};
-    char what[96];
-    snprintf(what, sizeof what, "conv n%d c%d %dx%d k%d r%d s%d p%d", cc.n, cc.c, cc.h, cc.w, cc.k,
-             cc.r, cc.stride, cc.pad);
-    CHECK_OK(fr_conv2d_forward(y.c, x.c, w.c, b.c, p));
-    CHECK_OK(fr_conv2d_forward(y.g, x.g, w.g, b.g, p));
-    pr_check(y, 1e-4, 1e-4, what);
-    CHECK_OK(fr_conv2d_backward(dx.c, dw.c, db.c, dy.c, x.c, w.c, p));
-    CHECK_OK(fr_conv2d_backward(dx.g, dw.g, db.g, dy.g, x.g, w.g, p));
-    pr_check(dx, 1e-4, 1e-4, "conv dx");
-    pr_check(dw, 1e-4, 1e-4, "conv dw");
-    if (cc.bias)
-        pr_check(db, 1e-5, 1e-5, "conv db");
-    pair *all[] = {&x, &w, &b, &y, &dy, &dx, &dw, &db};
-    for (size_t i = 0; i < sizeof all / sizeof *all; i++)
-        pr_free(all[i]);
-}
-
-static void test_conv(void) {
-    NEED_CUDA();
-    static const conv_case cases[] = {
-        {2, 3, 9, 9, 4, 3, 1, 1, true},   /* 3x3 same */
-        {3, 5, 8, 7, 6, 3, 2, 1, false},  /* stride 2, odd width */
-        {2, 4, 6, 6, 5, 1, 1, 0, true},   /* pointwise: no column matrix */
-        {2, 4, 7, 7, 3, 1, 2, 0, false},  /* 1x1 stride 2 (projection shortcut) */
-        {2, 3, 10, 10, 4, 5, 1, 2, true}, /* 5x5 */
-        {1, 2, 5, 5, 3, 3, 3, 0, false},  /* stride 3, pixels no window reads */
-        {4, 16, 8, 8, 8, 3, 1, 1, false}, /* wider channels */
-    };
-    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++)
-        run_conv(cases[i], 100 + 10 * (uint32_t)i);
-}
-
-/* A memory limit that leaves room for ~2 images of column matrix: the
- * workspace shrinks chunk by chunk and the results stay the same. */
-static void test_conv_under_memory_limit(void) {
-    NEED_CUDA();
-    fr_conv_params p = {1, 1};
-    pair x = PR_RAND(200, 8, 8, 16, 16), w = PR_RAND(201, 8, 8, 3, 3), dy = PR_RAND(202, 8, 8, 16, 16);
-    pair y = PR_EMPTY(8, 8, 16, 16), dx = PR_EMPTY(8, 8, 16, 16), dw = PR_EMPTY(8, 8, 3, 3);
-    CHECK_OK(fr_conv2d_forward(y.c, x.c, w.c, NULL, p));
-    CHECK_OK(fr_conv2d_backward(dx.c, dw.c, NULL, dy.c, x.c, w.c, p));
-    size_t per_image = (size_t)(8 * 9 + 8) * 16 * 16 * sizeof(float); /* bwd_weight's, the largest */
-    fr_mem_reset_peak();
-    fr_mem_set_limit(FR_CUDA, fr_mem_total_current(FR_CUDA) + 2 * per_image + 1024);
-    CHECK_OK(fr_conv2d_forward(y.g, x.g, w.g, NULL, p));
-    CHECK_OK(fr_conv2d_backward(dx.g, dw.g, NULL, dy.g, x.g, w.g, p));
-    fr_mem_set_limit(FR_CUDA, 0);
-    CHECK(fr_mem_current(FR_CUDA, FR_TAG_WORKSPACE) == 0);
-    CHECK(fr_mem_peak(FR_CUDA, FR_TAG_WORKSPACE) > 0);
-    CHECK(fr_mem_peak(FR_CUDA, FR_TAG_WORKSPACE) <= 2 * per_image + 1024);
-    pr_check(y, 1e-4, 1e-4, "conv y (chunked)");
-    pr_check(dx, 1e-4, 1e-4, "conv dx (chunked)");
-    pr_check(dw, 1e-4, 1e-4, "conv dw (chunked)");
-    pair *all[] = {&x, &w, &dy, &y, &dx, &dw};
     for (size_t i = 0; i < sizeof all / sizeof *all; i++)
         pr_free(all[i]);
 }
@@ -725,6 +656,138 @@ static void test_bn_act(void) {
     bn_act_case(FR_BNACT_INPLACE_ABN, FR_ACT_IDENTITY, 1.0f, true, 1230);
 }
 
+/* ---- the loader's CUDA batches: pinned staging and async copies ---- */
+
+/* N images (3, 5, 6), pixels from a hash of (image, k); label = image % 7. */
+static fr_dataset *loader_dataset(int n) {
+    enum { CHW = 3 * 5 * 6 };
+    uint8_t *px = malloc((size_t)n * CHW);
+    int32_t *lab = malloc((size_t)n * sizeof *lab);
+    for (int i = 0; i < n; i++) {
+        lab[i] = i % 7;
+        for (int k = 0; k < CHW; k++)
+            px[i * CHW + k] = (uint8_t)((i * 97 + k * 31 + (i * k) % 11) & 255);
+    }
+    fr_dataset *ds = fr_dataset_from_host("cuda-loader", n, 3, 5, 6, px, lab, 7);
+    free(px);
+    free(lab);
+    return ds;
+}
+
+enum { HELD_MAX = 24 };
+typedef struct {
+    int n;
+    fr_tensor *x[HELD_MAX], *y[HELD_MAX];
+    size_t cpu_allocs; /* CPU ledger allocations while batches were drawn */
+} held_batches;
+
+/* Runs `epochs` epochs and keeps every batch: nothing is read back until the
+ * end, so a staging buffer refilled before its copy ran would show up as a
+ * wrong batch. */
+static void loader_run(const fr_dataset *ds, fr_loader_config cfg, int epochs, held_batches *out) {
+    memset(out, 0, sizeof *out);
+    fr_loader *l = fr_loader_new(ds, &cfg);
+    CHECK_NOTNULL(l);
+    if (!l)
+        return;
+    fr_mem_stats before, after;
+    fr_mem_get_stats(FR_CPU, &before);
+    for (int e = 0; e < epochs; e++)
+        for (;;) {
+            fr_tensor *x = NULL, *y = NULL;
+            CHECK_OK(fr_loader_next(l, &x, &y));
+            if (!x)
+                break;
+            CHECK(fr_device_of(x) == cfg.device && fr_device_of(y) == cfg.device);
+            CHECK(out->n < HELD_MAX);
+            if (out->n < HELD_MAX) {
+                out->x[out->n] = x;
+                out->y[out->n] = y;
+                out->n++;
+            } else {
+                fr_release(x);
+                fr_release(y);
+            }
+        }
+    fr_mem_get_stats(FR_CPU, &after);
+    out->cpu_allocs = after.n_allocs - before.n_allocs;
+    fr_loader_free(l);
+}
+
+static void held_free(held_batches *h) {
+    for (int i = 0; i < h->n; i++) {
+        fr_release(h->x[i]);
+        fr_release(h->y[i]);
+    }
+    h->n = 0;
+}
+
+/* The same bytes and shape, whatever the devices. */
+static bool same_tensor(const fr_tensor *a, const fr_tensor *b) {
+    if (!a || !b || a->dtype != b->dtype || fr_numel(a) != fr_numel(b) || a->ndim != b->ndim)
+        return false;
+    for (int d = 0; d < a->ndim; d++)
+        if (a->shape[d] != b->shape[d])
+            return false;
+    fr_tensor *ha = fr_to_device(a, FR_CPU, FR_TAG_DATA), *hb = fr_to_device(b, FR_CPU, FR_TAG_DATA);
+    bool same = ha && hb && memcmp(fr_data(ha), fr_data(hb), fr_nbytes(ha)) == 0;
+    fr_release(ha);
+    fr_release(hb);
+    return same;
+}
+
+static bool same_batches(const held_batches *a, const held_batches *b, const char *what) {
+    bool same = a->n == b->n;
+    for (int i = 0; same && i < a->n; i++)
+        same = same_tensor(a->x[i], b->x[i]) && same_tensor(a->y[i], b->y[i]);
+    if (!same) {
+        fprintf(stderr, "    %s: batches differ from the CPU loader's\n", what);
+        fr_t_failed_now = 1;
+    }
+    return same;
+}
+
+/* 37 images in batches of 4 (the last one short), shuffled and augmented,
+ * over two epochs: the CUDA loader, with and without its thread, returns the
+ * CPU loader's batches bit for bit, builds them in pinned memory (no CPU
+ * tensor is allocated per batch), and seeks exactly. */
+static void test_loader_cuda_batches(void) {
+    NEED_CUDA();
+    fr_dataset *ds = loader_dataset(37);
+    fr_loader_config cfg = {.batch_size = 4, .shuffle = true, .seed = 7, .device = FR_CPU};
+    cfg.aug = (fr_augment){.pad = 2, .flip = true, .mean = {0.5f, 0.4f, 0.3f},
+                           .std = {0.2f, 0.25f, 0.3f}};
+    held_batches ref, gpu;
+    loader_run(ds, cfg, 2, &ref);
+    CHECK(ref.n == 20 && ref.x[9] && ref.x[9]->shape[0] == 1);
+    cfg.device = FR_CUDA;
+    for (int threaded = 0; threaded < 2; threaded++) {
+        cfg.prefetch = threaded;
+        loader_run(ds, cfg, 2, &gpu);
+        same_batches(&ref, &gpu, threaded ? "cuda loader, prefetch" : "cuda loader");
+        CHECK(gpu.cpu_allocs == 0); /* the batches went through the staging buffers */
+        held_free(&gpu);
+    }
+    /* seek: epoch 1, batch 3 is the 14th batch of the straight run */
+    cfg.prefetch = true;
+    fr_loader *l = fr_loader_new(ds, &cfg);
+    CHECK_NOTNULL(l);
+    if (l) {
+        fr_tensor *x = NULL, *y = NULL;
+        CHECK_OK(fr_loader_next(l, &x, &y));
+        fr_release(x);
+        fr_release(y);
+        CHECK_OK(fr_loader_seek(l, 1, 3));
+        CHECK_OK(fr_loader_next(l, &x, &y));
+        CHECK(ref.n == 20 && same_tensor(x, ref.x[13]) && same_tensor(y, ref.y[13]));
+        fr_release(x);
+        fr_release(y);
+        fr_loader_free(l);
+    }
+    held_free(&ref);
+    fr_dataset_free(ds);
+}
+
 int main(void) {
     RUN(test_no_device_fails);
     RUN(test_elementwise);
@@ -732,8 +795,6 @@ int main(void) {
     RUN(test_activation);
     RUN(test_gemm);
     RUN(test_linear);
-    RUN(test_conv);
-    RUN(test_conv_under_memory_limit);
     RUN(test_batchnorm);
     RUN(test_pool);
     RUN(test_global_avgpool);
@@ -745,5 +806,6 @@ int main(void) {
     RUN(test_optimizer_updates);
     RUN(test_autograd_network);
     RUN(test_bn_act);
+    RUN(test_loader_cuda_batches);
     return TEST_SUMMARY();
 }

@@ -1,16 +1,20 @@
 /* test_cuda_alloc.c: the CUDA caching allocator through the public memory
- * API: freed blocks are reused without cudaMalloc (steady state), reserved
- * bytes cover allocated ones, empty_cache returns whole free segments, freed
- * neighbours coalesce, a memory limit and an impossible request both fail
- * with FR_ERR_OOM (no abort) and leave the device usable, and two threads
- * may allocate at once. Exact byte counts follow cuda/allocator.cu's rules:
+ * API: freed blocks are reused without cudaMalloc (steady state, also over
+ * the training steps of a small ResNet), reserved bytes cover allocated ones,
+ * empty_cache returns whole free segments, freed neighbours coalesce, a
+ * memory limit and an impossible request both fail with FR_ERR_OOM (no
+ * abort; the device's refusal comes with the ledger report) and leave the
+ * device usable, and two threads may allocate at once. Exact byte counts follow cuda/allocator.cu's rules:
  * 512-byte rounding, 2 MiB small-pool segments for requests up to 1 MiB,
  * large segments rounded to 2 MiB.
  *
  * Without a GPU (or in a CUDA=0 build) every test skips. */
 #include <pthread.h>
 #include <stdlib.h>
+#include <string.h>
 
+#include "nn/optim.h"
+#include "nn/resnet.h"
 #include "testlib.h"
 
 #define NEED_CUDA()                      \
@@ -133,6 +137,92 @@ static void test_allocator_out_of_memory(void) {
     fr_release(t);
 }
 
+/* Several training steps of a small ResNet (batch 4, 16x16): once the first
+ * step has run (every activation, gradient, workspace and the optimizer's
+ * momentum allocated once, cuDNN's algorithm searches done), the cache
+ * serves every later step without a cudaMalloc. */
+static void test_allocator_resnet_steps(void) {
+    NEED_CUDA();
+    fr_model *m = fr_resnet_create("resnet8", 3, 10, 1);
+    CHECK_NOTNULL(m);
+    if (!m)
+        return;
+    CHECK_OK(fr_params_to_device(m->params, FR_CUDA));
+    fr_optim *opt = fr_sgd_new(m->params, (fr_sgd_options){.lr = 0.05, .momentum = 0.9,
+                                                           .weight_decay = 5e-4});
+    fr_tensor *x = fr_t_rand(FR_CUDA, 4, FR_SHAPE(4, 3, 16, 16), 1400);
+    int32_t lab[4] = {1, 3, 5, 7};
+    fr_tensor *y = fr_from_host(FR_CUDA, FR_I32, 1, FR_SHAPE(4), FR_TAG_DATA, lab);
+    CHECK(opt && x && y);
+    size_t after_first = 0;
+    float first_loss = 0.0f, last_loss = 0.0f;
+    for (int step = 0; step < 6 && opt && x && y; step++) {
+        fr_tensor *logits = fr_model_forward(m, x, true);
+        fr_tensor *loss = logits ? fr_cross_entropy(logits, y) : NULL;
+        fr_release(logits);
+        CHECK_NOTNULL(loss);
+        if (!loss)
+            break;
+        CHECK_OK(fr_backward(loss));
+        CHECK_OK(fr_optim_step(opt));
+        fr_optim_zero_grad(opt);
+        last_loss = fr_item(loss);
+        if (step == 0)
+            first_loss = last_loss;
+        fr_release(loss);
+        size_t mallocs = cuda_stats().device_mallocs;
+        if (step == 0)
+            after_first = mallocs;
+        else if (mallocs != after_first) {
+            fprintf(stderr, "    step %d: %zu cudaMalloc calls since the first step\n", step,
+                    mallocs - after_first);
+            fr_t_failed_now = 1;
+        }
+        CHECK(cuda_stats().current[FR_TAG_WORKSPACE] == 0);
+    }
+    /* the same batch six times: the loss must go down (it is training) */
+    CHECK(isfinite(last_loss) && last_loss < first_loss);
+    fr_tape_clear();
+    fr_release(x);
+    fr_release(y);
+    fr_optim_free(opt);
+    fr_model_free(m);
+}
+
+/* A request larger than the device (1 TiB): the cache gives its free
+ * segments back and tries once more, then FR_ERR_OOM (no abort) with the
+ * ledger's CUDA report in the message: what frugal holds, by tag. */
+static void test_allocator_oom_report(void) {
+    NEED_CUDA();
+    fr_tensor *held = fr_zeros(FR_CUDA, FR_F32, 1, FR_SHAPE(1 << 16), FR_TAG_PARAM);
+    CHECK_NOTNULL(held);
+    void *cached = fr_mem_alloc(FR_CUDA, (size_t)64 << 20, FR_TAG_TRANSIENT);
+    CHECK_NOTNULL(cached);
+    fr_mem_free(FR_CUDA, cached, (size_t)64 << 20, FR_TAG_TRANSIENT); /* stays reserved */
+    fr_mem_stats before = cuda_stats();
+    CHECK(before.reserved >= before.total_current + ((size_t)64 << 20));
+    fr_tensor *huge = fr_empty(FR_CUDA, FR_U8, 1, FR_SHAPE((int64_t)1 << 40), FR_TAG_TRANSIENT);
+    CHECK_ERR(fr_t_status_of(huge), FR_ERR_OOM, "cannot allocate 1.00 TiB");
+    const char *msg = fr_last_error();
+    static const char *const needles[] = {"memory on cuda", "parameters", "transient",
+                                          "workspace", "256.00 KiB"};
+    for (size_t i = 0; i < sizeof needles / sizeof *needles; i++)
+        if (!strstr(msg, needles[i])) {
+            fprintf(stderr, "    the OOM message lacks \"%s\":\n%s\n", needles[i], msg);
+            fr_t_failed_now = 1;
+        }
+    fr_mem_stats after = cuda_stats();
+    CHECK(after.device_mallocs == before.device_mallocs);
+    CHECK(after.reserved + ((size_t)64 << 20) <= before.reserved); /* the cache was emptied */
+    CHECK(after.total_current == before.total_current);
+    /* the device still works */
+    CHECK_OK(fr_fill_(held, 1.5f));
+    fr_tensor *s = held ? fr_sum(held) : NULL;
+    CHECK(s && fr_item(s) == 1.5f * (1 << 16));
+    fr_release(s);
+    fr_release(held);
+}
+
 /* Two threads allocating and freeing at once (the loader thread does). */
 static void *alloc_worker(void *arg) {
     uint32_t s = (uint32_t)(uintptr_t)arg;
@@ -179,6 +269,8 @@ int main(void) {
     RUN(test_allocator_steady_state);
     RUN(test_allocator_empty_cache_and_coalescing);
     RUN(test_allocator_out_of_memory);
+    RUN(test_allocator_resnet_steps);
+    RUN(test_allocator_oom_report);
     RUN(test_allocator_threads);
     return TEST_SUMMARY();
 }
