@@ -130,6 +130,14 @@ fr_status fr_adam_update_(fr_tensor *w, fr_tensor *m, fr_tensor *v, const fr_ten
                           double beta1, double beta2, double eps, double weight_decay, bool decoupled,
                           int64_t t);
 
+/* ---- mixed precision (ops_amp.c): the gradient checks of dynamic loss
+ * scaling (nn/amp.h). f32, contiguous tensors on one device. ---- */
+/* count (one f32 element) += the number of inf / NaN elements of x
+ * (accumulates: zero count once, then pass every gradient; read it once). */
+fr_status fr_nonfinite_count_(fr_tensor *count, const fr_tensor *x);
+/* x *= inv_scale in place; bumps x's version. */
+fr_status fr_unscale_(fr_tensor *x, float inv_scale);
+
 #ifdef __cplusplus
 }
 #endif
