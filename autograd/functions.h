@@ -102,7 +102,7 @@ fr_tensor *fr_abn_scale(fr_tensor *gamma, float eps);
 /* The slope InPlace-ABN uses with leaky ReLU. */
 #define FR_ABN_SLOPE 0.01f
 
-/* checkpoint.c: runs fn(fn_ctx, x) keeping none of its activations (only x);
+/* fn_checkpoint.c: runs fn(fn_ctx, x) keeping none of its activations (only x);
  * backward runs the segment again with grad on and backpropagates through
  * it. fn_ctx is borrowed: it must outlive the backward. BN running
  * statistics are updated once (the replay runs in recompute mode). */

@@ -9,14 +9,14 @@ const float fr_cifar100_std[3] = {0.2673f, 0.2564f, 0.2762f};
 const float fr_fashion_mnist_mean[1] = {0.2860f};
 const float fr_fashion_mnist_std[1] = {0.3530f};
 
-fr_aug_choice fr_aug_draw(const fr_augment *a, fr_rng *rng) {
+fr_aug_choice fr_aug_draw(const fr_augment *a, fr_data_rng *rng) {
     fr_aug_choice ch = {a->pad, a->pad, false};
     if (a->pad > 0) {
-        ch.off_y = (int)fr_rng_below(rng, (uint64_t)(2 * a->pad + 1));
-        ch.off_x = (int)fr_rng_below(rng, (uint64_t)(2 * a->pad + 1));
+        ch.off_y = (int)fr_data_rng_below(rng, (uint64_t)(2 * a->pad + 1));
+        ch.off_x = (int)fr_data_rng_below(rng, (uint64_t)(2 * a->pad + 1));
     }
     if (a->flip)
-        ch.flip = fr_rng_next(rng) >> 63;
+        ch.flip = fr_data_rng_next(rng) >> 63;
     return ch;
 }
 
@@ -49,7 +49,7 @@ void fr_aug_normalize(float *dst, const uint8_t *src, int c, int h, int w, const
 }
 
 fr_status fr_aug_apply(float *dst, const uint8_t *src, int c, int h, int w, const fr_augment *a,
-                       fr_rng *rng) {
+                       fr_data_rng *rng) {
     if (c < 1 || c > FR_AUG_MAX_C || a->pad < 0)
         return fr_error(FR_ERR_ARG, "augment: %d channels (1 to %d supported), pad %d", c,
                         FR_AUG_MAX_C, a->pad);

@@ -6,7 +6,7 @@
  * std in [0, 1] units, as torchvision's ToTensor + Normalize). Padding is
  * black in pixel space, so a padded pixel becomes -mean/std.
  *
- * Randomness comes only from the fr_rng passed in, drawn in a fixed order
+ * Randomness comes only from the fr_data_rng passed in, drawn in a fixed order
  * per image: the crop's row offset, then its column offset (both in
  * [0, 2*pad], only when pad > 0), then the flip (only when flip is on). The
  * same rng state gives the same image. The explicit-offset functions exist
@@ -45,7 +45,7 @@ typedef struct {
 } fr_aug_choice;
 
 /* Draws the choice for one image from `rng` (see the order above). */
-fr_aug_choice fr_aug_draw(const fr_augment *a, fr_rng *rng);
+fr_aug_choice fr_aug_draw(const fr_augment *a, fr_data_rng *rng);
 
 /* dst = src zero-padded by `pad` and cropped at (off_y, off_x), then
  * mirrored left-right when `flip`. src, dst: (C, H, W) u8, not aliased. */
@@ -56,7 +56,7 @@ void fr_aug_normalize(float *dst, const uint8_t *src, int c, int h, int w, const
 /* The whole pipeline for one image in one pass: crop, flip, normalise, with
  * the choice drawn from rng (no draws when pad == 0 and !flip). */
 fr_status fr_aug_apply(float *dst, const uint8_t *src, int c, int h, int w, const fr_augment *a,
-                       fr_rng *rng);
+                       fr_data_rng *rng);
 
 #ifdef __cplusplus
 }

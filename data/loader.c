@@ -73,10 +73,10 @@ static void make_perm(fr_loader *l, int64_t epoch) {
         l->perm[i] = i;
     if (l->cfg.shuffle) {
         /* A stream apart from the per-image ones, which use positions < N. */
-        fr_rng r;
-        fr_rng_seed(&r, fr_rng_mix(l->cfg.seed, (uint64_t)epoch, UINT64_MAX));
+        fr_data_rng r;
+        fr_data_rng_seed(&r, fr_data_rng_mix(l->cfg.seed, (uint64_t)epoch, UINT64_MAX));
         for (int64_t i = n - 1; i > 0; i--) {
-            int64_t j = (int64_t)fr_rng_below(&r, (uint64_t)i + 1);
+            int64_t j = (int64_t)fr_data_rng_below(&r, (uint64_t)i + 1);
             int64_t t = l->perm[i];
             l->perm[i] = l->perm[j];
             l->perm[j] = t;
@@ -153,8 +153,8 @@ static void build_batch(fr_loader *l, int64_t epoch, int64_t index, batch_result
     const int64_t chw = ds->c * ds->h * ds->w;
     for (int64_t j = 0; j < bs && out->status == FR_OK; j++) {
         int64_t pos = start + j, i = l->perm[pos];
-        fr_rng r;
-        fr_rng_seed(&r, fr_rng_mix(l->cfg.seed, (uint64_t)epoch, (uint64_t)pos));
+        fr_data_rng r;
+        fr_data_rng_seed(&r, fr_data_rng_mix(l->cfg.seed, (uint64_t)epoch, (uint64_t)pos));
         out->status = fr_aug_apply(px + j * chw, fr_dataset_image(ds, i), (int)ds->c, (int)ds->h,
                                    (int)ds->w, &l->cfg.aug, &r);
         lab[j] = fr_dataset_label(ds, i);

@@ -313,8 +313,8 @@ static void test_augment_exact(void) {
     /* fr_aug_apply = the drawn crop/flip followed by normalisation, exactly */
     int seen_y[3] = {0}, flips = 0;
     for (uint64_t seed = 0; seed < 400; seed++) {
-        fr_rng r, copy;
-        fr_rng_seed(&r, seed);
+        fr_data_rng r, copy;
+        fr_data_rng_seed(&r, seed);
         copy = r;
         fr_aug_choice ch = fr_aug_draw(&a, &copy);
         CHECK(ch.off_y >= 0 && ch.off_y <= 2 && ch.off_x >= 0 && ch.off_x <= 2);
@@ -335,8 +335,8 @@ static void test_augment_exact(void) {
     CHECK(flips > 150 && flips < 250);
     /* no draws at all without crop and flip */
     fr_augment plain = {.mean = {0}, .std = {0}};
-    fr_rng r;
-    fr_rng_seed(&r, 5);
+    fr_data_rng r;
+    fr_data_rng_seed(&r, 5);
     uint64_t s0 = r.s;
     CHECK_OK(fr_aug_apply(f, src, 1, 4, 4, &plain, &r));
     CHECK(r.s == s0 && f[15] == 16.0f / 255.0f);

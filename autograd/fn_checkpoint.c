@@ -1,4 +1,4 @@
-/* checkpoint.c: segment checkpointing (Chen et al. 2016, "Training Deep Nets
+/* fn_checkpoint.c: segment checkpointing (Chen et al. 2016, "Training Deep Nets
  * with Sublinear Memory Cost"). The segment runs forward under no_grad, so
  * none of its activations are kept; only its input is saved. In backward the
  * segment is run again with grad on, on a tape of its own, and backpropagated

@@ -1,0 +1,415 @@
+/* train: trains a model on an image dataset and reports accuracy, speed and
+ * memory as it goes.
+ *
+ *     train --model resnet20 --data fashion-mnist --epochs 2 --save out/run.safetensors
+ *     train --resume out/run.safetensors            # continues the same run exactly
+ *
+ * Each epoch ends with a test pass (eval mode, no_grad) and, with --save, a
+ * training checkpoint (nn/checkpoint.h). docs/TRAINING.md describes the flags
+ * and what the output means. */
+#include <omp.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "frugal.h"
+#include "nn/checkpoint.h"
+#include "nn/cli.h"
+#include "nn/schedule.h"
+
+enum { OPT_SGD, OPT_ADAM, OPT_ADAMW };
+static const char *const optimizer_names[] = {"sgd", "adam", "adamw"};
+enum { SCHED_COSINE, SCHED_STEP, SCHED_CONSTANT };
+static const char *const schedule_names[] = {"cosine", "step", "constant"};
+static const char *const device_names[] = {"cpu", "cuda"};
+
+typedef struct {
+    const char *model, *data, *strategy, *save, *resume;
+    int64_t batch, accum, epochs, warmup, seed, threads, limit_train, limit_test, log_every, stop_after;
+    double lr, momentum, wd;
+    bool nesterov;
+    fr_strategy strat; /* parsed --strategy */
+    int optimizer, schedule, device;
+    int augment; /* -1: the dataset's default */
+    /* flags that decide the run's trajectory, given on the command line:
+     * with --resume they come from the checkpoint instead */
+    const char *trajectory_flag;
+} options;
+
+static void usage(FILE *out) {
+    fprintf(out,
+            "usage: train [flags]\n"
+            "  --model NAME          resnet20 (default), any resnet<6n+2>, preresnet<9n+2>, densenet-bc-<L>\n"
+            "  --data SPEC           fashion-mnist[:DIR] (default, DIR %s),\n"
+            "                        mnist:DIR, cifar10:DIR, cifar100:DIR, folder:DIR (DIR/train, DIR/test)\n"
+            "  --strategy S          memory strategy: plain (default), inplace, recompute, abn,\n"
+            "                        checkpoint[:K], joined with '+' (recompute+checkpoint)\n"
+            "  --batch N             images per optimizer step (128)\n"
+            "  --accum K             split each batch into K micro-batches (1); see docs/TRAINING.md\n"
+            "  --epochs N            (10)\n"
+            "  --lr X                base learning rate (0.1 for sgd, 0.001 for adam and adamw)\n"
+            "  --schedule S          cosine (default), step (x0.1 at 50%% and 75%%), constant\n"
+            "  --warmup N            linear warm-up steps from 0.1 x lr (0)\n"
+            "  --optimizer O         sgd (default), adam, adamw\n"
+            "  --momentum X          SGD momentum (0.9)\n"
+            "  --nesterov            Nesterov momentum\n"
+            "  --wd X                weight decay (5e-4; adamw: 0.01, decoupled)\n"
+            "  --seed N              weights, shuffling and augmentation (42)\n"
+            "  --augment, --no-augment  random crop + flip (default on for CIFAR and folders, off for\n"
+            "                        (Fashion-)MNIST)\n"
+            "  --limit-train N       use only the first N training images (0 = all)\n"
+            "  --limit-test N        use only the first N test images (0 = all)\n"
+            "  --save PATH           training checkpoint at the end of every epoch\n"
+            "  --resume PATH         continue the run saved in PATH (its settings are used; saves to\n"
+            "                        PATH unless --save says otherwise)\n"
+            "  --stop-after N        stop after N epochs of this invocation (continue with --resume)\n"
+            "  --threads N           CPU threads (default: OpenMP's)\n"
+            "  --device D            cpu (default) or cuda\n"
+            "  --log-every N         when the output is not a terminal, a line every N steps (50)\n",
+            FR_FASHION_MNIST_DIR);
+}
+
+static bool is_value_flag(const char *a) {
+    static const char *const flags[] = {
+        "--model", "--data", "--strategy", "--save", "--resume", "--threads", "--limit-test",
+        "--log-every", "--stop-after", "--device", "--batch", "--accum", "--epochs", "--warmup", "--seed",
+        "--limit-train", "--lr", "--momentum", "--wd", "--optimizer", "--schedule"};
+    for (size_t i = 0; i < sizeof flags / sizeof *flags; i++)
+        if (!strcmp(a, flags[i]))
+            return true;
+    return false;
+}
+
+/* Parses argv into *o; prints nothing. */
+static fr_status parse_args(int argc, char **argv, options *o) {
+    *o = (options){.model = "resnet20", .strategy = NULL, .batch = 128, .accum = 1, .epochs = 10,
+                   .seed = 42, .lr = -1, .momentum = 0.9, .wd = -1, .augment = -1, .log_every = 50};
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        const char *v = i + 1 < argc ? argv[i + 1] : NULL;
+        bool trajectory = true;
+        if (!strcmp(a, "--nesterov")) {
+            o->nesterov = true;
+        } else if (!strcmp(a, "--augment") || !strcmp(a, "--no-augment")) {
+            o->augment = !strcmp(a, "--augment");
+        } else if (!is_value_flag(a)) {
+            return fr_error(FR_ERR_ARG, "unknown %s \"%s\" (see train --help)",
+                            strncmp(a, "--", 2) ? "argument" : "flag", a);
+        } else if (!v) {
+            return fr_error(FR_ERR_ARG, "%s needs a value (see train --help)", a);
+        } else {
+            i++;
+            trajectory = false;
+            if (!strcmp(a, "--model")) {
+                o->model = v;
+                trajectory = true;
+            } else if (!strcmp(a, "--data")) {
+                o->data = v;
+            } else if (!strcmp(a, "--strategy")) {
+                o->strategy = v;
+                FR_TRY(fr_strategy_parse(v, &o->strat));
+            } else if (!strcmp(a, "--save")) {
+                o->save = v;
+            } else if (!strcmp(a, "--resume")) {
+                o->resume = v;
+            } else if (!strcmp(a, "--threads")) {
+                FR_TRY(fr_cli_int(a, v, 1, 1024, &o->threads));
+            } else if (!strcmp(a, "--limit-test")) {
+                FR_TRY(fr_cli_int(a, v, 0, INT64_MAX, &o->limit_test));
+            } else if (!strcmp(a, "--stop-after")) {
+                FR_TRY(fr_cli_int(a, v, 1, INT32_MAX, &o->stop_after));
+            } else if (!strcmp(a, "--log-every")) {
+                FR_TRY(fr_cli_int(a, v, 1, INT32_MAX, &o->log_every));
+            } else if (!strcmp(a, "--device")) {
+                FR_TRY(fr_cli_choice(a, v, device_names, 2, &o->device));
+            } else {
+                trajectory = true;
+                if (!strcmp(a, "--batch"))
+                    FR_TRY(fr_cli_int(a, v, 1, INT32_MAX, &o->batch));
+                else if (!strcmp(a, "--accum"))
+                    FR_TRY(fr_cli_int(a, v, 1, INT32_MAX, &o->accum));
+                else if (!strcmp(a, "--epochs"))
+                    FR_TRY(fr_cli_int(a, v, 1, INT32_MAX, &o->epochs));
+                else if (!strcmp(a, "--warmup"))
+                    FR_TRY(fr_cli_int(a, v, 0, INT64_MAX, &o->warmup));
+                else if (!strcmp(a, "--seed"))
+                    FR_TRY(fr_cli_int(a, v, 0, INT64_MAX, &o->seed));
+                else if (!strcmp(a, "--limit-train"))
+                    FR_TRY(fr_cli_int(a, v, 0, INT64_MAX, &o->limit_train));
+                else if (!strcmp(a, "--lr"))
+                    FR_TRY(fr_cli_double(a, v, 0, 1e6, &o->lr));
+                else if (!strcmp(a, "--momentum"))
+                    FR_TRY(fr_cli_double(a, v, 0, 1, &o->momentum));
+                else if (!strcmp(a, "--wd"))
+                    FR_TRY(fr_cli_double(a, v, 0, 1e6, &o->wd));
+                else if (!strcmp(a, "--optimizer"))
+                    FR_TRY(fr_cli_choice(a, v, optimizer_names, 3, &o->optimizer));
+                else if (!strcmp(a, "--schedule"))
+                    FR_TRY(fr_cli_choice(a, v, schedule_names, 3, &o->schedule));
+                else
+                    FR_ASSERT(!"a flag of is_value_flag without a case");
+            }
+        }
+        if (trajectory && !o->trajectory_flag)
+            o->trajectory_flag = a;
+    }
+    /* defaults that depend on the optimizer */
+    if (o->lr < 0)
+        o->lr = o->optimizer == OPT_SGD ? 0.1 : 1e-3;
+    if (o->wd < 0)
+        o->wd = o->optimizer == OPT_ADAMW ? 1e-2 : 5e-4;
+    /* a resumed run goes on saving where it was saved unless told otherwise */
+    if (o->resume && !o->save)
+        o->save = o->resume;
+    if (o->resume && o->trajectory_flag)
+        return fr_error(FR_ERR_ARG, "%s cannot be combined with --resume: a resumed run keeps the "
+                        "settings saved in its checkpoint", o->trajectory_flag);
+    return FR_OK;
+}
+
+/* Everything one run holds, freed by run_free. */
+typedef struct {
+    fr_dataset *train_ds, *test_ds;
+    fr_loader *train_ld, *test_ld;
+    fr_model *model;
+    fr_optim *opt;
+    fr_train_state st;
+    fr_data_kind kind;
+} run;
+
+static void run_free(run *r) {
+    fr_loader_free(r->train_ld);
+    fr_loader_free(r->test_ld);
+    fr_optim_free(r->opt);
+    fr_model_free(r->model);
+    fr_dataset_free(r->train_ds);
+    fr_dataset_free(r->test_ds);
+}
+
+/* The run's settings: from the flags, or from the checkpoint to resume. */
+static fr_status settings(const options *o, run *r, fr_ckpt_info *info) {
+    fr_train_state *st = &r->st;
+    if (o->resume) {
+        FR_TRY(fr_ckpt_read_info(o->resume, info));
+        if (!info->is_training)
+            return fr_error(FR_ERR_FORMAT, "--resume %s: not a training checkpoint (a weights file: "
+                            "use it with validate)", o->resume);
+        *st = info->state;
+        return FR_OK;
+    }
+    *info = (fr_ckpt_info){.in_channels = 0};
+    snprintf(info->model, sizeof info->model, "%s", o->model);
+    if (o->optimizer == OPT_SGD) {
+        info->optim_kind = FR_OPTIM_SGD;
+        info->sgd = (fr_sgd_options){.lr = o->lr, .momentum = o->momentum, .weight_decay = o->wd,
+                                     .nesterov = o->nesterov};
+    } else {
+        info->optim_kind = o->optimizer == OPT_ADAM ? FR_OPTIM_ADAM : FR_OPTIM_ADAMW;
+        info->adam = fr_adam_defaults(o->lr, o->wd);
+    }
+    *st = (fr_train_state){.seed = (uint64_t)o->seed, .batch_size = (int)o->batch, .accum = (int)o->accum,
+                           .epochs = (int)o->epochs, .augment = o->augment, .limit_train = o->limit_train};
+    snprintf(st->data, sizeof st->data, "%s", o->data ? o->data : "fashion-mnist");
+    return FR_OK;
+}
+
+static fr_status setup(const options *o, run *r) {
+    fr_ckpt_info info;
+    FR_TRY(settings(o, r, &info));
+    fr_train_state *st = &r->st;
+    /* a resumed run may read its data from a new place, and records it */
+    if (o->data)
+        snprintf(st->data, sizeof st->data, "%s", o->data);
+    fr_data_spec spec;
+    FR_TRY(fr_data_spec_parse(st->data, &spec));
+    r->kind = spec.kind;
+    if (o->augment < 0 && !o->resume)
+        st->augment = fr_data_augment_default(spec.kind);
+    if (!(r->train_ds = fr_data_open(&spec, true, st->limit_train)) ||
+        !(r->test_ds = fr_data_open(&spec, false, o->limit_test)))
+        return fr_last_status();
+    if (r->test_ds->num_classes > r->train_ds->num_classes || r->test_ds->c != r->train_ds->c)
+        return fr_error(FR_ERR_FORMAT, "--data %s: the test split (%d classes, %lld channels) does not "
+                        "match the training split (%d classes, %lld channels)", spec.dir,
+                        r->test_ds->num_classes, (long long)r->test_ds->c, r->train_ds->num_classes,
+                        (long long)r->train_ds->c);
+    fr_device dev = o->device ? FR_CUDA : FR_CPU;
+    fr_loader_config lc = {.batch_size = st->batch_size, .shuffle = true, .drop_last = true, .seed = st->seed,
+                           .aug = fr_data_augment(spec.kind, r->train_ds, st->augment), .device = dev,
+                           .prefetch = true};
+    if (!(r->train_ld = fr_loader_new(r->train_ds, &lc)))
+        return fr_last_status();
+    int64_t per_epoch = fr_loader_num_batches(r->train_ld);
+    if (per_epoch == 0)
+        return fr_error(FR_ERR_ARG, "--batch %d is larger than the training set (%lld images)",
+                        st->batch_size, (long long)r->train_ds->n);
+    lc = (fr_loader_config){.batch_size = st->batch_size, .device = dev, .prefetch = true,
+                            .aug = fr_data_augment(spec.kind, r->test_ds, false)};
+    if (!(r->test_ld = fr_loader_new(r->test_ds, &lc)))
+        return fr_last_status();
+
+    int classes = o->resume ? info.num_classes : r->train_ds->num_classes;
+    if (o->resume && (info.in_channels != r->train_ds->c || info.num_classes < r->train_ds->num_classes))
+        return fr_error(FR_ERR_FORMAT, "--resume %s: the checkpoint's %s takes %d channels and %d classes, "
+                        "the data has %lld and %d", o->resume, info.model, info.in_channels,
+                        info.num_classes, (long long)r->train_ds->c, r->train_ds->num_classes);
+    if (!(r->model = fr_cli_model_create(info.model, (int)r->train_ds->c, classes, st->seed)))
+        return fr_last_status();
+    r->model->cfg.strategy = info.strategy;
+    if (o->strategy) {
+        fr_strategy s = o->strat;
+        if (o->resume && s.abn != info.strategy.abn)
+            return fr_error(FR_ERR_ARG, "--strategy %s: abn changes the network's function, and the run in "
+                            "%s was trained %s it", o->strategy, o->resume,
+                            info.strategy.abn ? "with" : "without");
+        r->model->cfg.strategy = s;
+    }
+    if (dev != FR_CPU)
+        FR_TRY(fr_params_to_device(r->model->params, dev));
+    r->opt = info.optim_kind == FR_OPTIM_SGD  ? fr_sgd_new(r->model->params, info.sgd)
+             : info.optim_kind == FR_OPTIM_ADAM ? fr_adam_new(r->model->params, info.adam)
+                                                : fr_adamw_new(r->model->params, info.adam);
+    if (!r->opt)
+        return fr_last_status();
+    if (o->resume) {
+        FR_TRY(fr_ckpt_load(o->resume, r->model, r->opt, st));
+        if (o->data)
+            snprintf(st->data, sizeof st->data, "%s", o->data);
+        return FR_OK;
+    }
+
+    int64_t total = per_epoch * st->epochs;
+    double lr = r->opt->lr;
+    if (o->schedule == SCHED_COSINE) {
+        FR_TRY(fr_schedule_cosine(&st->schedule, lr, total, 0.0));
+    } else if (o->schedule == SCHED_STEP) {
+        int64_t ms[2] = {total / 2, total * 3 / 4};
+        FR_TRY(fr_schedule_step(&st->schedule, lr, ms, ms[0] < ms[1] ? 2 : 0, 0.1));
+    } else {
+        FR_TRY(fr_schedule_constant(&st->schedule, lr));
+    }
+    if (o->warmup)
+        FR_TRY(fr_schedule_warmup(&st->schedule, o->warmup, 0.1));
+    return FR_OK;
+}
+
+static void print_header(const run *r, const options *o) {
+    const fr_train_state *st = &r->st;
+    char strat[96], bytes[32];
+    printf("model %s: %lld parameters (%s), strategy %s\n", r->model->name,
+           (long long)fr_params_count(r->model->params),
+           fr_mem_format_bytes(fr_params_bytes(r->model->params), bytes, sizeof bytes),
+           fr_strategy_format(r->model->cfg.strategy, strat, sizeof strat));
+    printf("data %s: %lld training images, %lld test images, %lld x %lld x %lld, %d classes, "
+           "augmentation %s\n", st->data, (long long)r->train_ds->n, (long long)r->test_ds->n,
+           (long long)r->train_ds->c, (long long)r->train_ds->h, (long long)r->train_ds->w,
+           r->train_ds->num_classes, st->augment ? "on" : "off");
+    const fr_schedule *s = &st->schedule;
+    printf("optimizer %s, lr %g (%s schedule%s), batch %d", optimizer_names[r->opt->kind], s->base_lr,
+           schedule_names[s->kind == FR_SCHED_COSINE ? SCHED_COSINE : s->kind == FR_SCHED_STEP ? SCHED_STEP
+                                                                                          : SCHED_CONSTANT],
+           s->warmup_steps ? ", warm-up" : "", st->batch_size);
+    if (st->accum > 1)
+        printf(" in %d micro-batches", st->accum);
+    printf(", %d epochs of %lld steps, %d threads, %s\n", st->epochs,
+           (long long)fr_loader_num_batches(r->train_ld), omp_get_max_threads(), device_names[o->device]);
+    if (o->resume)
+        printf("resuming %s: %lld of %d epochs done, step %lld of %lld\n", o->resume, (long long)st->epoch,
+               st->epochs, (long long)st->step, (long long)fr_loader_num_batches(r->train_ld) * st->epochs);
+    fflush(stdout);
+}
+
+static fr_status train_epoch(run *r, fr_progress *pg, double *loss, double *acc, double *secs) {
+    fr_train_state *st = &r->st;
+    int64_t per_epoch = fr_loader_num_batches(r->train_ld);
+    FR_TRY(fr_loader_seek(r->train_ld, st->epoch, st->batch));
+    double t0 = fr_cli_now(), loss_sum = 0;
+    int64_t seen = 0, hits = 0, steps = 0;
+    while (st->batch < per_epoch) {
+        fr_tensor *x, *y;
+        FR_TRY(fr_loader_next(r->train_ld, &x, &y));
+        r->opt->lr = fr_schedule_lr(&st->schedule, st->step);
+        double l = 0;
+        int64_t c = 0;
+        fr_status s = fr_train_step(r->model, r->opt, x, y, st->accum, &l, &c);
+        int64_t b = x->shape[0];
+        fr_release(x);
+        fr_release(y);
+        FR_TRY(s);
+        st->batch++;
+        st->step++;
+        steps++;
+        loss_sum += l;
+        hits += c;
+        seen += b;
+        double dt = fr_cli_now() - t0;
+        fr_progress_step(pg, st->epoch, st->batch, per_epoch, loss_sum / (double)steps,
+                         (double)hits / (double)seen, dt > 0 ? (double)seen / dt : 0);
+    }
+    *loss = steps ? loss_sum / (double)steps : 0;
+    *acc = seen ? (double)hits / (double)seen : 0;
+    *secs = fr_cli_now() - t0;
+    return FR_OK;
+}
+
+static fr_status train(run *r, const options *o) {
+    fr_train_state *st = &r->st;
+    int64_t per_epoch = fr_loader_num_batches(r->train_ld);
+    int64_t last = o->stop_after && st->epoch + o->stop_after < st->epochs ? st->epoch + o->stop_after
+                                                                            : st->epochs;
+    fr_progress pg;
+    fr_progress_init(&pg, stdout, o->device ? FR_CUDA : FR_CPU, per_epoch * last - st->step, st->epochs,
+                     (int)o->log_every);
+    fr_mem_reset_peak();
+    for (; st->epoch < last; st->epoch++, st->batch = 0) {
+        double loss, acc, secs, test_loss, test_acc;
+        int64_t n_test;
+        FR_TRY(train_epoch(r, &pg, &loss, &acc, &secs));
+        fr_progress_break(&pg);
+        double t0 = fr_cli_now();
+        FR_TRY(fr_loader_seek(r->test_ld, 0, 0));
+        FR_TRY(fr_evaluate(r->model, r->test_ld, &test_loss, &test_acc, &n_test));
+        double eval_secs = fr_cli_now() - t0;
+        char mem[96], d1[32];
+        printf("epoch %lld/%d: train loss %.4f acc %.2f%% | test loss %.4f acc %.2f%% (%lld images) | "
+               "%s train + %.1f s test | %s\n", (long long)st->epoch + 1, st->epochs, loss, 100 * acc,
+               test_loss, 100 * test_acc, (long long)n_test, fr_cli_format_duration(secs, d1, sizeof d1),
+               eval_secs, fr_cli_memory(pg.dev, mem, sizeof mem));
+        if (o->save) {
+            fr_train_state next = *st;
+            next.epoch++;
+            next.batch = 0;
+            FR_TRY(fr_ckpt_save(o->save, r->model, r->opt, &next));
+            printf("saved %s\n", o->save);
+        }
+        fflush(stdout);
+    }
+    char total[32];
+    printf("done in %s; memory ledger (peaks since training started):\n",
+           fr_cli_format_duration(fr_cli_now() - pg.t_start, total, sizeof total));
+    fr_mem_report(stdout);
+    return FR_OK;
+}
+
+int main(int argc, char **argv) {
+    for (int i = 1; i < argc; i++)
+        if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
+            usage(stdout);
+            return 0;
+        }
+    options o;
+    run r = {0};
+    fr_status s = parse_args(argc, argv, &o);
+    if (s == FR_OK && o.threads)
+        omp_set_num_threads((int)o.threads);
+    if (s == FR_OK)
+        s = setup(&o, &r);
+    if (s == FR_OK) {
+        print_header(&r, &o);
+        s = train(&r, &o);
+    }
+    if (s != FR_OK)
+        fprintf(stderr, "train: %s\n", fr_last_error());
+    run_free(&r);
+    return s == FR_OK ? 0 : 1;
+}

@@ -1,0 +1,548 @@
+/* checkpoint.c: training checkpoints; see checkpoint.h.
+ *
+ * Loading is two passes over the file: every check (metadata, model
+ * tensors, optimizer tensors) and every allocation first, then the copies,
+ * so the only way a load can fail after it has started changing the model is
+ * a failing copy into memory already checked and allocated. */
+#include "checkpoint.h"
+
+#include <errno.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define OPTIM_PREFIX "optim."
+#define STEP_SLOT "step"
+
+static const char *const optim_kind_names[FR_OPTIM_KIND_COUNT] = {"sgd", "adam", "adamw"};
+static const char *const sched_kind_names[FR_SCHED_KIND_COUNT] = {"constant", "step", "cosine"};
+FR_STATIC_ASSERT(FR_OPTIM_KIND_COUNT == 3, "optimizer kind names");
+FR_STATIC_ASSERT(FR_SCHED_KIND_COUNT == 3, "schedule kind names");
+
+/* ---- writing ---- */
+
+static fr_status put_str(fr_st_writer *w, const char *key, const char *value) {
+    return fr_st_writer_add_metadata(w, key, value);
+}
+
+static fr_status put_int(fr_st_writer *w, const char *key, int64_t v) {
+    char buf[32];
+    snprintf(buf, sizeof buf, "%" PRId64, v);
+    return put_str(w, key, buf);
+}
+
+/* 17 significant digits: strtod gives back the same double. */
+static fr_status put_double(fr_st_writer *w, const char *key, double v) {
+    char buf[40];
+    snprintf(buf, sizeof buf, "%.17g", v);
+    return put_str(w, key, buf);
+}
+
+static fr_status put_schedule(fr_st_writer *w, const fr_schedule *s) {
+    FR_ASSERT((unsigned)s->kind < FR_SCHED_KIND_COUNT);
+    char list[FR_SCHED_MAX_MILESTONES * 21 + 1] = "";
+    size_t used = 0;
+    for (int i = 0; i < s->n_milestones; i++)
+        used += (size_t)snprintf(list + used, sizeof list - used, i ? ",%" PRId64 : "%" PRId64,
+                                 s->milestones[i]);
+    FR_TRY(put_str(w, "schedule", sched_kind_names[s->kind]));
+    FR_TRY(put_double(w, "schedule.base_lr", s->base_lr));
+    FR_TRY(put_str(w, "schedule.milestones", list));
+    FR_TRY(put_double(w, "schedule.gamma", s->gamma));
+    FR_TRY(put_int(w, "schedule.total_steps", s->total_steps));
+    FR_TRY(put_double(w, "schedule.eta_min", s->eta_min));
+    FR_TRY(put_int(w, "schedule.warmup_steps", s->warmup_steps));
+    return put_double(w, "schedule.warmup_start_factor", s->warmup_start_factor);
+}
+
+static fr_status put_optim(fr_st_writer *w, const fr_optim *opt) {
+    FR_TRY(put_str(w, "optimizer", optim_kind_names[opt->kind]));
+    if (opt->kind == FR_OPTIM_SGD) {
+        FR_TRY(put_double(w, "optimizer.lr", opt->sgd.lr));
+        FR_TRY(put_double(w, "optimizer.momentum", opt->sgd.momentum));
+        FR_TRY(put_double(w, "optimizer.dampening", opt->sgd.dampening));
+        FR_TRY(put_double(w, "optimizer.weight_decay", opt->sgd.weight_decay));
+        return put_int(w, "optimizer.nesterov", opt->sgd.nesterov);
+    }
+    FR_TRY(put_double(w, "optimizer.lr", opt->adam.lr));
+    FR_TRY(put_double(w, "optimizer.beta1", opt->adam.beta1));
+    FR_TRY(put_double(w, "optimizer.beta2", opt->adam.beta2));
+    FR_TRY(put_double(w, "optimizer.eps", opt->adam.eps));
+    return put_double(w, "optimizer.weight_decay", opt->adam.weight_decay);
+}
+
+/* Adds the optimizer's tensors; the step counts are made here and handed
+ * to the writer, which keeps them until it is freed. */
+static fr_status add_optim_tensors(fr_st_writer *w, const fr_optim *opt) {
+    char name[FR_NAME_MAX + 64];
+    for (int i = 0; i < opt->n; i++) {
+        const fr_param *e = &opt->params->items[i];
+        if (e->kind != FR_PARAMETER)
+            continue;
+        for (int slot = 0; slot < 2; slot++) {
+            const char *sname = fr_optim_state_name(opt, slot);
+            if (!sname || !opt->state[slot][i])
+                continue;
+            snprintf(name, sizeof name, OPTIM_PREFIX "%s.%s", sname, e->name);
+            FR_TRY(fr_st_writer_add(w, name, opt->state[slot][i]));
+        }
+        if (opt->steps[i] > INT32_MAX)
+            return fr_error(FR_ERR_ARG, "checkpoint: parameter %s has %" PRId64 " optimizer steps, "
+                            "more than an i32 holds", e->name, opt->steps[i]);
+        int32_t count = (int32_t)opt->steps[i];
+        fr_tensor *t = fr_from_host(FR_CPU, FR_I32, 0, FR_SHAPE(1), FR_TAG_WORKSPACE, &count);
+        if (!t)
+            return fr_last_status();
+        snprintf(name, sizeof name, OPTIM_PREFIX STEP_SLOT ".%s", e->name);
+        fr_status st = fr_st_writer_add(w, name, t);
+        fr_release(t);
+        FR_TRY(st);
+    }
+    return FR_OK;
+}
+
+static fr_status fill_writer(fr_st_writer *w, const fr_model *m, const fr_optim *opt,
+                             const fr_train_state *st) {
+    char buf[64];
+    FR_TRY(put_str(w, "format", FR_CKPT_FORMAT));
+    FR_TRY(put_int(w, "format_version", FR_CKPT_VERSION));
+    FR_TRY(put_str(w, "model", m->name));
+    FR_TRY(put_int(w, "in_channels", m->in_channels));
+    FR_TRY(put_int(w, "num_classes", m->num_classes));
+    FR_TRY(put_str(w, "strategy", fr_strategy_format(m->cfg.strategy, buf, sizeof buf)));
+    FR_TRY(fr_params_write(m->params, w, NULL));
+    if (opt) {
+        if (opt->params != m->params)
+            return fr_error(FR_ERR_ARG, "checkpoint: the optimizer does not belong to model %s", m->name);
+        FR_TRY(put_optim(w, opt));
+        FR_TRY(add_optim_tensors(w, opt));
+    } else {
+        FR_TRY(put_str(w, "optimizer", "none"));
+    }
+    if (!st)
+        return FR_OK;
+    FR_TRY(put_str(w, "training", "1"));
+    FR_TRY(put_int(w, "epoch", st->epoch));
+    FR_TRY(put_int(w, "batch", st->batch));
+    FR_TRY(put_int(w, "step", st->step));
+    snprintf(buf, sizeof buf, "%" PRIu64, st->seed);
+    FR_TRY(put_str(w, "seed", buf));
+    FR_TRY(put_int(w, "batch_size", st->batch_size));
+    FR_TRY(put_int(w, "accum", st->accum));
+    FR_TRY(put_int(w, "epochs", st->epochs));
+    FR_TRY(put_int(w, "augment", st->augment));
+    FR_TRY(put_int(w, "limit_train", st->limit_train));
+    FR_TRY(put_str(w, "data", st->data));
+    return put_schedule(w, &st->schedule);
+}
+
+fr_status fr_ckpt_save(const char *path, const fr_model *m, const fr_optim *opt,
+                       const fr_train_state *st) {
+    if (!path || !m)
+        return fr_error(FR_ERR_ARG, "checkpoint save: path or model is NULL");
+    fr_st_writer *w = fr_st_writer_new();
+    if (!w)
+        return fr_last_status();
+    fr_status s = fill_writer(w, m, opt, st);
+    if (s != FR_OK) {
+        char why[512];
+        snprintf(why, sizeof why, "%s", fr_last_error());
+        fr_st_writer_free(w);
+        return fr_error(s, "checkpoint save %s: %s", path, why);
+    }
+    s = fr_st_writer_save(w, path);
+    fr_st_writer_free(w);
+    return s;
+}
+
+/* ---- reading metadata ---- */
+
+typedef struct {
+    const fr_st_file *f;
+    const char *path;
+} meta_src;
+
+static fr_status get_str(meta_src m, const char *key, const char **out) {
+    *out = fr_st_metadata(m.f, key);
+    if (!*out)
+        return fr_error(FR_ERR_FORMAT, "checkpoint %s: metadata field \"%s\" is missing", m.path, key);
+    return FR_OK;
+}
+
+static fr_status get_int(meta_src m, const char *key, int64_t lo, int64_t hi, int64_t *out) {
+    const char *s;
+    FR_TRY(get_str(m, key, &s));
+    char *end;
+    errno = 0;
+    long long v = strtoll(s, &end, 10);
+    if (end == s || *end || errno || v < lo || v > hi)
+        return fr_error(FR_ERR_FORMAT, "checkpoint %s: metadata field \"%s\" is \"%s\", expected an "
+                        "integer in [%" PRId64 ", %" PRId64 "]", m.path, key, s, lo, hi);
+    *out = v;
+    return FR_OK;
+}
+
+static fr_status get_double(meta_src m, const char *key, double *out) {
+    const char *s;
+    FR_TRY(get_str(m, key, &s));
+    char *end;
+    errno = 0;
+    double v = strtod(s, &end);
+    if (end == s || *end || errno || v != v)
+        return fr_error(FR_ERR_FORMAT, "checkpoint %s: metadata field \"%s\" is \"%s\", expected a "
+                        "number", m.path, key, s);
+    *out = v;
+    return FR_OK;
+}
+
+static fr_status get_choice(meta_src m, const char *key, const char *const *names, int n, int *out) {
+    const char *s;
+    FR_TRY(get_str(m, key, &s));
+    for (int i = 0; i < n; i++)
+        if (names[i] && !strcmp(s, names[i])) {
+            *out = i;
+            return FR_OK;
+        }
+    return fr_error(FR_ERR_FORMAT, "checkpoint %s: metadata field \"%s\" has the unknown value \"%s\"",
+                    m.path, key, s);
+}
+
+static fr_status get_schedule(meta_src m, fr_schedule *out) {
+    int kind = 0;
+    double base_lr, gamma, eta_min, factor;
+    int64_t total, warmup, milestones[FR_SCHED_MAX_MILESTONES];
+    const char *list;
+    FR_TRY(get_choice(m, "schedule", sched_kind_names, FR_SCHED_KIND_COUNT, &kind));
+    FR_TRY(get_double(m, "schedule.base_lr", &base_lr));
+    FR_TRY(get_double(m, "schedule.gamma", &gamma));
+    FR_TRY(get_double(m, "schedule.eta_min", &eta_min));
+    FR_TRY(get_double(m, "schedule.warmup_start_factor", &factor));
+    FR_TRY(get_int(m, "schedule.total_steps", 0, INT64_MAX, &total));
+    FR_TRY(get_int(m, "schedule.warmup_steps", 0, INT64_MAX, &warmup));
+    FR_TRY(get_str(m, "schedule.milestones", &list));
+    int n = 0;
+    for (const char *p = list; *p;) {
+        char *end;
+        errno = 0;
+        long long v = strtoll(p, &end, 10);
+        if (end == p || errno || n == FR_SCHED_MAX_MILESTONES || (*end && *end != ','))
+            return fr_error(FR_ERR_FORMAT, "checkpoint %s: metadata field \"schedule.milestones\" is "
+                            "\"%s\", expected up to %d comma-separated integers", m.path, list,
+                            FR_SCHED_MAX_MILESTONES);
+        milestones[n++] = v;
+        p = *end ? end + 1 : end;
+    }
+    /* Rebuilt through the constructors, so a file cannot smuggle in a
+     * schedule they would refuse. */
+    fr_schedule s;
+    fr_status st = kind == FR_SCHED_CONSTANT ? fr_schedule_constant(&s, base_lr)
+                   : kind == FR_SCHED_STEP   ? fr_schedule_step(&s, base_lr, milestones, n, gamma)
+                                             : fr_schedule_cosine(&s, base_lr, total, eta_min);
+    if (st == FR_OK && warmup > 0)
+        st = fr_schedule_warmup(&s, warmup, factor);
+    if (st != FR_OK) {
+        char why[256];
+        snprintf(why, sizeof why, "%s", fr_last_error());
+        return fr_error(FR_ERR_FORMAT, "checkpoint %s: bad schedule: %s", m.path, why);
+    }
+    *out = s;
+    return FR_OK;
+}
+
+static fr_status get_optim(meta_src m, fr_ckpt_info *info) {
+    static const char *const with_none[FR_OPTIM_KIND_COUNT + 1] = {"sgd", "adam", "adamw", "none"};
+    int kind = 0;
+    FR_TRY(get_choice(m, "optimizer", with_none, FR_OPTIM_KIND_COUNT + 1, &kind));
+    if (kind == FR_OPTIM_KIND_COUNT)
+        return FR_OK;
+    info->has_optim = true;
+    info->optim_kind = (fr_optim_kind)kind;
+    if (kind == FR_OPTIM_SGD) {
+        int64_t nesterov;
+        FR_TRY(get_double(m, "optimizer.lr", &info->sgd.lr));
+        FR_TRY(get_double(m, "optimizer.momentum", &info->sgd.momentum));
+        FR_TRY(get_double(m, "optimizer.dampening", &info->sgd.dampening));
+        FR_TRY(get_double(m, "optimizer.weight_decay", &info->sgd.weight_decay));
+        FR_TRY(get_int(m, "optimizer.nesterov", 0, 1, &nesterov));
+        info->sgd.nesterov = nesterov;
+        return FR_OK;
+    }
+    FR_TRY(get_double(m, "optimizer.lr", &info->adam.lr));
+    FR_TRY(get_double(m, "optimizer.beta1", &info->adam.beta1));
+    FR_TRY(get_double(m, "optimizer.beta2", &info->adam.beta2));
+    FR_TRY(get_double(m, "optimizer.eps", &info->adam.eps));
+    return get_double(m, "optimizer.weight_decay", &info->adam.weight_decay);
+}
+
+static fr_status get_state(meta_src m, fr_train_state *st) {
+    int64_t v;
+    const char *s;
+    FR_TRY(get_int(m, "epoch", 0, INT64_MAX, &st->epoch));
+    FR_TRY(get_int(m, "batch", 0, INT64_MAX, &st->batch));
+    FR_TRY(get_int(m, "step", 0, INT64_MAX, &st->step));
+    FR_TRY(get_str(m, "seed", &s));
+    char *end;
+    errno = 0;
+    unsigned long long seed = strtoull(s, &end, 10);
+    if (end == s || *end || errno || *s == '-')
+        return fr_error(FR_ERR_FORMAT, "checkpoint %s: metadata field \"seed\" is \"%s\", expected an "
+                        "unsigned integer", m.path, s);
+    st->seed = seed;
+    FR_TRY(get_int(m, "batch_size", 1, INT32_MAX, &v));
+    st->batch_size = (int)v;
+    FR_TRY(get_int(m, "accum", 1, INT32_MAX, &v));
+    st->accum = (int)v;
+    FR_TRY(get_int(m, "epochs", 0, INT32_MAX, &v));
+    st->epochs = (int)v;
+    FR_TRY(get_int(m, "augment", 0, 1, &v));
+    st->augment = v;
+    FR_TRY(get_int(m, "limit_train", 0, INT64_MAX, &st->limit_train));
+    FR_TRY(get_str(m, "data", &s));
+    snprintf(st->data, sizeof st->data, "%s", s);
+    return get_schedule(m, &st->schedule);
+}
+
+static fr_status read_info(const fr_st_file *f, const char *path, fr_ckpt_info *info) {
+    memset(info, 0, sizeof *info);
+    meta_src m = {f, path};
+    const char *format = fr_st_metadata(f, "format");
+    if (!format)
+        return FR_OK; /* a plain weights file */
+    if (strcmp(format, FR_CKPT_FORMAT))
+        return fr_error(FR_ERR_FORMAT, "checkpoint %s: metadata field \"format\" is \"%s\", not \"%s\"",
+                        path, format, FR_CKPT_FORMAT);
+    int64_t v;
+    const char *s;
+    FR_TRY(get_int(m, "format_version", 1, INT32_MAX, &v));
+    if (v > FR_CKPT_VERSION)
+        return fr_error(FR_ERR_FORMAT, "checkpoint %s: format version %" PRId64 " is newer than this "
+                        "frugal reads (%d)", path, v, FR_CKPT_VERSION);
+    info->version = (int)v;
+    FR_TRY(get_str(m, "model", &s));
+    if (!*s || strlen(s) >= sizeof info->model)
+        return fr_error(FR_ERR_FORMAT, "checkpoint %s: metadata field \"model\" (\"%s\") is empty or "
+                        "too long", path, s);
+    snprintf(info->model, sizeof info->model, "%s", s);
+    FR_TRY(get_int(m, "in_channels", 1, INT32_MAX, &v));
+    info->in_channels = (int)v;
+    FR_TRY(get_int(m, "num_classes", 1, INT32_MAX, &v));
+    info->num_classes = (int)v;
+    FR_TRY(get_str(m, "strategy", &s));
+    if (fr_strategy_parse(s, &info->strategy) != FR_OK) {
+        char why[256];
+        snprintf(why, sizeof why, "%s", fr_last_error());
+        return fr_error(FR_ERR_FORMAT, "checkpoint %s: metadata field \"strategy\": %s", path, why);
+    }
+    FR_TRY(get_optim(m, info));
+    if (!fr_st_metadata(f, "training"))
+        return FR_OK; /* weights with model metadata */
+    info->is_training = true;
+    return get_state(m, &info->state);
+}
+
+fr_status fr_ckpt_read_info(const char *path, fr_ckpt_info *info) {
+    if (!path || !info)
+        return fr_error(FR_ERR_ARG, "checkpoint: read_info: path or info is NULL");
+    fr_st_file *f = fr_st_open(path);
+    if (!f)
+        return fr_last_status();
+    fr_status st = read_info(f, path, info);
+    fr_st_close(f);
+    return st;
+}
+
+/* ---- loading ---- */
+
+static bool shape_is(const fr_st_file *f, int j, const fr_tensor *t) {
+    if (fr_st_ndim(f, j) != t->ndim)
+        return false;
+    for (int d = 0; d < t->ndim; d++)
+        if (fr_st_shape(f, j)[d] != t->shape[d])
+            return false;
+    return true;
+}
+
+static char *file_shape(const fr_st_file *f, int j, char *buf, size_t len) {
+    size_t used = (size_t)snprintf(buf, len, "(");
+    for (int d = 0; d < fr_st_ndim(f, j) && used < len; d++)
+        used += (size_t)snprintf(buf + used, len - used, d ? ", %" PRId64 : "%" PRId64,
+                                 fr_st_shape(f, j)[d]);
+    if (used < len)
+        snprintf(buf + used, len - used, fr_st_ndim(f, j) == 1 ? ",)" : ")");
+    return buf;
+}
+
+/* The file's entry `name` must exist with `like`'s shape and `dtype`. */
+static fr_status check_entry(const fr_st_file *f, const char *path, const char *name, const fr_tensor *like,
+                             fr_dtype dtype, int ndim) {
+    char a[96], b[96];
+    int j = fr_st_find(f, name);
+    if (j < 0)
+        return fr_error(FR_ERR_FORMAT, "checkpoint %s: tensor %s is missing", path, name);
+    if (fr_st_dtype(f, j) != dtype)
+        return fr_error(FR_ERR_DTYPE, "checkpoint %s: tensor %s has dtype %s, expected %s", path, name,
+                        fr_st_dtype(f, j) == FR_DTYPE_COUNT ? "(one frugal cannot hold)"
+                                                            : fr_dtype_name(fr_st_dtype(f, j)),
+                        fr_dtype_name(dtype));
+    if (like ? !shape_is(f, j, like) : fr_st_ndim(f, j) != ndim)
+        return fr_error(FR_ERR_SHAPE, "checkpoint %s: tensor %s has shape %s, expected %s", path, name,
+                        file_shape(f, j, a, sizeof a),
+                        like ? fr_shape_str(like, b, sizeof b) : "() (a 0-d counter)");
+    return FR_OK;
+}
+
+static fr_status check_model(const fr_st_file *f, const char *path, const fr_model *m,
+                             const fr_ckpt_info *info) {
+    if (info->is_training || info->model[0]) {
+        if (strcmp(info->model, m->name))
+            return fr_error(FR_ERR_FORMAT, "checkpoint %s holds model %s, not %s", path, info->model,
+                            m->name);
+        if (info->in_channels != m->in_channels || info->num_classes != m->num_classes)
+            return fr_error(FR_ERR_SHAPE, "checkpoint %s holds %s for %d input channels and %d classes, "
+                            "the model has %d and %d", path, info->model, info->in_channels,
+                            info->num_classes, m->in_channels, m->num_classes);
+    }
+    for (int i = 0; i < m->params->count; i++) {
+        const fr_param *e = &m->params->items[i];
+        FR_TRY(check_entry(f, path, e->name, e->tensor, e->tensor->dtype, 0));
+    }
+    for (int j = 0; j < fr_st_count(f); j++) {
+        const char *name = fr_st_name(f, j);
+        if (strncmp(name, OPTIM_PREFIX, strlen(OPTIM_PREFIX)) && fr_params_find(m->params, name) < 0)
+            return fr_error(FR_ERR_FORMAT, "checkpoint %s: tensor %s is not in model %s", path, name,
+                            m->name);
+    }
+    return FR_OK;
+}
+
+/* Whether `name` is "optim.<slot>.<a parameter of opt>" for a slot opt keeps. */
+static bool known_optim_name(const fr_optim *opt, const char *name) {
+    const char *rest = name + strlen(OPTIM_PREFIX);
+    for (int slot = -1; slot < 2; slot++) {
+        const char *sname = slot < 0 ? STEP_SLOT : fr_optim_state_name(opt, slot);
+        size_t n = sname ? strlen(sname) : 0;
+        if (sname && !strncmp(rest, sname, n) && rest[n] == '.') {
+            int i = fr_params_find(opt->params, rest + n + 1);
+            return i >= 0 && opt->params->items[i].kind == FR_PARAMETER;
+        }
+    }
+    return false;
+}
+
+static fr_status check_optim(const fr_st_file *f, const char *path, const fr_optim *opt,
+                             const fr_ckpt_info *info) {
+    char name[FR_NAME_MAX + 64];
+    if (!info->has_optim)
+        return fr_error(FR_ERR_FORMAT, "checkpoint %s holds no optimizer state", path);
+    if (info->optim_kind != opt->kind)
+        return fr_error(FR_ERR_FORMAT, "checkpoint %s holds %s state, the optimizer is %s", path,
+                        optim_kind_names[info->optim_kind], optim_kind_names[opt->kind]);
+    if (opt->params->count != opt->n)
+        return fr_error(FR_ERR_ARG, "checkpoint load %s: the registry grew after the optimizer was made",
+                        path);
+    for (int i = 0; i < opt->n; i++) {
+        const fr_param *e = &opt->params->items[i];
+        if (e->kind != FR_PARAMETER)
+            continue;
+        snprintf(name, sizeof name, OPTIM_PREFIX STEP_SLOT ".%s", e->name);
+        FR_TRY(check_entry(f, path, name, NULL, FR_I32, 0));
+        for (int slot = 0; slot < 2; slot++) {
+            const char *sname = fr_optim_state_name(opt, slot);
+            if (!sname)
+                continue;
+            snprintf(name, sizeof name, OPTIM_PREFIX "%s.%s", sname, e->name);
+            if (fr_st_find(f, name) >= 0)
+                FR_TRY(check_entry(f, path, name, e->tensor, FR_F32, 0));
+        }
+    }
+    for (int j = 0; j < fr_st_count(f); j++) {
+        const char *fname = fr_st_name(f, j);
+        if (!strncmp(fname, OPTIM_PREFIX, strlen(OPTIM_PREFIX)) && !known_optim_name(opt, fname))
+            return fr_error(FR_ERR_FORMAT, "checkpoint %s: tensor %s is not state of this %s optimizer",
+                            path, fname, optim_kind_names[opt->kind]);
+    }
+    return FR_OK;
+}
+
+/* Second pass for the optimizer: state tensors the file has and the
+ * optimizer lacks are allocated before anything is copied; state the file
+ * lacks is dropped (that parameter had not been updated yet). */
+static fr_status load_optim(const fr_st_file *f, const char *path, fr_optim *opt) {
+    char name[FR_NAME_MAX + 64];
+    int n = opt->n;
+    fr_tensor **fresh = calloc((size_t)(2 * n + 1), sizeof *fresh);
+    if (!fresh)
+        return fr_error(FR_ERR_OOM, "checkpoint load %s: out of memory", path);
+    fr_status st = FR_OK;
+    for (int i = 0; i < n && st == FR_OK; i++)
+        for (int slot = 0; slot < 2 && st == FR_OK; slot++) {
+            const char *sname = fr_optim_state_name(opt, slot);
+            const fr_param *e = &opt->params->items[i];
+            if (!sname || e->kind != FR_PARAMETER || opt->state[slot][i])
+                continue;
+            snprintf(name, sizeof name, OPTIM_PREFIX "%s.%s", sname, e->name);
+            if (fr_st_find(f, name) >= 0 && !(fresh[2 * i + slot] = fr_zeros_like(e->tensor, FR_TAG_OPTIM)))
+                st = fr_last_status();
+        }
+    if (st != FR_OK) {
+        for (int k = 0; k < 2 * n; k++)
+            fr_release(fresh[k]);
+        free(fresh);
+        return st;
+    }
+    for (int i = 0; i < n; i++) {
+        const fr_param *e = &opt->params->items[i];
+        if (e->kind != FR_PARAMETER)
+            continue;
+        for (int slot = 0; slot < 2; slot++) {
+            const char *sname = fr_optim_state_name(opt, slot);
+            if (!sname)
+                continue;
+            if (fresh[2 * i + slot])
+                opt->state[slot][i] = fresh[2 * i + slot];
+            snprintf(name, sizeof name, OPTIM_PREFIX "%s.%s", sname, e->name);
+            if (fr_st_find(f, name) < 0)
+                fr_clear(&opt->state[slot][i]);
+            else if (st == FR_OK)
+                st = fr_st_read_into(f, name, opt->state[slot][i]);
+        }
+        snprintf(name, sizeof name, OPTIM_PREFIX STEP_SLOT ".%s", e->name);
+        fr_tensor *t = fr_st_get(f, name, FR_CPU, FR_TAG_WORKSPACE);
+        if (t)
+            opt->steps[i] = *(const int32_t *)fr_data(t);
+        else if (st == FR_OK)
+            st = fr_last_status();
+        fr_release(t);
+    }
+    free(fresh);
+    return st;
+}
+
+fr_status fr_ckpt_load(const char *path, fr_model *m, fr_optim *opt, fr_train_state *state) {
+    if (!path || !m)
+        return fr_error(FR_ERR_ARG, "checkpoint load: path or model is NULL");
+    if (opt && opt->params != m->params)
+        return fr_error(FR_ERR_ARG, "checkpoint load %s: the optimizer does not belong to model %s", path,
+                        m->name);
+    fr_st_file *f = fr_st_open(path);
+    if (!f)
+        return fr_last_status();
+    fr_ckpt_info info;
+    fr_status st = read_info(f, path, &info);
+    if (st == FR_OK)
+        st = check_model(f, path, m, &info);
+    if (st == FR_OK && opt)
+        st = check_optim(f, path, opt, &info);
+    if (st == FR_OK && state && !info.is_training)
+        st = fr_error(FR_ERR_FORMAT, "checkpoint %s is a weights file, not a training checkpoint "
+                      "(no position or schedule)", path);
+    for (int i = 0; st == FR_OK && i < m->params->count; i++)
+        st = fr_st_read_into(f, m->params->items[i].name, m->params->items[i].tensor);
+    if (st == FR_OK && opt)
+        st = load_optim(f, path, opt);
+    if (st == FR_OK && state)
+        *state = info.state;
+    fr_st_close(f);
+    return st;
+}

@@ -1,0 +1,92 @@
+/* checkpoint.h: training checkpoints, one safetensors file each.
+ *
+ * A training checkpoint holds everything a run needs to continue exactly
+ * where it stopped:
+ *  - the model's parameters and buffers under their registry names
+ *    ("conv1.weight", "bn1.running_mean"), so the file is also a plain
+ *    weights file that PyTorch's safetensors (and fr_params_load, once the
+ *    optimizer entries are ignored) can read;
+ *  - the optimizer state under "optim.<slot>.<parameter name>" (slot names as
+ *    PyTorch's: momentum_buffer, exp_avg, exp_avg_sq) and the per-parameter
+ *    step count under "optim.step.<parameter name>" (0-d i32);
+ *  - metadata strings: the format ("frugal.checkpoint") and its version, the
+ *    model (name, in_channels, num_classes, strategy), the optimizer kind and
+ *    hyperparameters, the LR schedule, and the run's position and settings
+ *    (fr_train_state). Doubles are written with 17 significant digits, so
+ *    they read back bit for bit.
+ *
+ * Why this is enough for an exact resume: the loader's batches are a pure
+ * function of (seed, epoch, batch) (data/loader.h) and the schedule a pure
+ * function of the step (nn/schedule.h), so the position plus the tensors
+ * reproduce the run; there is no other random state in a training step.
+ *
+ * Saving is atomic (temp file, fsync, rename: safetensors.h). Loading checks
+ * every tensor's presence, shape and dtype and every metadata field before
+ * it changes anything, so a failed load leaves the model and the optimizer
+ * as they were; errors name the file and the tensor or field. */
+#ifndef FR_CHECKPOINT_H
+#define FR_CHECKPOINT_H
+
+#include "model.h"
+#include "optim.h"
+#include "schedule.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define FR_CKPT_FORMAT "frugal.checkpoint"
+#define FR_CKPT_VERSION 1
+
+/* Where a run stands and the settings that decide its trajectory. */
+typedef struct {
+    int64_t epoch;        /* epoch of the next step (0-based) */
+    int64_t batch;        /* batches of that epoch already consumed */
+    int64_t step;         /* optimizer steps taken in all: the schedule's position */
+    uint64_t seed;        /* model initialisation and loader seed */
+    int batch_size;       /* images per optimizer step */
+    int accum;            /* micro-batches per step (>= 1) */
+    int epochs;           /* epochs the run was started for */
+    bool augment;
+    int64_t limit_train;  /* first N training images only; 0 = all */
+    char data[256];       /* the --data spec, for messages */
+    fr_schedule schedule;
+} fr_train_state;
+
+/* What a checkpoint says about itself, read without touching any model. */
+typedef struct {
+    bool is_training;     /* false: a plain weights file (no frugal metadata) */
+    int version;
+    char model[32];
+    int in_channels, num_classes;
+    fr_strategy strategy;
+    bool has_optim;
+    fr_optim_kind optim_kind;
+    fr_sgd_options sgd;
+    fr_adam_options adam;
+    fr_train_state state;
+} fr_ckpt_info;
+
+/* Writes model, optimizer (may be NULL) and state (may be NULL: a weights
+ * file with the model metadata only) to `path`, atomically. */
+fr_status fr_ckpt_save(const char *path, const fr_model *m, const fr_optim *opt,
+                       const fr_train_state *state);
+
+/* Reads the metadata of `path`. A file without frugal metadata is not an
+ * error: info->is_training is false and the rest is zero. FR_ERR_FORMAT
+ * naming the file and the field for a malformed or unsupported value. */
+fr_status fr_ckpt_read_info(const char *path, fr_ckpt_info *info);
+
+/* Loads `path` into m (and opt and state when not NULL). Checks first, then
+ * copies: the model name (when the file records one), every parameter and
+ * buffer (present, same shape and dtype, no unknown model tensor in the
+ * file), and with opt: the optimizer kind and every state tensor's shape and
+ * dtype. With state: the file must be a training checkpoint. The optimizer's
+ * hyperparameters are left as they are: to continue a run exactly, make the
+ * optimizer from fr_ckpt_read_info's options (examples/train does). */
+fr_status fr_ckpt_load(const char *path, fr_model *m, fr_optim *opt, fr_train_state *state);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

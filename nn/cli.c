@@ -1,0 +1,388 @@
+/* cli.c: helpers of the example programs; see cli.h. */
+#include "cli.h"
+
+#include <errno.h>
+#include <inttypes.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "../autograd/functions.h"
+#include "densenet.h"
+#include "resnet.h"
+
+/* ---- flag values ---- */
+
+fr_status fr_cli_int(const char *flag, const char *text, int64_t lo, int64_t hi, int64_t *out) {
+    char *end;
+    errno = 0;
+    long long v = text ? strtoll(text, &end, 10) : 0;
+    if (!text || end == text || *end || errno || v < lo || v > hi)
+        return fr_error(FR_ERR_ARG, "%s: \"%s\" is not an integer in [%" PRId64 ", %" PRId64 "]", flag,
+                        text ? text : "", lo, hi);
+    *out = v;
+    return FR_OK;
+}
+
+fr_status fr_cli_double(const char *flag, const char *text, double lo, double hi, double *out) {
+    char *end;
+    errno = 0;
+    double v = text ? strtod(text, &end) : 0;
+    if (!text || end == text || *end || errno || !(v >= lo && v <= hi))
+        return fr_error(FR_ERR_ARG, "%s: \"%s\" is not a number in [%g, %g]", flag, text ? text : "", lo,
+                        hi);
+    *out = v;
+    return FR_OK;
+}
+
+fr_status fr_cli_choice(const char *flag, const char *text, const char *const *choices, int n, int *out) {
+    char list[256] = "";
+    size_t used = 0;
+    for (int i = 0; i < n; i++) {
+        if (text && !strcmp(text, choices[i])) {
+            *out = i;
+            return FR_OK;
+        }
+        used += (size_t)snprintf(list + used, used < sizeof list ? sizeof list - used : 0, "%s%s",
+                                 i ? ", " : "", choices[i]);
+    }
+    return fr_error(FR_ERR_ARG, "%s: \"%s\" is not one of %s", flag, text ? text : "", list);
+}
+
+/* ---- models ---- */
+
+fr_model *fr_cli_model_create(const char *name, int in_channels, int num_classes, uint64_t seed) {
+    if (name && !strncmp(name, "densenet", 8))
+        return fr_densenet_create(name, 0, in_channels, num_classes, seed);
+    if (name && (!strncmp(name, "resnet", 6) || !strncmp(name, "preresnet", 9)))
+        return fr_resnet_create(name, in_channels, num_classes, seed);
+    fr_error(FR_ERR_ARG, "--model: unknown model \"%s\" (use resnet<6n+2> such as resnet20, "
+             "preresnet<9n+2> such as preresnet164, or densenet-bc-<L>[-k<K>] such as densenet-bc-100)",
+             name ? name : "");
+    return NULL;
+}
+
+/* ---- datasets ---- */
+
+static const char *const data_kind_names[FR_DATA_KIND_COUNT] = {"fashion-mnist", "mnist", "cifar10",
+                                                                 "cifar100", "folder"};
+FR_STATIC_ASSERT(FR_DATA_KIND_COUNT == 5, "data kind names");
+
+fr_status fr_data_spec_parse(const char *text, fr_data_spec *out) {
+    static const char *const forms =
+        "fashion-mnist[:DIR], mnist:DIR, cifar10:DIR, cifar100:DIR or folder:DIR";
+    if (!text || !*text)
+        return fr_error(FR_ERR_ARG, "--data: empty (use %s)", forms);
+    size_t len = strcspn(text, ":");
+    const char *dir = text[len] ? text + len + 1 : NULL;
+    for (int k = 0; k < FR_DATA_KIND_COUNT; k++) {
+        if (strlen(data_kind_names[k]) != len || strncmp(text, data_kind_names[k], len))
+            continue;
+        if (!dir && k == FR_DATA_FASHION_MNIST)
+            dir = FR_FASHION_MNIST_DIR;
+        if (!dir || !*dir)
+            return fr_error(FR_ERR_ARG, "--data %s: needs a directory (%s:DIR)", text, data_kind_names[k]);
+        if (strlen(dir) >= sizeof out->dir)
+            return fr_error(FR_ERR_ARG, "--data: directory name too long");
+        out->kind = (fr_data_kind)k;
+        snprintf(out->dir, sizeof out->dir, "%s", dir);
+        return FR_OK;
+    }
+    return fr_error(FR_ERR_ARG, "--data: unknown dataset \"%.*s\" in \"%s\" (use %s)", (int)len, text, text,
+                    forms);
+}
+
+static bool is_file(const char *path) {
+    struct stat sb;
+    return stat(path, &sb) == 0 && S_ISREG(sb.st_mode);
+}
+
+/* DIR/<base>.gz or DIR/<base> into buf; false (with an error) if neither. */
+static bool find_idx(char *buf, size_t len, const char *dir, const char *base, const char *what) {
+    snprintf(buf, len, "%s/%s.gz", dir, base);
+    if (is_file(buf))
+        return true;
+    snprintf(buf, len, "%s/%s", dir, base);
+    if (is_file(buf))
+        return true;
+    fr_error(FR_ERR_IO, "%s: no %s or %s.gz in %s", what, base, base, dir);
+    return false;
+}
+
+/* The first `limit` images of ds, as a dataset of their own (ds is freed). */
+static fr_dataset *take_first(fr_dataset *ds, int64_t limit) {
+    if (!ds || limit <= 0 || limit >= ds->n)
+        return ds;
+    fr_dataset *sub = fr_dataset_new(ds->name, limit, ds->c, ds->h, ds->w, ds->num_classes);
+    if (sub) {
+        memcpy(fr_data(sub->images), fr_data(ds->images), (size_t)(limit * ds->c * ds->h * ds->w));
+        memcpy(fr_data(sub->labels), fr_data(ds->labels), (size_t)limit * sizeof(int32_t));
+    }
+    fr_dataset_free(ds);
+    return sub;
+}
+
+fr_dataset *fr_data_open(const fr_data_spec *spec, bool train, int64_t limit) {
+    char images[1100], labels[1100], sub[1100];
+    fr_dataset *ds = NULL;
+    const char *what = data_kind_names[spec->kind];
+    switch (spec->kind) {
+    case FR_DATA_FASHION_MNIST:
+    case FR_DATA_MNIST:
+        if (find_idx(images, sizeof images, spec->dir,
+                     train ? "train-images-idx3-ubyte" : "t10k-images-idx3-ubyte", what) &&
+            find_idx(labels, sizeof labels, spec->dir,
+                     train ? "train-labels-idx1-ubyte" : "t10k-labels-idx1-ubyte", what))
+            ds = fr_dataset_load_idx(images, labels);
+        break;
+    case FR_DATA_CIFAR10:
+        ds = fr_dataset_load_cifar10(spec->dir, train);
+        break;
+    case FR_DATA_CIFAR100:
+        ds = fr_dataset_load_cifar100(spec->dir, train);
+        break;
+    case FR_DATA_FOLDER:
+        snprintf(sub, sizeof sub, "%s/%s", spec->dir, train ? "train" : "test");
+        ds = fr_dataset_load_folder(sub, 0);
+        break;
+    default:
+        fr_error(FR_ERR_ARG, "data: unknown kind %d", (int)spec->kind);
+        break;
+    }
+    return take_first(ds, limit);
+}
+
+bool fr_data_augment_default(fr_data_kind kind) {
+    return kind != FR_DATA_FASHION_MNIST && kind != FR_DATA_MNIST;
+}
+
+/* MNIST's usual normalisation (pixel mean and spread of its training set). */
+static const float mnist_mean[1] = {0.1307f}, mnist_std[1] = {0.3081f};
+
+fr_augment fr_data_augment(fr_data_kind kind, const fr_dataset *ds, bool augment) {
+    fr_augment a = {0};
+    const float *mean = NULL, *std = NULL;
+    switch (kind) {
+    case FR_DATA_FASHION_MNIST:
+        mean = fr_fashion_mnist_mean;
+        std = fr_fashion_mnist_std;
+        a.pad = augment ? 2 : 0;
+        a.flip = augment;
+        break;
+    case FR_DATA_MNIST:
+        mean = mnist_mean;
+        std = mnist_std;
+        /* digits are not mirror-symmetric: crop only */
+        a.pad = augment ? 2 : 0;
+        break;
+    case FR_DATA_CIFAR10:
+        mean = fr_cifar10_mean;
+        std = fr_cifar10_std;
+        a.pad = augment ? 4 : 0;
+        a.flip = augment;
+        break;
+    case FR_DATA_CIFAR100:
+        mean = fr_cifar100_mean;
+        std = fr_cifar100_std;
+        a.pad = augment ? 4 : 0;
+        a.flip = augment;
+        break;
+    default:
+        a.pad = augment ? ds->h / 8 : 0;
+        a.flip = augment;
+        break;
+    }
+    for (int c = 0; c < FR_AUG_MAX_C && c < ds->c; c++) {
+        /* unknown data: centre [0, 1] pixels on 0.5 with unit-ish spread */
+        a.mean[c] = mean ? mean[c] : 0.5f;
+        a.std[c] = std ? std[c] : 0.25f;
+    }
+    return a;
+}
+
+/* ---- training and evaluation ---- */
+
+fr_status fr_count_correct(const fr_tensor *logits, const fr_tensor *labels, int64_t *correct) {
+    FR_TRY(fr_check_ndim("count_correct", "logits", logits, 2));
+    int64_t n = logits->shape[0], k = logits->shape[1];
+    FR_TRY(fr_check_shape("count_correct", "labels", labels, 1, FR_SHAPE(n)));
+    FR_TRY(fr_check_dtype("count_correct", "labels", labels, FR_I32));
+    float *host = malloc((size_t)(n * k) * sizeof *host);
+    if (!host)
+        return fr_error(FR_ERR_OOM, "count_correct: out of memory");
+    fr_tensor *lab = fr_device_of(labels) == FR_CPU ? fr_retain((fr_tensor *)labels)
+                                                    : fr_to_device(labels, FR_CPU, FR_TAG_WORKSPACE);
+    fr_status st = lab ? fr_read_f32(logits, host, (size_t)(n * k)) : fr_last_status();
+    int64_t hits = 0;
+    for (int64_t i = 0; st == FR_OK && i < n; i++) {
+        const float *row = host + i * k;
+        int64_t best = 0;
+        for (int64_t j = 1; j < k; j++)
+            if (row[j] > row[best])
+                best = j;
+        hits += best == ((const int32_t *)fr_data(lab))[i];
+    }
+    fr_release(lab);
+    free(host);
+    if (st == FR_OK)
+        *correct = hits;
+    return st;
+}
+
+/* Forward, loss and backward of one micro-batch; the loss is scaled by
+ * `share` before backward so the gradients of the parts add up to the
+ * whole batch's. */
+static fr_status micro_step(fr_model *m, fr_tensor *x, fr_tensor *y, float share, double *loss,
+                            int64_t *correct) {
+    fr_tensor *logits = fr_model_forward(m, x, true);
+    fr_tensor *l = logits ? fr_cross_entropy(logits, y) : NULL;
+    fr_tensor *scaled = l ? fr_scale(l, share) : NULL;
+    fr_status st = scaled ? FR_OK : fr_last_status();
+    if (st == FR_OK && correct)
+        st = fr_count_correct(logits, y, correct);
+    if (st == FR_OK)
+        *loss = fr_item(scaled);
+    /* the logits are no longer needed: releasing them before backward lets
+     * backward free their bytes as soon as it has used them */
+    fr_release(logits);
+    fr_release(l);
+    if (st == FR_OK)
+        st = fr_backward(scaled);
+    fr_release(scaled);
+    if (st != FR_OK)
+        fr_tape_clear();
+    return st;
+}
+
+fr_status fr_train_step(fr_model *m, fr_optim *opt, fr_tensor *images, fr_tensor *labels, int accum,
+                        double *loss, int64_t *correct) {
+    if (!m || !images || !labels || accum < 1)
+        return fr_error(FR_ERR_ARG, "train step: model, images or labels is NULL, or accum %d < 1", accum);
+    int64_t b = images->shape[0];
+    if (labels->ndim != 1 || labels->shape[0] != b)
+        return fr_error(FR_ERR_SHAPE, "train step: %lld labels for %lld images",
+                        (long long)labels->shape[0], (long long)b);
+    int parts = accum < b ? accum : (int)b;
+    double total = 0;
+    int64_t hits = 0;
+    fr_status st = FR_OK;
+    for (int i = 0; i < parts && st == FR_OK; i++) {
+        /* part i covers [b*i/parts, b*(i+1)/parts): sizes differ by at most 1 */
+        int64_t lo = b * i / parts, hi = b * (i + 1) / parts;
+        fr_tensor *x = parts == 1 ? fr_retain(images) : fr_narrow(images, 0, lo, hi - lo);
+        fr_tensor *y = parts == 1 ? fr_retain(labels) : fr_narrow(labels, 0, lo, hi - lo);
+        double part_loss = 0;
+        int64_t part_hits = 0;
+        st = x && y ? micro_step(m, x, y, (float)((double)(hi - lo) / (double)b), &part_loss,
+                                 correct ? &part_hits : NULL)
+                    : fr_last_status();
+        total += part_loss;
+        hits += part_hits;
+        fr_release(x);
+        fr_release(y);
+    }
+    if (st == FR_OK && opt)
+        st = fr_optim_step(opt);
+    if (opt)
+        fr_optim_zero_grad(opt);
+    if (st == FR_OK && loss)
+        *loss = total;
+    if (st == FR_OK && correct)
+        *correct = hits;
+    return st;
+}
+
+fr_status fr_evaluate(fr_model *m, fr_loader *loader, double *loss, double *accuracy, int64_t *images) {
+    double loss_sum = 0;
+    int64_t seen = 0, hits = 0;
+    fr_status st = FR_OK;
+    fr_no_grad_enter();
+    for (;;) {
+        fr_tensor *x, *y;
+        st = fr_loader_next(loader, &x, &y);
+        if (st != FR_OK || !x)
+            break;
+        fr_tensor *logits = fr_model_forward(m, x, false);
+        fr_tensor *l = logits ? fr_cross_entropy(logits, y) : NULL;
+        int64_t c = 0;
+        st = l ? fr_count_correct(logits, y, &c) : fr_last_status();
+        if (st == FR_OK) {
+            loss_sum += fr_item(l) * (double)x->shape[0];
+            seen += x->shape[0];
+            hits += c;
+        }
+        fr_release(l);
+        fr_release(logits);
+        fr_release(x);
+        fr_release(y);
+        if (st != FR_OK)
+            break;
+    }
+    fr_no_grad_exit();
+    fr_tape_clear();
+    if (st != FR_OK)
+        return st;
+    if (loss)
+        *loss = seen ? loss_sum / (double)seen : 0;
+    if (accuracy)
+        *accuracy = seen ? (double)hits / (double)seen : 0;
+    if (images)
+        *images = seen;
+    return FR_OK;
+}
+
+/* ---- progress ---- */
+
+double fr_cli_now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+char *fr_cli_format_duration(double seconds, char *buf, size_t len) {
+    long s = seconds > 0 && seconds < 1e9 ? lround(seconds) : 0;
+    if (s >= 3600)
+        snprintf(buf, len, "%ld:%02ld:%02ld", s / 3600, s / 60 % 60, s % 60);
+    else
+        snprintf(buf, len, "%ld:%02ld", s / 60, s % 60);
+    return buf;
+}
+
+char *fr_cli_memory(fr_device dev, char *buf, size_t len) {
+    char cur[32], peak[32];
+    snprintf(buf, len, "mem %s peak %s", fr_mem_format_bytes(fr_mem_total_current(dev), cur, sizeof cur),
+             fr_mem_format_bytes(fr_mem_total_peak(dev), peak, sizeof peak));
+    return buf;
+}
+
+void fr_progress_init(fr_progress *p, FILE *out, fr_device dev, int64_t steps_total, int epochs, int every) {
+    *p = (fr_progress){.out = out, .tty = isatty(fileno(out)), .every = every > 0 ? every : 50, .dev = dev,
+                       .t_start = fr_cli_now(), .steps_total = steps_total, .epochs = epochs};
+}
+
+void fr_progress_step(fr_progress *p, int64_t epoch, int64_t step, int64_t per_epoch, double loss,
+                      double acc, double images_per_s) {
+    p->steps_done++;
+    if (!p->tty && step % p->every != 0 && step != per_epoch)
+        return;
+    double elapsed = fr_cli_now() - p->t_start;
+    int64_t left = p->steps_total - p->steps_done;
+    double eta = p->steps_done ? elapsed / (double)p->steps_done * (double)left : 0;
+    char eta_s[32], mem[96];
+    fprintf(p->out, "%sepoch %lld/%d  step %lld/%lld  loss %.4f  acc %5.1f%%  %.0f img/s  ETA %s  %s%s",
+            p->tty ? "\r" : "", (long long)epoch + 1, p->epochs, (long long)step, (long long)per_epoch, loss,
+            100.0 * acc, images_per_s, fr_cli_format_duration(eta, eta_s, sizeof eta_s),
+            fr_cli_memory(p->dev, mem, sizeof mem), p->tty ? "\033[K" : "\n");
+    fflush(p->out);
+    p->dirty = p->tty;
+}
+
+void fr_progress_break(fr_progress *p) {
+    if (p->dirty)
+        fputc('\n', p->out);
+    p->dirty = false;
+    fflush(p->out);
+}

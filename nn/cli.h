@@ -1,0 +1,116 @@
+/* cli.h: what the example programs (train, validate) share, kept in the
+ * library because every examples/ source file is built into a program of its own:
+ * reading flag values, opening a dataset from a --data spec, one training
+ * step with gradient accumulation, an evaluation pass, and the progress line.
+ *
+ * Like the rest of the library these return fr_status / NULL with
+ * fr_last_error() set and never exit; the programs print the message and
+ * exit non-zero. */
+#ifndef FR_CLI_H
+#define FR_CLI_H
+
+#include <stdio.h>
+
+#include "../data/loader.h"
+#include "model.h"
+#include "optim.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ---- flag values ---- */
+/* Each parses all of `text` or fails with FR_ERR_ARG naming the flag. */
+fr_status fr_cli_int(const char *flag, const char *text, int64_t lo, int64_t hi, int64_t *out);
+fr_status fr_cli_double(const char *flag, const char *text, double lo, double hi, double *out);
+/* `name` must be one of `choices` (n entries); *out its index. */
+fr_status fr_cli_choice(const char *flag, const char *text, const char *const *choices, int n, int *out);
+
+/* ---- models ---- */
+/* resnet<6n+2>, preresnet<9n+2> (nn/resnet.h) or densenet-bc-<L>[-k<K>]
+ * (nn/densenet.h), on the CPU with the plain strategy. */
+fr_model *fr_cli_model_create(const char *name, int in_channels, int num_classes, uint64_t seed);
+
+/* ---- datasets ---- */
+typedef enum {
+    FR_DATA_FASHION_MNIST = 0, /* IDX files, 28x28 grey, 10 classes */
+    FR_DATA_MNIST,             /* the same files and names */
+    FR_DATA_CIFAR10,
+    FR_DATA_CIFAR100,
+    FR_DATA_FOLDER,            /* DIR/train and DIR/test, one sub-folder per class */
+    FR_DATA_KIND_COUNT
+} fr_data_kind;
+
+#define FR_FASHION_MNIST_DIR "/usr/share/datasets/fashion-mnist"
+
+typedef struct {
+    fr_data_kind kind;
+    char dir[1024];
+} fr_data_spec;
+
+/* "fashion-mnist[:DIR]", "mnist:DIR", "cifar10:DIR", "cifar100:DIR",
+ * "folder:DIR". */
+fr_status fr_data_spec_parse(const char *text, fr_data_spec *out);
+/* The training or test split, keeping the first `limit` images when
+ * limit > 0. IDX files are looked up as <name>.gz, then <name>. */
+fr_dataset *fr_data_open(const fr_data_spec *spec, bool train, int64_t limit);
+/* The dataset's normalisation; with `augment`, the training augmentation:
+ * CIFAR and image folders pad-4 random crop + horizontal flip;
+ * (Fashion-)MNIST pad-2 crop + flip (docs/TRAINING.md says why). */
+bool fr_data_augment_default(fr_data_kind kind);
+fr_augment fr_data_augment(fr_data_kind kind, const fr_dataset *ds, bool augment);
+
+/* ---- training and evaluation ---- */
+/* Correct top-1 predictions of logits (N, K) for labels (N) i32 (any
+ * device). */
+fr_status fr_count_correct(const fr_tensor *logits, const fr_tensor *labels, int64_t *correct);
+
+/* One optimizer step on a batch (images (B, C, H, W), labels (B)) split into
+ * `accum` micro-batches (fewer when B < accum): forward in training mode,
+ * cross-entropy scaled by the micro-batch's share of the batch (1/accum for
+ * equal parts), backward (gradients add up), then fr_optim_step and zero
+ * grad. *loss gets the batch's mean loss, *correct its correct predictions
+ * (either may be NULL). With opt NULL nothing is updated and the gradients
+ * stay (tests, memory measurements). */
+fr_status fr_train_step(fr_model *m, fr_optim *opt, fr_tensor *images, fr_tensor *labels, int accum,
+                        double *loss, int64_t *correct);
+
+/* One pass over the loader's next epoch in eval mode under no_grad: mean
+ * loss and accuracy in [0, 1] (either may be NULL). */
+fr_status fr_evaluate(fr_model *m, fr_loader *loader, double *loss, double *accuracy, int64_t *images);
+
+/* ---- progress ---- */
+/* Seconds on a monotonic clock. */
+double fr_cli_now(void);
+/* "1:02:03" or "2:03" into buf; returns buf. */
+char *fr_cli_format_duration(double seconds, char *buf, size_t len);
+
+/* The progress line: on a terminal it is rewritten in place (\r); else a
+ * plain line every `every` steps, so logs stay readable. */
+typedef struct {
+    FILE *out;
+    bool tty;
+    int every;
+    fr_device dev;
+    double t_start;        /* of the run */
+    int64_t steps_total;   /* steps this run will take */
+    int64_t steps_done;    /* steps taken by this run */
+    int epochs;
+    bool dirty;            /* a \r line is on screen */
+} fr_progress;
+
+void fr_progress_init(fr_progress *p, FILE *out, fr_device dev, int64_t steps_total, int epochs, int every);
+/* After each step: epoch (0-based), step in epoch (1-based) of `per_epoch`,
+ * running mean loss and accuracy of the epoch, images/s of the epoch. */
+void fr_progress_step(fr_progress *p, int64_t epoch, int64_t step, int64_t per_epoch, double loss,
+                      double acc, double images_per_s);
+/* Ends an in-place line before other output. */
+void fr_progress_break(fr_progress *p);
+
+/* "cur 12.3 MiB  peak 45.6 MiB" of the ledger total on `dev`. */
+char *fr_cli_memory(fr_device dev, char *buf, size_t len);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

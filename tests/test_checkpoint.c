@@ -1,0 +1,413 @@
+/* test_checkpoint.c: training checkpoints (nn/checkpoint.h).
+ *
+ * Exact resume: N steps, save, load into a fresh model and optimizer, M more
+ * steps gives bit for bit the weights, buffers and optimizer state of N + M
+ * steps in one run (ResNet-8 on 8x8 synthetic images, batch 4, shuffling and
+ * augmentation on, prefetching loader, crossing an epoch boundary). Then the
+ * failure paths: an interrupted save leaves the previous file; a file of
+ * another model, a wrong shape, dtype, a missing or unknown tensor, and
+ * malformed metadata are refused with the file and the tensor or field
+ * named, and the model is left exactly as it was. */
+#include <signal.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+#include <unistd.h>
+
+#include "testlib.h"
+#include "nn/checkpoint.h"
+#include "nn/cli.h"
+#include "nn/resnet.h"
+
+#define N_IMG 24
+#define IMG_C 3
+#define IMG_HW 8
+#define CLASSES 3
+#define BATCH 4
+
+/* ---- a tiny training run ---- */
+
+static fr_dataset *make_data(void) {
+    uint8_t px[N_IMG * IMG_C * IMG_HW * IMG_HW];
+    int32_t labels[N_IMG];
+    uint32_t s = 12345;
+    for (size_t i = 0; i < sizeof px; i++) {
+        s = s * 1664525u + 1013904223u;
+        px[i] = (uint8_t)(s >> 24);
+    }
+    for (int i = 0; i < N_IMG; i++)
+        labels[i] = i % CLASSES;
+    return fr_dataset_from_host("synthetic", N_IMG, IMG_C, IMG_HW, IMG_HW, px, labels, CLASSES);
+}
+
+typedef struct {
+    fr_model *m;
+    fr_optim *opt;
+    fr_loader *ld;
+    fr_train_state st;
+} trainer;
+
+static bool trainer_init(trainer *t, const fr_dataset *ds, uint64_t model_seed, fr_optim_kind kind) {
+    memset(t, 0, sizeof *t);
+    t->m = fr_resnet_create("resnet8", IMG_C, CLASSES, model_seed);
+    if (!t->m)
+        return false;
+    if (kind == FR_OPTIM_SGD)
+        t->opt = fr_sgd_new(t->m->params, (fr_sgd_options){.lr = 0.05, .momentum = 0.9,
+                                                            .weight_decay = 5e-4, .nesterov = true});
+    else
+        t->opt = fr_adamw_new(t->m->params, fr_adam_defaults(0.01, 1e-2));
+    fr_loader_config lc = {.batch_size = BATCH, .shuffle = true, .drop_last = true, .seed = 7,
+                           .aug = {.pad = 1, .flip = true, .mean = {0.5f, 0.5f, 0.5f},
+                                   .std = {0.25f, 0.25f, 0.25f}},
+                           .prefetch = true};
+    t->ld = fr_loader_new(ds, &lc);
+    t->st = (fr_train_state){.seed = 7, .batch_size = BATCH, .accum = 1, .epochs = 2, .augment = true};
+    snprintf(t->st.data, sizeof t->st.data, "synthetic");
+    fr_status s = fr_schedule_cosine(&t->st.schedule, t->opt ? t->opt->lr : 0, 12, 0.0);
+    if (s == FR_OK)
+        s = fr_schedule_warmup(&t->st.schedule, 2, 0.1);
+    return t->opt && t->ld && s == FR_OK;
+}
+
+static void trainer_free(trainer *t) {
+    fr_loader_free(t->ld);
+    fr_optim_free(t->opt);
+    fr_model_free(t->m);
+}
+
+/* `steps` optimizer steps from t->st's position, the way examples/train
+ * walks epochs. */
+static fr_status train_steps(trainer *t, int steps) {
+    int64_t per_epoch = fr_loader_num_batches(t->ld);
+    FR_TRY(fr_loader_seek(t->ld, t->st.epoch, t->st.batch));
+    for (int i = 0; i < steps; i++) {
+        if (t->st.batch == per_epoch) {
+            t->st.epoch++;
+            t->st.batch = 0;
+            FR_TRY(fr_loader_seek(t->ld, t->st.epoch, 0));
+        }
+        fr_tensor *x, *y;
+        FR_TRY(fr_loader_next(t->ld, &x, &y));
+        t->opt->lr = fr_schedule_lr(&t->st.schedule, t->st.step);
+        fr_status s = fr_train_step(t->m, t->opt, x, y, 1, NULL, NULL);
+        fr_release(x);
+        fr_release(y);
+        FR_TRY(s);
+        t->st.batch++;
+        t->st.step++;
+    }
+    return FR_OK;
+}
+
+/* ---- comparing bits ---- */
+
+static bool same_bits(const fr_tensor *a, const fr_tensor *b) {
+    return a && b && fr_nbytes(a) == fr_nbytes(b) && !memcmp(fr_data(a), fr_data(b), fr_nbytes(a));
+}
+
+static bool models_equal(const fr_model *a, const fr_model *b) {
+    if (a->params->count != b->params->count)
+        return false;
+    for (int i = 0; i < a->params->count; i++)
+        if (!same_bits(a->params->items[i].tensor, b->params->items[i].tensor)) {
+            fprintf(stderr, "    tensor %s differs\n", a->params->items[i].name);
+            return false;
+        }
+    return true;
+}
+
+static bool optims_equal(const fr_optim *a, const fr_optim *b) {
+    for (int i = 0; i < a->n; i++) {
+        if (a->steps[i] != b->steps[i])
+            return false;
+        for (int s = 0; s < 2; s++)
+            if ((a->state[s][i] || b->state[s][i]) && !same_bits(a->state[s][i], b->state[s][i])) {
+                fprintf(stderr, "    optimizer state %d of %s differs\n", s, a->params->items[i].name);
+                return false;
+            }
+    }
+    return true;
+}
+
+/* A deep copy of a model's tensors (a second model with the same
+ * architecture whose values are copied in). */
+static fr_model *snapshot(const fr_model *m) {
+    fr_model *c = fr_resnet_create(m->name, m->in_channels, m->num_classes, 0);
+    for (int i = 0; c && i < m->params->count; i++)
+        fr_copy_(c->params->items[i].tensor, m->params->items[i].tensor);
+    return c;
+}
+
+/* Field by field (exact: the file keeps 17 digits), not memcmp: padding. */
+static bool same_schedule(const fr_schedule *a, const fr_schedule *b) {
+    bool same = a->kind == b->kind && a->base_lr == b->base_lr && a->n_milestones == b->n_milestones &&
+                a->gamma == b->gamma && a->total_steps == b->total_steps && a->eta_min == b->eta_min &&
+                a->warmup_steps == b->warmup_steps && a->warmup_start_factor == b->warmup_start_factor;
+    for (int i = 0; same && i < a->n_milestones; i++)
+        same = a->milestones[i] == b->milestones[i];
+    return same;
+}
+
+/* ---- exact resume ---- */
+
+static void resume_case(fr_optim_kind kind) {
+    const char *dir = fr_t_make_tmpdir("ckpt");
+    char path[512];
+    snprintf(path, sizeof path, "%s/run.safetensors", dir);
+    fr_dataset *ds = make_data();
+    CHECK_NOTNULL(ds);
+    trainer whole, first, second;
+    /* 10 steps = one epoch of 6 and 4 of the next */
+    CHECK(trainer_init(&whole, ds, 1, kind));
+    CHECK_OK(train_steps(&whole, 10));
+    CHECK(trainer_init(&first, ds, 1, kind));
+    CHECK_OK(train_steps(&first, 4));
+    CHECK_OK(fr_ckpt_save(path, first.m, first.opt, &first.st));
+    /* a fresh run started from other weights: the load must replace them all */
+    CHECK(trainer_init(&second, ds, 99, kind));
+    fr_train_state loaded;
+    CHECK_OK(fr_ckpt_load(path, second.m, second.opt, &loaded));
+    CHECK(loaded.epoch == 0 && loaded.batch == 4 && loaded.step == 4 && loaded.seed == 7);
+    CHECK(loaded.batch_size == BATCH && loaded.epochs == 2 && loaded.augment);
+    CHECK(same_schedule(&loaded.schedule, &first.st.schedule));
+    CHECK(models_equal(first.m, second.m) && optims_equal(first.opt, second.opt));
+    second.st = loaded;
+    CHECK_OK(train_steps(&second, 6));
+    CHECK(second.st.epoch == 1 && second.st.step == 10);
+    CHECK(models_equal(whole.m, second.m));
+    CHECK(optims_equal(whole.opt, second.opt));
+    trainer_free(&whole);
+    trainer_free(&first);
+    trainer_free(&second);
+    fr_dataset_free(ds);
+    fr_t_remove_tmpdir(dir);
+}
+
+static void test_exact_resume_sgd(void) { resume_case(FR_OPTIM_SGD); }
+static void test_exact_resume_adamw(void) { resume_case(FR_OPTIM_ADAMW); }
+
+static void test_info_roundtrip(void) {
+    const char *dir = fr_t_make_tmpdir("ckpt");
+    char path[512];
+    snprintf(path, sizeof path, "%s/info.safetensors", dir);
+    fr_model *m = fr_resnet_create("resnet8", IMG_C, CLASSES, 1);
+    CHECK_OK(fr_strategy_parse("recompute+checkpoint:2", &m->cfg.strategy));
+    fr_optim *opt = fr_sgd_new(m->params, (fr_sgd_options){.lr = 0.1, .momentum = 0.9, .weight_decay = 1e-4});
+    fr_train_state st = {.epoch = 3, .batch = 0, .step = 300, .seed = UINT64_MAX, .batch_size = 64,
+                         .accum = 2, .epochs = 30, .limit_train = 5000};
+    snprintf(st.data, sizeof st.data, "cifar10:/data/c10");
+    int64_t ms[2] = {1000, 1500};
+    CHECK_OK(fr_schedule_step(&st.schedule, 0.1, ms, 2, 0.1));
+    CHECK_OK(fr_schedule_warmup(&st.schedule, 100, 0.25));
+    CHECK_OK(fr_ckpt_save(path, m, opt, &st));
+    fr_ckpt_info info;
+    CHECK_OK(fr_ckpt_read_info(path, &info));
+    CHECK(info.is_training && info.version == FR_CKPT_VERSION);
+    CHECK(!strcmp(info.model, "resnet8") && info.in_channels == IMG_C && info.num_classes == CLASSES);
+    CHECK(fr_strategy_equal(info.strategy, m->cfg.strategy));
+    CHECK(info.has_optim && info.optim_kind == FR_OPTIM_SGD);
+    CHECK(info.sgd.lr == opt->sgd.lr && info.sgd.momentum == opt->sgd.momentum &&
+          info.sgd.dampening == opt->sgd.dampening && info.sgd.weight_decay == opt->sgd.weight_decay &&
+          info.sgd.nesterov == opt->sgd.nesterov);
+    CHECK(info.state.seed == UINT64_MAX && info.state.step == 300 && info.state.accum == 2);
+    CHECK(info.state.limit_train == 5000 && !strcmp(info.state.data, "cifar10:/data/c10"));
+    CHECK(same_schedule(&info.state.schedule, &st.schedule));
+    /* a plain weights file: no metadata, loads as weights only */
+    snprintf(path, sizeof path, "%s/weights.safetensors", dir);
+    CHECK_OK(fr_params_save(m->params, path));
+    CHECK_OK(fr_ckpt_read_info(path, &info));
+    CHECK(!info.is_training && !info.model[0]);
+    CHECK_OK(fr_ckpt_load(path, m, NULL, NULL));
+    CHECK_ERR(fr_ckpt_load(path, m, opt, NULL), FR_ERR_FORMAT, "holds no optimizer state");
+    fr_train_state got;
+    CHECK_ERR(fr_ckpt_load(path, m, NULL, &got), FR_ERR_FORMAT, "not a training checkpoint");
+    fr_optim_free(opt);
+    fr_model_free(m);
+    fr_t_remove_tmpdir(dir);
+}
+
+/* ---- atomic save ---- */
+
+static char *read_all(const char *path, size_t *len) {
+    FILE *f = fopen(path, "rb");
+    if (!f)
+        return NULL;
+    fseek(f, 0, SEEK_END);
+    *len = (size_t)ftell(f);
+    fseek(f, 0, SEEK_SET);
+    char *buf = malloc(*len ? *len : 1);
+    if (buf && fread(buf, 1, *len, f) != *len) {
+        free(buf);
+        buf = NULL;
+    }
+    fclose(f);
+    return buf;
+}
+
+static void test_failed_save_keeps_previous(void) {
+    const char *dir = fr_t_make_tmpdir("ckpt");
+    char path[512];
+    snprintf(path, sizeof path, "%s/run.safetensors", dir);
+    fr_model *m = fr_resnet_create("resnet8", IMG_C, CLASSES, 1);
+    CHECK_OK(fr_ckpt_save(path, m, NULL, NULL));
+    size_t len0 = 0, len1 = 0;
+    char *before = read_all(path, &len0);
+    CHECK_NOTNULL(before);
+    fr_fill_(m->params->items[0].tensor, 3.0f);
+    /* a disk that fills up mid-write: the file size limit makes write()
+     * fail with EFBIG once the temporary file reaches 4 KiB */
+    struct rlimit old, small = {.rlim_cur = 4096, .rlim_max = RLIM_INFINITY};
+    getrlimit(RLIMIT_FSIZE, &old);
+    small.rlim_max = old.rlim_max;
+    void (*old_handler)(int) = signal(SIGXFSZ, SIG_IGN);
+    CHECK(setrlimit(RLIMIT_FSIZE, &small) == 0);
+    CHECK_ERR(fr_ckpt_save(path, m, NULL, NULL), FR_ERR_IO, "previous file left as it was");
+    setrlimit(RLIMIT_FSIZE, &old);
+    signal(SIGXFSZ, old_handler);
+    char *after = read_all(path, &len1);
+    CHECK(after && len0 == len1 && !memcmp(before, after, len0));
+    char tmp[600];
+    snprintf(tmp, sizeof tmp, "%s.tmp.%ld", path, (long)getpid());
+    CHECK(access(tmp, F_OK) != 0); /* the temporary file was removed */
+    free(before);
+    free(after);
+    fr_model_free(m);
+    fr_t_remove_tmpdir(dir);
+}
+
+/* ---- refused loads ---- */
+
+/* Writes m's tensors to `path` with checkpoint metadata, except: `drop` is
+ * left out, `replace` is written as `with`, `extra` added under its name;
+ * metadata key `bad_key` (if any) gets `bad_value`. */
+typedef struct {
+    const char *drop, *replace, *extra, *bad_key, *bad_value;
+    fr_tensor *with;
+} edit;
+
+static void write_edited(const char *path, const fr_model *m, edit e) {
+    static const char *const meta[][2] = {
+        {"format", FR_CKPT_FORMAT}, {"format_version", "1"}, {"model", "resnet8"}, {"in_channels", "3"},
+        {"num_classes", "3"}, {"strategy", "plain"}, {"optimizer", "none"}, {"training", "1"},
+        {"epoch", "1"}, {"batch", "0"}, {"step", "6"}, {"seed", "7"}, {"batch_size", "4"}, {"accum", "1"},
+        {"epochs", "2"}, {"augment", "1"}, {"limit_train", "0"}, {"data", "synthetic"},
+        {"schedule", "cosine"}, {"schedule.base_lr", "0.1"}, {"schedule.milestones", ""},
+        {"schedule.gamma", "0"}, {"schedule.total_steps", "12"}, {"schedule.eta_min", "0"},
+        {"schedule.warmup_steps", "0"}, {"schedule.warmup_start_factor", "0"}};
+    fr_st_writer *w = fr_st_writer_new();
+    for (size_t k = 0; k < sizeof meta / sizeof *meta; k++) {
+        bool bad = e.bad_key && !strcmp(e.bad_key, meta[k][0]);
+        if (!bad || e.bad_value)
+            CHECK_OK(fr_st_writer_add_metadata(w, meta[k][0], bad ? e.bad_value : meta[k][1]));
+    }
+    for (int i = 0; i < m->params->count; i++) {
+        const fr_param *p = &m->params->items[i];
+        if (e.drop && !strcmp(p->name, e.drop))
+            continue;
+        CHECK_OK(fr_st_writer_add(w, p->name, e.replace && !strcmp(p->name, e.replace) ? e.with : p->tensor));
+    }
+    if (e.extra)
+        CHECK_OK(fr_st_writer_add(w, e.extra, m->params->items[0].tensor));
+    CHECK_OK(fr_st_writer_save(w, path));
+    fr_st_writer_free(w);
+}
+
+/* Loading the edited file into a fresh model must fail with `code` and a
+ * message holding the path and `needle`, changing nothing. */
+static void expect_refused(const char *path, fr_model *m, fr_optim *opt, edit e, fr_status code,
+                           const char *needle) {
+    fr_model *donor = fr_resnet_create("resnet8", IMG_C, CLASSES, 5);
+    write_edited(path, donor, e);
+    fr_model *before = snapshot(m);
+    fr_train_state st;
+    CHECK_ERR(fr_ckpt_load(path, m, opt, &st), code, needle);
+    if (!strstr(fr_last_error(), path)) {
+        fprintf(stderr, "    message does not name the file: %s\n", fr_last_error());
+        fr_t_failed_now = 1;
+    }
+    CHECK(models_equal(before, m));
+    fr_model_free(before);
+    fr_model_free(donor);
+}
+
+static void test_refused_loads(void) {
+    const char *dir = fr_t_make_tmpdir("ckpt");
+    char path[512];
+    snprintf(path, sizeof path, "%s/bad.safetensors", dir);
+    fr_model *m = fr_resnet_create("resnet8", IMG_C, CLASSES, 1);
+    fr_model *other = fr_resnet_create("resnet14", IMG_C, CLASSES, 1);
+    /* the edited file itself is well formed: it loads */
+    write_edited(path, m, (edit){0});
+    fr_model *probe = fr_resnet_create("resnet8", IMG_C, CLASSES, 2);
+    fr_train_state st;
+    CHECK_OK(fr_ckpt_load(path, probe, NULL, &st));
+    CHECK(models_equal(m, probe) && st.epoch == 1 && st.step == 6);
+    fr_model_free(probe);
+
+    expect_refused(path, other, NULL, (edit){0}, FR_ERR_FORMAT, "holds model resnet8, not resnet14");
+    fr_tensor *wide = fr_zeros(FR_CPU, FR_F32, 2, FR_SHAPE(CLASSES, 32), FR_TAG_PARAM);
+    expect_refused(path, m, NULL, (edit){.replace = "fc.weight", .with = wide}, FR_ERR_SHAPE,
+                   "tensor fc.weight has shape (3, 32), expected (3, 64)");
+    fr_tensor *half = fr_zeros(FR_CPU, FR_F16, 1, FR_SHAPE(16), FR_TAG_PARAM);
+    expect_refused(path, m, NULL, (edit){.replace = "bn1.running_var", .with = half}, FR_ERR_DTYPE,
+                   "tensor bn1.running_var has dtype f16, expected f32");
+    expect_refused(path, m, NULL, (edit){.drop = "layer2.0.conv2.weight"}, FR_ERR_FORMAT,
+                   "tensor layer2.0.conv2.weight is missing");
+    expect_refused(path, m, NULL, (edit){.extra = "layer9.conv.weight"}, FR_ERR_FORMAT,
+                   "tensor layer9.conv.weight is not in model resnet8");
+    /* optimizer state that does not fit the optimizer */
+    fr_optim *sgd = fr_sgd_new(m->params, (fr_sgd_options){.lr = 0.1, .momentum = 0.9});
+    expect_refused(path, m, sgd, (edit){0}, FR_ERR_FORMAT, "holds no optimizer state");
+    expect_refused(path, m, sgd, (edit){.bad_key = "optimizer", .bad_value = "adam"}, FR_ERR_FORMAT,
+                   "optimizer.lr\" is missing");
+    fr_optim_free(sgd);
+    fr_release(wide);
+    fr_release(half);
+    fr_model_free(other);
+    fr_model_free(m);
+    fr_t_remove_tmpdir(dir);
+}
+
+static void test_malformed_metadata(void) {
+    const char *dir = fr_t_make_tmpdir("ckpt");
+    char path[512];
+    snprintf(path, sizeof path, "%s/meta.safetensors", dir);
+    fr_model *m = fr_resnet_create("resnet8", IMG_C, CLASSES, 1);
+    static const struct {
+        const char *key, *value, *needle;
+    } cases[] = {
+        {"format", "something.else", "\"format\" is \"something.else\""},
+        {"format_version", "one", "\"format_version\" is \"one\""},
+        {"format_version", "7", "format version 7 is newer"},
+        {"model", NULL, "\"model\" is missing"},
+        {"in_channels", "-3", "\"in_channels\" is \"-3\""},
+        {"strategy", "fast", "\"strategy\": unknown memory strategy"},
+        {"optimizer", "rmsprop", "\"optimizer\" has the unknown value \"rmsprop\""},
+        {"epoch", "1.5", "\"epoch\" is \"1.5\""},
+        {"step", "", "\"step\" is \"\""},
+        {"seed", "-1", "\"seed\" is \"-1\""},
+        {"schedule", "linear", "\"schedule\" has the unknown value \"linear\""},
+        {"schedule.base_lr", "fast", "\"schedule.base_lr\" is \"fast\""},
+        {"schedule.total_steps", "0", "bad schedule"},
+        {"schedule.milestones", "3,x", "\"schedule.milestones\" is \"3,x\""},
+    };
+    for (size_t k = 0; k < sizeof cases / sizeof *cases; k++) {
+        fr_ckpt_info info;
+        expect_refused(path, m, NULL, (edit){.bad_key = cases[k].key, .bad_value = cases[k].value},
+                       FR_ERR_FORMAT, cases[k].needle);
+        CHECK_ERR(fr_ckpt_read_info(path, &info), FR_ERR_FORMAT, cases[k].needle);
+    }
+    fr_model_free(m);
+    fr_t_remove_tmpdir(dir);
+}
+
+int main(void) {
+    RUN(test_exact_resume_sgd);
+    RUN(test_exact_resume_adamw);
+    RUN(test_info_roundtrip);
+    RUN(test_failed_save_keeps_previous);
+    RUN(test_refused_loads);
+    RUN(test_malformed_metadata);
+    return TEST_SUMMARY();
+}
