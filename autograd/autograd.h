@@ -90,6 +90,16 @@ void fr_recompute_enter(void);
 void fr_recompute_exit(void);
 bool fr_in_recompute(void);
 
+/* The random stream of random ops (dropout): each call draws one 64-bit seed
+ * from this per-thread generator, and the op's mask is a function of that
+ * seed. Checkpointing records the state before a segment and restores it
+ * for the replay, so the replay draws the same masks. */
+void fr_manual_seed(uint64_t seed);
+uint64_t fr_random_state(void);
+void fr_set_random_state(uint64_t state);
+/* Draws the next seed (advances the state). */
+uint64_t fr_random_next_seed(void);
+
 /* ---- leaves ---- */
 /* Marks a leaf as wanting a gradient (parameters). */
 void fr_set_requires_grad(fr_tensor *t, bool on);

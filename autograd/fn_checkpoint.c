@@ -10,6 +10,7 @@
 typedef struct {
     fr_segment_fn fn;
     void *fn_ctx;
+    uint64_t random_state; /* before the forward: the replay draws the same masks */
 } checkpoint_ctx;
 
 static fr_status checkpoint_backward(fr_node *node, fr_tensor *const *dout, fr_tensor **din) {
@@ -26,9 +27,12 @@ static fr_status checkpoint_backward(fr_node *node, fr_tensor *const *dout, fr_t
         /* The input becomes a leaf of the inner tape, so its gradient lands
          * in leaf->grad; the segment's parameters are leaves already. */
         fr_set_requires_grad(leaf, true);
+        uint64_t now = fr_random_state();
+        fr_set_random_state(c->random_state);
         fr_recompute_enter();
         y = c->fn(c->fn_ctx, leaf);
         fr_recompute_exit();
+        fr_set_random_state(now);
         st = y ? fr_backward_with(y, dout[0]) : fr_last_status();
     }
     if (st == FR_OK && fr_node_needs_grad(node, 0) && leaf->grad)
@@ -50,6 +54,7 @@ fr_tensor *fr_checkpoint(fr_segment_fn fn, void *fn_ctx, fr_tensor *x) {
      * even when its input (a data batch) does not. */
     if (!fr_grad_enabled())
         return fn(fn_ctx, x);
+    uint64_t random_state = fr_random_state();
     fr_no_grad_enter();
     fr_tensor *y = fn(fn_ctx, x);
     fr_no_grad_exit();
@@ -67,7 +72,7 @@ fr_tensor *fr_checkpoint(fr_segment_fn fn, void *fn_ctx, fr_tensor *x) {
         fr_release(y);
         return NULL;
     }
-    *c = (checkpoint_ctx){.fn = fn, .fn_ctx = fn_ctx};
+    *c = (checkpoint_ctx){.fn = fn, .fn_ctx = fn_ctx, .random_state = random_state};
     fr_node_set_ctx(node, c, NULL);
     fr_node_set_output(node, 0, y);
     return y;

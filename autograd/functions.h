@@ -61,6 +61,11 @@ fr_tensor *fr_concat(fr_tensor *const *inputs, int count);
  * fail with FR_ERR_VERSION. */
 fr_tensor *fr_concat_recomputable(fr_tensor *const *inputs, int count);
 
+/* fn_dropout.c: in training zeroes each element with probability p and
+ * scales the rest by 1 / (1 - p); in eval returns x itself (a new
+ * reference). Keeps no mask: backward redraws it from the op's seed. */
+fr_tensor *fr_dropout(fr_tensor *x, float p, bool training);
+
 /* fn_loss.c: fused log-softmax + NLL, mean over the batch; labels i32 */
 fr_tensor *fr_cross_entropy(fr_tensor *logits, fr_tensor *labels);
 

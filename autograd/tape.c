@@ -23,6 +23,19 @@ static _Thread_local struct {
 } outer[FR_TAPE_DEPTH];
 static _Thread_local int n_outer;
 
+static _Thread_local uint64_t random_state = 0x853C49E6748FEA9Bull;
+void fr_manual_seed(uint64_t seed) { random_state = seed; }
+uint64_t fr_random_state(void) { return random_state; }
+void fr_set_random_state(uint64_t state) { random_state = state; }
+uint64_t fr_random_next_seed(void) {
+    /* SplitMix64: a counter through a finaliser, so consecutive seeds are
+     * unrelated and the state is one integer to save and restore. */
+    uint64_t z = (random_state += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+
 static _Thread_local int recompute_depth;
 void fr_recompute_enter(void) { recompute_depth++; }
 void fr_recompute_exit(void) {

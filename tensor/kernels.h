@@ -37,6 +37,20 @@ typedef struct {
     float bc2_sqrt;    /* sqrt(1 - beta2^t) */
 } fr_adam_scalars;
 
+/* Dropout's counter-based uniform in [0, 1) for element i of stream `seed`
+ * (SplitMix64 finaliser of seed + i * golden ratio; 24 bits). Shared by the
+ * CPU and CUDA kernels, which is what makes their masks identical. */
+#ifdef __CUDACC__
+__host__ __device__
+#endif
+static inline float fr_dropout_uniform(uint64_t seed, uint64_t i) {
+    uint64_t z = seed + (i + 1) * 0x9E3779B97F4A7C15ull;
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    z ^= z >> 31;
+    return (float)(z >> 40) * (1.0f / 16777216.0f);
+}
+
 #define FR_KERNEL(name, params) fr_status fr_cpu_##name params;
 #include "kernels.def"
 #undef FR_KERNEL

@@ -138,6 +138,11 @@ fr_status fr_nonfinite_count_(fr_tensor *count, const fr_tensor *x);
 /* x *= inv_scale in place; bumps x's version. */
 fr_status fr_unscale_(fr_tensor *x, float inv_scale);
 
+/* ---- dropout (ops_dropout.c): p in [0, 1); the mask comes from the seed
+ * (kernels.def), so backward needs only p and the seed ---- */
+fr_status fr_dropout_forward(fr_tensor *y, const fr_tensor *x, float p, uint64_t seed);
+fr_status fr_dropout_backward(fr_tensor *dx, const fr_tensor *dy, float p, uint64_t seed);
+
 #ifdef __cplusplus
 }
 #endif

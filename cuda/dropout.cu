@@ -1,0 +1,20 @@
+/* dropout.cu: dropout kernels on the GPU, drawing the same counter-based
+ * mask as tensor/cpu_dropout.c (fr_dropout_uniform in kernels.h). */
+#include "internal.h"
+
+__global__ void dropout_kernel(float *y, const float *x, float p, float scale, uint64_t seed,
+                               size_t n) {
+    FR_CUDA_FOR(i, n) y[i] = fr_dropout_uniform(seed, i) >= p ? x[i] * scale : 0.0f;
+}
+
+extern "C" fr_status fr_cuda_dropout_fwd(float *y, const float *x, float p, uint64_t seed, size_t n) {
+    if (n == 0)
+        return FR_OK;
+    dropout_kernel<<<fr_cuda_grid(n), FR_CUDA_THREADS>>>(y, x, p, 1.0f / (1.0f - p), seed, n);
+    FR_CUDA_LAUNCH_CHECK();
+    return FR_OK;
+}
+
+extern "C" fr_status fr_cuda_dropout_bwd(float *dx, const float *dy, float p, uint64_t seed, size_t n) {
+    return fr_cuda_dropout_fwd(dx, dy, p, seed, n);
+}
