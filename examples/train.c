@@ -92,11 +92,8 @@ static fr_status parse_args(int argc, char **argv, options *o) {
             o->nesterov = true;
         } else if (!strcmp(a, "--augment") || !strcmp(a, "--no-augment")) {
             o->augment = !strcmp(a, "--augment");
-        } else if (!is_value_flag(a)) {
-            return fr_error(FR_ERR_ARG, "unknown %s \"%s\" (see train --help)",
-                            strncmp(a, "--", 2) ? "argument" : "flag", a);
-        } else if (!v) {
-            return fr_error(FR_ERR_ARG, "%s needs a value (see train --help)", a);
+        } else if (!is_value_flag(a) || !v) {
+            return fr_cli_bad_flag("train", a, is_value_flag(a));
         } else {
             i++;
             trajectory = false;
@@ -392,11 +389,10 @@ static fr_status train(run *r, const options *o) {
 }
 
 int main(int argc, char **argv) {
-    for (int i = 1; i < argc; i++)
-        if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
-            usage(stdout);
-            return 0;
-        }
+    if (fr_cli_wants_help(argc, argv)) {
+        usage(stdout);
+        return 0;
+    }
     options o;
     run r = {0};
     fr_status s = parse_args(argc, argv, &o);
@@ -408,8 +404,7 @@ int main(int argc, char **argv) {
         print_header(&r, &o);
         s = train(&r, &o);
     }
-    if (s != FR_OK)
-        fprintf(stderr, "train: %s\n", fr_last_error());
+    int status = fr_cli_exit_status("train", s);
     run_free(&r);
-    return s == FR_OK ? 0 : 1;
+    return status;
 }

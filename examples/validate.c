@@ -51,11 +51,8 @@ static fr_status parse_args(int argc, char **argv, options *o) {
         bool ok = false;
         for (size_t k = 0; k < sizeof known / sizeof *known; k++)
             ok |= !strcmp(a, known[k]);
-        if (!ok)
-            return fr_error(FR_ERR_ARG, "unknown %s \"%s\" (see validate --help)",
-                            strncmp(a, "--", 2) ? "argument" : "flag", a);
-        if (!v)
-            return fr_error(FR_ERR_ARG, "%s needs a value (see validate --help)", a);
+        if (!ok || !v)
+            return fr_cli_bad_flag("validate", a, ok);
         i++;
         if (!strcmp(a, "--checkpoint"))
             o->checkpoint = v;
@@ -199,11 +196,10 @@ static fr_status validate(run *r, const options *o) {
 }
 
 int main(int argc, char **argv) {
-    for (int i = 1; i < argc; i++)
-        if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
-            usage(stdout);
-            return 0;
-        }
+    if (fr_cli_wants_help(argc, argv)) {
+        usage(stdout);
+        return 0;
+    }
     options o;
     run r = {0};
     fr_status s = parse_args(argc, argv, &o);
@@ -213,8 +209,7 @@ int main(int argc, char **argv) {
         s = setup(&o, &r);
     if (s == FR_OK)
         s = validate(&r, &o);
-    if (s != FR_OK)
-        fprintf(stderr, "validate: %s\n", fr_last_error());
+    int status = fr_cli_exit_status("validate", s);
     run_free(&r);
-    return s == FR_OK ? 0 : 1;
+    return status;
 }

@@ -52,6 +52,29 @@ fr_status fr_cli_choice(const char *flag, const char *text, const char *const *c
     return fr_error(FR_ERR_ARG, "%s: \"%s\" is not one of %s", flag, text ? text : "", list);
 }
 
+/* ---- program skeleton ---- */
+
+bool fr_cli_wants_help(int argc, char *const *argv) {
+    for (int i = 1; i < argc; i++)
+        if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h"))
+            return true;
+    return false;
+}
+
+fr_status fr_cli_bad_flag(const char *prog, const char *arg, bool known) {
+    if (!known)
+        return fr_error(FR_ERR_ARG, "unknown %s \"%s\" (see %s --help)",
+                        strncmp(arg, "--", 2) ? "argument" : "flag", arg, prog);
+    return fr_error(FR_ERR_ARG, "%s needs a value (see %s --help)", arg, prog);
+}
+
+int fr_cli_exit_status(const char *prog, fr_status s) {
+    if (s == FR_OK)
+        return 0;
+    fprintf(stderr, "%s: %s\n", prog, fr_last_error());
+    return 1;
+}
+
 /* ---- models ---- */
 
 fr_model *fr_cli_model_create(const char *name, int in_channels, int num_classes, uint64_t seed) {

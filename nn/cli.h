@@ -26,6 +26,16 @@ fr_status fr_cli_double(const char *flag, const char *text, double lo, double hi
 /* `name` must be one of `choices` (n entries); *out its index. */
 fr_status fr_cli_choice(const char *flag, const char *text, const char *const *choices, int n, int *out);
 
+/* ---- program skeleton ---- */
+/* Whether argv holds --help or -h (anywhere: the usage wins over errors). */
+bool fr_cli_wants_help(int argc, char *const *argv);
+/* The FR_ERR_ARG for an argv entry `arg` that program `prog` cannot take:
+ * unknown (!known), or a flag that takes a value given last. */
+fr_status fr_cli_bad_flag(const char *prog, const char *arg, bool known);
+/* The exit status for a program's outcome: 0 if s is FR_OK, else 1 after
+ * printing "prog: <last error>" on stderr. */
+int fr_cli_exit_status(const char *prog, fr_status s);
+
 /* ---- models ---- */
 /* resnet<6n+2>, preresnet<9n+2> (nn/resnet.h) or densenet-bc-<L>[-k<K>]
  * (nn/densenet.h), on the CPU with the plain strategy. */

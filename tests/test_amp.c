@@ -24,12 +24,6 @@
 #include "nn/layers.h"
 #include "testlib.h"
 
-#define NEED_CUDA()                 \
-    do {                            \
-        if (!fr_t_have_cuda())      \
-            SKIP("no CUDA device"); \
-    } while (0)
-
 static uint32_t f32_bits(float f) {
     uint32_t u;
     memcpy(&u, &f, sizeof u);

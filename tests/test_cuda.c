@@ -23,65 +23,27 @@
 #include "data/loader.h"
 #include "testlib.h"
 
-#define NEED_CUDA()                      \
-    do {                                 \
-        if (!fr_t_have_cuda())           \
-            SKIP("no CUDA device");      \
-    } while (0)
-
-/* One tensor on each device with the same values. */
-typedef struct {
-    fr_tensor *c, *g;
-} pair;
-
-static pair pr_of(fr_tensor *cpu) {
-    pair p = {cpu, cpu ? fr_to_device(cpu, FR_CUDA, FR_TAG_DATA) : NULL};
-    CHECK_NOTNULL(p.g);
-    return p;
-}
-static pair pr_rand(int ndim, const int64_t *shape, uint32_t seed) {
-    fr_tensor *c = fr_t_rand(FR_CPU, ndim, shape, seed);
-    CHECK_NOTNULL(c);
-    return pr_of(c);
-}
-static pair pr_empty(int ndim, const int64_t *shape) {
-    pair p = {fr_empty(FR_CPU, FR_F32, ndim, shape, FR_TAG_TRANSIENT),
-              fr_empty(FR_CUDA, FR_F32, ndim, shape, FR_TAG_TRANSIENT)};
-    CHECK_NOTNULL(p.c);
-    CHECK_NOTNULL(p.g);
-    return p;
-}
-static void pr_free(pair *p) {
-    fr_clear(&p->c);
-    fr_clear(&p->g);
-}
-static void pr_check(pair p, double atol, double rtol, const char *what) {
-    fr_t_allclose_t(p.g, p.c, atol, rtol, what);
-}
-#define PR_RAND(seed, ...) pr_rand(FR_NDIM(__VA_ARGS__), FR_SHAPE(__VA_ARGS__), (seed))
-#define PR_EMPTY(...) pr_empty(FR_NDIM(__VA_ARGS__), FR_SHAPE(__VA_ARGS__))
-
 /* x * scale + shift on the host, as a pair (for inputs outside [-1, 1)). */
-static pair pr_affine(pair p, float scale, float shift) {
+static fr_t_pair pr_affine(fr_t_pair p, float scale, float shift) {
     size_t n = (size_t)fr_numel(p.c);
     float *h = malloc(n * sizeof *h);
     fr_read_f32(p.c, h, n);
     for (size_t i = 0; i < n; i++)
         h[i] = h[i] * scale + shift;
-    pair q = pr_of(fr_from_host(FR_CPU, FR_F32, p.c->ndim, p.c->shape, FR_TAG_DATA, h));
+    fr_t_pair q = fr_t_pair_of(fr_from_host(FR_CPU, FR_F32, p.c->ndim, p.c->shape, FR_TAG_DATA, h));
     free(h);
-    pr_free(&p);
+    fr_t_pair_free(&p);
     return q;
 }
 
-static pair pr_labels(int n, int k, uint32_t seed) {
+static fr_t_pair pr_labels(int n, int k, uint32_t seed) {
     int32_t *h = malloc((size_t)n * sizeof *h);
     uint32_t s = seed * 2654435761u + 1;
     for (int i = 0; i < n; i++) {
         s = s * 1664525u + 1013904223u;
         h[i] = (int32_t)((s >> 8) % (uint32_t)k);
     }
-    pair p = pr_of(fr_from_host(FR_CPU, FR_I32, 1, FR_SHAPE(n), FR_TAG_DATA, h));
+    fr_t_pair p = fr_t_pair_of(fr_from_host(FR_CPU, FR_I32, 1, FR_SHAPE(n), FR_TAG_DATA, h));
     free(h);
     return p;
 }
@@ -101,42 +63,42 @@ static void test_no_device_fails(void) {
 /* ---- elementwise and sum ---- */
 
 static void elementwise_case(int64_t n, uint32_t seed) {
-    pair a = PR_RAND(seed, n), b = PR_RAND(seed + 1, n), out = PR_EMPTY(n);
+    fr_t_pair a = PR_RAND(seed, n), b = PR_RAND(seed + 1, n), out = PR_EMPTY(n);
     CHECK_OK(fr_add_out(out.c, a.c, b.c));
     CHECK_OK(fr_add_out(out.g, a.g, b.g));
-    pr_check(out, 0, 0, "add");
+    fr_t_pair_check(out, 0, 0, "add");
     CHECK_OK(fr_mul_out(out.c, a.c, b.c));
     CHECK_OK(fr_mul_out(out.g, a.g, b.g));
-    pr_check(out, 0, 0, "mul");
+    fr_t_pair_check(out, 0, 0, "mul");
     CHECK_OK(fr_scale_out(out.c, a.c, -1.75f));
     CHECK_OK(fr_scale_out(out.g, a.g, -1.75f));
-    pr_check(out, 0, 0, "scale");
+    fr_t_pair_check(out, 0, 0, "scale");
     /* inplace: out aliases an input */
     CHECK_OK(fr_add_out(out.c, out.c, b.c));
     CHECK_OK(fr_add_out(out.g, out.g, b.g));
-    pr_check(out, 0, 0, "add inplace");
+    fr_t_pair_check(out, 0, 0, "add inplace");
     CHECK_OK(fr_scale_out(out.c, out.c, 0.5f));
     CHECK_OK(fr_scale_out(out.g, out.g, 0.5f));
-    pr_check(out, 0, 0, "scale inplace");
+    fr_t_pair_check(out, 0, 0, "scale inplace");
     /* the GPU may fuse alpha * x + y into one rounding */
     CHECK_OK(fr_axpy_(out.c, 0.3f, a.c));
     CHECK_OK(fr_axpy_(out.g, 0.3f, a.g));
-    pr_check(out, 1e-6, 1e-6, "axpy");
+    fr_t_pair_check(out, 1e-6, 1e-6, "axpy");
 
-    pair s = PR_EMPTY(1);
+    fr_t_pair s = PR_EMPTY(1);
     CHECK_OK(fr_sum_out(s.c, a.c));
     CHECK_OK(fr_sum_out(s.g, a.g));
-    pr_check(s, 1e-5, 1e-6, "sum"); /* both accumulate in double */
+    fr_t_pair_check(s, 1e-5, 1e-6, "sum"); /* both accumulate in double */
     CHECK_OK(fr_fill_from_out(out.c, s.c, 0.25f));
     CHECK_OK(fr_fill_from_out(out.g, s.g, 0.25f));
-    pr_check(out, 1e-5, 1e-6, "fill_from");
+    fr_t_pair_check(out, 1e-5, 1e-6, "fill_from");
     CHECK_OK(fr_fill_(out.c, 3.5f));
     CHECK_OK(fr_fill_(out.g, 3.5f));
-    pr_check(out, 0, 0, "fill");
-    pr_free(&a);
-    pr_free(&b);
-    pr_free(&out);
-    pr_free(&s);
+    fr_t_pair_check(out, 0, 0, "fill");
+    fr_t_pair_free(&a);
+    fr_t_pair_free(&b);
+    fr_t_pair_free(&out);
+    fr_t_pair_free(&s);
 }
 
 static void test_elementwise(void) {
@@ -162,51 +124,51 @@ static void test_sum_of_zeros_and_ones(void) {
 
 static void test_activation(void) {
     NEED_CUDA();
-    pair x = PR_RAND(10, 3, 1001), dy = PR_RAND(11, 3, 1001), y = PR_EMPTY(3, 1001),
+    fr_t_pair x = PR_RAND(10, 3, 1001), dy = PR_RAND(11, 3, 1001), y = PR_EMPTY(3, 1001),
          dx = PR_EMPTY(3, 1001);
     CHECK_OK(fr_relu_forward(y.c, x.c));
     CHECK_OK(fr_relu_forward(y.g, x.g));
-    pr_check(y, 0, 0, "relu");
+    fr_t_pair_check(y, 0, 0, "relu");
     CHECK_OK(fr_relu_backward(dx.c, dy.c, y.c));
     CHECK_OK(fr_relu_backward(dx.g, dy.g, y.g));
-    pr_check(dx, 0, 0, "relu backward");
+    fr_t_pair_check(dx, 0, 0, "relu backward");
     CHECK_OK(fr_leaky_relu_forward(y.c, x.c, 0.1f));
     CHECK_OK(fr_leaky_relu_forward(y.g, x.g, 0.1f));
-    pr_check(y, 0, 0, "leaky relu");
+    fr_t_pair_check(y, 0, 0, "leaky relu");
     CHECK_OK(fr_leaky_relu_backward(dx.c, dy.c, y.c, 0.1f));
     CHECK_OK(fr_leaky_relu_backward(dx.g, dy.g, y.g, 0.1f));
-    pr_check(dx, 0, 0, "leaky relu backward");
+    fr_t_pair_check(dx, 0, 0, "leaky relu backward");
     /* inplace: y is x, dx is dy */
     CHECK_OK(fr_relu_forward(x.c, x.c));
     CHECK_OK(fr_relu_forward(x.g, x.g));
-    pr_check(x, 0, 0, "relu inplace");
+    fr_t_pair_check(x, 0, 0, "relu inplace");
     CHECK_OK(fr_leaky_relu_backward(dy.c, dy.c, x.c, 0.2f));
     CHECK_OK(fr_leaky_relu_backward(dy.g, dy.g, x.g, 0.2f));
-    pr_check(dy, 0, 0, "leaky relu backward inplace");
-    pr_free(&x);
-    pr_free(&dy);
-    pr_free(&y);
-    pr_free(&dx);
+    fr_t_pair_check(dy, 0, 0, "leaky relu backward inplace");
+    fr_t_pair_free(&x);
+    fr_t_pair_free(&dy);
+    fr_t_pair_free(&y);
+    fr_t_pair_free(&dx);
 }
 
 /* ---- GEMM: every transpose pair, alpha and beta; sums of up to K
  * products in another order: 1e-5 relative ---- */
 
 static void gemm_case(int m, int n, int k, bool ta, bool tb, uint32_t seed) {
-    pair a = ta ? PR_RAND(seed, k, m) : PR_RAND(seed, m, k);
-    pair b = tb ? PR_RAND(seed + 1, n, k) : PR_RAND(seed + 1, k, n);
-    pair c = PR_RAND(seed + 2, m, n);
+    fr_t_pair a = ta ? PR_RAND(seed, k, m) : PR_RAND(seed, m, k);
+    fr_t_pair b = tb ? PR_RAND(seed + 1, n, k) : PR_RAND(seed + 1, k, n);
+    fr_t_pair c = PR_RAND(seed + 2, m, n);
     CHECK_OK(fr_gemm_out(c.c, a.c, b.c, ta, tb, 0.5f, 0.25f));
     CHECK_OK(fr_gemm_out(c.g, a.g, b.g, ta, tb, 0.5f, 0.25f));
     char what[64];
     snprintf(what, sizeof what, "gemm %dx%dx%d ta=%d tb=%d", m, n, k, ta, tb);
-    pr_check(c, 1e-5 * k, 1e-5, what);
+    fr_t_pair_check(c, 1e-5 * k, 1e-5, what);
     CHECK_OK(fr_gemm_out(c.c, a.c, b.c, ta, tb, 1.0f, 0.0f));
     CHECK_OK(fr_gemm_out(c.g, a.g, b.g, ta, tb, 1.0f, 0.0f));
-    pr_check(c, 1e-5 * k, 1e-5, what);
-    pr_free(&a);
-    pr_free(&b);
-    pr_free(&c);
+    fr_t_pair_check(c, 1e-5 * k, 1e-5, what);
+    fr_t_pair_free(&a);
+    fr_t_pair_free(&b);
+    fr_t_pair_free(&c);
 }
 
 static void test_gemm(void) {
@@ -221,63 +183,63 @@ static void test_gemm(void) {
 /* linear: GEMM plus bias_add forward, bias_grad backward */
 static void test_linear(void) {
     NEED_CUDA();
-    pair x = PR_RAND(40, 8, 20), w = PR_RAND(41, 12, 20), b = PR_RAND(42, 12), dy = PR_RAND(43, 8, 12);
-    pair y = PR_EMPTY(8, 12), dx = PR_EMPTY(8, 20), dw = PR_EMPTY(12, 20), db = PR_EMPTY(12);
+    fr_t_pair x = PR_RAND(40, 8, 20), w = PR_RAND(41, 12, 20), b = PR_RAND(42, 12), dy = PR_RAND(43, 8, 12);
+    fr_t_pair y = PR_EMPTY(8, 12), dx = PR_EMPTY(8, 20), dw = PR_EMPTY(12, 20), db = PR_EMPTY(12);
     CHECK_OK(fr_linear_forward(y.c, x.c, w.c, b.c));
     CHECK_OK(fr_linear_forward(y.g, x.g, w.g, b.g));
-    pr_check(y, 1e-5, 1e-5, "linear");
+    fr_t_pair_check(y, 1e-5, 1e-5, "linear");
     CHECK_OK(fr_linear_backward(dx.c, dw.c, db.c, dy.c, x.c, w.c));
     CHECK_OK(fr_linear_backward(dx.g, dw.g, db.g, dy.g, x.g, w.g));
-    pr_check(dx, 1e-5, 1e-5, "linear dx");
-    pr_check(dw, 1e-5, 1e-5, "linear dw");
-    pr_check(db, 1e-6, 1e-6, "linear db");
-    pair *all[] = {&x, &w, &b, &dy, &y, &dx, &dw, &db};
+    fr_t_pair_check(dx, 1e-5, 1e-5, "linear dx");
+    fr_t_pair_check(dw, 1e-5, 1e-5, "linear dw");
+    fr_t_pair_check(db, 1e-6, 1e-6, "linear db");
+    fr_t_pair *all[] = {&x, &w, &b, &dy, &y, &dx, &dw, &db};
     for (size_t i = 0; i < sizeof all / sizeof *all; i++)
-        pr_free(all[i]);
+        fr_t_pair_free(all[i]);
 }
 
 /* ---- batch norm: float reductions on the GPU, double on the CPU ---- */
 
-static void bn_case_run(pair x, uint32_t seed, const char *what) {
+static void bn_case_run(fr_t_pair x, uint32_t seed, const char *what) {
     int c = (int)x.c->shape[1];
-    pair gamma = PR_RAND(seed, c), beta = PR_RAND(seed + 1, c), rm = PR_RAND(seed + 2, c);
-    pair rv = pr_affine(PR_RAND(seed + 3, c), 0.25f, 1.0f); /* positive */
-    pair y = pr_empty(x.c->ndim, x.c->shape), dx = pr_empty(x.c->ndim, x.c->shape);
-    pair dy = pr_rand(x.c->ndim, x.c->shape, seed + 4);
-    pair mean = PR_EMPTY(c), invstd = PR_EMPTY(c), dgamma = PR_EMPTY(c), dbeta = PR_EMPTY(c);
+    fr_t_pair gamma = PR_RAND(seed, c), beta = PR_RAND(seed + 1, c), rm = PR_RAND(seed + 2, c);
+    fr_t_pair rv = pr_affine(PR_RAND(seed + 3, c), 0.25f, 1.0f); /* positive */
+    fr_t_pair y = fr_t_pair_empty(x.c->ndim, x.c->shape), dx = fr_t_pair_empty(x.c->ndim, x.c->shape);
+    fr_t_pair dy = fr_t_pair_rand(x.c->ndim, x.c->shape, seed + 4);
+    fr_t_pair mean = PR_EMPTY(c), invstd = PR_EMPTY(c), dgamma = PR_EMPTY(c), dbeta = PR_EMPTY(c);
     CHECK_OK(fr_batchnorm_train_forward(y.c, mean.c, invstd.c, x.c, gamma.c, beta.c, rm.c, rv.c,
                                         0.1f, 1e-5f));
     CHECK_OK(fr_batchnorm_train_forward(y.g, mean.g, invstd.g, x.g, gamma.g, beta.g, rm.g, rv.g,
                                         0.1f, 1e-5f));
-    pr_check(mean, 1e-5, 1e-5, what);
-    pr_check(invstd, 1e-5, 1e-4, "bn invstd");
-    pr_check(y, 1e-4, 1e-4, "bn y");
-    pr_check(rm, 1e-5, 1e-5, "bn running mean");
-    pr_check(rv, 1e-5, 1e-4, "bn running var");
+    fr_t_pair_check(mean, 1e-5, 1e-5, what);
+    fr_t_pair_check(invstd, 1e-5, 1e-4, "bn invstd");
+    fr_t_pair_check(y, 1e-4, 1e-4, "bn y");
+    fr_t_pair_check(rm, 1e-5, 1e-5, "bn running mean");
+    fr_t_pair_check(rv, 1e-5, 1e-4, "bn running var");
     CHECK_OK(fr_batchnorm_backward(dx.c, dgamma.c, dbeta.c, dy.c, x.c, mean.c, invstd.c, gamma.c));
     CHECK_OK(fr_batchnorm_backward(dx.g, dgamma.g, dbeta.g, dy.g, x.g, mean.g, invstd.g, gamma.g));
-    pr_check(dx, 1e-4, 1e-4, "bn dx");
-    pr_check(dgamma, 1e-4, 1e-4, "bn dgamma");
-    pr_check(dbeta, 1e-4, 1e-5, "bn dbeta");
+    fr_t_pair_check(dx, 1e-4, 1e-4, "bn dx");
+    fr_t_pair_check(dgamma, 1e-4, 1e-4, "bn dgamma");
+    fr_t_pair_check(dbeta, 1e-4, 1e-5, "bn dbeta");
     CHECK_OK(fr_batchnorm_backward(NULL, dgamma.c, dbeta.c, dy.c, x.c, mean.c, invstd.c, gamma.c));
     CHECK_OK(fr_batchnorm_backward(NULL, dgamma.g, dbeta.g, dy.g, x.g, mean.g, invstd.g, gamma.g));
-    pr_check(dgamma, 1e-4, 1e-4, "bn dgamma (no dx)");
+    fr_t_pair_check(dgamma, 1e-4, 1e-4, "bn dgamma (no dx)");
     CHECK_OK(fr_batchnorm_eval_forward(y.c, x.c, gamma.c, beta.c, rm.c, rv.c, 1e-5f));
     CHECK_OK(fr_batchnorm_eval_forward(y.g, x.g, gamma.g, beta.g, rm.g, rv.g, 1e-5f));
-    pr_check(y, 1e-4, 1e-4, "bn eval y");
+    fr_t_pair_check(y, 1e-4, 1e-4, "bn eval y");
     CHECK_OK(fr_batchnorm_invstd(invstd.c, rv.c, 1e-3f));
     CHECK_OK(fr_batchnorm_invstd(invstd.g, rv.g, 1e-3f));
-    pr_check(invstd, 1e-6, 1e-6, "bn invstd of running var");
+    fr_t_pair_check(invstd, 1e-6, 1e-6, "bn invstd of running var");
     CHECK_OK(fr_batchnorm_apply(y.c, x.c, rm.c, invstd.c, gamma.c, beta.c));
     CHECK_OK(fr_batchnorm_apply(y.g, x.g, rm.g, invstd.g, gamma.g, beta.g));
-    pr_check(y, 1e-4, 1e-4, "bn apply");
+    fr_t_pair_check(y, 1e-4, 1e-4, "bn apply");
     /* y may be x */
     CHECK_OK(fr_batchnorm_apply(x.c, x.c, rm.c, invstd.c, gamma.c, beta.c));
     CHECK_OK(fr_batchnorm_apply(x.g, x.g, rm.g, invstd.g, gamma.g, beta.g));
-    pr_check(x, 1e-4, 1e-4, "bn apply inplace");
-    pair *all[] = {&x, &gamma, &beta, &rm, &rv, &y, &dx, &dy, &mean, &invstd, &dgamma, &dbeta};
+    fr_t_pair_check(x, 1e-4, 1e-4, "bn apply inplace");
+    fr_t_pair *all[] = {&x, &gamma, &beta, &rm, &rv, &y, &dx, &dy, &mean, &invstd, &dgamma, &dbeta};
     for (size_t i = 0; i < sizeof all / sizeof *all; i++)
-        pr_free(all[i]);
+        fr_t_pair_free(all[i]);
 }
 
 static void test_batchnorm(void) {
@@ -292,31 +254,31 @@ static void test_batchnorm(void) {
 /* ---- pooling ---- */
 
 static void pool_case(int n, int c, int h, int w, fr_pool_params p, uint32_t seed, bool ties) {
-    pair x = PR_RAND(seed, n, c, h, w);
+    fr_t_pair x = PR_RAND(seed, n, c, h, w);
     if (ties) /* every window full of equal values: the first one must win */
         x = pr_affine(x, 0.0f, 0.5f);
     fr_pool_shape s;
     CHECK_OK(fr_pool2d_shape(x.c, p, &s));
-    pair y = PR_EMPTY(n, c, s.oh, s.ow), dy = PR_RAND(seed + 1, n, c, s.oh, s.ow);
-    pair dx = PR_EMPTY(n, c, h, w);
+    fr_t_pair y = PR_EMPTY(n, c, s.oh, s.ow), dy = PR_RAND(seed + 1, n, c, s.oh, s.ow);
+    fr_t_pair dx = PR_EMPTY(n, c, h, w);
     char what[80];
     snprintf(what, sizeof what, "maxpool k%d s%d p%d%s", p.kernel, p.stride, p.pad,
              ties ? " ties" : "");
     CHECK_OK(fr_maxpool2d_forward(y.c, x.c, p));
     CHECK_OK(fr_maxpool2d_forward(y.g, x.g, p));
-    pr_check(y, 0, 0, what);
+    fr_t_pair_check(y, 0, 0, what);
     CHECK_OK(fr_maxpool2d_backward(dx.c, dy.c, x.c, p));
     CHECK_OK(fr_maxpool2d_backward(dx.g, dy.g, x.g, p));
-    pr_check(dx, 0, 0, "maxpool dx"); /* same adds in the same order */
+    fr_t_pair_check(dx, 0, 0, "maxpool dx"); /* same adds in the same order */
     CHECK_OK(fr_avgpool2d_forward(y.c, x.c, p));
     CHECK_OK(fr_avgpool2d_forward(y.g, x.g, p));
-    pr_check(y, 0, 0, "avgpool");
+    fr_t_pair_check(y, 0, 0, "avgpool");
     CHECK_OK(fr_avgpool2d_backward(dx.c, dy.c, p));
     CHECK_OK(fr_avgpool2d_backward(dx.g, dy.g, p));
-    pr_check(dx, 0, 0, "avgpool dx");
-    pair *all[] = {&x, &y, &dy, &dx};
+    fr_t_pair_check(dx, 0, 0, "avgpool dx");
+    fr_t_pair *all[] = {&x, &y, &dy, &dx};
     for (size_t i = 0; i < sizeof all / sizeof *all; i++)
-        pr_free(all[i]);
+        fr_t_pair_free(all[i]);
 }
 
 static void test_pool(void) {
@@ -333,18 +295,18 @@ static void test_global_avgpool(void) {
     static const int hws[][2] = {{1, 1}, {8, 8}, {17, 19}};
     for (int i = 0; i < 3; i++) {
         int h = hws[i][0], w = hws[i][1];
-        pair x = PR_RAND(500 + i, 3, 5, h, w), y = PR_EMPTY(3, 5), dy = PR_RAND(510 + i, 3, 5);
-        pair dx = PR_EMPTY(3, 5, h, w);
+        fr_t_pair x = PR_RAND(500 + i, 3, 5, h, w), y = PR_EMPTY(3, 5), dy = PR_RAND(510 + i, 3, 5);
+        fr_t_pair dx = PR_EMPTY(3, 5, h, w);
         CHECK_OK(fr_global_avgpool_forward(y.c, x.c));
         CHECK_OK(fr_global_avgpool_forward(y.g, x.g));
-        pr_check(y, 1e-7, 1e-6, "global avgpool"); /* double sums, other order */
+        fr_t_pair_check(y, 1e-7, 1e-6, "global avgpool"); /* double sums, other order */
         CHECK_OK(fr_global_avgpool_backward(dx.c, dy.c));
         CHECK_OK(fr_global_avgpool_backward(dx.g, dy.g));
-        pr_check(dx, 0, 0, "global avgpool dx");
-        pr_free(&x);
-        pr_free(&y);
-        pr_free(&dy);
-        pr_free(&dx);
+        fr_t_pair_check(dx, 0, 0, "global avgpool dx");
+        fr_t_pair_free(&x);
+        fr_t_pair_free(&y);
+        fr_t_pair_free(&dy);
+        fr_t_pair_free(&dx);
     }
 }
 
@@ -352,41 +314,41 @@ static void test_global_avgpool(void) {
 
 static void test_concat(void) {
     NEED_CUDA();
-    pair a = PR_RAND(600, 2, 3, 4, 5), b = PR_RAND(601, 2, 5, 4, 5), c = PR_RAND(602, 2, 1, 4, 5);
-    pair out = PR_EMPTY(2, 9, 4, 5), dout = PR_RAND(603, 2, 9, 4, 5);
-    pair da = PR_EMPTY(2, 3, 4, 5), db = PR_EMPTY(2, 5, 4, 5), dc = PR_EMPTY(2, 1, 4, 5);
+    fr_t_pair a = PR_RAND(600, 2, 3, 4, 5), b = PR_RAND(601, 2, 5, 4, 5), c = PR_RAND(602, 2, 1, 4, 5);
+    fr_t_pair out = PR_EMPTY(2, 9, 4, 5), dout = PR_RAND(603, 2, 9, 4, 5);
+    fr_t_pair da = PR_EMPTY(2, 3, 4, 5), db = PR_EMPTY(2, 5, 4, 5), dc = PR_EMPTY(2, 1, 4, 5);
     fr_tensor *in_c[] = {a.c, b.c, c.c}, *in_g[] = {a.g, b.g, c.g};
     CHECK_OK(fr_concat_forward(out.c, in_c, 3));
     CHECK_OK(fr_concat_forward(out.g, in_g, 3));
-    pr_check(out, 0, 0, "concat");
+    fr_t_pair_check(out, 0, 0, "concat");
     fr_tensor *d_c[] = {da.c, db.c, dc.c}, *d_g[] = {da.g, db.g, dc.g};
     CHECK_OK(fr_concat_backward(d_c, 3, dout.c));
     CHECK_OK(fr_concat_backward(d_g, 3, dout.g));
-    pr_check(da, 0, 0, "concat da");
-    pr_check(db, 0, 0, "concat db");
-    pr_check(dc, 0, 0, "concat dc");
-    pair *all[] = {&a, &b, &c, &out, &dout, &da, &db, &dc};
+    fr_t_pair_check(da, 0, 0, "concat da");
+    fr_t_pair_check(db, 0, 0, "concat db");
+    fr_t_pair_check(dc, 0, 0, "concat dc");
+    fr_t_pair *all[] = {&a, &b, &c, &out, &dout, &da, &db, &dc};
     for (size_t i = 0; i < sizeof all / sizeof *all; i++)
-        pr_free(all[i]);
+        fr_t_pair_free(all[i]);
 }
 
 /* ---- cross-entropy: float exp/log on the GPU, double on the CPU ---- */
 
 static void ce_case(int n, int k, float scale, float shift, uint32_t seed) {
-    pair logits = pr_affine(PR_RAND(seed, n, k), scale, shift), labels = pr_labels(n, k, seed);
-    pair loss = PR_EMPTY(1), dloss = pr_affine(PR_RAND(seed + 1, 1), 0.0f, 0.7f);
-    pair dl = PR_EMPTY(n, k);
+    fr_t_pair logits = pr_affine(PR_RAND(seed, n, k), scale, shift), labels = pr_labels(n, k, seed);
+    fr_t_pair loss = PR_EMPTY(1), dloss = pr_affine(PR_RAND(seed + 1, 1), 0.0f, 0.7f);
+    fr_t_pair dl = PR_EMPTY(n, k);
     CHECK_OK(fr_cross_entropy_forward(loss.c, logits.c, labels.c));
     CHECK_OK(fr_cross_entropy_forward(loss.g, logits.g, labels.g));
     char what[64];
     snprintf(what, sizeof what, "cross entropy %dx%d x%g%+g", n, k, scale, shift);
-    pr_check(loss, 1e-5, 1e-5, what);
+    fr_t_pair_check(loss, 1e-5, 1e-5, what);
     CHECK_OK(fr_cross_entropy_backward(dl.c, dloss.c, logits.c, labels.c));
     CHECK_OK(fr_cross_entropy_backward(dl.g, dloss.g, logits.g, labels.g));
-    pr_check(dl, 1e-6, 1e-5, "cross entropy dlogits");
-    pair *all[] = {&logits, &labels, &loss, &dloss, &dl};
+    fr_t_pair_check(dl, 1e-6, 1e-5, "cross entropy dlogits");
+    fr_t_pair *all[] = {&logits, &labels, &loss, &dloss, &dl};
     for (size_t i = 0; i < sizeof all / sizeof *all; i++)
-        pr_free(all[i]);
+        fr_t_pair_free(all[i]);
 }
 
 static void test_cross_entropy(void) {
@@ -460,51 +422,51 @@ static void test_cast(void) {
 
 static void test_abn_kernels(void) {
     NEED_CUDA();
-    pair gamma = PR_RAND(800, 6), geff = PR_EMPTY(6), dgeff = PR_RAND(801, 6), dgamma = PR_EMPTY(6);
-    pair beta = PR_RAND(802, 6), y = PR_RAND(803, 3, 6, 4, 5), res = PR_RAND(804, 3, 6, 4, 5);
-    pair xhat = PR_EMPTY(3, 6, 4, 5);
+    fr_t_pair gamma = PR_RAND(800, 6), geff = PR_EMPTY(6), dgeff = PR_RAND(801, 6), dgamma = PR_EMPTY(6);
+    fr_t_pair beta = PR_RAND(802, 6), y = PR_RAND(803, 3, 6, 4, 5), res = PR_RAND(804, 3, 6, 4, 5);
+    fr_t_pair xhat = PR_EMPTY(3, 6, 4, 5);
     CHECK_OK(fr_abn_gamma_out(geff.c, gamma.c, 1e-3f));
     CHECK_OK(fr_abn_gamma_out(geff.g, gamma.g, 1e-3f));
-    pr_check(geff, 0, 0, "abn gamma");
+    fr_t_pair_check(geff, 0, 0, "abn gamma");
     CHECK_OK(fr_abn_gamma_grad_out(dgamma.c, dgeff.c, gamma.c));
     CHECK_OK(fr_abn_gamma_grad_out(dgamma.g, dgeff.g, gamma.g));
-    pr_check(dgamma, 0, 0, "abn gamma grad");
+    fr_t_pair_check(dgamma, 0, 0, "abn gamma grad");
     for (int k = 0; k < 4; k++) {
         float slope = k & 1 ? 1.0f : 0.01f;
         const fr_tensor *rc = k & 2 ? res.c : NULL, *rg = k & 2 ? res.g : NULL;
         CHECK_OK(fr_abn_invert_out(xhat.c, y.c, geff.c, beta.c, rc, slope));
         CHECK_OK(fr_abn_invert_out(xhat.g, y.g, geff.g, beta.g, rg, slope));
-        pr_check(xhat, 0, 0, k & 2 ? "abn invert (residual)" : "abn invert");
+        fr_t_pair_check(xhat, 0, 0, k & 2 ? "abn invert (residual)" : "abn invert");
     }
-    pair *all[] = {&gamma, &geff, &dgeff, &dgamma, &beta, &y, &res, &xhat};
+    fr_t_pair *all[] = {&gamma, &geff, &dgeff, &dgamma, &beta, &y, &res, &xhat};
     for (size_t i = 0; i < sizeof all / sizeof *all; i++)
-        pr_free(all[i]);
+        fr_t_pair_free(all[i]);
 }
 
 static void test_optimizer_updates(void) {
     NEED_CUDA();
-    pair w = PR_RAND(900, 1000), g = PR_RAND(901, 1000), buf = PR_RAND(902, 1000);
+    fr_t_pair w = PR_RAND(900, 1000), g = PR_RAND(901, 1000), buf = PR_RAND(902, 1000);
     for (int step = 0; step < 3; step++) {
         CHECK_OK(fr_sgd_update_(w.c, buf.c, g.c, 0.1, 0.9, 0.1, 5e-4, step == 2, step == 0));
         CHECK_OK(fr_sgd_update_(w.g, buf.g, g.g, 0.1, 0.9, 0.1, 5e-4, step == 2, step == 0));
-        pr_check(w, 0, 0, "sgd w");
-        pr_check(buf, 0, 0, "sgd momentum buffer");
+        fr_t_pair_check(w, 0, 0, "sgd w");
+        fr_t_pair_check(buf, 0, 0, "sgd momentum buffer");
     }
     CHECK_OK(fr_sgd_update_(w.c, NULL, g.c, 0.05, 0.0, 0.0, 0.0, false, false));
     CHECK_OK(fr_sgd_update_(w.g, NULL, g.g, 0.05, 0.0, 0.0, 0.0, false, false));
-    pr_check(w, 0, 0, "sgd w, no momentum");
-    pair m = PR_RAND(903, 1000), v = pr_affine(PR_RAND(904, 1000), 0.5f, 0.5f);
+    fr_t_pair_check(w, 0, 0, "sgd w, no momentum");
+    fr_t_pair m = PR_RAND(903, 1000), v = pr_affine(PR_RAND(904, 1000), 0.5f, 0.5f);
     for (int t = 1; t <= 4; t++) {
         bool decoupled = t > 2;
         CHECK_OK(fr_adam_update_(w.c, m.c, v.c, g.c, 1e-3, 0.9, 0.999, 1e-8, 1e-2, decoupled, t));
         CHECK_OK(fr_adam_update_(w.g, m.g, v.g, g.g, 1e-3, 0.9, 0.999, 1e-8, 1e-2, decoupled, t));
-        pr_check(w, 0, 0, decoupled ? "adamw w" : "adam w");
-        pr_check(m, 0, 0, "adam m");
-        pr_check(v, 0, 0, "adam v");
+        fr_t_pair_check(w, 0, 0, decoupled ? "adamw w" : "adam w");
+        fr_t_pair_check(m, 0, 0, "adam m");
+        fr_t_pair_check(v, 0, 0, "adam v");
     }
-    pair *all[] = {&w, &g, &buf, &m, &v};
+    fr_t_pair *all[] = {&w, &g, &buf, &m, &v};
     for (size_t i = 0; i < sizeof all / sizeof *all; i++)
-        pr_free(all[i]);
+        fr_t_pair_free(all[i]);
 }
 
 /* ---- a small network through autograd on both devices ---- */
@@ -561,7 +523,7 @@ static void test_autograd_network(void) {
         [WL] = "wl.grad", [BL] = "bl.grad", [G2] = "g2.grad"};
     net cpu, gpu;
     for (int i = 0; i < NET_PARAMS; i++) {
-        pair p = pr_rand(ndims[i], shapes[i], 1000 + (uint32_t)i);
+        fr_t_pair p = fr_t_pair_rand(ndims[i], shapes[i], 1000 + (uint32_t)i);
         if (i == RV1) /* the running variance starts positive */
             p = pr_affine(p, 0.25f, 1.0f);
         cpu.t[i] = p.c;
@@ -571,7 +533,7 @@ static void test_autograd_network(void) {
             fr_set_requires_grad(p.g, true);
         }
     }
-    pair labels = pr_labels(NET_N, NET_CLASSES, 1100);
+    fr_t_pair labels = pr_labels(NET_N, NET_CLASSES, 1100);
     cpu.labels = labels.c;
     gpu.labels = labels.g;
     fr_tensor *loss_c = net_forward(&cpu), *loss_g = net_forward(&gpu);
@@ -600,15 +562,15 @@ static void test_autograd_network(void) {
         fr_release(cpu.t[i]);
         fr_release(gpu.t[i]);
     }
-    pr_free(&labels);
+    fr_t_pair_free(&labels);
 }
 
 /* fused BN + activation in both memory modes (recompute with a residual;
  * InPlace-ABN writing over its input), through autograd on both devices */
 static void bn_act_case(fr_bnact_mode mode, fr_act act, float slope, bool residual, uint32_t seed) {
-    pair x0 = PR_RAND(seed, 4, 5, 6, 6), gamma = PR_RAND(seed + 1, 5), beta = PR_RAND(seed + 2, 5);
-    pair rm = PR_RAND(seed + 3, 5), rv = pr_affine(PR_RAND(seed + 4, 5), 0.25f, 1.0f);
-    pair res = residual ? PR_RAND(seed + 5, 4, 5, 6, 6) : (pair){NULL, NULL};
+    fr_t_pair x0 = PR_RAND(seed, 4, 5, 6, 6), gamma = PR_RAND(seed + 1, 5), beta = PR_RAND(seed + 2, 5);
+    fr_t_pair rm = PR_RAND(seed + 3, 5), rv = pr_affine(PR_RAND(seed + 4, 5), 0.25f, 1.0f);
+    fr_t_pair res = residual ? PR_RAND(seed + 5, 4, 5, 6, 6) : (fr_t_pair){NULL, NULL};
     fr_tensor *leaves[] = {x0.c, x0.g, gamma.c, gamma.g, beta.c, beta.g};
     for (int i = 0; i < 6; i++)
         if (leaves[i])
@@ -631,21 +593,21 @@ static void bn_act_case(fr_bnact_mode mode, fr_act act, float slope, bool residu
     if (loss[0] && loss[1])
         CHECK_CLOSE(fr_item(loss[1]), fr_item(loss[0]), 1e-4 + 1e-5 * fabs(fr_item(loss[0])));
     const char *what = mode == FR_BNACT_INPLACE_ABN ? "inplace_abn" : "bn_act recompute";
-    pair grads[] = {{x0.c->grad, x0.g->grad}, {gamma.c->grad, gamma.g->grad},
+    fr_t_pair grads[] = {{x0.c->grad, x0.g->grad}, {gamma.c->grad, gamma.g->grad},
                     {beta.c->grad, beta.g->grad}};
     for (int i = 0; i < 3; i++) {
         CHECK(grads[i].c && grads[i].g);
         if (grads[i].c && grads[i].g)
             fr_t_allclose_t(grads[i].g, grads[i].c, 1e-5, 1e-3, what);
     }
-    pr_check(rm, 1e-5, 1e-4, "bn_act running mean");
-    pr_check(rv, 1e-5, 1e-4, "bn_act running var");
+    fr_t_pair_check(rm, 1e-5, 1e-4, "bn_act running mean");
+    fr_t_pair_check(rv, 1e-5, 1e-4, "bn_act running var");
     fr_tape_clear();
     fr_release(loss[0]);
     fr_release(loss[1]);
-    pair *all[] = {&x0, &gamma, &beta, &rm, &rv, &res};
+    fr_t_pair *all[] = {&x0, &gamma, &beta, &rm, &rv, &res};
     for (size_t i = 0; i < sizeof all / sizeof *all; i++)
-        pr_free(all[i]);
+        fr_t_pair_free(all[i]);
 }
 
 static void test_bn_act(void) {

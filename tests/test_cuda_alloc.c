@@ -17,12 +17,6 @@
 #include "nn/resnet.h"
 #include "testlib.h"
 
-#define NEED_CUDA()                      \
-    do {                                 \
-        if (!fr_t_have_cuda())           \
-            SKIP("no CUDA device");      \
-    } while (0)
-
 static fr_mem_stats cuda_stats(void) {
     fr_mem_stats s;
     fr_mem_get_stats(FR_CUDA, &s);

@@ -16,41 +16,6 @@
 
 #include "testlib.h"
 
-#define NEED_CUDA()                      \
-    do {                                 \
-        if (!fr_t_have_cuda())           \
-            SKIP("no CUDA device");      \
-    } while (0)
-
-/* One tensor on each device with the same values. */
-typedef struct {
-    fr_tensor *c, *g;
-} pair;
-
-static pair pr_rand(int ndim, const int64_t *shape, uint32_t seed) {
-    fr_tensor *c = fr_t_rand(FR_CPU, ndim, shape, seed);
-    pair p = {c, c ? fr_to_device(c, FR_CUDA, FR_TAG_DATA) : NULL};
-    CHECK_NOTNULL(p.c);
-    CHECK_NOTNULL(p.g);
-    return p;
-}
-static pair pr_empty(int ndim, const int64_t *shape) {
-    pair p = {fr_empty(FR_CPU, FR_F32, ndim, shape, FR_TAG_TRANSIENT),
-              fr_empty(FR_CUDA, FR_F32, ndim, shape, FR_TAG_TRANSIENT)};
-    CHECK_NOTNULL(p.c);
-    CHECK_NOTNULL(p.g);
-    return p;
-}
-static void pr_free(pair *p) {
-    fr_clear(&p->c);
-    fr_clear(&p->g);
-}
-static void pr_check(pair p, double atol, double rtol, const char *what) {
-    fr_t_allclose_t(p.g, p.c, atol, rtol, what);
-}
-#define PR_RAND(seed, ...) pr_rand(FR_NDIM(__VA_ARGS__), FR_SHAPE(__VA_ARGS__), (seed))
-#define PR_EMPTY(...) pr_empty(FR_NDIM(__VA_ARGS__), FR_SHAPE(__VA_ARGS__))
-
 /* ---- convolution: forward, dx, dw, db on several geometries; sums of
  * C*R*S (forward, dx) or N*OH*OW (dw) products: 1e-4 ---- */
 
@@ -61,28 +26,28 @@ typedef struct {
 
 static void run_conv(conv_case cc, uint32_t seed) {
     fr_conv_params p = {cc.stride, cc.pad};
-    pair x = PR_RAND(seed, cc.n, cc.c, cc.h, cc.w), w = PR_RAND(seed + 1, cc.k, cc.c, cc.r, cc.r);
-    pair b = cc.bias ? PR_RAND(seed + 2, cc.k) : (pair){NULL, NULL};
+    fr_t_pair x = PR_RAND(seed, cc.n, cc.c, cc.h, cc.w), w = PR_RAND(seed + 1, cc.k, cc.c, cc.r, cc.r);
+    fr_t_pair b = cc.bias ? PR_RAND(seed + 2, cc.k) : (fr_t_pair){NULL, NULL};
     fr_conv_shape s;
     CHECK_OK(fr_conv2d_shape(x.c, w.c, p, &s));
-    pair y = PR_EMPTY(cc.n, cc.k, s.oh, s.ow), dy = PR_RAND(seed + 3, cc.n, cc.k, s.oh, s.ow);
-    pair dx = PR_EMPTY(cc.n, cc.c, cc.h, cc.w), dw = PR_EMPTY(cc.k, cc.c, cc.r, cc.r);
-    pair db = cc.bias ? PR_EMPTY(cc.k) : (pair){NULL, NULL};
+    fr_t_pair y = PR_EMPTY(cc.n, cc.k, s.oh, s.ow), dy = PR_RAND(seed + 3, cc.n, cc.k, s.oh, s.ow);
+    fr_t_pair dx = PR_EMPTY(cc.n, cc.c, cc.h, cc.w), dw = PR_EMPTY(cc.k, cc.c, cc.r, cc.r);
+    fr_t_pair db = cc.bias ? PR_EMPTY(cc.k) : (fr_t_pair){NULL, NULL};
     char what[96];
     snprintf(what, sizeof what, "conv n%d c%d %dx%d k%d r%d s%d p%d", cc.n, cc.c, cc.h, cc.w, cc.k,
              cc.r, cc.stride, cc.pad);
     CHECK_OK(fr_conv2d_forward(y.c, x.c, w.c, b.c, p));
     CHECK_OK(fr_conv2d_forward(y.g, x.g, w.g, b.g, p));
-    pr_check(y, 1e-4, 1e-4, what);
+    fr_t_pair_check(y, 1e-4, 1e-4, what);
     CHECK_OK(fr_conv2d_backward(dx.c, dw.c, db.c, dy.c, x.c, w.c, p));
     CHECK_OK(fr_conv2d_backward(dx.g, dw.g, db.g, dy.g, x.g, w.g, p));
-    pr_check(dx, 1e-4, 1e-4, "conv dx");
-    pr_check(dw, 1e-4, 1e-4, "conv dw");
+    fr_t_pair_check(dx, 1e-4, 1e-4, "conv dx");
+    fr_t_pair_check(dw, 1e-4, 1e-4, "conv dw");
     if (cc.bias)
-        pr_check(db, 1e-5, 1e-5, "conv db");
-    pair *all[] = {&x, &w, &b, &y, &dy, &dx, &dw, &db};
+        fr_t_pair_check(db, 1e-5, 1e-5, "conv db");
+    fr_t_pair *all[] = {&x, &w, &b, &y, &dy, &dx, &dw, &db};
     for (size_t i = 0; i < sizeof all / sizeof *all; i++)
-        pr_free(all[i]);
+        fr_t_pair_free(all[i]);
 }
 
 static const conv_case conv_cases[] = {
@@ -188,9 +153,9 @@ static void test_conv_workspace_budget(void) {
 static void conv_under_limit(bool cudnn, int ch) {
     fr_cuda_set_cudnn(cudnn);
     fr_conv_params p = {1, 1};
-    pair x = PR_RAND(200, 8, ch, 16, 16), w = PR_RAND(201, ch, ch, 3, 3);
-    pair dy = PR_RAND(202, 8, ch, 16, 16), y = PR_EMPTY(8, ch, 16, 16);
-    pair dx = PR_EMPTY(8, ch, 16, 16), dw = PR_EMPTY(ch, ch, 3, 3);
+    fr_t_pair x = PR_RAND(200, 8, ch, 16, 16), w = PR_RAND(201, ch, ch, 3, 3);
+    fr_t_pair dy = PR_RAND(202, 8, ch, 16, 16), y = PR_EMPTY(8, ch, 16, 16);
+    fr_t_pair dx = PR_EMPTY(8, ch, 16, 16), dw = PR_EMPTY(ch, ch, 3, 3);
     CHECK_OK(fr_conv2d_forward(y.c, x.c, w.c, NULL, p));
     CHECK_OK(fr_conv2d_backward(dx.c, dw.c, NULL, dy.c, x.c, w.c, p));
     size_t per_image = (size_t)(ch * 9 + ch) * 16 * 16 * sizeof(float); /* bwd_weight's, the largest */
@@ -203,12 +168,12 @@ static void conv_under_limit(bool cudnn, int ch) {
     if (!cudnn) /* im2col always needs columns; cuDNN may need none */
         CHECK(fr_mem_peak(FR_CUDA, FR_TAG_WORKSPACE) > 0);
     CHECK(fr_mem_peak(FR_CUDA, FR_TAG_WORKSPACE) <= 2 * per_image + 1024);
-    pr_check(y, 1e-4, 1e-4, cudnn ? "conv y (cudnn, limit)" : "conv y (chunked)");
-    pr_check(dx, 1e-4, 1e-4, cudnn ? "conv dx (cudnn, limit)" : "conv dx (chunked)");
-    pr_check(dw, 1e-4, 1e-4, cudnn ? "conv dw (cudnn, limit)" : "conv dw (chunked)");
-    pair *all[] = {&x, &w, &dy, &y, &dx, &dw};
+    fr_t_pair_check(y, 1e-4, 1e-4, cudnn ? "conv y (cudnn, limit)" : "conv y (chunked)");
+    fr_t_pair_check(dx, 1e-4, 1e-4, cudnn ? "conv dx (cudnn, limit)" : "conv dx (chunked)");
+    fr_t_pair_check(dw, 1e-4, 1e-4, cudnn ? "conv dw (cudnn, limit)" : "conv dw (chunked)");
+    fr_t_pair *all[] = {&x, &w, &dy, &y, &dx, &dw};
     for (size_t i = 0; i < sizeof all / sizeof *all; i++)
-        pr_free(all[i]);
+        fr_t_pair_free(all[i]);
 }
 
 static void test_conv_under_memory_limit(void) {

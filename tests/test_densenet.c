@@ -21,40 +21,6 @@
 
 /* ---- names, counts, arguments ---- */
 
-/* Compares the registry with "name:d0,d1;..." (PyTorch's state_dict order). */
-static void check_state_dict(const fr_params *p, const char *described, const char *model) {
-    char *copy = strdup(described), *save = NULL;
-    int i = 0;
-    for (char *item = strtok_r(copy, ";", &save); item; item = strtok_r(NULL, ";", &save), i++) {
-        char *colon = strchr(item, ':');
-        FR_ASSERT(colon);
-        *colon = '\0';
-        if (i >= p->count) {
-            fprintf(stderr, "    %s: PyTorch has %s, frugal only %d entries\n", model, item, p->count);
-            fr_t_failed_now = 1;
-            break;
-        }
-        const fr_param *e = &p->items[i];
-        char shape[96] = "";
-        for (int d = 0; d < e->tensor->ndim; d++)
-            snprintf(shape + strlen(shape), sizeof shape - strlen(shape), d ? ",%lld" : "%lld",
-                     (long long)e->tensor->shape[d]);
-        if (strcmp(e->name, item) || strcmp(shape, colon + 1)) {
-            fprintf(stderr, "    %s entry %d: frugal %s (%s), PyTorch %s (%s)\n", model, i, e->name,
-                    shape, item, colon + 1);
-            fr_t_failed_now = 1;
-            break;
-        }
-        bool buffer = strstr(item, "running_") || strstr(item, "num_batches_tracked");
-        CHECK(e->kind == (buffer ? FR_BUFFER : FR_PARAMETER));
-    }
-    if (!fr_t_failed_now && i != p->count) {
-        fprintf(stderr, "    %s: PyTorch has %d entries, frugal %d\n", model, i, p->count);
-        fr_t_failed_now = 1;
-    }
-    free(copy);
-}
-
 static void test_state_dict_names_and_counts(void) {
     fr_st_file *f = fr_t_fixture("densenet_arch");
     static const char *const described[] = {"densenet-bc-40-k12", "densenet-bc-100-k12"};
@@ -64,7 +30,7 @@ static void test_state_dict_names_and_counts(void) {
         CHECK_NOTNULL(m);
         CHECK_NOTNULL(want);
         if (m && want)
-            check_state_dict(m->params, want, described[i]);
+            fr_t_check_state_dict(m->params, want, described[i]);
         fr_model_free(m);
     }
     /* gen_densenet.py's COUNTED; the growth given by argument or by name */
@@ -122,48 +88,11 @@ static void test_create_and_strategy_errors(void) {
 
 /* ---- against PyTorch ---- */
 
-static void check_grad(const fr_tensor *got, const fr_tensor *want, const char *what) {
-    if (!got || !want) {
-        fprintf(stderr, "    %s: gradient missing\n", what);
-        fr_t_failed_now = 1;
-        return;
-    }
-    int64_t n = fr_numel(want);
-    float *w = malloc((size_t)n * sizeof *w);
-    fr_read_f32(want, w, (size_t)n);
-    double peak = 0;
-    for (int64_t i = 0; i < n; i++)
-        peak = fmax(peak, fabs(w[i]));
-    fr_t_allclose(got, w, (size_t)n, TOL * peak, TOL, what);
-    free(w);
-}
-
 /* Eval (under no_grad) and train forward, loss, backward, under `strategy`,
  * each compared with the fixture. */
 static void compare_with_pytorch(fr_model *m, fr_st_file *f, const char *strategy) {
     CHECK_OK(fr_strategy_parse(strategy, &m->cfg.strategy));
-    fr_tensor *x = fr_t_fixture_tensor(f, "input", FR_CPU);
-    fr_tensor *labels = fr_t_fixture_tensor(f, "labels", FR_CPU);
-    fr_tensor *want = fr_t_fixture_tensor(f, "logits_eval", FR_CPU);
-    fr_no_grad_enter();
-    fr_tensor *logits = fr_model_forward(m, x, false);
-    fr_no_grad_exit();
-    CHECK_NOTNULL(logits);
-    fr_t_allclose_t(logits, want, 1e-5, TOL, "eval logits");
-    fr_release(logits);
-    fr_release(want);
-
-    logits = fr_model_forward(m, x, true);
-    want = fr_t_fixture_tensor(f, "logits_train", FR_CPU);
-    fr_t_allclose_t(logits, want, 1e-5, TOL, "train logits");
-    fr_release(want);
-    fr_tensor *loss = logits ? fr_cross_entropy(logits, labels) : NULL;
-    want = fr_t_fixture_tensor(f, "loss", FR_CPU);
-    fr_t_allclose_t(loss, want, 1e-5, TOL, "loss");
-    fr_release(want);
-    CHECK_OK(fr_backward(loss));
-    fr_release(loss);
-    fr_release(logits);
+    fr_t_step_vs_fixture(m, f, 1e-5, TOL);
     /* everything kept for backward, recipes included, is gone */
     CHECK(fr_mem_current(FR_CPU, FR_TAG_SAVED) == 0);
     CHECK(fr_mem_current(FR_CPU, FR_TAG_TRANSIENT) == 0);
@@ -179,7 +108,7 @@ static void compare_with_pytorch(fr_model *m, fr_st_file *f, const char *strateg
             continue;
         fr_tensor *r = fr_t_fixture_tensor(f, key, FR_CPU);
         if (e->kind == FR_PARAMETER) {
-            check_grad(e->tensor->grad, r, key);
+            fr_t_check_grad(e->tensor->grad, r, TOL, key);
             grads++;
         } else {
             fr_t_allclose_t(e->tensor, r, 1e-5, TOL, key);
@@ -189,8 +118,6 @@ static void compare_with_pytorch(fr_model *m, fr_st_file *f, const char *strateg
     }
     CHECK(grads == 21 && stats == 7); /* gen_densenet.py's GRAD_KEYS, AFTER_KEYS */
     fr_params_zero_grad(m->params);
-    fr_release(x);
-    fr_release(labels);
 }
 
 static void test_densenet40_matches_pytorch(void) {
@@ -331,83 +258,6 @@ static void test_recomputable_concat_detects_inplace_misuse(void) {
 
 /* ---- whole models: every strategy against plain, and the ledger ---- */
 
-typedef struct {
-    float loss;
-    float **values;       /* per registry entry: gradient or buffer value */
-    size_t saved_forward; /* FR_TAG_SAVED when the logits are out */
-    size_t saved_loss;    /* ... and after the loss */
-    size_t peak_saved;    /* over the step */
-    size_t peak_total;    /* over the step, above its start */
-} model_step;
-
-static void snapshot(fr_model *m, float **snap, bool save) {
-    for (int i = 0; i < m->params->count; i++) {
-        fr_tensor *t = m->params->items[i].tensor;
-        if (t->dtype != FR_F32)
-            continue;
-        if (save) {
-            snap[i] = malloc(fr_nbytes(t));
-            memcpy(snap[i], fr_data(t), fr_nbytes(t));
-        } else {
-            memcpy(fr_data(t), snap[i], fr_nbytes(t));
-        }
-    }
-}
-
-static model_step model_run(fr_model *m, const char *strategy, float **init, fr_tensor *x,
-                            fr_tensor *labels) {
-    model_step r = {.values = calloc((size_t)m->params->count, sizeof(float *))};
-    CHECK_OK(fr_strategy_parse(strategy, &m->cfg.strategy));
-    if (init)
-        snapshot(m, init, false);
-    fr_mem_reset_peak();
-    size_t base = fr_mem_total_current(FR_CPU);
-    fr_tensor *logits = fr_model_forward(m, x, true);
-    r.saved_forward = fr_mem_current(FR_CPU, FR_TAG_SAVED);
-    fr_tensor *loss = logits ? fr_cross_entropy(logits, labels) : NULL;
-    fr_release(logits);
-    r.saved_loss = fr_mem_current(FR_CPU, FR_TAG_SAVED);
-    CHECK_NOTNULL(loss);
-    r.loss = loss ? fr_item(loss) : NAN;
-    CHECK_OK(fr_backward(loss));
-    fr_release(loss);
-    r.peak_saved = fr_mem_peak(FR_CPU, FR_TAG_SAVED);
-    r.peak_total = fr_mem_total_peak(FR_CPU) - base;
-    for (int i = 0; i < m->params->count; i++) {
-        const fr_param *e = &m->params->items[i];
-        const fr_tensor *t = e->kind == FR_PARAMETER ? e->tensor->grad : e->tensor;
-        if (!t || t->dtype != FR_F32)
-            continue;
-        r.values[i] = malloc(fr_nbytes(t));
-        memcpy(r.values[i], fr_data(t), fr_nbytes(t));
-    }
-    fr_params_zero_grad(m->params);
-    return r;
-}
-
-static void free_step(model_step *r, int n) {
-    for (int i = 0; i < n; i++)
-        free(r->values[i]);
-    free(r->values);
-}
-
-static void check_bitwise(fr_model *m, const model_step *ref, const model_step *got, const char *what) {
-    if (ref->loss != got->loss) {
-        fprintf(stderr, "    %s: loss %.9g vs plain %.9g\n", what, got->loss, ref->loss);
-        fr_t_failed_now = 1;
-    }
-    for (int i = 0; i < m->params->count; i++) {
-        const fr_param *e = &m->params->items[i];
-        bool same = (!ref->values[i] && !got->values[i]) ||
-                    (ref->values[i] && got->values[i] &&
-                     !memcmp(ref->values[i], got->values[i], fr_nbytes(e->tensor)));
-        if (!same) {
-            fprintf(stderr, "    %s: %s differs from plain\n", what, e->name);
-            fr_t_failed_now = 1;
-        }
-    }
-}
-
 /* Batch 8, 16x16: every strategy gives plain's loss, gradients and running
  * statistics bit for bit, keeping no more. */
 static void test_strategies_equal_plain(void) {
@@ -418,24 +268,21 @@ static void test_strategies_equal_plain(void) {
     fr_tensor *x = fr_t_rand(FR_CPU, 4, FR_SHAPE(8, 3, 16, 16), 5);
     int32_t lab[8] = {3, 1, 4, 1, 5, 9, 2, 6};
     fr_tensor *labels = fr_from_host(FR_CPU, FR_I32, 1, FR_SHAPE(8), FR_TAG_DATA, lab);
-    float **init = calloc((size_t)m->params->count, sizeof(float *));
-    snapshot(m, init, true);
-    model_step plain = model_run(m, "plain", init, x, labels);
+    float **init = fr_t_snapshot_save(m);
+    fr_t_step plain = fr_t_model_step(m, "plain", init, x, labels);
     static const char *const same[] = {"recompute", "inplace", "checkpoint", "checkpoint:2",
                                        "recompute+checkpoint", "inplace+recompute+checkpoint:4"};
     for (size_t i = 0; i < sizeof same / sizeof *same; i++) {
-        model_step r = model_run(m, same[i], init, x, labels);
-        check_bitwise(m, &plain, &r, same[i]);
+        fr_t_step r = fr_t_model_step(m, same[i], init, x, labels);
+        fr_t_compare_steps(m, &plain, &r, -1, same[i]);
         /* inplace keeps what plain keeps (BN's output instead of a new
          * ReLU output); the others keep less */
         CHECK(strcmp(same[i], "inplace") ? r.peak_saved < plain.peak_saved
                                          : r.peak_saved == plain.peak_saved);
-        free_step(&r, m->params->count);
+        fr_t_step_free(&r, m->params->count);
     }
-    free_step(&plain, m->params->count);
-    for (int i = 0; i < m->params->count; i++)
-        free(init[i]);
-    free(init);
+    fr_t_step_free(&plain, m->params->count);
+    fr_t_snapshot_free(m, init);
     fr_release(x);
     fr_release(labels);
     fr_model_free(m);
@@ -483,8 +330,8 @@ static void test_saved_bytes_linear_vs_quadratic(void) {
         CHECK_NOTNULL(m);
         if (!m)
             continue;
-        model_step p = model_run(m, "plain", NULL, x, labels);
-        model_step e = model_run(m, "recompute", NULL, x, labels);
+        fr_t_step p = fr_t_model_step(m, "plain", NULL, x, labels);
+        fr_t_step e = fr_t_model_step(m, "recompute", NULL, x, labels);
         size_t want_p = expected_saved(depths[d], 12, 2, 8, false);
         size_t want_e = expected_saved(depths[d], 12, 2, 8, true);
         if (p.saved_forward != want_p || e.saved_forward != want_e) {
@@ -495,8 +342,8 @@ static void test_saved_bytes_linear_vs_quadratic(void) {
         CHECK(p.peak_saved == p.saved_loss && e.peak_saved == e.saved_loss);
         CHECK(e.peak_total < p.peak_total);
         ratio[d] = (double)p.saved_forward / (double)e.saved_forward;
-        free_step(&p, m->params->count);
-        free_step(&e, m->params->count);
+        fr_t_step_free(&p, m->params->count);
+        fr_t_step_free(&e, m->params->count);
         fr_model_free(m);
     }
     /* 3.64x at depth 40, 5.65x at depth 100 (batch 2, 8x8) */

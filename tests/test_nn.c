@@ -17,41 +17,6 @@ static const char *tmp_path(const char *tag) {
     return path;
 }
 
-/* Compares the registry with "name:d0,d1;..." (PyTorch's state_dict order). */
-static void check_state_dict(const fr_params *p, const char *described, const char *model) {
-    char *copy = strdup(described), *save = NULL;
-    int i = 0;
-    for (char *item = strtok_r(copy, ";", &save); item; item = strtok_r(NULL, ";", &save), i++) {
-        char *colon = strchr(item, ':');
-        FR_ASSERT(colon);
-        *colon = '\0';
-        if (i >= p->count) {
-            fprintf(stderr, "    %s: PyTorch has %s, frugal has only %d entries\n", model, item, p->count);
-            fr_t_failed_now = 1;
-            break;
-        }
-        const fr_param *e = &p->items[i];
-        char shape[96] = "";
-        for (int d = 0; d < e->tensor->ndim; d++)
-            snprintf(shape + strlen(shape), sizeof shape - strlen(shape), d ? ",%lld" : "%lld",
-                     (long long)e->tensor->shape[d]);
-        if (strcmp(e->name, item) || strcmp(shape, colon + 1)) {
-            fprintf(stderr, "    %s entry %d: frugal %s (%s), PyTorch %s (%s)\n", model, i, e->name, shape,
-                    item, colon + 1);
-            fr_t_failed_now = 1;
-            break;
-        }
-        bool buffer = strstr(item, "running_") || strstr(item, "num_batches_tracked");
-        CHECK(e->kind == (buffer ? FR_BUFFER : FR_PARAMETER));
-        CHECK(e->tensor->requires_grad == !buffer);
-    }
-    if (!fr_t_failed_now && i != p->count) {
-        fprintf(stderr, "    %s: PyTorch has %d entries, frugal %d\n", model, i, p->count);
-        fr_t_failed_now = 1;
-    }
-    free(copy);
-}
-
 static void check_names(const char *model) {
     fr_st_file *f = fr_t_fixture("resnet_arch");
     const char *described = f ? fr_st_metadata(f, model) : NULL;
@@ -59,7 +24,7 @@ static void check_names(const char *model) {
     CHECK_NOTNULL(m);
     CHECK_NOTNULL(described);
     if (m && described)
-        check_state_dict(m->params, described, model);
+        fr_t_check_state_dict(m->params, described, model);
     fr_model_free(m);
     fr_st_close(f);
 }

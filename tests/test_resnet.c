@@ -22,50 +22,11 @@ static void check_close(const fr_tensor *got, const fr_tensor *want, const char 
     fr_t_allclose_t(got, want, 1e-5, TOL, what);
 }
 
-static void check_grad(const fr_tensor *got, const fr_tensor *want, const char *what) {
-    if (!got || !want) {
-        fprintf(stderr, "    %s: gradient missing\n", what);
-        fr_t_failed_now = 1;
-        return;
-    }
-    int64_t n = fr_numel(want);
-    float *w = malloc((size_t)n * sizeof *w);
-    fr_read_f32(want, w, (size_t)n);
-    double peak = 0;
-    for (int64_t i = 0; i < n; i++)
-        peak = fmax(peak, fabs(w[i]));
-    fr_t_allclose(got, w, (size_t)n, TOL * peak, TOL, what);
-    free(w);
-}
-
 /* Eval forward (no_grad), then train forward, loss and backward, each
- * compared with the fixture; returns the loss value. Grads compared for every
+ * compared with the fixture, then the ledger. Grads compared for every
  * parameter whose "grad.<name>" is in the file. */
 static void compare_with_pytorch(fr_model *m, fr_st_file *f, bool all_grads) {
-    fr_tensor *x = fr_t_fixture_tensor(f, "input", FR_CPU);
-    fr_tensor *labels = fr_t_fixture_tensor(f, "labels", FR_CPU);
-    fr_tensor *want = fr_t_fixture_tensor(f, "logits_eval", FR_CPU);
-    fr_no_grad_enter();
-    fr_tensor *logits = fr_model_forward(m, x, false);
-    fr_no_grad_exit();
-    CHECK_NOTNULL(logits);
-    check_close(logits, want, "eval logits");
-    fr_release(logits);
-    fr_release(want);
-
-    logits = fr_model_forward(m, x, true);
-    want = fr_t_fixture_tensor(f, "logits_train", FR_CPU);
-    check_close(logits, want, "train logits");
-    fr_release(want);
-    fr_tensor *loss = fr_cross_entropy(logits, labels);
-    want = fr_t_fixture_tensor(f, "loss", FR_CPU);
-    check_close(loss, want, "loss");
-    fr_release(want);
-    CHECK_OK(fr_backward(loss));
-    /* The tape is gone and with it everything it saved. */
-    CHECK(fr_mem_current(FR_CPU, FR_TAG_SAVED) == 0);
-    fr_release(loss);
-    fr_release(logits);
+    fr_t_step_vs_fixture(m, f, 1e-5, TOL);
     CHECK(fr_mem_current(FR_CPU, FR_TAG_TRANSIENT) == 0);
     CHECK(fr_mem_current(FR_CPU, FR_TAG_WORKSPACE) == 0);
     CHECK(fr_mem_current(FR_CPU, FR_TAG_PARAM) == fr_params_bytes(m->params));
@@ -80,7 +41,7 @@ static void compare_with_pytorch(fr_model *m, fr_st_file *f, bool all_grads) {
             if (!all_grads && fr_st_find(f, key) < 0)
                 continue;
             fr_tensor *g = fr_t_fixture_tensor(f, key, FR_CPU);
-            check_grad(e->tensor->grad, g, key);
+            fr_t_check_grad(e->tensor->grad, g, TOL, key);
             fr_release(g);
             compared++;
         } else if (all_grads && e->tensor->dtype == FR_F32) {
@@ -93,8 +54,6 @@ static void compare_with_pytorch(fr_model *m, fr_st_file *f, bool all_grads) {
         }
     }
     CHECK(compared > 0);
-    fr_release(x);
-    fr_release(labels);
 }
 
 static void test_resnet20_matches_pytorch(void) {
@@ -149,79 +108,27 @@ static void test_preresnet11_matches_pytorch(void) {
     fr_st_close(f);
 }
 
-typedef struct {
-    float loss;
-    size_t forward_allocs;      /* allocations made by the forward */
-    size_t forward_transient;   /* peak of in-flight activations in the forward */
-    size_t peak;                /* peak of the step, bytes above its start */
-    float **grads;
-} step_result;
-
-/* One training forward + backward under `strategy` from the weights as they
- * are; gradients copied out, then dropped. */
-static step_result run_step(fr_model *m, fr_strategy strategy, fr_tensor *x, fr_tensor *labels) {
-    step_result r = {.grads = calloc((size_t)m->params->count, sizeof(float *))};
-    m->cfg.strategy = strategy;
-    fr_mem_reset_peak();
-    size_t base = fr_mem_total_current(FR_CPU);
-    fr_mem_stats before, after;
-    fr_mem_get_stats(FR_CPU, &before);
-    fr_tensor *logits = fr_model_forward(m, x, true);
-    fr_mem_get_stats(FR_CPU, &after);
-    r.forward_allocs = after.n_allocs - before.n_allocs;
-    r.forward_transient = fr_mem_peak(FR_CPU, FR_TAG_TRANSIENT);
-    fr_tensor *loss = logits ? fr_cross_entropy(logits, labels) : NULL;
-    fr_release(logits);
-    CHECK_NOTNULL(loss);
-    r.loss = loss ? fr_item(loss) : NAN;
-    CHECK_OK(fr_backward(loss));
-    fr_release(loss);
-    r.peak = fr_mem_total_peak(FR_CPU) - base;
-    for (int i = 0; i < m->params->count; i++) {
-        const fr_tensor *g = m->params->items[i].tensor->grad;
-        if (g) {
-            r.grads[i] = malloc(fr_nbytes(g));
-            memcpy(r.grads[i], fr_data(g), fr_nbytes(g));
-        }
-    }
-    fr_params_zero_grad(m->params);
-    return r;
-}
-
-static void free_result(step_result *r, int n) {
-    for (int i = 0; i < n; i++)
-        free(r->grads[i]);
-    free(r->grads);
-}
-
 /* inplace computes exactly what plain computes, in no more memory. */
 static void check_inplace(const char *model, int batch, int size) {
     fr_model *m = fr_resnet_create(model, 3, 10, 5);
     fr_tensor *x = fr_t_rand(FR_CPU, 4, FR_SHAPE(batch, 3, size, size), 9);
     int32_t lab[8] = {1, 7, 3, 3, 0, 9, 4, 2};
     fr_tensor *labels = fr_from_host(FR_CPU, FR_I32, 1, FR_SHAPE(batch), FR_TAG_DATA, lab);
-    step_result plain = run_step(m, FR_STRATEGY_PLAIN, x, labels);
-    step_result inplace = run_step(m, FR_STRATEGY_INPLACE, x, labels);
+    float **init = fr_t_snapshot_save(m);
+    fr_t_step plain = fr_t_model_step(m, "plain", init, x, labels);
+    fr_t_step inplace = fr_t_model_step(m, "inplace", init, x, labels);
     CHECK(plain.loss == inplace.loss);
-    for (int i = 0; i < m->params->count; i++) {
-        const fr_param *e = &m->params->items[i];
-        if (e->kind != FR_PARAMETER)
-            continue;
-        bool same = plain.grads[i] && inplace.grads[i] &&
-                    !memcmp(plain.grads[i], inplace.grads[i], fr_nbytes(e->tensor));
-        if (!same) {
-            fprintf(stderr, "    %s: %s gradient differs between plain and inplace\n", model, e->name);
-            fr_t_failed_now = 1;
-        }
-    }
+    /* every gradient and running statistic, bit for bit */
+    fr_t_compare_steps(m, &plain, &inplace, -1, model);
     /* inplace allocates no ReLU (or residual sum) outputs; what the tape
      * holds is the same, so peaks can only drop (by the BN output plain
      * keeps beside the ReLU output for a moment, where that is the peak). */
     CHECK(inplace.forward_allocs < plain.forward_allocs);
     CHECK(inplace.forward_transient <= plain.forward_transient);
-    CHECK(inplace.peak <= plain.peak);
-    free_result(&plain, m->params->count);
-    free_result(&inplace, m->params->count);
+    CHECK(inplace.peak_total <= plain.peak_total);
+    fr_t_step_free(&plain, m->params->count);
+    fr_t_step_free(&inplace, m->params->count);
+    fr_t_snapshot_free(m, init);
     fr_release(x);
     fr_release(labels);
     fr_model_free(m);
@@ -235,15 +142,16 @@ static void test_preresnet164_trains(void) {
     fr_model *m = fr_resnet_create("preresnet164", 3, 10, 1);
     fr_tensor *x = fr_t_rand(FR_CPU, 4, FR_SHAPE(2, 3, 8, 8), 2);
     fr_tensor *labels = fr_from_host(FR_CPU, FR_I32, 1, FR_SHAPE(2), FR_TAG_DATA, (int32_t[]){4, 1});
-    step_result r = run_step(m, FR_STRATEGY_INPLACE, x, labels);
+    fr_t_step r = fr_t_model_step(m, "inplace", NULL, x, labels);
     CHECK(isfinite(r.loss) && r.loss > 0);
     int with_grad = 0, params = 0;
     for (int i = 0; i < m->params->count; i++) {
-        params += m->params->items[i].kind == FR_PARAMETER;
-        with_grad += r.grads[i] != NULL;
+        bool param = m->params->items[i].kind == FR_PARAMETER;
+        params += param;
+        with_grad += param && r.values[i] != NULL; /* values: gradients for parameters */
     }
     CHECK(with_grad == params);
-    free_result(&r, m->params->count);
+    fr_t_step_free(&r, m->params->count);
     fr_release(x);
     fr_release(labels);
     fr_model_free(m);

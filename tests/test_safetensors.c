@@ -4,6 +4,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "testlib.h"
@@ -470,6 +471,197 @@ static void test_pytorch_interop(void) {
     fr_st_close(f);
 }
 
+/* ---- the `safetensors` package itself ---- */
+
+/* Why PyTorch's `safetensors` package cannot run here, or NULL when it can:
+ * Debian's python3-torch plus the wheel scripts/install-deps.sh puts in
+ * .pydeps (paths relative to the repo root, where tests run). */
+static const char *package_missing(void) {
+    if (access("/usr/bin/python3", X_OK) != 0)
+        return "no /usr/bin/python3";
+    /* one probe when all is there (importing torch takes a second) */
+    if (system("/usr/bin/python3 -c \"import sys; sys.path.insert(0, '.pydeps'); "
+               "import safetensors.torch\" >/dev/null 2>&1") == 0)
+        return NULL;
+    if (system("/usr/bin/python3 -c 'import torch' >/dev/null 2>&1") != 0)
+        return "/usr/bin/python3 has no torch (apt install python3-torch)";
+    return "no safetensors package in .pydeps (make deps installs it)";
+}
+
+/* f32 values i * scale + offset, as a new tensor. */
+static fr_tensor *ramp(fr_dtype dtype, int ndim, const int64_t *shape, float scale,
+                       float offset) {
+    int64_t n = 1;
+    for (int d = 0; d < ndim; d++)
+        n *= shape[d];
+    float *v = malloc((size_t)(n ? n : 1) * sizeof *v);
+    for (int64_t i = 0; i < n; i++)
+        v[i] = (float)i * scale + offset;
+    fr_tensor *t = fr_from_host(FR_CPU, FR_F32, ndim, shape, FR_TAG_DATA, v);
+    free(v);
+    if (dtype != FR_F32) {
+        fr_tensor *c = fr_to_dtype(t, dtype, FR_TAG_DATA);
+        fr_release(t);
+        t = c;
+    }
+    return t;
+}
+
+/* The package-written entry `name` as f32 values (converted from its dtype),
+ * checked to have `dtype` and `ndim` dims; NULL (test failed) otherwise. */
+static fr_tensor *get_f32(fr_st_file *f, const char *name, fr_dtype dtype, int ndim) {
+    fr_tensor *t = fr_st_get(f, name, FR_CPU, FR_TAG_DATA);
+    CHECK_NOTNULL(t);
+    if (!t)
+        return NULL;
+    if (t->dtype != dtype || t->ndim != ndim) {
+        fprintf(stderr, "    %s: dtype %s, %d dims; want %s, %d\n", name,
+                fr_dtype_name(t->dtype), t->ndim, fr_dtype_name(dtype), ndim);
+        fr_t_failed_now = 1;
+        fr_release(t);
+        return NULL;
+    }
+    fr_tensor *c = fr_to_dtype(t, FR_F32, FR_TAG_DATA);
+    fr_release(t);
+    return c;
+}
+
+/* frugal writes a file, PyTorch's `safetensors` package loads it and checks
+ * every value (tests/fixtures/check_interop.py), then saves tensors and a
+ * torch module's state dict with safetensors.torch.save_file, which frugal
+ * reads back here. All values are exact (representable in every dtype). */
+static void test_safetensors_package(void) {
+    const char *why = package_missing();
+    if (why)
+        SKIP(why);
+    char in[512], out[512], cmd[1400];
+    make_tmpdir();
+    tmp_path(in, sizeof in, "from_frugal.safetensors");
+    tmp_path(out, sizeof out, "from_package.safetensors");
+
+    /* the formulas of frugal_expected() in check_interop.py */
+    fr_tensor *f32 = ramp(FR_F32, 2, FR_SHAPE(3, 4), 1.0f / 8, -0.5f);
+    fr_tensor *f16 = ramp(FR_F16, 2, FR_SHAPE(2, 3), 0.25f, -0.625f);
+    fr_tensor *bf16 = ramp(FR_BF16, 1, FR_SHAPE(5), 1.5f, -3.0f);
+    int32_t iv[7];
+    for (int i = 0; i < 7; i++)
+        iv[i] = i * -123456 + 7;
+    fr_tensor *i32 = fr_from_host(FR_CPU, FR_I32, 1, FR_SHAPE(7), FR_TAG_DATA, iv);
+    uint8_t uv[8];
+    for (int i = 0; i < 8; i++)
+        uv[i] = (uint8_t)(37 * i % 256);
+    fr_tensor *u8 = fr_from_host(FR_CPU, FR_U8, 2, FR_SHAPE(2, 4), FR_TAG_DATA, uv);
+    float sv = -3.5f;
+    fr_tensor *scalar = fr_from_host(FR_CPU, FR_F32, 0, NULL, FR_TAG_DATA, &sv);
+    float cv[108];  // (4, 3, 3, 3)
+    for (int i = 0; i < 108; i++)
+        cv[i] = (float)(i % 17) / 16.0f - 0.5f;
+    fr_tensor *conv = fr_from_host(FR_CPU, FR_F32, 4, FR_SHAPE(4, 3, 3, 3), FR_TAG_DATA, cv);
+    fr_tensor *wide = ramp(FR_F32, 2, FR_SHAPE(3, 4), 1.0f, 0.0f);
+    fr_tensor *strided = fr_narrow(wide, 1, 1, 2);  // (3, 2), not contiguous
+
+    fr_st_writer *w = fr_st_writer_new();
+    CHECK_OK(fr_st_writer_add(w, "f32", f32));
+    CHECK_OK(fr_st_writer_add(w, "f16", f16));
+    CHECK_OK(fr_st_writer_add(w, "bf16", bf16));
+    CHECK_OK(fr_st_writer_add(w, "i32", i32));
+    CHECK_OK(fr_st_writer_add(w, "u8", u8));
+    CHECK_OK(fr_st_writer_add(w, "scalar", scalar));
+    CHECK_OK(fr_st_writer_add(w, "layer1.0.conv1.weight", conv));
+    CHECK_OK(fr_st_writer_add(w, "strided", strided));
+    CHECK_OK(fr_st_writer_add_metadata(w, "format", "pt"));
+    CHECK_OK(fr_st_writer_add_metadata(w, "writer", "frugal"));
+    CHECK_OK(fr_st_writer_add_metadata(w, "note", "quote \" backslash \\ done"));
+    CHECK_OK(fr_st_writer_save(w, in));
+    fr_st_writer_free(w);
+    fr_tensor *mine[] = {f32, f16, bf16, i32, u8, scalar, conv, strided, wide};
+    for (size_t i = 0; i < sizeof mine / sizeof *mine; i++)
+        fr_release(mine[i]);
+
+    /* check_interop.py prints what differs on stderr and exits non-zero */
+    snprintf(cmd, sizeof cmd, "/usr/bin/python3 tests/fixtures/check_interop.py '%s' '%s'", in,
+             out);
+    int rc = system(cmd);
+    if (rc != 0) {
+        fprintf(stderr, "    %s -> exit %d: the package rejected frugal's file\n", cmd,
+                WIFEXITED(rc) ? WEXITSTATUS(rc) : -1);
+        fr_t_failed_now = 1;
+    }
+
+    fr_st_file *f = fr_st_open(out);
+    CHECK_NOTNULL(f);
+    if (!f) {
+        remove_tmpdir();
+        return;
+    }
+    CHECK(fr_st_count(f) == 10);
+    CHECK(!strcmp(fr_st_metadata(f, "format"), "pt"));
+    CHECK(!strcmp(fr_st_metadata(f, "epoch"), "3"));
+    CHECK(!strncmp(fr_st_metadata(f, "writer"), "safetensors ", 12));
+
+    /* the formulas of package_written() in check_interop.py, exact */
+    float want[54];
+    fr_tensor *t = get_f32(f, "w.f32", FR_F32, 2);
+    for (int i = 0; i < 10; i++)
+        want[i] = (float)i * 0.75f - 2.0f;
+    CHECK(t && t->shape[0] == 2 && t->shape[1] == 5);
+    fr_t_allclose(t, want, 10, 0, 0, "w.f32");
+    fr_release(t);
+    t = get_f32(f, "w.f16", FR_F16, 1);
+    for (int i = 0; i < 4; i++)
+        want[i] = (float)i * -0.375f + 1.0f;
+    fr_t_allclose(t, want, 4, 0, 0, "w.f16");
+    fr_release(t);
+    t = get_f32(f, "w.bf16", FR_BF16, 2);
+    for (int i = 0; i < 6; i++)
+        want[i] = ((float)i - 3.0f) * 0.5f;
+    CHECK(t && t->shape[0] == 3 && t->shape[1] == 2);
+    fr_t_allclose(t, want, 6, 0, 0, "w.bf16");
+    fr_release(t);
+    t = get_f32(f, "w.scalar", FR_F32, 0);
+    CHECK(t && fr_item(t) == 1.25f);
+    fr_release(t);
+    t = get_f32(f, "w.conv", FR_F32, 4);
+    for (int i = 0; i < 54; i++)
+        want[i] = (float)i / 32.0f - 0.75f;
+    CHECK(t && t->shape[0] == 2 && t->shape[1] == 3 && t->shape[2] == 3 && t->shape[3] == 3);
+    fr_t_allclose(t, want, 54, 0, 0, "w.conv");
+    fr_release(t);
+
+    t = fr_st_get(f, "w.i32", FR_CPU, FR_TAG_DATA);
+    CHECK(t && t->dtype == FR_I32 && t->ndim == 1 && t->shape[0] == 6);
+    for (int i = 0; t && i < 6; i++)
+        CHECK(((int32_t *)fr_data(t))[i] == i * -1001 + 17);
+    fr_release(t);
+    t = fr_st_get(f, "w.u8", FR_CPU, FR_TAG_DATA);
+    CHECK(t && t->dtype == FR_U8 && t->ndim == 1 && t->shape[0] == 3);
+    for (int i = 0; t && i < 3; i++)
+        CHECK(((uint8_t *)fr_data(t))[i] == 255 - 100 * i);
+    fr_release(t);
+
+    /* nn.Linear(3, 2)'s random weight: its sum as PyTorch computed it in double */
+    t = get_f32(f, "fc.weight", FR_F32, 2);
+    const char *sum_text = fr_st_metadata(f, "fc_weight_sum");
+    CHECK(t && sum_text && t->shape[0] == 2 && t->shape[1] == 3);
+    if (t && sum_text) {
+        double sum = 0;
+        for (int i = 0; i < 6; i++)
+            sum += fr_data_f32(t)[i];
+        CHECK_CLOSE(sum, strtod(sum_text, NULL), 1e-9);
+    }
+    fr_release(t);
+    fr_tensor *bias = fr_zeros(FR_CPU, FR_F32, 1, FR_SHAPE(2), FR_TAG_PARAM);
+    CHECK_OK(fr_st_read_into(f, "fc.bias", bias));
+    fr_release(bias);
+    /* BatchNorm's int64 counter opens but frugal cannot hold it */
+    int k = fr_st_find(f, "bn.num_batches_tracked");
+    CHECK(k >= 0 && fr_st_dtype(f, k) == FR_DTYPE_COUNT && fr_st_ndim(f, k) == 0);
+    CHECK(fr_st_get(f, "bn.num_batches_tracked", FR_CPU, FR_TAG_DATA) == NULL);
+    CHECK_ERR(fr_last_status(), FR_ERR_DTYPE, "I64");
+    fr_st_close(f);
+    remove_tmpdir();
+}
+
 static void test_cuda_round_trip(void) {
     if (!fr_t_have_cuda())
         SKIP("no CUDA device");
@@ -501,6 +693,7 @@ int main(void) {
     RUN(test_unsupported_dtype);
     RUN(test_atomic_save);
     RUN(test_pytorch_interop);
+    RUN(test_safetensors_package);
     RUN(test_cuda_round_trip);
     return TEST_SUMMARY();
 }

@@ -328,95 +328,6 @@ static void test_plan_balances_bytes(void) {
 
 /* ---- whole models: every strategy against plain ---- */
 
-typedef struct {
-    float loss;
-    float **values; /* per registry entry: gradient (parameters) or value (buffers) */
-    size_t peak_saved;
-} model_step;
-
-static void snapshot_restore(fr_model *m, float **snap, bool save) {
-    for (int i = 0; i < m->params->count; i++) {
-        fr_tensor *t = m->params->items[i].tensor;
-        if (t->dtype != FR_F32)
-            continue;
-        if (save) {
-            snap[i] = malloc(fr_nbytes(t));
-            fr_read_f32(t, snap[i], (size_t)fr_numel(t));
-        } else {
-            memcpy(fr_data(t), snap[i], fr_nbytes(t));
-        }
-    }
-}
-
-static model_step model_run(fr_model *m, const char *strategy, float **init, fr_tensor *x,
-                            fr_tensor *labels) {
-    model_step r = {.values = calloc((size_t)m->params->count, sizeof(float *))};
-    CHECK_OK(fr_strategy_parse(strategy, &m->cfg.strategy));
-    snapshot_restore(m, init, false);
-    fr_mem_reset_peak();
-    fr_tensor *logits = fr_model_forward(m, x, true);
-    fr_tensor *loss = logits ? fr_cross_entropy(logits, labels) : NULL;
-    fr_release(logits);
-    CHECK_NOTNULL(loss);
-    r.loss = loss ? fr_item(loss) : NAN;
-    CHECK_OK(fr_backward(loss));
-    fr_release(loss);
-    fr_tape_clear();
-    r.peak_saved = fr_mem_peak(FR_CPU, FR_TAG_SAVED);
-    for (int i = 0; i < m->params->count; i++) {
-        const fr_param *e = &m->params->items[i];
-        const fr_tensor *t = e->kind == FR_PARAMETER ? e->tensor->grad : e->tensor;
-        if (!t || t->dtype != FR_F32)
-            continue;
-        r.values[i] = malloc(fr_nbytes(t));
-        memcpy(r.values[i], fr_data(t), fr_nbytes(t));
-    }
-    fr_params_zero_grad(m->params);
-    return r;
-}
-
-static void free_step(model_step *r, int n) {
-    for (int i = 0; i < n; i++)
-        free(r->values[i]);
-    free(r->values);
-}
-
-/* tol < 0: bit-identical; else |a - b| <= tol * (1 + max |ref|) per tensor */
-static void compare_steps(fr_model *m, const model_step *ref, const model_step *got, double tol,
-                          const char *what) {
-    if (tol < 0) {
-        if (ref->loss != got->loss) {
-            fprintf(stderr, "    %s: loss %.9g vs %.9g\n", what, got->loss, ref->loss);
-            fr_t_failed_now = 1;
-        }
-    } else {
-        CHECK_CLOSE(got->loss, ref->loss, tol * (1 + fabs(ref->loss)));
-    }
-    for (int i = 0; i < m->params->count; i++) {
-        const fr_param *e = &m->params->items[i];
-        if (!ref->values[i] || !got->values[i]) {
-            if (ref->values[i] != got->values[i]) {
-                fprintf(stderr, "    %s: %s present in one run only\n", what, e->name);
-                fr_t_failed_now = 1;
-            }
-            continue;
-        }
-        size_t n = (size_t)fr_numel(e->tensor);
-        double scale = 0, worst = 0;
-        for (size_t j = 0; j < n; j++)
-            scale = fmax(scale, fabs(ref->values[i][j]));
-        for (size_t j = 0; j < n; j++)
-            worst = fmax(worst, fabs((double)ref->values[i][j] - got->values[i][j]));
-        bool ok = tol < 0 ? !memcmp(ref->values[i], got->values[i], n * sizeof(float))
-                          : worst <= tol * (1 + scale);
-        if (!ok) {
-            fprintf(stderr, "    %s: %s differs (max abs diff %.3g, scale %.3g)\n", what, e->name,
-                    worst, scale);
-            fr_t_failed_now = 1;
-        }
-    }
-}
-
 static void check_model_strategies(const char *name, int batch, int size) {
     fr_model *m = fr_resnet_create(name, 3, 10, 7);
     CHECK_NOTNULL(m);
@@ -425,37 +336,34 @@ static void check_model_strategies(const char *name, int batch, int size) {
     fr_tensor *x = fr_t_rand(FR_CPU, 4, FR_SHAPE(batch, 3, size, size), 11);
     int32_t lab[8] = {3, 1, 4, 1, 5, 9, 2, 6};
     fr_tensor *labels = fr_from_host(FR_CPU, FR_I32, 1, FR_SHAPE(batch), FR_TAG_DATA, lab);
-    float **init = calloc((size_t)m->params->count, sizeof(float *));
-    snapshot_restore(m, init, true);
+    float **init = fr_t_snapshot_save(m);
 
     /* Same math in the same order: bit-identical to plain. */
     static const char *const exact[] = {"inplace", "recompute", "checkpoint", "checkpoint:2",
                                         "recompute+checkpoint", "inplace+recompute+checkpoint:3"};
-    model_step plain = model_run(m, "plain", init, x, labels);
+    fr_t_step plain = fr_t_model_step(m, "plain", init, x, labels);
     for (size_t i = 0; i < sizeof exact / sizeof *exact; i++) {
-        model_step r = model_run(m, exact[i], init, x, labels);
-        compare_steps(m, &plain, &r, -1, exact[i]);
+        fr_t_step r = fr_t_model_step(m, exact[i], init, x, labels);
+        fr_t_compare_steps(m, &plain, &r, -1, exact[i]);
         CHECK(r.peak_saved <= plain.peak_saved);
-        free_step(&r, m->params->count);
+        fr_t_step_free(&r, m->params->count);
     }
     /* InPlace-ABN computes its (leaky, |gamma|+eps) function by inverting
      * the output: equal to the reference to float round-off. */
     bool preact = !strncmp(name, "pre", 3);
     if (!preact) {
-        model_step ref = model_run(m, "abn_reference", init, x, labels);
+        fr_t_step ref = fr_t_model_step(m, "abn_reference", init, x, labels);
         static const char *const abn[] = {"abn", "abn+checkpoint", "abn+checkpoint:2"};
         for (size_t i = 0; i < sizeof abn / sizeof *abn; i++) {
-            model_step r = model_run(m, abn[i], init, x, labels);
-            compare_steps(m, &ref, &r, 2e-4, abn[i]);
+            fr_t_step r = fr_t_model_step(m, abn[i], init, x, labels);
+            fr_t_compare_steps(m, &ref, &r, 2e-4, abn[i]);
             CHECK(r.peak_saved < ref.peak_saved);
-            free_step(&r, m->params->count);
+            fr_t_step_free(&r, m->params->count);
         }
-        free_step(&ref, m->params->count);
+        fr_t_step_free(&ref, m->params->count);
     }
-    free_step(&plain, m->params->count);
-    for (int i = 0; i < m->params->count; i++)
-        free(init[i]);
-    free(init);
+    fr_t_step_free(&plain, m->params->count);
+    fr_t_snapshot_free(m, init);
     fr_release(x);
     fr_release(labels);
     fr_model_free(m);

@@ -264,3 +264,218 @@ fr_tensor *fr_t_weighted_sum(fr_tensor *y, uint32_t seed) {
 }
 
 bool fr_t_have_cuda(void) { return fr_cuda_device_count() > 0; }
+
+fr_t_pair fr_t_pair_of(fr_tensor *cpu) {
+    fr_t_pair p = {cpu, cpu ? fr_to_device(cpu, FR_CUDA, FR_TAG_DATA) : NULL};
+    CHECK_NOTNULL(p.g);
+    return p;
+}
+
+fr_t_pair fr_t_pair_rand(int ndim, const int64_t *shape, uint32_t seed) {
+    fr_tensor *c = fr_t_rand(FR_CPU, ndim, shape, seed);
+    CHECK_NOTNULL(c);
+    return fr_t_pair_of(c);
+}
+
+fr_t_pair fr_t_pair_empty(int ndim, const int64_t *shape) {
+    fr_t_pair p = {fr_empty(FR_CPU, FR_F32, ndim, shape, FR_TAG_TRANSIENT),
+                   fr_empty(FR_CUDA, FR_F32, ndim, shape, FR_TAG_TRANSIENT)};
+    CHECK_NOTNULL(p.c);
+    CHECK_NOTNULL(p.g);
+    return p;
+}
+
+void fr_t_pair_free(fr_t_pair *p) {
+    fr_clear(&p->c);
+    fr_clear(&p->g);
+}
+
+void fr_t_pair_check(fr_t_pair p, double atol, double rtol, const char *what) {
+    fr_t_allclose_t(p.g, p.c, atol, rtol, what);
+}
+
+/* ---- whole models ---- */
+
+void fr_t_check_state_dict(const fr_params *p, const char *described, const char *model) {
+    char *copy = strdup(described), *save = NULL;
+    int i = 0;
+    for (char *item = strtok_r(copy, ";", &save); item; item = strtok_r(NULL, ";", &save), i++) {
+        char *colon = strchr(item, ':');
+        FR_ASSERT(colon);
+        *colon = '\0';
+        if (i >= p->count) {
+            fprintf(stderr, "    %s: PyTorch has %s, frugal has only %d entries\n", model, item, p->count);
+            fr_t_failed_now = 1;
+            break;
+        }
+        const fr_param *e = &p->items[i];
+        char shape[96] = "";
+        for (int d = 0; d < e->tensor->ndim; d++)
+            snprintf(shape + strlen(shape), sizeof shape - strlen(shape), d ? ",%lld" : "%lld",
+                     (long long)e->tensor->shape[d]);
+        if (strcmp(e->name, item) || strcmp(shape, colon + 1)) {
+            fprintf(stderr, "    %s entry %d: frugal %s (%s), PyTorch %s (%s)\n", model, i, e->name, shape,
+                    item, colon + 1);
+            fr_t_failed_now = 1;
+            break;
+        }
+        bool buffer = strstr(item, "running_") || strstr(item, "num_batches_tracked");
+        CHECK(e->kind == (buffer ? FR_BUFFER : FR_PARAMETER));
+        CHECK(e->tensor->requires_grad == !buffer);
+    }
+    if (!fr_t_failed_now && i != p->count) {
+        fprintf(stderr, "    %s: PyTorch has %d entries, frugal %d\n", model, i, p->count);
+        fr_t_failed_now = 1;
+    }
+    free(copy);
+}
+
+void fr_t_check_grad(const fr_tensor *got, const fr_tensor *want, double tol, const char *what) {
+    if (!got || !want) {
+        fprintf(stderr, "    %s: gradient missing\n", what);
+        fr_t_failed_now = 1;
+        return;
+    }
+    int64_t n = fr_numel(want);
+    float *w = malloc((size_t)n * sizeof *w);
+    fr_read_f32(want, w, (size_t)n);
+    double peak = 0;
+    for (int64_t i = 0; i < n; i++)
+        peak = fmax(peak, fabs(w[i]));
+    fr_t_allclose(got, w, (size_t)n, tol * peak, tol, what);
+    free(w);
+}
+
+void fr_t_step_vs_fixture(fr_model *m, fr_st_file *f, double atol, double rtol) {
+    fr_tensor *x = fr_t_fixture_tensor(f, "input", FR_CPU);
+    fr_tensor *labels = fr_t_fixture_tensor(f, "labels", FR_CPU);
+    fr_tensor *want = fr_t_fixture_tensor(f, "logits_eval", FR_CPU);
+    fr_no_grad_enter();
+    fr_tensor *logits = fr_model_forward(m, x, false);
+    fr_no_grad_exit();
+    CHECK_NOTNULL(logits);
+    fr_t_allclose_t(logits, want, atol, rtol, "eval logits");
+    fr_release(logits);
+    fr_release(want);
+
+    logits = fr_model_forward(m, x, true);
+    want = fr_t_fixture_tensor(f, "logits_train", FR_CPU);
+    fr_t_allclose_t(logits, want, atol, rtol, "train logits");
+    fr_release(want);
+    fr_tensor *loss = logits ? fr_cross_entropy(logits, labels) : NULL;
+    want = fr_t_fixture_tensor(f, "loss", FR_CPU);
+    fr_t_allclose_t(loss, want, atol, rtol, "loss");
+    fr_release(want);
+    CHECK_OK(fr_backward(loss));
+    /* The tape is gone and with it everything it saved. */
+    CHECK(fr_mem_current(FR_CPU, FR_TAG_SAVED) == 0);
+    fr_release(loss);
+    fr_release(logits);
+    fr_release(x);
+    fr_release(labels);
+}
+
+float **fr_t_snapshot_save(const fr_model *m) {
+    float **snap = calloc((size_t)m->params->count, sizeof(float *));
+    for (int i = 0; i < m->params->count; i++) {
+        const fr_tensor *t = m->params->items[i].tensor;
+        if (t->dtype != FR_F32)
+            continue;
+        snap[i] = malloc(fr_nbytes(t));
+        memcpy(snap[i], fr_data(t), fr_nbytes(t));
+    }
+    return snap;
+}
+
+void fr_t_snapshot_restore(const fr_model *m, float **snap) {
+    for (int i = 0; i < m->params->count; i++)
+        if (snap[i])
+            memcpy(fr_data(m->params->items[i].tensor), snap[i], fr_nbytes(m->params->items[i].tensor));
+}
+
+void fr_t_snapshot_free(const fr_model *m, float **snap) {
+    for (int i = 0; i < m->params->count; i++)
+        free(snap[i]);
+    free(snap);
+}
+
+fr_t_step fr_t_model_step(fr_model *m, const char *strategy, float **init, fr_tensor *x,
+                          fr_tensor *labels) {
+    fr_t_step r = {.values = calloc((size_t)m->params->count, sizeof(float *))};
+    CHECK_OK(fr_strategy_parse(strategy, &m->cfg.strategy));
+    if (init)
+        fr_t_snapshot_restore(m, init);
+    fr_mem_reset_peak();
+    size_t base = fr_mem_total_current(FR_CPU);
+    fr_mem_stats before, after;
+    fr_mem_get_stats(FR_CPU, &before);
+    fr_tensor *logits = fr_model_forward(m, x, true);
+    fr_mem_get_stats(FR_CPU, &after);
+    r.forward_allocs = after.n_allocs - before.n_allocs;
+    r.forward_transient = fr_mem_peak(FR_CPU, FR_TAG_TRANSIENT);
+    r.saved_forward = fr_mem_current(FR_CPU, FR_TAG_SAVED);
+    fr_tensor *loss = logits ? fr_cross_entropy(logits, labels) : NULL;
+    fr_release(logits);
+    r.saved_loss = fr_mem_current(FR_CPU, FR_TAG_SAVED);
+    CHECK_NOTNULL(loss);
+    r.loss = loss ? fr_item(loss) : NAN;
+    CHECK_OK(fr_backward(loss));
+    fr_release(loss);
+    /* whatever a failed step left on the tape (already reported); the peaks
+     * are read after, clearing cannot raise them */
+    fr_tape_clear();
+    r.peak_saved = fr_mem_peak(FR_CPU, FR_TAG_SAVED);
+    r.peak_total = fr_mem_total_peak(FR_CPU) - base;
+    for (int i = 0; i < m->params->count; i++) {
+        const fr_param *e = &m->params->items[i];
+        const fr_tensor *t = e->kind == FR_PARAMETER ? e->tensor->grad : e->tensor;
+        if (!t || t->dtype != FR_F32)
+            continue;
+        r.values[i] = malloc(fr_nbytes(t));
+        memcpy(r.values[i], fr_data(t), fr_nbytes(t));
+    }
+    fr_params_zero_grad(m->params);
+    return r;
+}
+
+void fr_t_step_free(fr_t_step *r, int n) {
+    for (int i = 0; i < n; i++)
+        free(r->values[i]);
+    free(r->values);
+}
+
+void fr_t_compare_steps(const fr_model *m, const fr_t_step *ref, const fr_t_step *got, double tol,
+                        const char *what) {
+    if (tol < 0) {
+        if (ref->loss != got->loss) {
+            fprintf(stderr, "    %s: loss %.9g vs %.9g\n", what, got->loss, ref->loss);
+            fr_t_failed_now = 1;
+        }
+    } else {
+        CHECK_CLOSE(got->loss, ref->loss, tol * (1 + fabs(ref->loss)));
+    }
+    for (int i = 0; i < m->params->count; i++) {
+        const fr_param *e = &m->params->items[i];
+        if (!ref->values[i] || !got->values[i]) {
+            if (ref->values[i] != got->values[i] || e->kind == FR_PARAMETER) {
+                fprintf(stderr, "    %s: %s missing in %s\n", what, e->name,
+                        ref->values[i] || got->values[i] ? "one run" : "both runs");
+                fr_t_failed_now = 1;
+            }
+            continue;
+        }
+        size_t n = (size_t)fr_numel(e->tensor);
+        double scale = 0, worst = 0;
+        for (size_t j = 0; j < n; j++)
+            scale = fmax(scale, fabs(ref->values[i][j]));
+        for (size_t j = 0; j < n; j++)
+            worst = fmax(worst, fabs((double)ref->values[i][j] - got->values[i][j]));
+        bool ok = tol < 0 ? !memcmp(ref->values[i], got->values[i], n * sizeof(float))
+                          : worst <= tol * (1 + scale);
+        if (!ok) {
+            fprintf(stderr, "    %s: %s differs (max abs diff %.3g, scale %.3g)\n", what, e->name,
+                    worst, scale);
+            fr_t_failed_now = 1;
+        }
+    }
+}

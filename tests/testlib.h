@@ -12,6 +12,7 @@
 #include <stdio.h>
 
 #include "frugal.h"
+#include "nn/model.h"
 #include "nn/safetensors.h"
 
 extern int fr_t_failed_now;
@@ -121,5 +122,84 @@ fr_tensor *fr_t_weighted_sum(fr_tensor *y, uint32_t seed);
 
 /* Whether CUDA tests can run here (a CUDA build with a GPU). */
 bool fr_t_have_cuda(void);
+
+/* Skips the test unless CUDA tests can run here (see fr_t_have_cuda). */
+#define NEED_CUDA()                 \
+    do {                            \
+        if (!fr_t_have_cuda())      \
+            SKIP("no CUDA device"); \
+    } while (0)
+
+/* ---- CPU/CUDA pairs (test_cuda*.c) ---- */
+
+/* One tensor on each device with the same values. */
+typedef struct {
+    fr_tensor *c, *g;
+} fr_t_pair;
+
+/* cpu (owned by the pair) and a copy of it on CUDA. */
+fr_t_pair fr_t_pair_of(fr_tensor *cpu);
+/* fr_t_rand values on both devices. */
+fr_t_pair fr_t_pair_rand(int ndim, const int64_t *shape, uint32_t seed);
+/* Uninitialised f32, tagged transient. */
+fr_t_pair fr_t_pair_empty(int ndim, const int64_t *shape);
+void fr_t_pair_free(fr_t_pair *p);
+/* The CUDA side against the CPU side (see fr_t_allclose). */
+void fr_t_pair_check(fr_t_pair p, double atol, double rtol, const char *what);
+#define PR_RAND(seed, ...) fr_t_pair_rand(FR_NDIM(__VA_ARGS__), FR_SHAPE(__VA_ARGS__), (seed))
+#define PR_EMPTY(...) fr_t_pair_empty(FR_NDIM(__VA_ARGS__), FR_SHAPE(__VA_ARGS__))
+
+/* ---- whole models ---- */
+
+/* Compares a registry with "name:d0,d1;..." (PyTorch's state_dict order, as
+ * the fixture generators' describe() writes it): names, shapes, and which
+ * entries are buffers (running statistics, counters: no gradient). */
+void fr_t_check_state_dict(const fr_params *p, const char *described, const char *model);
+
+/* A gradient against PyTorch's, per tensor: |got - want| <= tol * max|want|
+ * + tol * |want| (relative, with a floor scaled to the tensor: a gradient
+ * summed over the batch can cancel to near zero in one element while its
+ * neighbours are large). Fails the test if either is missing. */
+void fr_t_check_grad(const fr_tensor *got, const fr_tensor *want, double tol, const char *what);
+
+/* One step against a fixture of gen_resnet.py / gen_densenet.py's run: its
+ * "input" and "labels" through m in eval mode under no_grad ("logits_eval"),
+ * then in train mode ("logits_train"), cross-entropy ("loss"), each
+ * |got - want| <= atol + rtol |want|; then backward, after which nothing is
+ * left saved. The gradients and running statistics are left for the caller
+ * to compare. */
+void fr_t_step_vs_fixture(fr_model *m, fr_st_file *f, double atol, double rtol);
+
+/* A copy of the f32 entries of m's registry (one malloc'd array per entry,
+ * NULL for the others), to restore the same weights before each run. */
+float **fr_t_snapshot_save(const fr_model *m);
+void fr_t_snapshot_restore(const fr_model *m, float **snap);
+void fr_t_snapshot_free(const fr_model *m, float **snap);
+
+/* One training step of a model (forward, cross-entropy, backward; no
+ * optimizer step) and what it cost. */
+typedef struct {
+    float loss;
+    float **values;           /* per registry entry: its gradient (parameters) or its
+                                 value after the step (f32 buffers); NULL where none */
+    size_t forward_allocs;    /* allocations the forward made */
+    size_t forward_transient; /* peak of in-flight activations in the forward */
+    size_t saved_forward;     /* FR_TAG_SAVED when the logits are out */
+    size_t saved_loss;        /* ... and after the loss */
+    size_t peak_saved;        /* FR_TAG_SAVED over the step */
+    size_t peak_total;        /* all bytes over the step, above its start */
+} fr_t_step;
+
+/* Runs one step under `strategy` (fr_strategy_parse's text), from the
+ * weights in `init` (fr_t_snapshot_save's, restored first) or, if NULL, as they
+ * are; gradients are copied out, then zeroed. */
+fr_t_step fr_t_model_step(fr_model *m, const char *strategy, float **init, fr_tensor *x,
+                          fr_tensor *labels);
+void fr_t_step_free(fr_t_step *r, int n);
+/* got against ref: tol < 0 bit-identical (loss and every value); else
+ * |a - b| <= tol * (1 + max |ref|) per tensor and for the loss. Every
+ * parameter must have a gradient in both. */
+void fr_t_compare_steps(const fr_model *m, const fr_t_step *ref, const fr_t_step *got, double tol,
+                        const char *what);
 
 #endif
