@@ -2,17 +2,50 @@
 # Installs what a fresh Debian machine lacks to build, test, benchmark and run
 # the demo; does nothing (and needs no network) when everything is present.
 set -euo pipefail
+cd "$(dirname "$0")/.."
 
 need=()
 have_pkg() { dpkg-query -W -f='${Status}' "$1" 2>/dev/null | grep -q "install ok installed"; }
 for p in build-essential libopenblas-dev zlib1g-dev libstb-dev dataset-fashion-mnist python3-torch python3-numpy; do
     have_pkg "$p" || need+=("$p")
 done
-[ ${#need[@]} -eq 0 ] && exit 0
+if [ ${#need[@]} -gt 0 ]; then
+    echo "install-deps: installing ${need[*]}"
+    SUDO=""
+    [ "$(id -u)" -ne 0 ] && SUDO="sudo"
+    export DEBIAN_FRONTEND=noninteractive
+    $SUDO apt-get update -q
+    $SUDO apt-get install -y -q --no-install-recommends "${need[@]}"
+fi
 
-echo "install-deps: installing ${need[*]}"
-SUDO=""
-[ "$(id -u)" -ne 0 ] && SUDO="sudo"
-export DEBIAN_FRONTEND=noninteractive
-$SUDO apt-get update -q
-$SUDO apt-get install -y -q --no-install-recommends "${need[@]}"
+# PyTorch's `safetensors` package, for the interop test in
+# tests/test_safetensors.c (tests/fixtures/check_interop.py). Debian bookworm
+# does not package it, so its wheel goes into the repo-local, ignored .pydeps
+# folder for Debian's /usr/bin/python3 and its torch 1.13. The wheel is abi3
+# (one build for every CPython >= 3.7); 0.4.5 is pinned as a version checked
+# against torch 1.13. Without network this only warns: the test then skips.
+SAFETENSORS_VERSION=0.4.5
+have_safetensors() {
+    /usr/bin/python3 -c "import sys; sys.path.insert(0, '.pydeps'); import safetensors" >/dev/null 2>&1
+}
+if [ -x /usr/bin/python3 ] && ! have_safetensors; then
+    pip=""
+    if /usr/bin/python3 -m pip --version >/dev/null 2>&1; then
+        pip="/usr/bin/python3 -m pip"
+    elif command -v python3 >/dev/null && python3 -m pip --version >/dev/null 2>&1; then
+        pip="python3 -m pip"
+    fi
+    arch=$(uname -m)
+    if [ -z "$pip" ]; then
+        echo "install-deps: warning: no pip to install safetensors; the PyTorch interop test will skip"
+    else
+        echo "install-deps: installing safetensors $SAFETENSORS_VERSION into .pydeps"
+        if ! PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_ROOT_USER_ACTION=ignore PIP_NO_INPUT=1 \
+            $pip install -q --timeout 20 --retries 1 --target .pydeps --upgrade --no-deps \
+            --only-binary=:all: --python-version 3.11 --implementation cp \
+            --platform "manylinux2014_$arch" --platform "manylinux_2_17_$arch" \
+            "safetensors==$SAFETENSORS_VERSION" || ! have_safetensors; then
+            echo "install-deps: warning: could not install safetensors (no network?); the PyTorch interop test will skip"
+        fi
+    fi
+fi
