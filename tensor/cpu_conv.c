@@ -19,7 +19,8 @@
  * fixed order, so results do not depend on scheduling.
  *
  * A 1x1 stride-1 unpadded convolution needs no column matrix: an image's
- * (C, H*W) block already is one. */
+ * (C, H*W) block already is one. A size-keeping stride-1 convolution (3x3
+ * pad 1) computes bwd_data as a forward pass instead (bwd_data_as_forward). */
 #include <omp.h>
 #include <string.h>
 
@@ -35,6 +36,14 @@ typedef float fr_v8 __attribute__((vector_size(32)));
 #define CONV_COL_BUDGET ((size_t)2 << 20)
 #define CONV_WS_TOTAL ((size_t)32 << 20)
 
+/* At most this many columns (output pixels) per band of fwd / bwd_data
+ * (bwd_weight's col * dy^T, depth = columns, does not mind wide bands). OpenBLAS's
+ * single-threaded sgemm with the few rows of a CIFAR conv (K = 16..64) drops
+ * from ~105 to ~50 GFLOP/s once N passes ~400 (measured here, 16 x N x 144:
+ * 107 at N = 256, 65 at 512, 50 at 1024), so a 32x32 image is cut into
+ * bands of 8 rows rather than multiplied whole. */
+#define CONV_MAX_COLS ((size_t)256)
+
 typedef struct {
     int rows;      /* output rows per band (the last band may have fewer) */
     int bands;     /* bands per image */
@@ -46,7 +55,7 @@ typedef struct {
  * different threads, so with fewer images than threads the images are cut
  * into more bands; bwd_data keeps an image on one thread (col2im of adjacent
  * bands writes the same input rows). */
-static conv_plan plan_bands(const fr_conv_shape *s, bool split_for_threads) {
+static conv_plan plan_bands(const fr_conv_shape *s, bool split_for_threads, size_t max_cols) {
     conv_plan p;
     p.threads = omp_in_parallel() ? 1 : omp_get_max_threads();
     size_t per_row = (size_t)s->c * s->r * s->s * s->ow * sizeof(float);
@@ -54,6 +63,8 @@ static conv_plan plan_bands(const fr_conv_shape *s, bool split_for_threads) {
     if (budget > CONV_COL_BUDGET)
         budget = CONV_COL_BUDGET;
     size_t rows = per_row ? budget / per_row : (size_t)s->oh;
+    if (s->ow > 0 && rows > max_cols / (size_t)s->ow)
+        rows = max_cols / (size_t)s->ow;
     if (rows < 1)
         rows = 1;
     if (rows > (size_t)s->oh)
@@ -115,9 +126,55 @@ static void zero_edges(float *d, int rows, int ow, int lo, int hi) {
             d[(size_t)r * ow + j] = 0.0f;
 }
 
+/* Stride-2 rows, which GCC leaves scalar at -O2 and which then took longer
+ * than the GEMM around them. Both work on whole output rows, padding lanes
+ * included, eight outputs (sixteen inputs) at a time; `avail` is how many
+ * floats of the image lie at and after the input pointer, and no access goes
+ * beyond them (a lane outside the image is a padding lane: read as zero,
+ * never written). */
+typedef int fr_v8i __attribute__((vector_size(32)));
+#if defined(__clang__)
+#define FR_SHUFFLE(a, b, ...) __builtin_shufflevector(a, b, __VA_ARGS__)
+#else
+#define FR_SHUFFLE(a, b, ...) __builtin_shuffle(a, b, (fr_v8i){__VA_ARGS__})
+#endif
+
+/* d[j] = sp[2 j] for j < n. */
+static void copy_even(float *restrict d, const float *restrict sp, int n, ptrdiff_t avail) {
+    int j = 0;
+    for (; j + 8 <= n && 2 * j + 16 <= avail; j += 8) {
+        fr_v8 a, b;
+        memcpy(&a, sp + 2 * j, sizeof a);
+        memcpy(&b, sp + 2 * j + 8, sizeof b);
+        fr_v8 e = FR_SHUFFLE(a, b, 0, 2, 4, 6, 8, 10, 12, 14);
+        memcpy(d + j, &e, sizeof e);
+    }
+    for (; j < n; j++)
+        d[j] = 2 * j < avail ? sp[2 * j] : 0.0f;
+}
+
+/* dp[2 j] += s[j] for j < n; the odd lanes between get + 0. */
+static void add_even(float *restrict dp, const float *restrict s, int n, ptrdiff_t avail) {
+    int j = 0;
+    const fr_v8 zero = {0};
+    for (; j + 8 <= n && 2 * j + 16 <= avail; j += 8) {
+        fr_v8 a, b, v;
+        memcpy(&a, dp + 2 * j, sizeof a);
+        memcpy(&b, dp + 2 * j + 8, sizeof b);
+        memcpy(&v, s + j, sizeof v);
+        a += FR_SHUFFLE(v, zero, 0, 8, 1, 8, 2, 8, 3, 8);
+        b += FR_SHUFFLE(v, zero, 4, 8, 5, 8, 6, 8, 7, 8);
+        memcpy(dp + 2 * j, &a, sizeof a);
+        memcpy(dp + 2 * j + 8, &b, sizeof b);
+    }
+    for (; j < n && 2 * j < avail; j++)
+        dp[2 * j] += s[j];
+}
+
 /* col (CRS, rows*OW) from output rows [oh0, oh0+rows) of image x (C, H, W). */
 static void im2col(float *col, const float *x, const fr_conv_shape *s, int oh0, int rows) {
     size_t cols = (size_t)rows * s->ow;
+    ptrdiff_t x_len = (ptrdiff_t)s->c * s->h * s->w;
     for (int c = 0; c < s->c; c++)
         for (int ky = 0; ky < s->r; ky++) {
             const float *plane = x + (size_t)c * s->h * s->w; // (H, W)
@@ -146,6 +203,16 @@ static void im2col(float *col, const float *x, const fr_conv_shape *s, int oh0, 
                     continue;
                 }
                 for (int oh = ra; oh < rb; oh++, d += s->ow, src += (size_t)s->stride * s->w) {
+                    /* Stride 2: the whole row, padding columns included, when
+                     * their reads stay inside the image (all but the first
+                     * row and column of the image): the padding lanes hold
+                     * neighbouring pixels and are zeroed after. */
+                    ptrdiff_t off = (src - x) - s->pad + kx;
+                    if (s->stride == 2 && off >= 0) {
+                        copy_even(d, x + off, s->ow, x_len - off);
+                        zero_edges(d, 1, s->ow, lo, hi);
+                        continue;
+                    }
                     for (int ow = 0; ow < lo; ow++)
                         d[ow] = 0.0f;
                     const float *sp = src + lo * s->stride - s->pad + kx;
@@ -163,6 +230,7 @@ static void im2col(float *col, const float *x, const fr_conv_shape *s, int oh0, 
  * (col is scratch) so each tap can be added as one contiguous run. */
 static void col2im(float *dx, float *col, const fr_conv_shape *s, int oh0, int rows) {
     size_t cols = (size_t)rows * s->ow;
+    ptrdiff_t dx_len = (ptrdiff_t)s->c * s->h * s->w;
     for (int c = 0; c < s->c; c++)
         for (int ky = 0; ky < s->r; ky++) {
             float *plane = dx + (size_t)c * s->h * s->w; // (H, W)
@@ -187,6 +255,12 @@ static void col2im(float *dx, float *col, const fr_conv_shape *s, int oh0, int r
                     continue;
                 }
                 for (int oh = ra; oh < rb; oh++, src += s->ow, d += (size_t)s->stride * s->w) {
+                    ptrdiff_t off = (d - dx) - s->pad + kx; /* as in im2col */
+                    if (s->stride == 2 && off >= 0) {
+                        zero_edges(src, 1, s->ow, lo, hi);
+                        add_even(dx + off, src, s->ow, dx_len - off);
+                        continue;
+                    }
                     float *dp = d + lo * s->stride - s->pad + kx;
                     for (int ow = lo; ow < hi; ow++)
                         dp[(size_t)(ow - lo) * s->stride] += src[ow];
@@ -231,7 +305,7 @@ fr_status fr_cpu_conv2d_fwd(float *y, const float *x, const float *w, const fr_c
         }
         return failed == FR_OK ? FR_OK : worker_failed(failed, "forward", s);
     }
-    conv_plan p = plan_bands(s, true);
+    conv_plan p = plan_bands(s, true, CONV_MAX_COLS);
     size_t ws_bytes;
     float *ws = ws_alloc(s, &p, 0, &ws_bytes);
     if (!ws)
@@ -258,6 +332,40 @@ fr_status fr_cpu_conv2d_fwd(float *y, const float *x, const float *w, const fr_c
     return failed == FR_OK ? FR_OK : worker_failed(failed, "forward", s);
 }
 
+/* A stride-1 convolution whose output keeps the input's size (pad =
+ * (R-1)/2 = (S-1)/2) has a gradient of the same kind: dx is the forward
+ * convolution of dy with the weights swapped (K <-> C) and rotated by 180
+ * degrees, padded by R-1-pad = pad. Running it as a forward pass replaces
+ * the depth-K GEMM and the col2im scatter-add of the general path with the
+ * forward's im2col and a GEMM of depth K*R*S (16->16 channels at 32x32,
+ * batch 64, one core: 5.3 -> 4.0 ms). */
+static bool is_flippable(const fr_conv_shape *s) {
+    return s->stride == 1 && s->r == s->s && s->r == 2 * s->pad + 1 && s->oh == s->h &&
+           s->ow == s->w;
+}
+
+static fr_status bwd_data_as_forward(float *dx, const float *dy, const float *w,
+                                     const fr_conv_shape *s) {
+    size_t len = (size_t)s->k * s->c * s->r * s->s, rs = (size_t)s->r * s->s;
+    size_t bytes = len * sizeof(float);
+    float *wt = fr_mem_alloc(FR_CPU, bytes, FR_TAG_WORKSPACE); // (C, K, R, S)
+    if (!wt)
+        return fr_last_status();
+    for (int k = 0; k < s->k; k++)
+        for (int c = 0; c < s->c; c++) {
+            const float *src = w + ((size_t)k * s->c + c) * rs;
+            float *dst = wt + ((size_t)c * s->k + k) * rs;
+            for (size_t i = 0; i < rs; i++)
+                dst[i] = src[rs - 1 - i];
+        }
+    fr_conv_shape t = *s;
+    t.c = s->k;
+    t.k = s->c;
+    fr_status st = fr_cpu_conv2d_fwd(dx, dy, wt, &t);
+    fr_mem_free(FR_CPU, wt, bytes, FR_TAG_WORKSPACE);
+    return st;
+}
+
 fr_status fr_cpu_conv2d_bwd_data(float *dx, const float *dy, const float *w, const fr_conv_shape *s) {
     int crs = s->c * s->r * s->s, ohw = s->oh * s->ow;
     size_t x_img = (size_t)s->c * s->h * s->w, y_img = (size_t)s->k * ohw;
@@ -274,7 +382,9 @@ fr_status fr_cpu_conv2d_bwd_data(float *dx, const float *dy, const float *w, con
         }
         return failed == FR_OK ? FR_OK : worker_failed(failed, "backward (data)", s);
     }
-    conv_plan p = plan_bands(s, false);
+    if (is_flippable(s))
+        return bwd_data_as_forward(dx, dy, w, s);
+    conv_plan p = plan_bands(s, false, CONV_MAX_COLS);
     size_t ws_bytes;
     float *ws = ws_alloc(s, &p, 0, &ws_bytes);
     if (!ws)
@@ -315,7 +425,7 @@ fr_status fr_cpu_conv2d_bwd_weight(float *dw, const float *dy, const float *x, c
     size_t x_img = (size_t)s->c * s->h * s->w, y_img = (size_t)s->k * ohw;
     size_t dw_len = (size_t)s->k * crs;
     bool pointwise = is_pointwise(s);
-    conv_plan p = plan_bands(s, true);
+    conv_plan p = plan_bands(s, true, SIZE_MAX);
     if (pointwise) { /* no columns: the image is used in place, one band */
         p.cols = 0;
         p.bands = 1;
