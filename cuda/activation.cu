@@ -31,34 +31,18 @@ __global__ void leaky_relu_bwd_kernel(float *dx, const float *dy, const float *y
 }
 
 extern "C" fr_status fr_cuda_relu_fwd(float *y, const float *x, size_t n) {
-    if (n == 0)
-        return FR_OK;
-    relu_fwd_kernel<<<fr_cuda_grid(n), FR_CUDA_THREADS>>>(y, x, n);
-    FR_CUDA_LAUNCH_CHECK();
-    return FR_OK;
+    FR_CUDA_RUN_1D(relu_fwd_kernel, n, y, x, n);
 }
 
 extern "C" fr_status fr_cuda_relu_bwd(float *dx, const float *dy, const float *y, size_t n) {
-    if (n == 0)
-        return FR_OK;
-    relu_bwd_kernel<<<fr_cuda_grid(n), FR_CUDA_THREADS>>>(dx, dy, y, n);
-    FR_CUDA_LAUNCH_CHECK();
-    return FR_OK;
+    FR_CUDA_RUN_1D(relu_bwd_kernel, n, dx, dy, y, n);
 }
 
 extern "C" fr_status fr_cuda_leaky_relu_fwd(float *y, const float *x, float slope, size_t n) {
-    if (n == 0)
-        return FR_OK;
-    leaky_relu_fwd_kernel<<<fr_cuda_grid(n), FR_CUDA_THREADS>>>(y, x, slope, n);
-    FR_CUDA_LAUNCH_CHECK();
-    return FR_OK;
+    FR_CUDA_RUN_1D(leaky_relu_fwd_kernel, n, y, x, slope, n);
 }
 
 extern "C" fr_status fr_cuda_leaky_relu_bwd(float *dx, const float *dy, const float *y, float slope,
                                             size_t n) {
-    if (n == 0)
-        return FR_OK;
-    leaky_relu_bwd_kernel<<<fr_cuda_grid(n), FR_CUDA_THREADS>>>(dx, dy, y, slope, n);
-    FR_CUDA_LAUNCH_CHECK();
-    return FR_OK;
+    FR_CUDA_RUN_1D(leaky_relu_bwd_kernel, n, dx, dy, y, slope, n);
 }

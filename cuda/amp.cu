@@ -21,17 +21,9 @@ __global__ void unscale_kernel(float *y, float inv_scale, size_t n) {
 }
 
 extern "C" fr_status fr_cuda_nonfinite_count(float *count, const float *x, size_t n) {
-    if (n == 0)
-        return FR_OK;
-    nonfinite_count_kernel<<<fr_cuda_grid(n), FR_CUDA_THREADS>>>(count, x, n);
-    FR_CUDA_LAUNCH_CHECK();
-    return FR_OK;
+    FR_CUDA_RUN_1D(nonfinite_count_kernel, n, count, x, n);
 }
 
 extern "C" fr_status fr_cuda_unscale(float *y, float inv_scale, size_t n) {
-    if (n == 0)
-        return FR_OK;
-    unscale_kernel<<<fr_cuda_grid(n), FR_CUDA_THREADS>>>(y, inv_scale, n);
-    FR_CUDA_LAUNCH_CHECK();
-    return FR_OK;
+    FR_CUDA_RUN_1D(unscale_kernel, n, y, inv_scale, n);
 }

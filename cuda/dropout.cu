@@ -8,11 +8,7 @@ __global__ void dropout_kernel(float *y, const float *x, float p, float scale, u
 }
 
 extern "C" fr_status fr_cuda_dropout_fwd(float *y, const float *x, float p, uint64_t seed, size_t n) {
-    if (n == 0)
-        return FR_OK;
-    dropout_kernel<<<fr_cuda_grid(n), FR_CUDA_THREADS>>>(y, x, p, 1.0f / (1.0f - p), seed, n);
-    FR_CUDA_LAUNCH_CHECK();
-    return FR_OK;
+    FR_CUDA_RUN_1D(dropout_kernel, n, y, x, p, 1.0f / (1.0f - p), seed, n);
 }
 
 extern "C" fr_status fr_cuda_dropout_bwd(float *dx, const float *dy, float p, uint64_t seed, size_t n) {

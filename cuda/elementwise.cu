@@ -31,51 +31,27 @@ __global__ void fill_from_kernel(float *y, const float *src, float scale, size_t
 }
 
 extern "C" fr_status fr_cuda_fill(float *y, float value, size_t n) {
-    if (n == 0)
-        return FR_OK;
-    fill_kernel<<<fr_cuda_grid(n), FR_CUDA_THREADS>>>(y, value, n);
-    FR_CUDA_LAUNCH_CHECK();
-    return FR_OK;
+    FR_CUDA_RUN_1D(fill_kernel, n, y, value, n);
 }
 
 extern "C" fr_status fr_cuda_add(float *out, const float *a, const float *b, size_t n) {
-    if (n == 0)
-        return FR_OK;
-    add_kernel<<<fr_cuda_grid(n), FR_CUDA_THREADS>>>(out, a, b, n);
-    FR_CUDA_LAUNCH_CHECK();
-    return FR_OK;
+    FR_CUDA_RUN_1D(add_kernel, n, out, a, b, n);
 }
 
 extern "C" fr_status fr_cuda_mul(float *out, const float *a, const float *b, size_t n) {
-    if (n == 0)
-        return FR_OK;
-    mul_kernel<<<fr_cuda_grid(n), FR_CUDA_THREADS>>>(out, a, b, n);
-    FR_CUDA_LAUNCH_CHECK();
-    return FR_OK;
+    FR_CUDA_RUN_1D(mul_kernel, n, out, a, b, n);
 }
 
 extern "C" fr_status fr_cuda_scale(float *y, const float *x, float alpha, size_t n) {
-    if (n == 0)
-        return FR_OK;
-    scale_kernel<<<fr_cuda_grid(n), FR_CUDA_THREADS>>>(y, x, alpha, n);
-    FR_CUDA_LAUNCH_CHECK();
-    return FR_OK;
+    FR_CUDA_RUN_1D(scale_kernel, n, y, x, alpha, n);
 }
 
 extern "C" fr_status fr_cuda_axpy(float *y, float alpha, const float *x, size_t n) {
-    if (n == 0)
-        return FR_OK;
-    axpy_kernel<<<fr_cuda_grid(n), FR_CUDA_THREADS>>>(y, alpha, x, n);
-    FR_CUDA_LAUNCH_CHECK();
-    return FR_OK;
+    FR_CUDA_RUN_1D(axpy_kernel, n, y, alpha, x, n);
 }
 
 extern "C" fr_status fr_cuda_fill_from(float *y, const float *src, float scale, size_t n) {
-    if (n == 0)
-        return FR_OK;
-    fill_from_kernel<<<fr_cuda_grid(n), FR_CUDA_THREADS>>>(y, src, scale, n);
-    FR_CUDA_LAUNCH_CHECK();
-    return FR_OK;
+    FR_CUDA_RUN_1D(fill_from_kernel, n, y, src, scale, n);
 }
 
 /* ---- sum: two passes, both deterministic. Pass 1: a grid whose size

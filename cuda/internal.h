@@ -50,6 +50,18 @@ static inline unsigned fr_cuda_grid(size_t n) {
 }
 
 /* for (size_t i = <this thread's first>; i < n; i += <threads in the grid>) */
+/* The body of a launcher of an elementwise kernel over n items: nothing to
+ * do for n == 0 (a zero-block grid is a launch error), else one grid-stride
+ * launch, checked. Returns from the enclosing function. */
+#define FR_CUDA_RUN_1D(kernel, n, ...)                                 \
+    do {                                                               \
+        if ((n) == 0)                                                  \
+            return FR_OK;                                              \
+        kernel<<<fr_cuda_grid(n), FR_CUDA_THREADS>>>(__VA_ARGS__);     \
+        FR_CUDA_LAUNCH_CHECK();                                        \
+        return FR_OK;                                                  \
+    } while (0)
+
 #define FR_CUDA_FOR(i, n)                                                           \
     for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < (size_t)(n); \
          i += (size_t)gridDim.x * blockDim.x)

@@ -23,12 +23,8 @@ __global__ void sgd_kernel(float *w, float *buf, const float *g, size_t n, float
 extern "C" fr_status fr_cuda_sgd_update(float *w, float *buf, const float *g, size_t n, float lr,
                                         float momentum, float dampening, float weight_decay,
                                         bool nesterov, bool first_step) {
-    if (n == 0)
-        return FR_OK;
-    sgd_kernel<<<fr_cuda_grid(n), FR_CUDA_THREADS>>>(w, buf, g, n, lr, momentum, 1.0f - dampening,
+    FR_CUDA_RUN_1D(sgd_kernel, n, w, buf, g, n, lr, momentum, 1.0f - dampening,
                                                      weight_decay, nesterov, first_step);
-    FR_CUDA_LAUNCH_CHECK();
-    return FR_OK;
 }
 
 __global__ void adam_kernel(float *w, float *m, float *v, const float *g, size_t n,
@@ -48,9 +44,5 @@ __global__ void adam_kernel(float *w, float *m, float *v, const float *g, size_t
 
 extern "C" fr_status fr_cuda_adam_update(float *w, float *m, float *v, const float *g, size_t n,
                                          const fr_adam_scalars *s) {
-    if (n == 0)
-        return FR_OK;
-    adam_kernel<<<fr_cuda_grid(n), FR_CUDA_THREADS>>>(w, m, v, g, n, *s);
-    FR_CUDA_LAUNCH_CHECK();
-    return FR_OK;
+    FR_CUDA_RUN_1D(adam_kernel, n, w, m, v, g, n, *s);
 }
