@@ -25,6 +25,25 @@ SUBJECT = "frugal"
 NOISY = 0.3
 
 
+def print_table(title, head, rows):
+    """A Markdown table under a '## title' heading: first column left-aligned,
+    the others right-aligned, each as wide as its widest cell."""
+    widths = [max(len(r[c]) for r in [head] + rows) for c in range(len(head))]
+
+    def line(cells):
+        out = [cells[0].ljust(widths[0])] + [c.rjust(w) for c, w in zip(cells[1:], widths[1:])]
+        return "| " + " | ".join(out) + " |"
+
+    print(f"## {title}")
+    print()
+    print(line(head))
+    rule = ["-" * (w + 2) if c == 0 else "-" * (w + 1) + ":" for c, w in enumerate(widths)]
+    print("|" + "|".join(rule) + "|")
+    for r in rows:
+        print(line(r))
+    print()
+
+
 def fmt(value, digits=3):
     if value is None:
         return "-"
@@ -101,20 +120,7 @@ def table(name, s):
             work = s["work"].get(case, 0)
             row += [fmt(work / (v * 1e6), 1) if v and work else "-" for v in vals]
         rows.append(row)
-    widths = [max(len(r[c]) for r in [head] + rows) for c in range(len(head))]
-
-    def line(cells):
-        out = [cells[0].ljust(widths[0])] + [c.rjust(w) for c, w in zip(cells[1:], widths[1:])]
-        return "| " + " | ".join(out) + " |"
-
-    print(f"## {name}: {s['title']}")
-    print()
-    print(line(head))
-    rule = ["-" * (w + 2) if c == 0 else "-" * (w + 1) + ":" for c, w in enumerate(widths)]
-    print("|" + "|".join(rule) + "|")
-    for r in rows:
-        print(line(r))
-    print()
+    print_table(f"{name}: {s['title']}", head, rows)
     for o in others:
         if ratios[o]:
             g = math.exp(sum(math.log(r) for r in ratios[o]) / len(ratios[o]))
@@ -242,20 +248,7 @@ def models_table(model, title, values, best):
         rows.append([st, fmt_mib(act), fmt(r_act, 2), check(r_act, target) if target else "",
                      fmt_mib(alls), fmt(ratio(alls, t_all), 2), fmt_mib(peak), step_text,
                      fmt(ratio(step, t_step), 2), fmt(ratio(step, p_step), 2), time_cell])
-    widths = [max(len(r[c]) for r in [head] + rows) for c in range(len(head))]
-
-    def line(cells):
-        out = [cells[0].ljust(widths[0])] + [c.rjust(w) for c, w in zip(cells[1:], widths[1:])]
-        return "| " + " | ".join(out) + " |"
-
-    print(f"## models: {title}")
-    print()
-    print(line(head))
-    rule = ["-" * (w + 2) if c == 0 else "-" * (w + 1) + ":" for c, w in enumerate(widths)]
-    print("|" + "|".join(rule) + "|")
-    for r in rows:
-        print(line(r))
-    print()
+    print_table(f"models: {title}", head, rows)
     if t_act is None:
         print("(no PyTorch figures for this model: see the # notes)")
     print("ratios here are frugal / other (< 1: frugal keeps less or is faster), the inverse of "
