@@ -50,10 +50,6 @@ extern "C" fr_status fr_cuda_abn_invert(float *xhat, const float *y, const float
                                         const float *beta, const float *residual, float slope,
                                         int n, int c, int hw) {
     size_t total = (size_t)n * (size_t)c * (size_t)hw;
-    if (total == 0)
-        return FR_OK;
-    abn_invert_kernel<<<fr_cuda_grid(total), FR_CUDA_THREADS>>>(xhat, y, gamma_eff, beta, residual,
+    FR_CUDA_RUN_1D(abn_invert_kernel, total, xhat, y, gamma_eff, beta, residual,
                                                                 1.0f / slope, c, (size_t)hw, total);
-    FR_CUDA_LAUNCH_CHECK();
-    return FR_OK;
 }

@@ -99,12 +99,8 @@ extern "C" fr_status fr_cuda_bn_apply(float *y, const float *x, const float *mea
                                       const float *invstd, const float *gamma, const float *beta,
                                       int n, int c, int hw) {
     size_t total = (size_t)n * (size_t)c * (size_t)hw;
-    if (total == 0)
-        return FR_OK;
-    bn_apply_kernel<<<fr_cuda_grid(total), FR_CUDA_THREADS>>>(y, x, mean, invstd, gamma, beta, c,
+    FR_CUDA_RUN_1D(bn_apply_kernel, total, y, x, mean, invstd, gamma, beta, c,
                                                               (size_t)hw, total);
-    FR_CUDA_LAUNCH_CHECK();
-    return FR_OK;
 }
 
 /* ---- backward (training mode). With xhat = (x - mean) * invstd and M =

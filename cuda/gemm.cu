@@ -71,11 +71,7 @@ __global__ void bias_grad_kernel(float *db, const float *dy, int n, int c, int h
 
 extern "C" fr_status fr_cuda_bias_add(float *y, const float *b, int n, int c, int hw) {
     size_t total = (size_t)n * (size_t)c * (size_t)hw;
-    if (total == 0)
-        return FR_OK;
-    bias_add_kernel<<<fr_cuda_grid(total), FR_CUDA_THREADS>>>(y, b, c, (size_t)hw, total);
-    FR_CUDA_LAUNCH_CHECK();
-    return FR_OK;
+    FR_CUDA_RUN_1D(bias_add_kernel, total, y, b, c, (size_t)hw, total);
 }
 
 extern "C" fr_status fr_cuda_bias_grad(float *db, const float *dy, int n, int c, int hw) {

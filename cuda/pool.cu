@@ -118,39 +118,23 @@ __global__ void avgpool_bwd_kernel(float *dx, const float *dy, fr_pool_shape s, 
 
 extern "C" fr_status fr_cuda_maxpool_fwd(float *y, const float *x, const fr_pool_shape *s) {
     size_t total = (size_t)s->n * s->c * s->oh * s->ow;
-    if (total == 0)
-        return FR_OK;
-    maxpool_fwd_kernel<<<fr_cuda_grid(total), FR_CUDA_THREADS>>>(y, x, *s, total);
-    FR_CUDA_LAUNCH_CHECK();
-    return FR_OK;
+    FR_CUDA_RUN_1D(maxpool_fwd_kernel, total, y, x, *s, total);
 }
 
 extern "C" fr_status fr_cuda_maxpool_bwd(float *dx, const float *dy, const float *x,
                                          const fr_pool_shape *s) {
     size_t total = (size_t)s->n * s->c * s->h * s->w;
-    if (total == 0)
-        return FR_OK;
-    maxpool_bwd_kernel<<<fr_cuda_grid(total), FR_CUDA_THREADS>>>(dx, dy, x, *s, total);
-    FR_CUDA_LAUNCH_CHECK();
-    return FR_OK;
+    FR_CUDA_RUN_1D(maxpool_bwd_kernel, total, dx, dy, x, *s, total);
 }
 
 extern "C" fr_status fr_cuda_avgpool_fwd(float *y, const float *x, const fr_pool_shape *s) {
     size_t total = (size_t)s->n * s->c * s->oh * s->ow;
-    if (total == 0)
-        return FR_OK;
-    avgpool_fwd_kernel<<<fr_cuda_grid(total), FR_CUDA_THREADS>>>(y, x, *s, total);
-    FR_CUDA_LAUNCH_CHECK();
-    return FR_OK;
+    FR_CUDA_RUN_1D(avgpool_fwd_kernel, total, y, x, *s, total);
 }
 
 extern "C" fr_status fr_cuda_avgpool_bwd(float *dx, const float *dy, const fr_pool_shape *s) {
     size_t total = (size_t)s->n * s->c * s->h * s->w;
-    if (total == 0)
-        return FR_OK;
-    avgpool_bwd_kernel<<<fr_cuda_grid(total), FR_CUDA_THREADS>>>(dx, dy, *s, total);
-    FR_CUDA_LAUNCH_CHECK();
-    return FR_OK;
+    FR_CUDA_RUN_1D(avgpool_bwd_kernel, total, dx, dy, *s, total);
 }
 
 /* ---- global average: y(NC) = mean of x(NC, HW), one block per row ---- */
@@ -183,9 +167,5 @@ extern "C" fr_status fr_cuda_global_avgpool_fwd(float *y, const float *x, int nc
 
 extern "C" fr_status fr_cuda_global_avgpool_bwd(float *dx, const float *dy, int nc, int hw) {
     size_t total = (size_t)nc * (size_t)hw;
-    if (total == 0)
-        return FR_OK;
-    global_avgpool_bwd_kernel<<<fr_cuda_grid(total), FR_CUDA_THREADS>>>(dx, dy, (size_t)hw, total);
-    FR_CUDA_LAUNCH_CHECK();
-    return FR_OK;
+    FR_CUDA_RUN_1D(global_avgpool_bwd_kernel, total, dx, dy, (size_t)hw, total);
 }
