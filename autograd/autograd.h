@@ -90,6 +90,19 @@ void fr_recompute_enter(void);
 void fr_recompute_exit(void);
 bool fr_in_recompute(void);
 
+/* Autocast (nestable, per thread): while a half dtype is entered, ops that
+ * create activations from weights (conv2d, linear) produce that dtype, and
+ * every op downstream follows its input's dtype, so a whole network runs in
+ * f16 / bf16 without its code changing. Weights stay f32 (master weights)
+ * and are cast to the half dtype on the fly inside those ops. Entering FR_F32
+ * switches it off for the nested region. FR_ERR_DTYPE for another dtype,
+ * FR_ERR_ARG past 16 levels. Checkpointed segments record the dtype and
+ * replay under it. */
+fr_status fr_autocast_enter(fr_dtype dtype);
+void fr_autocast_exit(void);
+/* FR_F32 when off. */
+fr_dtype fr_autocast_dtype(void);
+
 /* The random stream of random ops (dropout): each call draws one 64-bit seed
  * from this per-thread generator, and the op's mask is a function of that
  * seed. Checkpointing records the state before a segment and restores it

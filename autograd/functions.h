@@ -66,6 +66,10 @@ fr_tensor *fr_concat_recomputable(fr_tensor *const *inputs, int count);
  * reference). Keeps no mask: backward redraws it from the op's seed. */
 fr_tensor *fr_dropout(fr_tensor *x, float p, bool training);
 
+/* fn_cast.c: x converted to dtype (f32, f16, bf16; x itself, a new
+ * reference, when it already has it); the gradient is converted back. */
+fr_tensor *fr_cast(fr_tensor *x, fr_dtype dtype);
+
 /* fn_loss.c: fused log-softmax + NLL, mean over the batch; labels i32 */
 fr_tensor *fr_cross_entropy(fr_tensor *logits, fr_tensor *labels);
 

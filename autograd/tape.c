@@ -51,6 +51,27 @@ void fr_no_grad_exit(void) {
 }
 bool fr_grad_enabled(void) { return no_grad_depth == 0; }
 
+enum { AUTOCAST_MAX_DEPTH = 16 };
+static _Thread_local fr_dtype autocast_stack[AUTOCAST_MAX_DEPTH];
+static _Thread_local int autocast_depth;
+
+fr_status fr_autocast_enter(fr_dtype dtype) {
+    if (dtype != FR_F32 && dtype != FR_F16 && dtype != FR_BF16)
+        return fr_error(FR_ERR_DTYPE, "autocast: dtype must be f32, f16 or bf16, got %s",
+                        fr_dtype_name(dtype));
+    if (autocast_depth >= AUTOCAST_MAX_DEPTH)
+        return fr_error(FR_ERR_ARG, "autocast: nested more than %d levels", AUTOCAST_MAX_DEPTH);
+    autocast_stack[autocast_depth++] = dtype;
+    return FR_OK;
+}
+
+void fr_autocast_exit(void) {
+    FR_ASSERT(autocast_depth > 0);
+    autocast_depth--;
+}
+
+fr_dtype fr_autocast_dtype(void) { return autocast_depth ? autocast_stack[autocast_depth - 1] : FR_F32; }
+
 void fr_set_requires_grad(fr_tensor *t, bool on) {
     FR_ASSERT(t);
     t->requires_grad = on;

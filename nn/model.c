@@ -1,6 +1,8 @@
 /* model.c: the generic model record and strategy names; see model.h. */
 #include "model.h"
 
+#include "../autograd/functions.h"
+
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -98,4 +100,30 @@ void fr_model_free(fr_model *m) {
         free(m->impl);
     fr_params_free(m->params);
     free(m);
+}
+
+fr_status fr_precision_parse(const char *text, fr_dtype *out) {
+    static const struct {
+        const char *name;
+        fr_dtype dtype;
+    } names[] = {{"f32", FR_F32},  {"fp32", FR_F32},    {"float32", FR_F32},   {"f16", FR_F16},
+                 {"fp16", FR_F16}, {"float16", FR_F16}, {"bf16", FR_BF16}, {"bfloat16", FR_BF16}};
+    for (size_t i = 0; text && i < sizeof names / sizeof names[0]; i++)
+        if (!strcmp(text, names[i].name)) {
+            *out = names[i].dtype;
+            return FR_OK;
+        }
+    return fr_error(FR_ERR_ARG, "unknown precision \"%s\" (choose f32, f16 or bf16)", text ? text : "");
+}
+
+fr_tensor *fr_model_forward(fr_model *m, fr_tensor *x, bool training) {
+    if (fr_autocast_enter(m->cfg.precision) != FR_OK)
+        return NULL;
+    fr_tensor *y = m->forward(m, x, training);
+    fr_autocast_exit();
+    if (!y || y->dtype == FR_F32)
+        return y;
+    fr_tensor *logits = fr_cast(y, FR_F32);
+    fr_release(y);
+    return logits;
 }

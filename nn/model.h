@@ -59,7 +59,16 @@ bool fr_strategy_equal(fr_strategy a, fr_strategy b);
 
 typedef struct {
     fr_strategy strategy;
+    /* Precision policy: FR_F32 (the default, 0), FR_F16 or FR_BF16. Under a
+     * half dtype the forward runs in autocast (autograd.h): activations and
+     * saved tensors are half, weights stay f32 and are cast on the fly,
+     * reductions accumulate in f32. Train f16 with a loss scaler (amp.h). */
+    fr_dtype precision;
 } fr_model_cfg;
+
+/* "f32", "f16" or "bf16" (also "fp32", "fp16", "float16", "bfloat16");
+ * FR_ERR_ARG naming the choices otherwise. */
+fr_status fr_precision_parse(const char *text, fr_dtype *out);
 
 typedef struct fr_model fr_model;
 struct fr_model {
@@ -75,9 +84,10 @@ struct fr_model {
     void (*impl_free)(void *impl);
 };
 
-static inline fr_tensor *fr_model_forward(fr_model *m, fr_tensor *x, bool training) {
-    return m->forward(m, x, training);
-}
+/* m->forward under the model's precision policy; the logits come back f32
+ * whatever the policy (a differentiable cast of the few logits), so losses,
+ * accuracy and user code never see a half tensor. */
+fr_tensor *fr_model_forward(fr_model *m, fr_tensor *x, bool training);
 
 /* A model with an empty registry and no forward, for constructors. */
 fr_model *fr_model_alloc(const char *name, int in_channels, int num_classes);
