@@ -71,6 +71,7 @@ struct fr_node {
     fr_tensor **grads;        /* accumulated gradient per output */
     int64_t (*out_shapes)[FR_MAX_DIMS];
     int *out_ndims;
+    fr_dtype *out_dtypes;     /* a missing output gradient is zeros of this dtype */
     fr_device device;
     int n_saved, cap_saved;
     fr_saved *saved;

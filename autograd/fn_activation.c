@@ -78,7 +78,7 @@ static fr_tensor *act(const char *op, fr_tensor *x, float slope) {
 }
 
 static fr_tensor *act_(const char *op, const char *name, fr_tensor *x, float slope) {
-    if (fr_check_f32c(op, "x", x) != FR_OK)
+    if (fr_check_floatc(op, "x", x) != FR_OK)
         return NULL;
     /* A leaf that wants a gradient has no producer the write could be
      * recorded against, and its old values would be lost. */

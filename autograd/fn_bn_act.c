@@ -275,7 +275,7 @@ fr_tensor *fr_abn_scale(fr_tensor *gamma, float eps) {
 static fr_status check_args(fr_tensor *x, fr_tensor *residual, const fr_bn_state *bn, fr_act act,
                             float slope, fr_bnact_mode mode, bool recording) {
     const char *op = "bn_act";
-    FR_TRY(fr_check_f32c(op, "x", x));
+    FR_TRY(fr_check_floatc(op, "x", x));
     if (!bn)
         return fr_error(FR_ERR_ARG, "%s: bn state is NULL", op);
     FR_TRY(fr_check_defined(op, "gamma", bn->gamma));
@@ -283,7 +283,7 @@ static fr_status check_args(fr_tensor *x, fr_tensor *residual, const fr_bn_state
     if ((unsigned)act >= FR_ACT_COUNT || (unsigned)mode >= FR_BNACT_COUNT)
         return fr_error(FR_ERR_ARG, "%s: unknown activation or mode", op);
     if (residual) {
-        FR_TRY(fr_check_f32c(op, "residual", residual));
+        FR_TRY(fr_check_floatc(op, "residual", residual));
         FR_TRY(fr_check_same_shape(op, "residual", residual, "x", x));
         FR_TRY(fr_check_same_device(op, "residual", residual, "x", x));
     }

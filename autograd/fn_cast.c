@@ -45,3 +45,15 @@ fr_tensor *fr_cast(fr_tensor *x, fr_dtype dtype) {
     fr_node_set_output(node, 0, y);
     return y;
 }
+
+fr_dtype fr_autocast_out_dtype(const fr_tensor *x) {
+    fr_dtype mode = fr_autocast_dtype();
+    return mode != FR_F32 ? mode : x->dtype;
+}
+
+fr_tensor *fr_autocast_weight(fr_tensor *w, fr_dtype compute) {
+    if (!w || w->dtype == compute || !is_float_dtype(compute) || !is_float_dtype(w->dtype))
+        return fr_retain(w);
+    /* Workspace, not an activation: it lives for one op call. */
+    return fr_to_dtype(w, compute, FR_TAG_WORKSPACE);
+}

@@ -11,6 +11,7 @@ typedef struct {
     fr_segment_fn fn;
     void *fn_ctx;
     uint64_t random_state; /* before the forward: the replay draws the same masks */
+    fr_dtype autocast;     /* the forward's autocast dtype: the replay computes in it too */
 } checkpoint_ctx;
 
 static fr_status checkpoint_backward(fr_node *node, fr_tensor *const *dout, fr_tensor **din) {
@@ -30,10 +31,15 @@ static fr_status checkpoint_backward(fr_node *node, fr_tensor *const *dout, fr_t
         uint64_t now = fr_random_state();
         fr_set_random_state(c->random_state);
         fr_recompute_enter();
-        y = c->fn(c->fn_ctx, leaf);
+        st = fr_autocast_enter(c->autocast);
+        if (st == FR_OK) {
+            y = c->fn(c->fn_ctx, leaf);
+            fr_autocast_exit();
+        }
         fr_recompute_exit();
         fr_set_random_state(now);
-        st = y ? fr_backward_with(y, dout[0]) : fr_last_status();
+        if (st == FR_OK)
+            st = y ? fr_backward_with(y, dout[0]) : fr_last_status();
     }
     if (st == FR_OK && fr_node_needs_grad(node, 0) && leaf->grad)
         din[0] = fr_retain(leaf->grad);
@@ -72,7 +78,8 @@ fr_tensor *fr_checkpoint(fr_segment_fn fn, void *fn_ctx, fr_tensor *x) {
         fr_release(y);
         return NULL;
     }
-    *c = (checkpoint_ctx){.fn = fn, .fn_ctx = fn_ctx, .random_state = random_state};
+    *c = (checkpoint_ctx){
+        .fn = fn, .fn_ctx = fn_ctx, .random_state = random_state, .autocast = fr_autocast_dtype()};
     fr_node_set_ctx(node, c, NULL);
     fr_node_set_output(node, 0, y);
     return y;

@@ -29,7 +29,7 @@ static fr_status concat_backward(fr_node *node, fr_tensor *const *dout, fr_tenso
         if (fr_node_needs_grad(node, i)) {
             shape[1] = ci;
             fr_tensor *slice = fr_narrow(g, 1, c0, ci);
-            din[i] = slice ? fr_empty(node->device, FR_F32, g->ndim, shape, FR_TAG_TRANSIENT) : NULL;
+            din[i] = slice ? fr_empty(node->device, g->dtype, g->ndim, shape, FR_TAG_TRANSIENT) : NULL;
             fr_status st = din[i] ? fr_concat_backward(&din[i], 1, slice) : fr_last_status();
             fr_release(slice);
             FR_TRY(st);
@@ -63,7 +63,7 @@ static fr_tensor *concat_recipe_make(fr_recipe *self) {
             return NULL;
         }
     }
-    fr_tensor *y = fr_empty(fr_device_of(r->inputs[0]), FR_F32, r->ndim, r->shape, FR_TAG_TRANSIENT);
+    fr_tensor *y = fr_empty(fr_device_of(r->inputs[0]), r->inputs[0]->dtype, r->ndim, r->shape, FR_TAG_TRANSIENT);
     if (y && fr_concat_forward(y, r->inputs, r->count) != FR_OK)
         fr_clear(&y);
     return y;
@@ -129,7 +129,7 @@ static fr_tensor *concat(fr_tensor *const *inputs, int count, bool recomputable)
     shape[1] = 0;
     for (int i = 0; i < count; i++)
         shape[1] += inputs[i]->shape[1];
-    fr_tensor *y = fr_empty(fr_device_of(first), FR_F32, first->ndim, shape, FR_TAG_TRANSIENT);
+    fr_tensor *y = fr_empty(fr_device_of(first), first->dtype, first->ndim, shape, FR_TAG_TRANSIENT);
     if (!y || fr_concat_forward(y, inputs, count) != FR_OK) {
         fr_release(y);
         return NULL;

@@ -7,7 +7,11 @@
  * through fr_node_save, so an x that carries a recipe (a fused BN+ReLU
  * output) is recomputed in backward rather than kept; backward releases the
  * unpacked x as soon as dw is done, before dx is allocated, so a recomputed
- * x and dx are never alive together. */
+ * x and dx are never alive together.
+ *
+ * Under autocast (mixed precision) y has the autocast dtype and the f32
+ * weight is cast to it for the call, and again in backward; dx has x's
+ * dtype, dw and db are f32 (fr_autocast_weight). */
 #include <stdlib.h>
 #include <string.h>
 
@@ -18,11 +22,12 @@ enum { CONV_X = 0, CONV_W, CONV_B };
 typedef struct {
     fr_conv_params p;
     int64_t x_shape[4], w_shape[4];
+    fr_dtype x_dtype, w_dtype, compute; /* compute: the dtype w is cast to (autocast) */
     int x, w; /* saved slots, -1 when not saved */
 } conv_ctx;
 
-static fr_tensor *grad_like(const fr_tensor *dy, int ndim, const int64_t *shape) {
-    return fr_empty(fr_device_of(dy), FR_F32, ndim, shape, FR_TAG_TRANSIENT);
+static fr_tensor *grad_like(const fr_tensor *dy, fr_dtype dtype, int ndim, const int64_t *shape) {
+    return fr_empty(fr_device_of(dy), dtype, ndim, shape, FR_TAG_TRANSIENT);
 }
 
 static fr_status conv_backward(fr_node *node, fr_tensor *const *dout, fr_tensor **din) {
@@ -31,7 +36,7 @@ static fr_status conv_backward(fr_node *node, fr_tensor *const *dout, fr_tensor 
     fr_status st = FR_OK;
     if (fr_node_needs_grad(node, CONV_W)) {
         fr_tensor *x = fr_node_unpack(node, c->x);
-        fr_tensor *dw = x ? grad_like(dy, 4, c->w_shape) : NULL;
+        fr_tensor *dw = x ? grad_like(dy, c->w_dtype, 4, c->w_shape) : NULL;
         st = dw ? fr_conv2d_backward(NULL, dw, NULL, dy, x, NULL, c->p) : fr_last_status();
         fr_release(x);
         if (st != FR_OK) {
@@ -41,8 +46,10 @@ static fr_status conv_backward(fr_node *node, fr_tensor *const *dout, fr_tensor 
         din[CONV_W] = dw;
     }
     if (fr_node_needs_grad(node, CONV_X)) {
-        fr_tensor *w = fr_node_unpack(node, c->w);
-        fr_tensor *dx = w ? grad_like(dy, 4, c->x_shape) : NULL;
+        fr_tensor *saved_w = fr_node_unpack(node, c->w);
+        fr_tensor *w = saved_w ? fr_autocast_weight(saved_w, c->compute) : NULL;
+        fr_release(saved_w);
+        fr_tensor *dx = w ? grad_like(dy, c->x_dtype, 4, c->x_shape) : NULL;
         st = dx ? fr_conv2d_backward(dx, NULL, NULL, dy, NULL, w, c->p) : fr_last_status();
         fr_release(w);
         if (st != FR_OK) {
@@ -52,7 +59,7 @@ static fr_status conv_backward(fr_node *node, fr_tensor *const *dout, fr_tensor 
         din[CONV_X] = dx;
     }
     if (fr_node_needs_grad(node, CONV_B)) {
-        fr_tensor *db = grad_like(dy, 1, FR_SHAPE(c->w_shape[0]));
+        fr_tensor *db = grad_like(dy, FR_F32, 1, FR_SHAPE(c->w_shape[0]));
         st = db ? fr_conv2d_backward(NULL, NULL, db, dy, NULL, NULL, c->p) : fr_last_status();
         if (st != FR_OK) {
             fr_release(db);
@@ -64,7 +71,7 @@ static fr_status conv_backward(fr_node *node, fr_tensor *const *dout, fr_tensor 
 }
 
 /* Records the node for y = conv(x, w) + b. */
-static fr_status conv_record(fr_tensor *const *in, fr_conv_params p, fr_tensor *y) {
+static fr_status conv_record(fr_tensor *const *in, fr_conv_params p, fr_dtype compute, fr_tensor *y) {
     conv_ctx *c = calloc(1, sizeof *c);
     if (!c)
         return fr_error(FR_ERR_OOM, "conv2d: out of memory recording a node");
@@ -76,6 +83,9 @@ static fr_status conv_record(fr_tensor *const *in, fr_conv_params p, fr_tensor *
     c->p = p;
     memcpy(c->x_shape, in[CONV_X]->shape, sizeof c->x_shape);
     memcpy(c->w_shape, in[CONV_W]->shape, sizeof c->w_shape);
+    c->x_dtype = in[CONV_X]->dtype;
+    c->w_dtype = in[CONV_W]->dtype;
+    c->compute = compute;
     c->x = c->w = -1;
     fr_node_set_ctx(node, c, NULL);
     if (fr_node_needs_grad(node, CONV_W) && (c->x = fr_node_save(node, in[CONV_X])) < 0)
@@ -91,14 +101,19 @@ fr_tensor *fr_conv2d(fr_tensor *x, fr_tensor *w, fr_tensor *b, fr_conv_params p)
     if (fr_check_defined("conv2d", "x", x) != FR_OK || fr_check_defined("conv2d", "w", w) != FR_OK ||
         fr_conv2d_shape(x, w, p, &s) != FR_OK)
         return NULL;
-    fr_tensor *y = fr_empty(fr_device_of(x), FR_F32, 4, FR_SHAPE(s.n, s.k, s.oh, s.ow),
+    fr_dtype compute = fr_autocast_out_dtype(x);
+    fr_tensor *y = fr_empty(fr_device_of(x), compute, 4, FR_SHAPE(s.n, s.k, s.oh, s.ow),
                             FR_TAG_TRANSIENT);
-    if (!y)
+    fr_tensor *wc = y ? fr_autocast_weight(w, compute) : NULL;
+    if (!wc) {
+        fr_release(y);
         return NULL;
+    }
     fr_tensor *in[3] = {x, w, b};
-    fr_status st = fr_conv2d_forward(y, x, w, b, p);
+    fr_status st = fr_conv2d_forward(y, x, wc, b, p);
+    fr_release(wc);
     if (st == FR_OK && fr_should_record(3, in))
-        st = conv_record(in, p, y);
+        st = conv_record(in, p, compute, y);
     if (st != FR_OK)
         fr_clear(&y);
     return y;

@@ -183,13 +183,14 @@ fr_tensor *fr_scale_(fr_tensor *x, float alpha) {
 
 typedef struct {
     float scale; /* 1 for sum, 1/n for mean */
+    fr_dtype dtype; /* x's: the gradient's (the sum itself is f32) */
     int ndim;
     int64_t shape[FR_MAX_DIMS];
 } reduce_ctx;
 
 static fr_status reduce_backward(fr_node *node, fr_tensor *const *dout, fr_tensor **din) {
     const reduce_ctx *c = node->ctx;
-    din[0] = fr_empty(node->device, FR_F32, c->ndim, c->shape, FR_TAG_TRANSIENT);
+    din[0] = fr_empty(node->device, c->dtype, c->ndim, c->shape, FR_TAG_TRANSIENT);
     if (!din[0])
         return fr_last_status();
     return fr_fill_from_out(din[0], dout[0], c->scale);
@@ -221,6 +222,7 @@ static fr_tensor *reduce(const char *op, fr_tensor *x, bool mean) {
             return NULL;
         }
         c->scale = scale;
+        c->dtype = x->dtype;
         c->ndim = x->ndim;
         for (int i = 0; i < x->ndim; i++)
             c->shape[i] = x->shape[i];

@@ -14,6 +14,7 @@ typedef struct {
     pool_kind kind;
     fr_pool_params p;
     int64_t x_shape[4];
+    fr_dtype x_dtype; /* dx's: the output and gradients follow the input's dtype */
     int x; /* saved slot (max pooling), else -1 */
 } pool_ctx;
 
@@ -22,7 +23,7 @@ static fr_status pool_backward(fr_node *node, fr_tensor *const *dout, fr_tensor 
     fr_tensor *x = c->x >= 0 ? fr_node_unpack(node, c->x) : NULL;
     if (c->x >= 0 && !x)
         return fr_last_status();
-    fr_tensor *dx = fr_empty(fr_device_of(dout[0]), FR_F32, 4, c->x_shape, FR_TAG_TRANSIENT);
+    fr_tensor *dx = fr_empty(fr_device_of(dout[0]), c->x_dtype, 4, c->x_shape, FR_TAG_TRANSIENT);
     fr_status st = !dx                   ? fr_last_status()
                    : c->kind == POOL_MAX ? fr_maxpool2d_backward(dx, dout[0], x, c->p)
                    : c->kind == POOL_AVG ? fr_avgpool2d_backward(dx, dout[0], c->p)
@@ -49,6 +50,7 @@ static fr_status pool_record(const char *op, pool_kind kind, fr_pool_params p, f
     c->kind = kind;
     c->p = p;
     memcpy(c->x_shape, x->shape, sizeof c->x_shape);
+    c->x_dtype = x->dtype;
     c->x = -1;
     fr_node_set_ctx(node, c, NULL);
     if (kind == POOL_MAX && (c->x = fr_node_save(node, x)) < 0)
@@ -64,9 +66,9 @@ static fr_tensor *pool(const char *op, pool_kind kind, fr_tensor *x, fr_pool_par
     if (kind != POOL_GLOBAL && fr_pool2d_shape(x, p, &s) != FR_OK)
         return NULL;
     fr_tensor *y = kind == POOL_GLOBAL
-                       ? fr_empty(fr_device_of(x), FR_F32, 2, FR_SHAPE(x->shape[0], x->shape[1]),
+                       ? fr_empty(fr_device_of(x), x->dtype, 2, FR_SHAPE(x->shape[0], x->shape[1]),
                                   FR_TAG_TRANSIENT)
-                       : fr_empty(fr_device_of(x), FR_F32, 4, FR_SHAPE(s.n, s.c, s.oh, s.ow),
+                       : fr_empty(fr_device_of(x), x->dtype, 4, FR_SHAPE(s.n, s.c, s.oh, s.ow),
                                   FR_TAG_TRANSIENT);
     if (!y)
         return NULL;

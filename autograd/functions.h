@@ -70,6 +70,15 @@ fr_tensor *fr_dropout(fr_tensor *x, float p, bool training);
  * reference, when it already has it); the gradient is converted back. */
 fr_tensor *fr_cast(fr_tensor *x, fr_dtype dtype);
 
+/* For ops that make activations from weights (conv2d, linear): the dtype
+ * they compute in and output — autocast's when it is on, else x's — and a
+ * weight cast to it on the fly (w itself, a new reference, when it already
+ * has it; the cast is workspace and is dropped after the op). The f32
+ * weight stays the one the optimizer updates and the one backward saves
+ * (a parameter costs nothing to hold); backward casts it again. */
+fr_dtype fr_autocast_out_dtype(const fr_tensor *x);
+fr_tensor *fr_autocast_weight(fr_tensor *w, fr_dtype compute);
+
 /* fn_loss.c: fused log-softmax + NLL, mean over the batch; labels i32 */
 fr_tensor *fr_cross_entropy(fr_tensor *logits, fr_tensor *labels);
 

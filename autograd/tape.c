@@ -138,6 +138,7 @@ static void node_free(fr_node *n) {
     free(n->grads);
     free(n->out_shapes);
     free(n->out_ndims);
+    free(n->out_dtypes);
     free(n);
 }
 
@@ -168,7 +169,8 @@ fr_node *fr_node_new(const char *op, fr_backward_fn backward, int n_inputs,
     if (!n || !(n->inputs = calloc((size_t)(n_inputs ? n_inputs : 1), sizeof *n->inputs)) ||
         !(n->grads = calloc((size_t)n_outputs, sizeof *n->grads)) ||
         !(n->out_shapes = calloc((size_t)n_outputs, sizeof *n->out_shapes)) ||
-        !(n->out_ndims = calloc((size_t)n_outputs, sizeof *n->out_ndims))) {
+        !(n->out_ndims = calloc((size_t)n_outputs, sizeof *n->out_ndims)) ||
+        !(n->out_dtypes = calloc((size_t)n_outputs, sizeof *n->out_dtypes))) {
         node_free(n);
         fr_error(FR_ERR_OOM, "%s: out of memory recording a node", op);
         return NULL;
@@ -203,6 +205,7 @@ void fr_node_set_output(fr_node *node, int index, fr_tensor *t) {
     t->grad_fn_out = index;
     node->device = fr_device_of(t);
     node->out_ndims[index] = t->ndim;
+    node->out_dtypes[index] = t->dtype;
     memcpy(node->out_shapes[index], t->shape, sizeof node->out_shapes[index]);
 }
 
@@ -378,7 +381,7 @@ static fr_status accumulate_leaf(fr_tensor *leaf, fr_tensor *g) {
 static fr_status run_node(fr_node *n) {
     for (int o = 0; o < n->n_outputs; o++)
         if (!n->grads[o]) {
-            n->grads[o] = fr_zeros(n->device, FR_F32, n->out_ndims[o], n->out_shapes[o],
+            n->grads[o] = fr_zeros(n->device, n->out_dtypes[o], n->out_ndims[o], n->out_shapes[o],
                                    FR_TAG_TRANSIENT);
             if (!n->grads[o])
                 return fr_last_status();

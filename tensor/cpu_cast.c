@@ -3,6 +3,9 @@
 
 #include "kernels.h"
 
+/* Below this many elements a parallel region costs more than it saves. */
+#define FR_CAST_PAR_MIN 32768
+
 static float load_as_f32(const void *src, fr_dtype t, size_t i) {
     switch (t) {
     case FR_F32: return ((const float *)src)[i];
@@ -39,6 +42,26 @@ fr_status fr_cpu_cast(void *dst, fr_dtype dst_type, const void *src, fr_dtype sr
     if (dst_type == FR_I32 && src_type == FR_U8) { /* labels: exact, no float detour */
         for (size_t i = 0; i < n; i++)
             ((int32_t *)dst)[i] = ((const uint8_t *)src)[i];
+        return FR_OK;
+    }
+    /* The conversions mixed precision runs on every op's operands get their
+     * own parallel loops (no per-element dispatch). */
+    if (src_type == FR_F32 && (dst_type == FR_F16 || dst_type == FR_BF16)) {
+        const float *s = src;
+        uint16_t *d = dst;
+        bool f16 = dst_type == FR_F16;
+#pragma omp parallel for if (n > FR_CAST_PAR_MIN) schedule(static)
+        for (size_t i = 0; i < n; i++)
+            d[i] = f16 ? fr_f32_to_f16(s[i]) : fr_f32_to_bf16(s[i]);
+        return FR_OK;
+    }
+    if (dst_type == FR_F32 && (src_type == FR_F16 || src_type == FR_BF16)) {
+        const uint16_t *s = src;
+        float *d = dst;
+        bool f16 = src_type == FR_F16;
+#pragma omp parallel for if (n > FR_CAST_PAR_MIN) schedule(static)
+        for (size_t i = 0; i < n; i++)
+            d[i] = f16 ? fr_f16_to_f32(s[i]) : fr_bf16_to_f32(s[i]);
         return FR_OK;
     }
     for (size_t i = 0; i < n; i++)

@@ -51,6 +51,14 @@ static inline float fr_dropout_uniform(uint64_t seed, uint64_t i) {
     return (float)(z >> 40) * (1.0f / 16777216.0f);
 }
 
+/* The stream whose element j is element off + j of stream `seed`:
+ * fr_dropout_uniform(fr_dropout_seed_at(seed, off), j) ==
+ * fr_dropout_uniform(seed, off + j), so a tensor can be masked block by block
+ * (staged half tensors) with the mask of the whole. */
+static inline uint64_t fr_dropout_seed_at(uint64_t seed, uint64_t off) {
+    return seed + off * 0x9E3779B97F4A7C15ull;
+}
+
 #define FR_KERNEL(name, params) fr_status fr_cpu_##name params;
 #include "kernels.def"
 #undef FR_KERNEL

@@ -1,11 +1,14 @@
 /* ops_activation.c: checked ReLU and leaky ReLU (see ops.h). y may be x and
- * dx may be dy: the kernels read each element before writing it. */
+ * dx may be dy: the kernels read each element before writing it. Operands
+ * may be f32, f16 or bf16 (staged in blocks, staging.h); ReLU is exact in
+ * any of them. */
 #include "ops.h"
+#include "staging.h"
 
 static fr_status check_pair(const char *op, const char *out_name, const fr_tensor *out,
                             const char *in_name, const fr_tensor *in) {
-    FR_TRY(fr_check_f32c(op, out_name, out));
-    FR_TRY(fr_check_f32c(op, in_name, in));
+    FR_TRY(fr_check_floatc(op, out_name, out));
+    FR_TRY(fr_check_floatc(op, in_name, in));
     FR_TRY(fr_check_same_shape(op, out_name, out, in_name, in));
     return fr_check_same_device(op, out_name, out, in_name, in);
 }
@@ -24,29 +27,51 @@ static fr_status check_slope(const char *op, float slope) {
     return FR_OK;
 }
 
+static fr_status relu_fwd_block(fr_device dev, float *y, const float *const *in, size_t n,
+                                size_t off, const void *args) {
+    (void)off, (void)args;
+    return FR_CALL_KERNEL(dev, relu_fwd, y, in[0], n);
+}
+
+static fr_status relu_bwd_block(fr_device dev, float *dx, const float *const *in, size_t n,
+                                size_t off, const void *args) {
+    (void)off, (void)args;
+    return FR_CALL_KERNEL(dev, relu_bwd, dx, in[0], in[1], n);
+}
+
+static fr_status leaky_fwd_block(fr_device dev, float *y, const float *const *in, size_t n,
+                                 size_t off, const void *slope) {
+    (void)off;
+    return FR_CALL_KERNEL(dev, leaky_relu_fwd, y, in[0], *(const float *)slope, n);
+}
+
+static fr_status leaky_bwd_block(fr_device dev, float *dx, const float *const *in, size_t n,
+                                 size_t off, const void *slope) {
+    (void)off;
+    return FR_CALL_KERNEL(dev, leaky_relu_bwd, dx, in[0], in[1], *(const float *)slope, n);
+}
+
 fr_status fr_relu_forward(fr_tensor *y, const fr_tensor *x) {
     FR_TRY(check_pair("relu", "y", y, "x", x));
-    return FR_CALL_KERNEL(fr_device_of(y), relu_fwd, fr_data_f32(y), fr_data_f32(x),
-                          (size_t)fr_numel(y));
+    return fr_stage_run(y, false, &x, 1, (size_t)fr_numel(y), relu_fwd_block, NULL);
 }
 
 fr_status fr_relu_backward(fr_tensor *dx, const fr_tensor *dy, const fr_tensor *y) {
     FR_TRY(check_backward("relu_backward", dx, dy, y));
-    return FR_CALL_KERNEL(fr_device_of(dx), relu_bwd, fr_data_f32(dx), fr_data_f32(dy),
-                          fr_data_f32(y), (size_t)fr_numel(dx));
+    return fr_stage_run(dx, false, (const fr_tensor *[]){dy, y}, 2, (size_t)fr_numel(dx),
+                        relu_bwd_block, NULL);
 }
 
 fr_status fr_leaky_relu_forward(fr_tensor *y, const fr_tensor *x, float slope) {
     FR_TRY(check_slope("leaky_relu", slope));
     FR_TRY(check_pair("leaky_relu", "y", y, "x", x));
-    return FR_CALL_KERNEL(fr_device_of(y), leaky_relu_fwd, fr_data_f32(y), fr_data_f32(x), slope,
-                          (size_t)fr_numel(y));
+    return fr_stage_run(y, false, &x, 1, (size_t)fr_numel(y), leaky_fwd_block, &slope);
 }
 
 fr_status fr_leaky_relu_backward(fr_tensor *dx, const fr_tensor *dy, const fr_tensor *y,
                                  float slope) {
     FR_TRY(check_slope("leaky_relu_backward", slope));
     FR_TRY(check_backward("leaky_relu_backward", dx, dy, y));
-    return FR_CALL_KERNEL(fr_device_of(dx), leaky_relu_bwd, fr_data_f32(dx), fr_data_f32(dy),
-                          fr_data_f32(y), slope, (size_t)fr_numel(dx));
+    return fr_stage_run(dx, false, (const fr_tensor *[]){dy, y}, 2, (size_t)fr_numel(dx),
+                        leaky_bwd_block, &slope);
 }

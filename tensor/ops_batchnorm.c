@@ -1,9 +1,18 @@
 /* ops_batchnorm.c: checked batch norm (see ops.h). x is (N, C, H, W) or
- * (N, C); the kernels see it as (N, C, HW) with HW = 1 for the 2-d form. */
+ * (N, C); the kernels see it as (N, C, HW) with HW = 1 for the 2-d form.
+ *
+ * x, y, dy and dx may be f32, f16 or bf16; gamma, beta, the statistics and
+ * the parameter gradients are f32, and all arithmetic is f32 (statistics
+ * accumulate in double on the CPU). A half operand is staged whole
+ * (staging.h): the statistics and the backward's sums run over the whole
+ * batch, which the kernels do in one call. That costs one transient f32
+ * copy of the layer's input while the op runs; per-block statistics would
+ * remove it and are not written yet. */
 #include <limits.h>
 #include <math.h>
 
 #include "ops.h"
+#include "staging.h"
 
 typedef struct {
     int n, c, hw;
@@ -11,7 +20,7 @@ typedef struct {
 
 static fr_status check_x(const char *op, const char *arg, const fr_tensor *x, bn_dims *d) {
     char buf[96];
-    FR_TRY(fr_check_f32c(op, arg, x));
+    FR_TRY(fr_check_floatc(op, arg, x));
     if (x->ndim != 2 && x->ndim != 4)
         return fr_error(FR_ERR_SHAPE, "%s: %s has shape %s, expected (N, C, H, W) or (N, C)", op,
                         arg, fr_shape_str(x, buf, sizeof buf));
@@ -36,7 +45,7 @@ static fr_status check_channel(const char *op, const char *arg, const fr_tensor 
 /* Another tensor with x's shape and device (y, dy, dx). */
 static fr_status check_like_x(const char *op, const char *arg, const fr_tensor *t,
                               const fr_tensor *x) {
-    FR_TRY(fr_check_f32c(op, arg, t));
+    FR_TRY(fr_check_floatc(op, arg, t));
     FR_TRY(fr_check_same_shape(op, arg, t, "x", x));
     return fr_check_same_device(op, arg, t, "x", x);
 }
@@ -88,12 +97,15 @@ fr_status fr_batchnorm_train_forward(fr_tensor *y, fr_tensor *mean, fr_tensor *i
                         op, fr_shape_str(x, buf, sizeof buf));
     }
     fr_device dev = fr_device_of(x);
-    size_t var_bytes = (size_t)d.c * sizeof(float);
+    size_t var_bytes = (size_t)d.c * sizeof(float), n = (size_t)fr_numel(x);
+    fr_stage sx, sy;
+    FR_TRY(fr_stage_in(&sx, x, 0, n));
     float *var = fr_mem_alloc(dev, var_bytes, FR_TAG_WORKSPACE); // (C)
-    if (!var)
+    if (!var) {
+        fr_stage_free(&sx);
         return fr_last_status();
-    fr_status st = FR_CALL_KERNEL(dev, bn_stats, fr_data_f32(mean), var, fr_data_f32(x), d.n, d.c,
-                                  d.hw);
+    }
+    fr_status st = FR_CALL_KERNEL(dev, bn_stats, fr_data_f32(mean), var, sx.p, d.n, d.c, d.hw);
     if (st == FR_OK)
         st = FR_CALL_KERNEL(dev, bn_invstd, fr_data_f32(invstd), var, eps, d.c);
     if (st == FR_OK && running_mean) {
@@ -106,11 +118,33 @@ fr_status fr_batchnorm_train_forward(fr_tensor *y, fr_tensor *mean, fr_tensor *i
         }
     }
     fr_mem_free(dev, var, var_bytes, FR_TAG_WORKSPACE);
-    FR_TRY(st);
     /* Statistics come first, so y may be x. */
-    return FR_CALL_KERNEL(dev, bn_apply, fr_data_f32(y), fr_data_f32(x), fr_data_f32(mean),
-                          fr_data_f32(invstd), fr_data_f32(gamma), fr_data_f32(beta), d.n, d.c,
-                          d.hw);
+    if (st == FR_OK)
+        st = fr_stage_out(&sy, y, 0, n, false, x, &sx);
+    if (st == FR_OK)
+        st = fr_stage_commit(&sy, y, 0, n,
+                             FR_CALL_KERNEL(dev, bn_apply, sy.p, sx.p, fr_data_f32(mean),
+                                            fr_data_f32(invstd), fr_data_f32(gamma),
+                                            fr_data_f32(beta), d.n, d.c, d.hw));
+    fr_stage_free(&sx);
+    return st;
+}
+
+/* y = (x - mean) * invstd * gamma + beta through staged x and y (y may be x). */
+static fr_status apply_staged(fr_tensor *y, const fr_tensor *x, const float *mean,
+                              const float *invstd, const fr_tensor *gamma, const fr_tensor *beta,
+                              const bn_dims *d) {
+    size_t n = (size_t)fr_numel(x);
+    fr_stage sx, sy;
+    FR_TRY(fr_stage_in(&sx, x, 0, n));
+    fr_status st = fr_stage_out(&sy, y, 0, n, false, x, &sx);
+    if (st == FR_OK)
+        st = fr_stage_commit(&sy, y, 0, n,
+                             FR_CALL_KERNEL(fr_device_of(x), bn_apply, sy.p, sx.p, mean, invstd,
+                                            fr_data_f32(gamma), fr_data_f32(beta), d->n, d->c,
+                                            d->hw));
+    fr_stage_free(&sx);
+    return st;
 }
 
 fr_status fr_batchnorm_eval_forward(fr_tensor *y, const fr_tensor *x, const fr_tensor *gamma,
@@ -132,9 +166,7 @@ fr_status fr_batchnorm_eval_forward(fr_tensor *y, const fr_tensor *x, const fr_t
         return fr_last_status();
     fr_status st = FR_CALL_KERNEL(dev, bn_invstd, invstd, fr_data_f32(running_var), eps, d.c);
     if (st == FR_OK)
-        st = FR_CALL_KERNEL(dev, bn_apply, fr_data_f32(y), fr_data_f32(x),
-                            fr_data_f32(running_mean), invstd, fr_data_f32(gamma),
-                            fr_data_f32(beta), d.n, d.c, d.hw);
+        st = apply_staged(y, x, fr_data_f32(running_mean), invstd, gamma, beta, &d);
     fr_mem_free(dev, invstd, bytes, FR_TAG_WORKSPACE);
     return st;
 }
@@ -149,9 +181,7 @@ fr_status fr_batchnorm_apply(fr_tensor *y, const fr_tensor *x, const fr_tensor *
     FR_TRY(check_channel(op, "invstd", invstd, x, d.c));
     FR_TRY(check_channel(op, "gamma", gamma, x, d.c));
     FR_TRY(check_channel(op, "beta", beta, x, d.c));
-    return FR_CALL_KERNEL(fr_device_of(x), bn_apply, fr_data_f32(y), fr_data_f32(x),
-                          fr_data_f32(mean), fr_data_f32(invstd), fr_data_f32(gamma),
-                          fr_data_f32(beta), d.n, d.c, d.hw);
+    return apply_staged(y, x, fr_data_f32(mean), fr_data_f32(invstd), gamma, beta, &d);
 }
 
 fr_status fr_batchnorm_backward(fr_tensor *dx, fr_tensor *dgamma, fr_tensor *dbeta,
@@ -168,8 +198,20 @@ fr_status fr_batchnorm_backward(fr_tensor *dx, fr_tensor *dgamma, fr_tensor *dbe
     FR_TRY(check_channel(op, "mean", mean, x, d.c));
     FR_TRY(check_channel(op, "invstd", invstd, x, d.c));
     FR_TRY(check_channel(op, "gamma", gamma, x, d.c));
-    return FR_CALL_KERNEL(fr_device_of(x), bn_bwd, dx ? fr_data_f32(dx) : NULL,
-                          fr_data_f32(dgamma), fr_data_f32(dbeta), fr_data_f32(dy), fr_data_f32(x),
-                          fr_data_f32(mean), fr_data_f32(invstd), fr_data_f32(gamma), d.n, d.c,
-                          d.hw);
+    size_t n = (size_t)fr_numel(x);
+    fr_stage sdy, sx, sdx = {0};
+    FR_TRY(fr_stage_in(&sdy, dy, 0, n));
+    fr_status st = fr_stage_in(&sx, x, 0, n);
+    if (st == FR_OK && dx)
+        st = fr_stage_out(&sdx, dx, 0, n, false, NULL, NULL);
+    if (st == FR_OK) {
+        st = FR_CALL_KERNEL(fr_device_of(x), bn_bwd, dx ? sdx.p : NULL, fr_data_f32(dgamma),
+                            fr_data_f32(dbeta), sdy.p, sx.p, fr_data_f32(mean),
+                            fr_data_f32(invstd), fr_data_f32(gamma), d.n, d.c, d.hw);
+        if (dx)
+            st = fr_stage_commit(&sdx, dx, 0, n, st);
+    }
+    fr_stage_free(&sx);
+    fr_stage_free(&sdy);
+    return st;
 }

@@ -14,7 +14,7 @@
 /* How the kernel addresses a (N, C, ...) tensor: the first element, and the
  * channels per sample in the buffer it lives in. */
 typedef struct {
-    float *data;
+    void *data;
     int row_c;
 } chan_view;
 
@@ -27,7 +27,9 @@ static int64_t pixels(const fr_tensor *t) {
 
 static fr_status channel_view(const char *op, const char *arg, const fr_tensor *t, chan_view *v) {
     char buf[96];
-    FR_TRY(fr_check_dtype(op, arg, t, FR_F32));
+    if (t->dtype != FR_F32 && t->dtype != FR_F16 && t->dtype != FR_BF16)
+        return fr_error(FR_ERR_DTYPE, "%s: %s must be f32, f16 or bf16, got %s", op, arg,
+                        fr_dtype_name(t->dtype));
     if (t->ndim < 2)
         return fr_error(FR_ERR_SHAPE, "%s: %s has shape %s, expected at least (N, C)", op, arg,
                         fr_shape_str(t, buf, sizeof buf));
@@ -35,7 +37,7 @@ static fr_status channel_view(const char *op, const char *arg, const fr_tensor *
     if (t->shape[0] > INT_MAX || t->shape[1] > INT_MAX || hw > INT_MAX)
         return fr_error(FR_ERR_SHAPE, "%s: %s %s is too large for the concat kernel", op, arg,
                         fr_shape_str(t, buf, sizeof buf));
-    v->data = fr_data_f32(t);
+    v->data = fr_data(t);
     v->row_c = (int)t->shape[1];
     if (fr_is_contiguous(t) || fr_numel(t) == 0)
         return FR_OK;
@@ -61,6 +63,9 @@ static fr_status check_fits(const char *op, const char *arg, const fr_tensor *t,
                             const char *ref_name, const fr_tensor *ref) {
     char a[96], b[96];
     FR_TRY(fr_check_same_device(op, arg, t, ref_name, ref));
+    if (t->dtype != ref->dtype)
+        return fr_error(FR_ERR_DTYPE, "%s: %s is %s but %s is %s; concat copies, it does not convert",
+                        op, arg, fr_dtype_name(t->dtype), ref_name, fr_dtype_name(ref->dtype));
     bool ok = t->ndim == ref->ndim && t->shape[0] == ref->shape[0];
     for (int d = 2; ok && d < t->ndim; d++)
         ok = t->shape[d] == ref->shape[d];
@@ -99,7 +104,7 @@ fr_status fr_concat_forward(fr_tensor *out, fr_tensor *const *inputs, int count)
         int ci = (int)inputs[i]->shape[1];
         if (ci > 0 && n > 0 && hw > 0)
             FR_TRY(FR_CALL_KERNEL(fr_device_of(out), copy_channels, vo.data, vo.row_c, c0, vi.data,
-                                  vi.row_c, 0, ci, n, hw));
+                                  vi.row_c, 0, ci, n, hw, fr_dtype_size(out->dtype)));
         c0 += ci;
     }
     return FR_OK;
@@ -150,7 +155,7 @@ fr_status fr_concat_backward(fr_tensor *const *dx, int count, const fr_tensor *d
         int ci = (int)dx[i]->shape[1];
         if (ci > 0 && n > 0 && hw > 0)
             FR_TRY(FR_CALL_KERNEL(fr_device_of(dout), copy_channels, vi.data, vi.row_c, 0, vd.data,
-                                  vd.row_c, c0, ci, n, hw));
+                                  vd.row_c, c0, ci, n, hw, fr_dtype_size(dout->dtype)));
         c0 += ci;
     }
     return FR_OK;

@@ -4,6 +4,7 @@
 #include <limits.h>
 
 #include "ops.h"
+#include "staging.h"
 
 fr_status fr_conv2d_shape(const fr_tensor *x, const fr_tensor *w, fr_conv_params p, fr_conv_shape *s) {
     const char *op = "conv2d";
@@ -40,13 +41,31 @@ fr_status fr_conv2d_shape(const fr_tensor *x, const fr_tensor *w, fr_conv_params
     return FR_OK;
 }
 
-/* f32, contiguous, on ref's device, and (when shape != NULL) 4-d of that shape. */
+/* f32 / f16 / bf16, contiguous, on ref's device, and (when shape != NULL)
+ * 4-d of that shape. */
 static fr_status check_t(const char *op, const char *arg, const fr_tensor *t, const int64_t *shape,
                          const char *ref_name, const fr_tensor *ref) {
-    FR_TRY(fr_check_f32c(op, arg, t));
+    FR_TRY(fr_check_floatc(op, arg, t));
     if (shape)
         FR_TRY(fr_check_shape(op, arg, t, 4, shape));
     return fr_check_same_device(op, arg, t, ref_name, ref);
+}
+
+static fr_status check_bias(const char *op, const char *arg, const fr_tensor *b, int k,
+                            const fr_tensor *ref) {
+    FR_TRY(fr_check_f32c(op, arg, b));
+    FR_TRY(fr_check_shape(op, arg, b, 1, FR_SHAPE(k)));
+    return fr_check_same_device(op, arg, b, "x", ref);
+}
+
+/* Half operands are run a block of images at a time (staging.h): the
+ * kernels see f32 x / y / dy blocks of `imgs` images, and f32 weights. */
+static size_t x_img(const fr_conv_shape *s) { return (size_t)s->c * s->h * s->w; }
+static size_t y_img(const fr_conv_shape *s) { return (size_t)s->k * s->oh * s->ow; }
+
+static size_t images_per_block(const fr_tensor *a, const fr_tensor *b, const fr_conv_shape *s) {
+    size_t unit = x_img(s) > y_img(s) ? x_img(s) : y_img(s);
+    return fr_stage_block_units((const fr_tensor *[]){a, b}, 2, unit, (size_t)s->n);
 }
 
 fr_status fr_conv2d_forward(fr_tensor *y, const fr_tensor *x, const fr_tensor *w, const fr_tensor *b,
@@ -57,22 +76,82 @@ fr_status fr_conv2d_forward(fr_tensor *y, const fr_tensor *x, const fr_tensor *w
     FR_TRY(check_t(op, "w", w, NULL, "x", x));
     FR_TRY(fr_conv2d_shape(x, w, p, &s));
     FR_TRY(check_t(op, "y", y, FR_SHAPE(s.n, s.k, s.oh, s.ow), "x", x));
-    if (b) {
-        FR_TRY(fr_check_f32c(op, "b", b));
-        FR_TRY(fr_check_shape(op, "b", b, 1, FR_SHAPE(s.k)));
-        FR_TRY(fr_check_same_device(op, "b", b, "x", x));
-    }
-    fr_device dev = fr_device_of(x);
-    FR_TRY(FR_CALL_KERNEL(dev, conv2d_fwd, fr_data_f32(y), fr_data_f32(x), fr_data_f32(w), &s));
     if (b)
-        FR_TRY(FR_CALL_KERNEL(dev, bias_add, fr_data_f32(y), fr_data_f32(b), s.n, s.k, s.oh * s.ow));
-    return FR_OK;
+        FR_TRY(check_bias(op, "b", b, s.k, x));
+    fr_device dev = fr_device_of(x);
+    fr_stage sw;
+    FR_TRY(fr_stage_in(&sw, w, 0, (size_t)fr_numel(w)));
+    size_t per = images_per_block(x, y, &s);
+    fr_status st = FR_OK;
+    for (size_t n0 = 0; n0 < (size_t)s.n && st == FR_OK; n0 += per) {
+        fr_conv_shape sb = s;
+        sb.n = (int)((size_t)s.n - n0 < per ? (size_t)s.n - n0 : per);
+        fr_stage sx, sy;
+        st = fr_stage_in(&sx, x, n0 * x_img(&s), sb.n * x_img(&s));
+        if (st != FR_OK)
+            break;
+        st = fr_stage_out(&sy, y, n0 * y_img(&s), sb.n * y_img(&s), false, NULL, NULL);
+        if (st == FR_OK) {
+            fr_status k = FR_CALL_KERNEL(dev, conv2d_fwd, sy.p, sx.p, sw.p, &sb);
+            if (k == FR_OK && b)
+                k = FR_CALL_KERNEL(dev, bias_add, sy.p, fr_data_f32(b), sb.n, s.k, s.oh * s.ow);
+            st = fr_stage_commit(&sy, y, n0 * y_img(&s), sb.n * y_img(&s), k);
+        }
+        fr_stage_free(&sx);
+    }
+    fr_stage_free(&sw);
+    return st;
+}
+
+/* The kernels overwrite their parameter gradients, so every block after the
+ * first writes into `part` and is added on. */
+static fr_status accumulate(fr_device dev, float *total, float *part, size_t n, bool first,
+                            fr_status k) {
+    if (k != FR_OK || first)
+        return k;
+    return FR_CALL_KERNEL(dev, axpy, total, 1.0f, part, n);
+}
+
+/* One block of images [n0, n0 + sb->n): whichever of dx, dw, db are wanted. */
+static fr_status backward_block(fr_tensor *dx, float *dw, float *db, float *dw_part, float *db_part,
+                                const fr_tensor *dy, const fr_tensor *x, const float *w,
+                                const fr_conv_shape *s, const fr_conv_shape *sb, size_t n0) {
+    fr_device dev = fr_device_of(dy);
+    bool first = n0 == 0;
+    fr_stage sdy;
+    FR_TRY(fr_stage_in(&sdy, dy, n0 * y_img(s), sb->n * y_img(s)));
+    fr_status st = FR_OK;
+    if (dw) {
+        fr_stage sx;
+        st = fr_stage_in(&sx, x, n0 * x_img(s), sb->n * x_img(s));
+        if (st == FR_OK) {
+            float *out = first ? dw : dw_part;
+            st = accumulate(dev, dw, out, (size_t)s->k * s->c * s->r * s->s, first,
+                            FR_CALL_KERNEL(dev, conv2d_bwd_weight, out, sdy.p, sx.p, sb));
+        }
+        fr_stage_free(&sx);
+    }
+    if (st == FR_OK && dx) {
+        fr_stage sdx;
+        st = fr_stage_out(&sdx, dx, n0 * x_img(s), sb->n * x_img(s), false, NULL, NULL);
+        if (st == FR_OK)
+            st = fr_stage_commit(&sdx, dx, n0 * x_img(s), sb->n * x_img(s),
+                                 FR_CALL_KERNEL(dev, conv2d_bwd_data, sdx.p, sdy.p, w, sb));
+    }
+    if (st == FR_OK && db) {
+        float *out = first ? db : db_part;
+        st = accumulate(dev, db, out, (size_t)s->k, first,
+                        FR_CALL_KERNEL(dev, bias_grad, out, sdy.p, sb->n, s->k, s->oh * s->ow));
+    }
+    fr_stage_free(&sdy);
+    return st;
 }
 
 /* Everything is checked before anything is computed, so a bad argument never
  * leaves some gradients written and others not. The input's shape comes from
  * x or, when only dx is wanted (x may then be NULL), from dx; the weight's
- * from w or dw. */
+ * from w or dw. Parameter gradients dw and db are f32 (they go to f32 master
+ * weights); dx has the activations' dtype. */
 fr_status fr_conv2d_backward(fr_tensor *dx, fr_tensor *dw, fr_tensor *db, const fr_tensor *dy,
                              const fr_tensor *x, const fr_tensor *w, fr_conv_params p) {
     const char *op = "conv2d_backward";
@@ -91,23 +170,36 @@ fr_status fr_conv2d_backward(fr_tensor *dx, fr_tensor *dw, fr_tensor *db, const 
         FR_TRY(fr_check_shape(op, "dy", dy, 4, FR_SHAPE(s.n, s.k, s.oh, s.ow)));
         if (dx)
             FR_TRY(check_t(op, "dx", dx, FR_SHAPE(s.n, s.c, s.h, s.w), "dy", dy));
-        if (dw)
+        if (dw) {
+            FR_TRY(fr_check_f32c(op, "dw", dw));
             FR_TRY(check_t(op, "dw", dw, FR_SHAPE(s.k, s.c, s.r, s.s), "dy", dy));
+        }
+    } else {
+        s = (fr_conv_shape){.n = (int)dy->shape[0], .k = (int)dy->shape[1],
+                            .oh = (int)dy->shape[2], .ow = (int)dy->shape[3]};
     }
-    if (db) {
-        FR_TRY(fr_check_f32c(op, "db", db));
-        FR_TRY(fr_check_shape(op, "db", db, 1, FR_SHAPE(dy->shape[1])));
-        FR_TRY(fr_check_same_device(op, "db", db, "dy", dy));
-    }
-    fr_device dev = fr_device_of(dy);
-    if (dw)
-        FR_TRY(FR_CALL_KERNEL(dev, conv2d_bwd_weight, fr_data_f32(dw), fr_data_f32(dy),
-                              fr_data_f32(x), &s));
-    if (dx)
-        FR_TRY(FR_CALL_KERNEL(dev, conv2d_bwd_data, fr_data_f32(dx), fr_data_f32(dy), fr_data_f32(w),
-                              &s));
     if (db)
-        FR_TRY(FR_CALL_KERNEL(dev, bias_grad, fr_data_f32(db), fr_data_f32(dy), (int)dy->shape[0],
-                              (int)dy->shape[1], (int)(dy->shape[2] * dy->shape[3])));
-    return FR_OK;
+        FR_TRY(check_bias(op, "db", db, (int)dy->shape[1], dy));
+    if (!dx && !dw && !db)
+        return FR_OK;
+    fr_device dev = fr_device_of(dy);
+    size_t per = images_per_block(dy, dx ? dx : x, &s), dw_len = (size_t)s.k * s.c * s.r * s.s;
+    bool blocks = per < (size_t)s.n;
+    fr_stage sw = {0};
+    if (dx)
+        FR_TRY(fr_stage_in(&sw, w, 0, (size_t)fr_numel(w)));
+    /* Partial parameter gradients of the blocks after the first. */
+    size_t part_bytes = blocks ? ((dw ? dw_len : 0) + (db ? (size_t)s.k : 0)) * sizeof(float) : 0;
+    float *part = part_bytes ? fr_mem_alloc(dev, part_bytes, FR_TAG_WORKSPACE) : NULL;
+    fr_status st = part_bytes && !part ? fr_last_status() : FR_OK;
+    for (size_t n0 = 0; n0 < (size_t)s.n && st == FR_OK; n0 += per) {
+        fr_conv_shape sb = s;
+        sb.n = (int)((size_t)s.n - n0 < per ? (size_t)s.n - n0 : per);
+        st = backward_block(dx, dw ? fr_data_f32(dw) : NULL, db ? fr_data_f32(db) : NULL, part,
+                            part && dw ? part + dw_len : part, dy, x, sw.p, &s, &sb, n0);
+    }
+    if (part)
+        fr_mem_free(dev, part, part_bytes, FR_TAG_WORKSPACE);
+    fr_stage_free(&sw);
+    return st;
 }

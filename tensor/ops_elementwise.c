@@ -1,64 +1,129 @@
-/* ops_elementwise.c: checked elementwise ops and reductions (see ops.h). */
+/* ops_elementwise.c: checked elementwise ops and reductions (see ops.h).
+ * Operands may be f32, f16 or bf16 (each its own); the kernels compute in
+ * f32 on staged blocks (staging.h) and round the result once. */
 #include "ops.h"
+#include "staging.h"
 
 static fr_status check_binary(const char *op, const fr_tensor *out, const fr_tensor *a,
                               const fr_tensor *b) {
-    FR_TRY(fr_check_f32c(op, "out", out));
-    FR_TRY(fr_check_f32c(op, "a", a));
-    FR_TRY(fr_check_f32c(op, "b", b));
+    FR_TRY(fr_check_floatc(op, "out", out));
+    FR_TRY(fr_check_floatc(op, "a", a));
+    FR_TRY(fr_check_floatc(op, "b", b));
     FR_TRY(fr_check_same_shape(op, "a", a, "b", b));
     FR_TRY(fr_check_same_shape(op, "out", out, "a", a));
     FR_TRY(fr_check_same_device(op, "out", out, "a", a));
     return fr_check_same_device(op, "a", a, "b", b);
 }
 
+static fr_status check_unary(const char *op, const char *out_name, const fr_tensor *out,
+                             const char *in_name, const fr_tensor *in) {
+    FR_TRY(fr_check_floatc(op, out_name, out));
+    FR_TRY(fr_check_floatc(op, in_name, in));
+    FR_TRY(fr_check_same_shape(op, out_name, out, in_name, in));
+    return fr_check_same_device(op, out_name, out, in_name, in);
+}
+
+static fr_status add_block(fr_device dev, float *out, const float *const *in, size_t n, size_t off,
+                           const void *args) {
+    (void)off, (void)args;
+    return FR_CALL_KERNEL(dev, add, out, in[0], in[1], n);
+}
+
+static fr_status mul_block(fr_device dev, float *out, const float *const *in, size_t n, size_t off,
+                           const void *args) {
+    (void)off, (void)args;
+    return FR_CALL_KERNEL(dev, mul, out, in[0], in[1], n);
+}
+
+static fr_status scale_block(fr_device dev, float *out, const float *const *in, size_t n, size_t off,
+                             const void *args) {
+    (void)off;
+    return FR_CALL_KERNEL(dev, scale, out, in[0], *(const float *)args, n);
+}
+
+static fr_status axpy_block(fr_device dev, float *out, const float *const *in, size_t n, size_t off,
+                            const void *args) {
+    (void)off;
+    return FR_CALL_KERNEL(dev, axpy, out, *(const float *)args, in[0], n);
+}
+
 fr_status fr_add_out(fr_tensor *out, const fr_tensor *a, const fr_tensor *b) {
     FR_TRY(check_binary("add", out, a, b));
-    return FR_CALL_KERNEL(fr_device_of(out), add, fr_data_f32(out), fr_data_f32(a), fr_data_f32(b),
-                          (size_t)fr_numel(out));
+    return fr_stage_run(out, false, (const fr_tensor *[]){a, b}, 2, (size_t)fr_numel(out), add_block,
+                        NULL);
 }
 
 fr_status fr_mul_out(fr_tensor *out, const fr_tensor *a, const fr_tensor *b) {
     FR_TRY(check_binary("mul", out, a, b));
-    return FR_CALL_KERNEL(fr_device_of(out), mul, fr_data_f32(out), fr_data_f32(a), fr_data_f32(b),
-                          (size_t)fr_numel(out));
+    return fr_stage_run(out, false, (const fr_tensor *[]){a, b}, 2, (size_t)fr_numel(out), mul_block,
+                        NULL);
 }
 
 fr_status fr_scale_out(fr_tensor *out, const fr_tensor *x, float alpha) {
-    FR_TRY(fr_check_f32c("scale", "out", out));
-    FR_TRY(fr_check_f32c("scale", "x", x));
-    FR_TRY(fr_check_same_shape("scale", "out", out, "x", x));
-    FR_TRY(fr_check_same_device("scale", "out", out, "x", x));
-    return FR_CALL_KERNEL(fr_device_of(out), scale, fr_data_f32(out), fr_data_f32(x), alpha,
-                          (size_t)fr_numel(out));
+    FR_TRY(check_unary("scale", "out", out, "x", x));
+    return fr_stage_run(out, false, &x, 1, (size_t)fr_numel(out), scale_block, &alpha);
 }
 
 fr_status fr_axpy_(fr_tensor *y, float alpha, const fr_tensor *x) {
-    FR_TRY(fr_check_f32c("axpy", "y", y));
-    FR_TRY(fr_check_f32c("axpy", "x", x));
-    FR_TRY(fr_check_same_shape("axpy", "y", y, "x", x));
-    FR_TRY(fr_check_same_device("axpy", "y", y, "x", x));
-    return FR_CALL_KERNEL(fr_device_of(y), axpy, fr_data_f32(y), alpha, fr_data_f32(x),
-                          (size_t)fr_numel(y));
+    FR_TRY(check_unary("axpy", "y", y, "x", x));
+    return fr_stage_run(y, true, &x, 1, (size_t)fr_numel(y), axpy_block, &alpha);
 }
 
+/* out (f32, one element) = the sum of x. Half x is summed block by block,
+ * each block's sum (double on the CPU) added to out in f32. */
 fr_status fr_sum_out(fr_tensor *out, const fr_tensor *x) {
     FR_TRY(fr_check_f32c("sum", "out", out));
-    FR_TRY(fr_check_f32c("sum", "x", x));
+    FR_TRY(fr_check_floatc("sum", "x", x));
     FR_TRY(fr_check_same_device("sum", "out", out, "x", x));
     if (fr_numel(out) != 1)
         return fr_error(FR_ERR_SHAPE, "sum: out must have one element, has %lld",
                         (long long)fr_numel(out));
-    return FR_CALL_KERNEL(fr_device_of(out), sum, fr_data_f32(out), fr_data_f32(x),
-                          (size_t)fr_numel(x));
+    fr_device dev = fr_device_of(out);
+    size_t n = (size_t)fr_numel(x), block = fr_stage_block_units(&x, 1, 1, n);
+    if (block >= n) {
+        fr_stage sx;
+        FR_TRY(fr_stage_in(&sx, x, 0, n));
+        fr_status st = FR_CALL_KERNEL(dev, sum, fr_data_f32(out), sx.p, n);
+        fr_stage_free(&sx);
+        return st;
+    }
+    float *part = fr_mem_alloc(dev, sizeof(float), FR_TAG_WORKSPACE);
+    if (!part)
+        return fr_last_status();
+    fr_status st = FR_CALL_KERNEL(dev, fill, fr_data_f32(out), 0.0f, 1);
+    for (size_t off = 0; off < n && st == FR_OK; off += block) {
+        size_t len = n - off < block ? n - off : block;
+        fr_stage sx;
+        st = fr_stage_in(&sx, x, off, len);
+        if (st == FR_OK)
+            st = FR_CALL_KERNEL(dev, sum, part, sx.p, len);
+        if (st == FR_OK)
+            st = FR_CALL_KERNEL(dev, axpy, fr_data_f32(out), 1.0f, part, 1);
+        fr_stage_free(&sx);
+    }
+    fr_mem_free(dev, part, sizeof(float), FR_TAG_WORKSPACE);
+    return st;
+}
+
+static fr_status fill_from_block(fr_device dev, float *out, const float *const *in, size_t n,
+                                 size_t off, const void *args) {
+    (void)in, (void)off;
+    const struct {
+        const float *src;
+        float scale;
+    } *a = args;
+    return FR_CALL_KERNEL(dev, fill_from, out, a->src, a->scale, n);
 }
 
 fr_status fr_fill_from_out(fr_tensor *y, const fr_tensor *src, float scale) {
-    FR_TRY(fr_check_f32c("fill_from", "y", y));
+    FR_TRY(fr_check_floatc("fill_from", "y", y));
     FR_TRY(fr_check_f32c("fill_from", "src", src));
     FR_TRY(fr_check_same_device("fill_from", "y", y, "src", src));
     if (fr_numel(src) < 1)
         return fr_error(FR_ERR_SHAPE, "fill_from: src is empty");
-    return FR_CALL_KERNEL(fr_device_of(y), fill_from, fr_data_f32(y), fr_data_f32(src), scale,
-                          (size_t)fr_numel(y));
+    struct {
+        const float *src;
+        float scale;
+    } args = {fr_data_f32(src), scale};
+    return fr_stage_run(y, false, NULL, 0, (size_t)fr_numel(y), fill_from_block, &args);
 }

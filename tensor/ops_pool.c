@@ -4,6 +4,7 @@
 #include <limits.h>
 
 #include "ops.h"
+#include "staging.h"
 
 fr_status fr_pool2d_shape(const fr_tensor *x, fr_pool_params p, fr_pool_shape *s) {
     const char *op = "pool2d";
@@ -32,10 +33,11 @@ fr_status fr_pool2d_shape(const fr_tensor *x, fr_pool_params p, fr_pool_shape *s
     return FR_OK;
 }
 
-/* f32, contiguous, on ref's device, and (when shape != NULL) of that shape. */
+/* f32 / f16 / bf16, contiguous, on ref's device, and (when shape != NULL)
+ * of that shape. */
 static fr_status check_t(const char *op, const char *arg, const fr_tensor *t, int ndim,
                          const int64_t *shape, const char *ref_name, const fr_tensor *ref) {
-    FR_TRY(fr_check_f32c(op, arg, t));
+    FR_TRY(fr_check_floatc(op, arg, t));
     if (shape)
         FR_TRY(fr_check_shape(op, arg, t, ndim, shape));
     return fr_check_same_device(op, arg, t, ref_name, ref);
@@ -51,10 +53,62 @@ static fr_status check_pool(const char *op, const char *x_name, const fr_tensor 
     return check_t(op, out_name, out, 4, FR_SHAPE(s->n, s->c, s->oh, s->ow), x_name, x);
 }
 
+/* Pooling runs a block of images at a time when an operand is half
+ * (staging.h); the kernels see the block as a batch of `count` images. */
+static fr_pool_shape block_shape(const void *s, size_t count) {
+    fr_pool_shape b = *(const fr_pool_shape *)s;
+    b.n = (int)count;
+    return b;
+}
+static size_t in_img(const fr_pool_shape *s) { return (size_t)s->c * s->h * s->w; }
+static size_t out_img(const fr_pool_shape *s) { return (size_t)s->c * s->oh * s->ow; }
+
+static fr_status maxpool_fwd_block(fr_device dev, float *y, const float *const *in, size_t count,
+                                   size_t first, const void *s) {
+    (void)first;
+    fr_pool_shape b = block_shape(s, count);
+    return FR_CALL_KERNEL(dev, maxpool_fwd, y, in[0], &b);
+}
+
+static fr_status maxpool_bwd_block(fr_device dev, float *dx, const float *const *in, size_t count,
+                                   size_t first, const void *s) {
+    (void)first;
+    fr_pool_shape b = block_shape(s, count);
+    return FR_CALL_KERNEL(dev, maxpool_bwd, dx, in[0], in[1], &b);
+}
+
+static fr_status avgpool_fwd_block(fr_device dev, float *y, const float *const *in, size_t count,
+                                   size_t first, const void *s) {
+    (void)first;
+    fr_pool_shape b = block_shape(s, count);
+    return FR_CALL_KERNEL(dev, avgpool_fwd, y, in[0], &b);
+}
+
+static fr_status avgpool_bwd_block(fr_device dev, float *dx, const float *const *in, size_t count,
+                                   size_t first, const void *s) {
+    (void)first;
+    fr_pool_shape b = block_shape(s, count);
+    return FR_CALL_KERNEL(dev, avgpool_bwd, dx, in[0], &b);
+}
+
+/* Global pooling: a unit is one (n, c) plane of hw pixels. */
+static fr_status global_fwd_block(fr_device dev, float *y, const float *const *in, size_t count,
+                                  size_t first, const void *hw) {
+    (void)first;
+    return FR_CALL_KERNEL(dev, global_avgpool_fwd, y, in[0], (int)count, *(const int *)hw);
+}
+
+static fr_status global_bwd_block(fr_device dev, float *dx, const float *const *in, size_t count,
+                                  size_t first, const void *hw) {
+    (void)first;
+    return FR_CALL_KERNEL(dev, global_avgpool_bwd, dx, in[0], (int)count, *(const int *)hw);
+}
+
 fr_status fr_maxpool2d_forward(fr_tensor *y, const fr_tensor *x, fr_pool_params p) {
     fr_pool_shape s;
     FR_TRY(check_pool("max_pool2d", "x", x, "y", y, p, &s));
-    return FR_CALL_KERNEL(fr_device_of(x), maxpool_fwd, fr_data_f32(y), fr_data_f32(x), &s);
+    return fr_stage_run_units(y, out_img(&s), false, &x, (size_t[]){in_img(&s)}, 1, (size_t)s.n,
+                              maxpool_fwd_block, &s);
 }
 
 fr_status fr_maxpool2d_backward(fr_tensor *dx, const fr_tensor *dy, const fr_tensor *x, fr_pool_params p) {
@@ -62,21 +116,24 @@ fr_status fr_maxpool2d_backward(fr_tensor *dx, const fr_tensor *dy, const fr_ten
     fr_pool_shape s;
     FR_TRY(check_pool(op, "x", x, "dy", dy, p, &s));
     FR_TRY(check_t(op, "dx", dx, 4, x->shape, "x", x));
-    return FR_CALL_KERNEL(fr_device_of(x), maxpool_bwd, fr_data_f32(dx), fr_data_f32(dy),
-                          fr_data_f32(x), &s);
+    return fr_stage_run_units(dx, in_img(&s), false, (const fr_tensor *[]){dy, x},
+                              (size_t[]){out_img(&s), in_img(&s)}, 2, (size_t)s.n,
+                              maxpool_bwd_block, &s);
 }
 
 fr_status fr_avgpool2d_forward(fr_tensor *y, const fr_tensor *x, fr_pool_params p) {
     fr_pool_shape s;
     FR_TRY(check_pool("avg_pool2d", "x", x, "y", y, p, &s));
-    return FR_CALL_KERNEL(fr_device_of(x), avgpool_fwd, fr_data_f32(y), fr_data_f32(x), &s);
+    return fr_stage_run_units(y, out_img(&s), false, &x, (size_t[]){in_img(&s)}, 1, (size_t)s.n,
+                              avgpool_fwd_block, &s);
 }
 
 /* Needs no input values: dx carries the input's shape. */
 fr_status fr_avgpool2d_backward(fr_tensor *dx, const fr_tensor *dy, fr_pool_params p) {
     fr_pool_shape s;
     FR_TRY(check_pool("avg_pool2d_backward", "dx", dx, "dy", dy, p, &s));
-    return FR_CALL_KERNEL(fr_device_of(dx), avgpool_bwd, fr_data_f32(dx), fr_data_f32(dy), &s);
+    return fr_stage_run_units(dx, in_img(&s), false, &dy, (size_t[]){out_img(&s)}, 1, (size_t)s.n,
+                              avgpool_bwd_block, &s);
 }
 
 /* x (N, C, H, W) and y (N, C): the kernels see (N*C, H*W) and (N*C). */
@@ -93,12 +150,14 @@ static fr_status check_global(const char *op, const char *x_name, const fr_tenso
 
 fr_status fr_global_avgpool_forward(fr_tensor *y, const fr_tensor *x) {
     FR_TRY(check_global("global_avg_pool", "x", x, "y", y));
-    return FR_CALL_KERNEL(fr_device_of(x), global_avgpool_fwd, fr_data_f32(y), fr_data_f32(x),
-                          (int)(x->shape[0] * x->shape[1]), (int)(x->shape[2] * x->shape[3]));
+    int hw = (int)(x->shape[2] * x->shape[3]);
+    return fr_stage_run_units(y, 1, false, &x, (size_t[]){(size_t)hw}, 1,
+                              (size_t)(x->shape[0] * x->shape[1]), global_fwd_block, &hw);
 }
 
 fr_status fr_global_avgpool_backward(fr_tensor *dx, const fr_tensor *dy) {
     FR_TRY(check_global("global_avg_pool_backward", "dx", dx, "dy", dy));
-    return FR_CALL_KERNEL(fr_device_of(dx), global_avgpool_bwd, fr_data_f32(dx), fr_data_f32(dy),
-                          (int)(dx->shape[0] * dx->shape[1]), (int)(dx->shape[2] * dx->shape[3]));
+    int hw = (int)(dx->shape[2] * dx->shape[3]);
+    return fr_stage_run_units(dx, (size_t)hw, false, &dy, (size_t[]){1}, 1,
+                              (size_t)(dx->shape[0] * dx->shape[1]), global_bwd_block, &hw);
 }

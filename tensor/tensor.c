@@ -551,3 +551,11 @@ fr_status fr_check_f32c(const char *op, const char *arg, const fr_tensor *t) {
     FR_TRY(fr_check_dtype(op, arg, t, FR_F32));
     return fr_check_contiguous(op, arg, t);
 }
+
+fr_status fr_check_floatc(const char *op, const char *arg, const fr_tensor *t) {
+    FR_TRY(fr_check_defined(op, arg, t));
+    if (t->dtype != FR_F32 && t->dtype != FR_F16 && t->dtype != FR_BF16)
+        return fr_error(FR_ERR_DTYPE, "%s: %s must be f32, f16 or bf16, got %s", op, arg,
+                        fr_dtype_name(t->dtype));
+    return fr_check_contiguous(op, arg, t);
+}

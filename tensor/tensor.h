@@ -147,6 +147,9 @@ fr_status fr_check_same_device(const char *op, const char *arg_a, const fr_tenso
 fr_status fr_check_contiguous(const char *op, const char *arg, const fr_tensor *t);
 /* defined + f32 + contiguous, the common case for kernels */
 fr_status fr_check_f32c(const char *op, const char *arg, const fr_tensor *t);
+/* f32, f16 or bf16, and contiguous: what ops accept for activations (mixed
+ * precision). */
+fr_status fr_check_floatc(const char *op, const char *arg, const fr_tensor *t);
 
 /* Tensors and storages alive now (for leak checks in tests). */
 long fr_live_tensors(void);

@@ -322,7 +322,7 @@ static void test_bad_arguments(void) {
     fr_tensor *strided = fr_narrow(x, 1, 1, 2);
     CHECK_ERR(fr_t_status_of(fr_relu(NULL)), FR_ERR_ARG, "relu: x is NULL");
     CHECK_ERR(fr_t_status_of(fr_relu_(NULL)), FR_ERR_ARG, "relu_: x is NULL");
-    CHECK_ERR(fr_t_status_of(fr_relu(ints)), FR_ERR_DTYPE, "has dtype i32, expected f32");
+    CHECK_ERR(fr_t_status_of(fr_relu(ints)), FR_ERR_DTYPE, "must be f32, f16 or bf16, got i32");
     CHECK_ERR(fr_t_status_of(fr_relu_(strided)), FR_ERR_SHAPE, "not contiguous");
     CHECK_ERR(fr_t_status_of(fr_leaky_relu(x, 0.0f)), FR_ERR_ARG, "slope must be > 0");
     CHECK_ERR(fr_t_status_of(fr_leaky_relu_(x, -0.1f)), FR_ERR_ARG, "slope must be > 0");

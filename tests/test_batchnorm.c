@@ -367,7 +367,7 @@ static void test_bad_arguments(void) {
     CHECK_ERR(fr_t_status_of(fr_batch_norm(one, c3, c3, m, v, true, MOMENTUM, EPS)), FR_ERR_SHAPE,
               "more than one value per channel");
     CHECK_ERR(fr_t_status_of(fr_batch_norm(xi, c3, c3, m, v, true, MOMENTUM, EPS)), FR_ERR_DTYPE,
-              "x has dtype i32, expected f32");
+              "x must be f32, f16 or bf16, got i32");
     CHECK_ERR(fr_t_status_of(fr_batch_norm(x, c3, c3, m, v, true, 1.5f, EPS)), FR_ERR_ARG,
               "momentum must be in [0, 1]");
     CHECK_ERR(fr_t_status_of(fr_batch_norm(x, c3, c3, m, v, false, MOMENTUM, -1.0f)), FR_ERR_ARG,

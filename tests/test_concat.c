@@ -161,7 +161,7 @@ static void test_bad_arguments(void) {
     CHECK_ERR(fr_t_status_of(fr_concat(in_flat, 2)), FR_ERR_SHAPE,
               "inputs[1] has shape (6,), expected (N, C, ...)");
     fr_tensor *in_i[2] = {a, ints};
-    CHECK_ERR(fr_t_status_of(fr_concat(in_i, 2)), FR_ERR_DTYPE, "inputs[1] has dtype i32");
+    CHECK_ERR(fr_t_status_of(fr_concat(in_i, 2)), FR_ERR_DTYPE, "inputs[1] must be f32, f16 or bf16, got i32");
     fr_tensor *in_aa[2] = {a, a};
     CHECK_ERR(fr_concat_forward(out5, in_aa, 2), FR_ERR_SHAPE,
               "the inputs have 4 channels in all but out (2, 5, 3, 3) has 5");

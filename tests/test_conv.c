@@ -300,7 +300,7 @@ static void test_bad_arguments(void) {
     fr_conv_params p = {1, 1};
     CHECK_ERR(fr_t_status_of(fr_conv2d(x, w5, NULL, p)), FR_ERR_SHAPE,
               "x (2, 3, 8, 8) has 3 channels but w (4, 5, 3, 3) expects 5");
-    CHECK_ERR(fr_t_status_of(fr_conv2d(xi, w, NULL, p)), FR_ERR_DTYPE, "x has dtype i32, expected f32");
+    CHECK_ERR(fr_t_status_of(fr_conv2d(xi, w, NULL, p)), FR_ERR_DTYPE, "x must be f32, f16 or bf16, got i32");
     CHECK_ERR(fr_t_status_of(fr_conv2d(x3, w, NULL, p)), FR_ERR_SHAPE,
               "conv2d: x has shape (3, 8, 8), expected 4 dimensions");
     CHECK_ERR(fr_t_status_of(fr_conv2d(x, wbig, NULL, (fr_conv_params){1, 0})), FR_ERR_SHAPE,

@@ -154,8 +154,8 @@ static void test_bad_arguments(void) {
               "max_pool2d: x has shape (3, 6, 6), expected 4 dimensions");
     CHECK_ERR(fr_t_status_of(fr_global_avg_pool(x3)), FR_ERR_SHAPE, "expected 4 dimensions");
     CHECK_ERR(fr_t_status_of(fr_avg_pool2d(xi, (fr_pool_params){2, 2, 0})), FR_ERR_DTYPE,
-              "avg_pool2d: x has dtype i32, expected f32");
-    CHECK_ERR(fr_t_status_of(fr_global_avg_pool(xi)), FR_ERR_DTYPE, "x has dtype i32");
+              "avg_pool2d: x must be f32, f16 or bf16, got i32");
+    CHECK_ERR(fr_t_status_of(fr_global_avg_pool(xi)), FR_ERR_DTYPE, "x must be f32, f16 or bf16, got i32");
     fr_tensor *ybad = fr_empty(FR_CPU, FR_F32, 4, FR_SHAPE(2, 3, 4, 4), FR_TAG_TRANSIENT);
     CHECK_ERR(fr_maxpool2d_forward(ybad, x, (fr_pool_params){2, 2, 0}), FR_ERR_SHAPE,
               "y has shape (2, 3, 4, 4), expected (2, 3, 3, 3)");

@@ -1,0 +1,127 @@
+/* staging.c: f32 blocks of half tensors for the f32 kernels (staging.h). */
+#include "staging.h"
+
+#include "kernels.h"
+#include "memory.h"
+
+/* About 1 MiB of f32 per staged operand: large enough that a block's
+ * kernel still spreads over every core, small enough that the scratch of an
+ * op's two or three operands is noise next to the activations. */
+#define FR_STAGE_BLOCK_BYTES ((size_t)1 << 20)
+#define FR_STAGE_BLOCK_BYTES_CUDA ((size_t)16 << 20)
+
+static char *elem_ptr(const fr_tensor *t, size_t off) {
+    return (char *)fr_data(t) + off * fr_dtype_size(t->dtype);
+}
+
+static fr_status alloc_scratch(fr_stage *s, fr_device dev, size_t n) {
+    s->dev = dev;
+    s->bytes = n * sizeof(float);
+    s->scratch = fr_mem_alloc(dev, s->bytes ? s->bytes : sizeof(float), FR_TAG_WORKSPACE);
+    if (!s->scratch)
+        return fr_last_status();
+    s->p = s->scratch;
+    return FR_OK;
+}
+
+fr_status fr_stage_in(fr_stage *s, const fr_tensor *t, size_t off, size_t n) {
+    *s = (fr_stage){0};
+    if (t->dtype == FR_F32) {
+        s->p = (float *)elem_ptr(t, off);
+        return FR_OK;
+    }
+    FR_TRY(alloc_scratch(s, fr_device_of(t), n));
+    fr_status st = FR_CALL_KERNEL(s->dev, cast, s->p, FR_F32, elem_ptr(t, off), t->dtype, n);
+    if (st != FR_OK)
+        fr_stage_free(s);
+    return st;
+}
+
+fr_status fr_stage_out(fr_stage *s, fr_tensor *t, size_t off, size_t n, bool load,
+                       const fr_tensor *alias_t, const fr_stage *alias) {
+    *s = (fr_stage){0};
+    if (alias && alias_t && fr_data(alias_t) == fr_data(t)) {
+        s->p = alias->p;
+        return FR_OK;
+    }
+    if (t->dtype == FR_F32) {
+        s->p = (float *)elem_ptr(t, off);
+        return FR_OK;
+    }
+    FR_TRY(alloc_scratch(s, fr_device_of(t), n));
+    if (!load)
+        return FR_OK;
+    fr_status st = FR_CALL_KERNEL(s->dev, cast, s->p, FR_F32, elem_ptr(t, off), t->dtype, n);
+    if (st != FR_OK)
+        fr_stage_free(s);
+    return st;
+}
+
+fr_status fr_stage_commit(fr_stage *s, fr_tensor *t, size_t off, size_t n, fr_status st) {
+    if (st == FR_OK && t->dtype != FR_F32)
+        st = FR_CALL_KERNEL(fr_device_of(t), cast, elem_ptr(t, off), t->dtype, s->p, FR_F32, n);
+    fr_stage_free(s);
+    return st;
+}
+
+void fr_stage_free(fr_stage *s) {
+    if (s->scratch)
+        fr_mem_free(s->dev, s->scratch, s->bytes ? s->bytes : sizeof(float), FR_TAG_WORKSPACE);
+    *s = (fr_stage){0};
+}
+
+size_t fr_stage_block_units(const fr_tensor *const *ts, int count, size_t unit_elems, size_t units) {
+    bool any_half = false, on_cuda = false;
+    for (int i = 0; i < count; i++)
+        if (ts[i]) {
+            any_half |= fr_is_half(ts[i]);
+            on_cuda |= fr_device_of(ts[i]) == FR_CUDA;
+        }
+    if (!any_half || units == 0)
+        return units ? units : 1;
+    size_t budget = on_cuda ? FR_STAGE_BLOCK_BYTES_CUDA : FR_STAGE_BLOCK_BYTES;
+    size_t per = budget / sizeof(float) / (unit_elems ? unit_elems : 1);
+    if (per < 1)
+        per = 1;
+    return per < units ? per : units;
+}
+
+fr_status fr_stage_run_units(fr_tensor *out, size_t out_unit, bool load_out,
+                             const fr_tensor *const *in, const size_t *in_units, int n_in,
+                             size_t units, fr_block_kernel fn, const void *args) {
+    enum { MAX_IN = 4 };
+    FR_ASSERT(n_in >= 0 && n_in <= MAX_IN);
+    const fr_tensor *all[MAX_IN + 1] = {out};
+    size_t unit[MAX_IN], widest = out_unit;
+    for (int i = 0; i < n_in; i++) {
+        all[i + 1] = in[i];
+        unit[i] = in_units ? in_units[i] : out_unit;
+        widest = unit[i] > widest ? unit[i] : widest;
+    }
+    size_t block = fr_stage_block_units(all, n_in + 1, widest, units);
+    fr_device dev = fr_device_of(out);
+    fr_status st = FR_OK;
+    for (size_t first = 0; first < units && st == FR_OK; first += block) {
+        size_t count = units - first < block ? units - first : block;
+        fr_stage sin[MAX_IN] = {{0}}, sout;
+        const float *p[MAX_IN] = {0};
+        const fr_stage *alias = NULL;
+        const fr_tensor *alias_t = NULL;
+        for (int i = 0; i < n_in && st == FR_OK; i++) {
+            st = fr_stage_in(&sin[i], in[i], first * unit[i], count * unit[i]);
+            p[i] = sin[i].p;
+            if (fr_data(in[i]) == fr_data(out) && unit[i] == out_unit) {
+                alias = &sin[i];
+                alias_t = in[i];
+            }
+        }
+        size_t off = first * out_unit, len = count * out_unit;
+        if (st == FR_OK)
+            st = fr_stage_out(&sout, out, off, len, load_out, alias_t, alias);
+        if (st == FR_OK)
+            st = fr_stage_commit(&sout, out, off, len, fn(dev, sout.p, p, count, first, args));
+        for (int i = 0; i < n_in; i++)
+            fr_stage_free(&sin[i]);
+    }
+    return st;
+}
