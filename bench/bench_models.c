@@ -22,7 +22,26 @@
  *                 see
  *     peak_total  the most bytes in use at once, all tags
  *     step_ms     median time of forward + cross-entropy + backward + SGD
- *                 step (momentum 0.9) + zero_grad; best = fastest step */
+ *                 step (momentum 0.9) + zero_grad; best = fastest step
+ *
+ * `bench_models --gpu` is the GPU section: the same models and strategies
+ * trained on the CUDA device (ResNet-56 at batch 128, DenseNet-BC-100 at 64),
+ * measured for throughput, the ledger's CUDA peak and the cudaMalloc calls
+ * of the timed steps; `--gpu --list` prints its cases for torch_saved.py
+ * --gpu. Without a usable device both print one `# gpu: skipped: why` note
+ * and nothing else, and exit 0. Its records:
+ *   C   gpu  model  0  batch=B size=S in_channels=C classes=K warmup=W steps=N
+ *   GS  model  title
+ *   G   model  strategy  impl  metric  value
+ *     images_per_s    batch x timed steps / their time (device synchronised
+ *                     before both clock readings)
+ *     step_ms         the timed steps' time / their count
+ *     peak_bytes      the ledger's CUDA total peak over the timed steps
+ *     reserved_bytes  what the caching allocator holds from the driver after
+ *                     them (the cache is emptied before each strategy)
+ *     device_mallocs  cudaMalloc calls during the timed steps (target 0)
+ *     warmup_mallocs  cudaMalloc calls during the warm-up steps
+ *     at_peak_<tag>   the ledger's bytes per tag when the peak was reached */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -33,6 +52,7 @@
 #include <omp.h>
 #endif
 
+#include "cuda/fr_cuda.h"
 #include "frugal.h"
 #include "nn/densenet.h"
 #include "nn/layers.h"
@@ -40,11 +60,14 @@
 #include "nn/resnet.h"
 
 enum { MAX_STEPS = 32, BATCH = 64, SIZE = 32, IN_CHANNELS = 3, CLASSES = 10 };
+enum { GPU_WARMUP = 3, GPU_MAX_STEPS = 1000 };
 
 typedef struct {
     const char *name;        /* as fr_resnet_create / fr_densenet_create take it */
     const char *strategies;  /* comma-separated */
-    int steps;               /* timed steps; big models get fewer */
+    int steps;               /* timed steps on the CPU; big models get fewer */
+    int gpu_batch;           /* the GPU section's batch (the issue's) */
+    int gpu_steps;           /* the GPU section's timed steps */
 } model_case;
 
 /* The issue's models: ResNet-56 and DenseNet-BC-100 at batch 64 on CIFAR
@@ -53,8 +76,9 @@ typedef struct {
  * it) and is left out to keep `make bench` short: a DenseNet-BC-100 step takes
  * seconds here. */
 static const model_case cases[] = {
-    {"resnet56", "plain,inplace,recompute,abn,checkpoint,recompute+checkpoint,abn+checkpoint", 3},
-    {"densenet-bc-100", "plain,recompute,checkpoint,recompute+checkpoint", 2},
+    {"resnet56", "plain,inplace,recompute,abn,checkpoint,recompute+checkpoint,abn+checkpoint", 3, 128,
+     20},
+    {"densenet-bc-100", "plain,recompute,checkpoint,recompute+checkpoint", 2, 64, 10},
 };
 enum { N_CASES = sizeof cases / sizeof cases[0] };
 
@@ -117,18 +141,26 @@ static fr_status train_step(trainer *tr, size_t *held) {
     return st;
 }
 
-static fr_status make_batch(trainer *tr) {
-    enum { N = BATCH * IN_CHANNELS * SIZE * SIZE };
-    static float x[N];
-    static int32_t y[BATCH];
+/* Random images and labels, the same for every strategy, on `dev`. */
+static fr_status make_batch(trainer *tr, fr_device dev, int batch) {
+    size_t n = (size_t)batch * IN_CHANNELS * SIZE * SIZE;
+    float *x = malloc(n * sizeof *x);
+    int32_t *y = malloc((size_t)batch * sizeof *y);
+    if (!x || !y) {
+        free(x);
+        free(y);
+        return fr_error(FR_ERR_OOM, "bench_models: out of host memory for a batch of %d", batch);
+    }
     fr_rng rng;
     fr_rng_seed(&rng, 2);
-    for (int i = 0; i < N; i++)
+    for (size_t i = 0; i < n; i++)
         x[i] = (float)fr_rng_normal(&rng);
-    for (int i = 0; i < BATCH; i++)
+    for (int i = 0; i < batch; i++)
         y[i] = (int32_t)(fr_rng_next(&rng) % CLASSES);
-    tr->x = fr_from_host(FR_CPU, FR_F32, 4, FR_SHAPE(BATCH, IN_CHANNELS, SIZE, SIZE), FR_TAG_DATA, x);
-    tr->labels = fr_from_host(FR_CPU, FR_I32, 1, FR_SHAPE(BATCH), FR_TAG_DATA, y);
+    tr->x = fr_from_host(dev, FR_F32, 4, FR_SHAPE(batch, IN_CHANNELS, SIZE, SIZE), FR_TAG_DATA, x);
+    tr->labels = fr_from_host(dev, FR_I32, 1, FR_SHAPE(batch), FR_TAG_DATA, y);
+    free(x);
+    free(y);
     return tr->x && tr->labels ? FR_OK : fr_last_status();
 }
 
@@ -161,31 +193,108 @@ static fr_status run_strategy(trainer *tr, const char *model, const char *text, 
     return FR_OK;
 }
 
-static fr_status run_model(const model_case *c, int steps) {
+/* ---- the GPU section (--gpu) ---- */
+
+/* Why the GPU section cannot run here, or NULL when it can. */
+static const char *gpu_unavailable(void) {
+#ifdef FR_WITH_CUDA
+    if (fr_cuda_device_count() == 0)
+        return "no CUDA device is visible (fr_cuda_device_count() is 0)";
+    return NULL;
+#else
+    return "frugal was built without CUDA (CUDA=0 or no nvcc)";
+#endif
+}
+
+static void gpu_rate(const char *model, const char *strategy, const char *metric, double value) {
+    printf("G\t%s\t%s\tfrugal\t%s\t%.3f\n", model, strategy, metric, value);
+}
+
+/* Bytes and counts, exactly. */
+static void gpu_count(const char *model, const char *strategy, const char *metric, size_t value) {
+    printf("G\t%s\t%s\tfrugal\t%s\t%zu\n", model, strategy, metric, value);
+}
+
+/* One strategy on the device: `warmup` untimed steps (the first creates the
+ * momentum buffers and lets cuDNN choose its algorithms, the others let the
+ * caching allocator reach its steady state), then `steps` timed ones with
+ * the device synchronised before each clock reading, so the time is that of
+ * the work, not of its enqueueing. The cache is emptied first, so the
+ * reserved bytes and the warm-up's cudaMallocs are this strategy's own. */
+static fr_status gpu_strategy(trainer *tr, const char *model, const char *text, int batch,
+                              int warmup, int steps) {
+    fr_strategy s;
+    FR_TRY(fr_strategy_parse(text, &s));
+    char name[64];
+    fr_strategy_format(s, name, sizeof name);
+    tr->model->cfg.strategy = s;
+    FR_TRY(fr_cuda_synchronize());
+    fr_mem_empty_cache();
+    fr_mem_stats start, before, after;
+    fr_mem_get_stats(FR_CUDA, &start);
+    for (int i = 0; i < warmup; i++)
+        FR_TRY(train_step(tr, NULL));
+    FR_TRY(fr_cuda_synchronize());
+    fr_mem_get_stats(FR_CUDA, &before);
+    fr_mem_reset_peak();
+    double t0 = now_ms();
+    for (int i = 0; i < steps; i++)
+        FR_TRY(train_step(tr, NULL));
+    FR_TRY(fr_cuda_synchronize());
+    double ms = now_ms() - t0;
+    fr_mem_get_stats(FR_CUDA, &after);
+    gpu_rate(model, name, "images_per_s", ms > 0 ? (double)batch * steps / (ms * 1e-3) : 0);
+    gpu_rate(model, name, "step_ms", ms / steps);
+    gpu_count(model, name, "peak_bytes", after.total_peak);
+    gpu_count(model, name, "reserved_bytes", after.reserved);
+    gpu_count(model, name, "device_mallocs", after.device_mallocs - before.device_mallocs);
+    gpu_count(model, name, "warmup_mallocs", before.device_mallocs - start.device_mallocs);
+    for (int t = 0; t < FR_TAG_COUNT; t++) {
+        char metric[48];
+        snprintf(metric, sizeof metric, "at_peak_%s", fr_mem_tag_name((fr_mem_tag)t));
+        gpu_count(model, name, metric, after.at_peak[t]);
+    }
+    fflush(stdout);
+    return FR_OK;
+}
+
+/* ---- both sections ---- */
+
+/* Every strategy of one model case, on the CPU (the models section) or on
+ * the device (the GPU section), with `steps` timed steps each. */
+static fr_status run_model(const model_case *c, fr_device dev, int warmup, int steps) {
+    bool gpu = dev == FR_CUDA;
+    const char *who = gpu ? "frugal gpu" : "frugal";
+    int batch = gpu ? c->gpu_batch : BATCH;
     trainer tr = {0};
     fr_status st = FR_OK;
     tr.model = create(c->name);
-    if (!tr.model || make_batch(&tr) != FR_OK ||
+    if (!tr.model || (gpu && fr_params_to_device(tr.model->params, dev) != FR_OK) ||
+        make_batch(&tr, dev, batch) != FR_OK ||
         !(tr.opt = fr_sgd_new(tr.model->params, (fr_sgd_options){.lr = 0.01, .momentum = 0.9}))) {
         st = fr_last_status();
-        printf("# frugal: %s could not be built: %s\n", c->name, fr_last_error());
+        printf("# %s: %s could not be built: %s\n", who, c->name, fr_last_error());
         goto out;
     }
-    printf("MS\t%s\t%s (%lld parameters), batch %d, %dx%dx%d, %d classes, CPU, SGD momentum 0.9\n",
-           c->name, tr.model->name, (long long)fr_params_count(tr.model->params), BATCH, IN_CHANNELS,
-           SIZE, SIZE, CLASSES);
+    printf("%s\t%s\t%s (%lld parameters), batch %d, %dx%dx%d, %d classes, %s, SGD momentum 0.9\n",
+           gpu ? "GS" : "MS", c->name, tr.model->name, (long long)fr_params_count(tr.model->params),
+           batch, IN_CHANNELS, SIZE, SIZE, CLASSES, gpu ? "CUDA, f32" : "CPU");
     const char *p = c->strategies;
     while (*p) {
         size_t len = strcspn(p, ",");
         char text[64];
         snprintf(text, sizeof text, "%.*s", (int)len, p);
         double t0 = now_ms();
-        if (run_strategy(&tr, c->name, text, steps) != FR_OK) {
-            /* Keep going: one failing strategy should not hide the others. */
-            printf("# frugal: %s / %s failed: %s\n", c->name, text, fr_last_error());
+        fr_status s = gpu ? gpu_strategy(&tr, c->name, text, batch, warmup, steps)
+                          : run_strategy(&tr, c->name, text, steps);
+        if (s != FR_OK) {
+            /* Keep going: one failing strategy should not hide the others
+             * (train_step left the tape and the gradients clear). */
+            printf("# %s: %s / %s failed: %s\n", who, c->name, text, fr_last_error());
             st = fr_last_status();
         }
-        fprintf(stderr, "bench_models: %s %s took %.1f s\n", c->name, text, (now_ms() - t0) * 1e-3);
+        fprintf(stderr, "bench_models: %s%s %s took %.1f s\n", gpu ? "gpu " : "", c->name, text,
+                (now_ms() - t0) * 1e-3);
         p += len + (p[len] == ',');
     }
 out:
@@ -193,24 +302,31 @@ out:
     fr_release(tr.x);
     fr_release(tr.labels);
     fr_model_free(tr.model);
+    if (gpu)
+        fr_mem_empty_cache();
     return st;
 }
 
 static int usage(FILE *out, const char *prog, int code) {
     fprintf(out,
-            "usage: %s [--list] [--match TEXT] [--steps N]\n"
+            "usage: %s [--gpu] [--list] [--match TEXT] [--steps N] [--warmup N]\n"
             "  --list        print the model cases (for bench/torch_saved.py) and exit\n"
             "  --match TEXT  only the models whose name contains TEXT\n"
             "  --steps N     timed steps per strategy (default: 3 for ResNet-56, 2 for\n"
-            "                DenseNet-BC-100), after one warm-up step\n",
-            prog);
+            "                DenseNet-BC-100 on the CPU, after one warm-up step; with --gpu\n"
+            "                20 and 10)\n"
+            "  --gpu         the GPU section: train on the CUDA device (ResNet-56 at batch\n"
+            "                128, DenseNet-BC-100 at 64); without one, say why and exit 0\n"
+            "  --warmup N    untimed steps per strategy before the timed ones (--gpu only;\n"
+            "                default %d)\n",
+            prog, GPU_WARMUP);
     return code;
 }
 
 int main(int argc, char **argv) {
-    bool list = false;
+    bool list = false, gpu = false;
     const char *match = NULL;
-    int steps = 0;
+    int steps = 0, warmup = GPU_WARMUP;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--help"))
             return usage(stdout, argv[0], 0);
@@ -220,12 +336,29 @@ int main(int argc, char **argv) {
             match = argv[++i];
         else if (!strcmp(argv[i], "--steps") && i + 1 < argc)
             steps = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--warmup") && i + 1 < argc)
+            warmup = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--gpu"))
+            gpu = true;
         else
             return usage(stderr, argv[0], 2);
     }
-    if (steps < 0 || steps > MAX_STEPS)
+    if (steps < 0 || steps > (gpu ? GPU_MAX_STEPS : MAX_STEPS) || warmup < 1 || warmup > MAX_STEPS)
         return usage(stderr, argv[0], 2);
-    if (!list) {
+    const char *who = gpu ? "frugal gpu" : "frugal";
+    if (gpu) {
+        const char *why = gpu_unavailable();
+        if (why) {
+            printf("# gpu: skipped: %s\n", why);
+            return 0;
+        }
+    }
+    if (!list && gpu) {
+        printf("# frugal gpu: cuDNN %s, convolution workspace budget %zu MiB; FP32 math (no TF32); "
+               "%d warm-up steps per strategy, then the timed steps\n",
+               fr_cuda_cudnn_enabled() ? "on" : "off (FR_CUDNN=0: im2col + cuBLAS)",
+               fr_cuda_workspace_budget() >> 20, warmup);
+    } else if (!list) {
         int omp = 1;
 #ifdef _OPENMP
         omp = omp_get_max_threads();
@@ -238,19 +371,29 @@ int main(int argc, char **argv) {
         const model_case *c = &cases[i];
         if (match && !strstr(c->name, match))
             continue;
-        int n = steps ? steps : c->steps;
-        if (list) {
+        int n = steps ? steps : gpu ? c->gpu_steps : c->steps;
+        if (list && gpu) {
+            printf("C\tgpu\t%s\t0\tbatch=%d size=%d in_channels=%d classes=%d warmup=%d steps=%d\n",
+                   c->name, c->gpu_batch, SIZE, IN_CHANNELS, CLASSES, warmup, n);
+            continue;
+        } else if (list) {
             printf("C\tmodels\t%s\t0\tbatch=%d size=%d in_channels=%d classes=%d steps=%d\n", c->name,
                    BATCH, SIZE, IN_CHANNELS, CLASSES, n);
             continue;
         }
         double t0 = now_ms();
-        if (run_model(c, n) != FR_OK)
+        if (run_model(c, gpu ? FR_CUDA : FR_CPU, warmup, n) != FR_OK)
             failed++;
-        fprintf(stderr, "bench_models: %s took %.1f s\n", c->name, (now_ms() - t0) * 1e-3);
+        fprintf(stderr, "bench_models: %s%s took %.1f s\n", gpu ? "gpu " : "", c->name,
+                (now_ms() - t0) * 1e-3);
     }
-    if (fr_live_tensors() != 0)
-        printf("# frugal: %ld tensors still alive at exit (a leak in the bench or a model)\n",
+    if (!list && gpu) {
+        size_t cudnn = 0, im2col = 0;
+        fr_cuda_conv_counts(&cudnn, &im2col);
+        printf("# frugal gpu: convolution calls: %zu by cuDNN, %zu by im2col + cuBLAS\n", cudnn, im2col);
+    }
+    if (!list && fr_live_tensors() != 0)
+        printf("# %s: %ld tensors still alive at exit (a leak in the bench or a model)\n", who,
                fr_live_tensors());
     return failed ? 1 : 0;
 }

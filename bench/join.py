@@ -17,6 +17,13 @@ Generic on purpose: a new section or implementation needs no change here.
 The models section (bench_models.c's and torch_saved.py's M records) has a
 table of its own per model: a row per memory strategy with saved bytes and
 step time as ratios to PyTorch, and the issue's targets beside them.
+
+The GPU section (`bench_models --gpu` and `torch_saved.py --gpu`, G records)
+has one table for all models: a row per (model, frugal strategy) with
+images/s and the CUDA peak as ratios to PyTorch's plain training, the
+issue's target for the row (met / missed) and the cudaMalloc calls of the
+timed steps; then a table of PyTorch's own rows (plain and the strategies it
+has natively) beside frugal's same strategy.
 """
 import math
 import sys
@@ -25,19 +32,19 @@ SUBJECT = "frugal"
 NOISY = 0.3
 
 
-def print_table(title, head, rows):
-    """A Markdown table under a '## title' heading: first column left-aligned,
-    the others right-aligned, each as wide as its widest cell."""
+def print_table(title, head, rows, left=1):
+    """A Markdown table under a '## title' heading: the first `left` columns
+    left-aligned, the others right-aligned, each as wide as its widest cell."""
     widths = [max(len(r[c]) for r in [head] + rows) for c in range(len(head))]
 
     def line(cells):
-        out = [cells[0].ljust(widths[0])] + [c.rjust(w) for c, w in zip(cells[1:], widths[1:])]
+        out = [c.ljust(w) if i < left else c.rjust(w) for i, (c, w) in enumerate(zip(cells, widths))]
         return "| " + " | ".join(out) + " |"
 
     print(f"## {title}")
     print()
     print(line(head))
-    rule = ["-" * (w + 2) if c == 0 else "-" * (w + 1) + ":" for c, w in enumerate(widths)]
+    rule = ["-" * (w + 2) if c < left else "-" * (w + 1) + ":" for c, w in enumerate(widths)]
     print("|" + "|".join(rule) + "|")
     for r in rows:
         print(line(r))
@@ -164,17 +171,19 @@ TIME_TARGETS = {"plain": ("<=1.00x torch", "torch", 1.00),
                 "checkpoint": ("<=1.35x plain", "plain", 1.35)}
 
 
-def read_models(paths):
+def read_models(paths, title_tag="MS", tag="M"):
+    """The models section's records (or, with "GS" and "G", the GPU
+    section's): titles, values, best and the models in order."""
     titles, values, best, order = {}, {}, {}, []
     for path in paths:
         with open(path) as f:
             for line in f:
                 fields = line.rstrip("\n").split("\t")
-                if fields[0] == "MS" and len(fields) >= 3:
+                if fields[0] == title_tag and len(fields) >= 3:
                     titles[fields[1]] = fields[2]
                     if fields[1] not in order:
                         order.append(fields[1])
-                elif fields[0] == "M" and len(fields) >= 6:
+                elif fields[0] == tag and len(fields) >= 6:
                     model, strategy, impl, metric, value = fields[1:6]
                     if model not in order:
                         order.append(model)
@@ -264,6 +273,108 @@ def models_table(model, title, values, best):
     print()
 
 
+
+# ---- the GPU section (bench_models --gpu, torch_saved.py --gpu) ----
+#
+# Records: "GS model title" and "G model strategy impl metric value".
+
+GPU_REFERENCE = "plain"
+# The issue's GPU targets: (what, text, test). "speed" is frugal images/s /
+# PyTorch plain images/s (higher is better), "peak" frugal's CUDA peak /
+# PyTorch plain's max_memory_allocated (lower is better). A model's own entry
+# replaces the common one (DenseNet's recompute is the efficient DenseNet).
+GPU_TARGETS = {
+    "plain": ("speed", ">= 1.00x", lambda r: r >= 1.00),
+    "recompute": ("peak", "<= 0.80x", lambda r: r <= 0.80),
+    "abn": ("peak", "<= 0.60x", lambda r: r <= 0.60),
+    "checkpoint": ("peak", "<= 0.30x", lambda r: r <= 0.30),
+}
+GPU_MODEL_TARGETS = {"densenet-bc-100": {"recompute": ("peak", "<= 0.25x", lambda r: r <= 0.25)}}
+
+
+def gpu_strategy_name(model, strategy):
+    if model.startswith("densenet") and strategy == "recompute":
+        return "recompute (efficient)"
+    return strategy
+
+
+def gpu_tables(titles, values, models):
+    def get(model, strategy, impl, metric):
+        return values.get((model, strategy, impl, metric))
+
+    def ratio(a, b):
+        return a / b if a is not None and b else None
+
+    def strategies(model, impl):
+        out = []
+        for (m, st, i, _metric) in values:
+            if m == model and i == impl and st not in out:
+                out.append(st)
+        return out
+
+    head = ["model", "strategy", "frugal img/s", "torch img/s (plain)", "speed frugal/torch",
+            "frugal peak MiB", "torch peak MiB (plain)", "peak frugal/torch", "target",
+            "cudaMalloc (timed)", "frugal reserved MiB"]
+    rows, missed, mallocs = [], 0, 0
+    for model in models:
+        t_ips = get(model, GPU_REFERENCE, "torch", "images_per_s")
+        t_peak = get(model, GPU_REFERENCE, "torch", "peak_bytes")
+        for st in strategies(model, SUBJECT):
+            ips, peak = get(model, st, SUBJECT, "images_per_s"), get(model, st, SUBJECT, "peak_bytes")
+            r_speed, r_peak = ratio(ips, t_ips), ratio(peak, t_peak)
+            target = GPU_MODEL_TARGETS.get(model, {}).get(st) or GPU_TARGETS.get(st)
+            cell = ""
+            if target:
+                what, text, test = target
+                r = r_speed if what == "speed" else r_peak
+                verdict = "?" if r is None else "met" if test(r) else "missed"
+                missed += verdict == "missed"
+                cell = f"{what} {text}: {verdict}"
+            n = get(model, st, SUBJECT, "device_mallocs")
+            if n:
+                mallocs += 1
+            rows.append([model, gpu_strategy_name(model, st), fmt(ips), fmt(t_ips), fmt(r_speed, 2),
+                         fmt_mib(peak), fmt_mib(t_peak), fmt(r_peak, 2), cell,
+                         "-" if n is None else f"{n:.0f}",
+                         fmt_mib(get(model, st, SUBJECT, "reserved_bytes"))])
+    print_table("gpu: training on the CUDA device, f32", head, rows, left=2)
+    for model in models:
+        if model in titles:
+            print(f"{model}: {titles[model]}")
+    print("speed = frugal images/s / PyTorch plain images/s (> 1: frugal is faster); peak = "
+          "frugal's ledger CUDA peak / PyTorch plain's\ntorch.cuda.max_memory_allocated(), both over "
+          "the timed steps (< 1: frugal needs less). Targets: plain images/s >= PyTorch;\npeak with "
+          "recompute <= 0.80x, abn <= 0.60x, checkpoint <= 0.30x, DenseNet's efficient (recompute) "
+          "<= 0.25x. cudaMalloc (timed):\ncalls during the timed steps, target 0 (bench/README.md "
+          "has the details).")
+    if any(get(m, GPU_REFERENCE, "torch", "images_per_s") is None for m in models):
+        print("(no PyTorch figures for some models: see the # notes)")
+    if missed:
+        print(f"{missed} target(s) missed")
+    if mallocs:
+        print(f"{mallocs} row(s) called cudaMalloc in the timed steps (target 0)")
+    print()
+
+    head = ["model", "strategy", "torch img/s", "torch peak MiB", "torch reserved MiB",
+            "torch cudaMalloc (timed)", "speed frugal/torch", "peak frugal/torch"]
+    rows = []
+    for model in models:
+        for st in strategies(model, "torch"):
+            ips, peak = get(model, st, "torch", "images_per_s"), get(model, st, "torch", "peak_bytes")
+            n = get(model, st, "torch", "device_mallocs")
+            rows.append([model, gpu_strategy_name(model, st), fmt(ips), fmt_mib(peak),
+                         fmt_mib(get(model, st, "torch", "reserved_bytes")),
+                         "-" if n is None else f"{n:.0f}",
+                         fmt(ratio(get(model, st, SUBJECT, "images_per_s"), ips), 2),
+                         fmt(ratio(get(model, st, SUBJECT, "peak_bytes"), peak), 2)])
+    if rows:
+        print_table("gpu: PyTorch's own strategies, each against frugal's same strategy", head, rows,
+                    left=2)
+        print("PyTorch's checkpoint: torch.utils.checkpoint over about sqrt(blocks) equal segments; "
+              "its recompute on DenseNet:\ntorchvision's memory-efficient DenseNet (bench/torch_models.py)."
+              " Ratios as above, against PyTorch's row.")
+        print()
+
 def main():
     notes, sections, order = read(sys.argv[1:])
     for n in notes:
@@ -277,6 +388,10 @@ def main():
     titles, values, best, models = read_models(sys.argv[1:])
     for model in models:
         models_table(model, titles.get(model, model), values, best)
+    # The GPU section runs once: "keep the lowest" never has two values to choose from.
+    titles, values, _, models = read_models(sys.argv[1:], "GS", "G")
+    if models:
+        gpu_tables(titles, values, models)
 
 
 if __name__ == "__main__":

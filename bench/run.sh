@@ -13,6 +13,13 @@
 # The models section (bench_models and torch_saved.py: whole training steps of
 # ResNet-56 and DenseNet-BC-100 under each memory strategy) runs once, after
 # the op rounds; BENCH_MODEL_STEPS overrides its timed steps per strategy.
+# The GPU section (bench_models --gpu and torch_saved.py --gpu: the same models
+# trained on the CUDA device) runs last; without a device it prints one line
+# saying why it was skipped. BENCH_ONLY=gpu runs it alone, BENCH_GPU=0 leaves
+# it out; BENCH_GPU_STEPS and BENCH_GPU_WARMUP set its timed and warm-up steps,
+# BENCH_GPU_PYTHON its interpreter (default: BENCH_PYTHON, else the first of
+# /usr/bin/python3 and python3 whose torch sees a GPU). BENCH_KEEP_DIR keeps
+# the raw records (*.tsv) in that folder, written there as they come.
 set -u
 build=${1:-build}
 bin="$build/bench/bench_ops"
@@ -25,13 +32,18 @@ py=${BENCH_PYTHON:-/usr/bin/python3}
 [ -x "$py" ] || py=$(command -v python3 || true)
 
 models_bin="$build/bench/bench_models"
-run_ops=1 run_models=1
+run_ops=1 run_models=1 run_gpu=1
 case "${BENCH_ONLY:-}" in
     "") ;;
-    models) run_ops=0 ;;
-    *) run_models=0 ;;
+    models) run_ops=0 run_gpu=0 ;;
+    gpu) run_ops=0 run_models=0 ;;
+    *) run_models=0 run_gpu=0 ;;
 esac
-for b in "$bin" "$models_bin"; do
+[ "${BENCH_GPU:-1}" = 0 ] && run_gpu=0
+need=()
+[ $run_ops -eq 1 ] && need+=("$bin")
+[ $run_models -eq 1 ] || [ $run_gpu -eq 1 ] && need+=("$models_bin")
+for b in "${need[@]}"; do
     if [ ! -x "$b" ]; then
         echo "bench: $b not found; build it with make BUILD=$build bench" >&2
         exit 1
@@ -43,8 +55,13 @@ done
 # (frugal's GEMM and torch.mm, whose BLAS here is the same OpenBLAS).
 export OMP_NUM_THREADS=$threads OPENBLAS_NUM_THREADS=$threads
 
-tmp=$(mktemp -d)
-trap 'rm -rf "$tmp"' EXIT
+if [ -n "${BENCH_KEEP_DIR:-}" ]; then
+    tmp=$BENCH_KEEP_DIR
+    mkdir -p "$tmp" || exit 1
+else
+    tmp=$(mktemp -d)
+    trap 'rm -rf "$tmp"' EXIT
+fi
 only=()
 [ -n "${BENCH_ONLY:-}" ] && only=(--only "$BENCH_ONLY")
 [ -n "${BENCH_MATCH:-}" ] && only+=(--match "$BENCH_MATCH")
@@ -52,9 +69,35 @@ model_args=()
 [ -n "${BENCH_MATCH:-}" ] && model_args+=(--match "$BENCH_MATCH")
 [ -n "${BENCH_MODEL_STEPS:-}" ] && model_args+=(--steps "$BENCH_MODEL_STEPS")
 
-echo "bench: frugal and PyTorch on the CPU, $threads threads each (OMP_NUM_THREADS=$threads," \
-    "OPENBLAS_NUM_THREADS=$threads, torch.set_num_threads($threads)); median of $reps repetitions" \
-    "of >= $min_ms ms after warm-up, best of $rounds rounds"
+# The GPU section alone: say first whether it can run at all, so a machine
+# without a GPU prints one line.
+gpu_args=()
+[ -n "${BENCH_MATCH:-}" ] && gpu_args+=(--match "$BENCH_MATCH")
+[ -n "${BENCH_GPU_STEPS:-}" ] && gpu_args+=(--steps "$BENCH_GPU_STEPS")
+[ -n "${BENCH_GPU_WARMUP:-}" ] && gpu_args+=(--warmup "$BENCH_GPU_WARMUP")
+gpu_skip="" gpu_probed=0
+gpu_probe() { # lists the GPU cases; sets gpu_skip when the section cannot run
+    gpu_probed=1
+    if ! "$models_bin" --gpu "${gpu_args[@]}" --list >"$tmp/gpu.cases.tsv"; then
+        gpu_skip="$models_bin --gpu --list failed"
+    elif ! grep -q '^C' "$tmp/gpu.cases.tsv"; then
+        gpu_skip=$(sed -n 's/^# *gpu: *skipped: *//p' "$tmp/gpu.cases.tsv" | head -n 1)
+        gpu_skip=${gpu_skip:-no GPU cases (BENCH_MATCH=${BENCH_MATCH:-})}
+    fi
+}
+if [ $run_ops -eq 0 ] && [ $run_models -eq 0 ]; then
+    [ $run_gpu -eq 1 ] && gpu_probe
+    if [ $run_gpu -eq 0 ] || [ -n "$gpu_skip" ]; then
+        echo "bench: GPU section skipped: ${gpu_skip:-BENCH_GPU=0}"
+        exit 0
+    fi
+fi
+
+if [ $run_ops -eq 1 ] || [ $run_models -eq 1 ]; then
+    echo "bench: frugal and PyTorch on the CPU, $threads threads each (OMP_NUM_THREADS=$threads," \
+        "OPENBLAS_NUM_THREADS=$threads, torch.set_num_threads($threads)); median of $reps repetitions" \
+        "of >= $min_ms ms after warm-up, best of $rounds rounds"
+fi
 start=$SECONDS
 # On two shared cores anything else running shows up in the times (an OpenMP
 # team waits a whole scheduler slice for a descheduled thread), so say how
@@ -98,7 +141,23 @@ for round in $(seq 1 "$rounds"); do
 done
 echo "# bench: $rounds rounds took $((SECONDS - start)) s" >"$tmp/total.tsv"
 load_note "after the op rounds" >>"$tmp/total.tsv"
-files=("$tmp/load.tsv" "${files[@]}" "$tmp/total.tsv")
+if [ $run_ops -eq 1 ] || [ $run_models -eq 1 ]; then
+    files=("$tmp/load.tsv" "${files[@]}" "$tmp/total.tsv")
+fi
+
+# Runs one frugal program of a section into a file: out, label, command...;
+# a failure is noted in the file and kept as the exit status.
+run_frugal() {
+    local out=$1 label=$2 rc
+    shift 2
+    "$@" >"$out"
+    rc=$?
+    if [ $rc -ne 0 ]; then
+        frugal_rc=$rc
+        echo "# frugal: $label exited $rc (see its notes)" >>"$out"
+    fi
+    files+=("$out")
+}
 
 # The models section: once (a ResNet-56 step takes about half a second here,
 # a DenseNet-BC-100 step several), frugal first, then PyTorch.
@@ -106,14 +165,7 @@ if [ $run_models -eq 1 ]; then
     mstart=$SECONDS
     "$models_bin" "${model_args[@]}" --list >"$tmp/models.cases.tsv" ||
         { echo "bench: $models_bin --list failed" >&2; exit 1; }
-    out="$tmp/models.frugal.tsv"
-    "$models_bin" "${model_args[@]}" >"$out"
-    rc=$?
-    if [ $rc -ne 0 ]; then
-        frugal_rc=$rc
-        echo "# frugal: bench_models exited $rc (see its notes)" >>"$out"
-    fi
-    files+=("$out")
+    run_frugal "$tmp/models.frugal.tsv" bench_models "$models_bin" "${model_args[@]}"
     out="$tmp/models.torch.tsv"
     if [ -z "$py" ]; then
         echo "# torch: unavailable (no python3); frugal's models only" >"$out"
@@ -132,9 +184,53 @@ if [ $run_models -eq 1 ]; then
     echo "# bench: the models section took $((SECONDS - mstart)) s" >>"$tmp/total.tsv"
 fi
 
+# The GPU section: once, frugal first, then PyTorch (an interpreter whose
+# torch sees the GPU, where there is one).
+gpu_python() {
+    if [ -n "${BENCH_GPU_PYTHON:-}" ] || [ -n "${BENCH_PYTHON:-}" ]; then
+        echo "${BENCH_GPU_PYTHON:-$BENCH_PYTHON}"
+        return
+    fi
+    local c first=""
+    for c in /usr/bin/python3 $(command -v python3 2>/dev/null); do
+        [ -x "$c" ] || continue
+        [ -n "$first" ] || first=$c
+        if "$c" -c 'import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)' \
+            >/dev/null 2>&1; then
+            echo "$c"
+            return
+        fi
+    done
+    echo "$first"
+}
+[ $run_gpu -eq 1 ] && [ $gpu_probed -eq 0 ] && gpu_probe
+if [ $run_gpu -eq 1 ] && [ -z "$gpu_skip" ]; then
+    gstart=$SECONDS
+    echo "bench: the GPU section: frugal and PyTorch training on the CUDA device (f32)" >&2
+    run_frugal "$tmp/gpu.frugal.tsv" "bench_models --gpu" "$models_bin" --gpu "${gpu_args[@]}"
+    out="$tmp/gpu.torch.tsv"
+    gpy=$(gpu_python)
+    if [ -z "$gpy" ]; then
+        echo "# torch gpu: unavailable (no python3); frugal's columns only" >"$out"
+    else
+        # The cases carry the warm-up and timed steps (BENCH_GPU_STEPS included).
+        "$gpy" "$here/torch_saved.py" "$tmp/gpu.cases.tsv" --gpu >"$out"
+        rc=$?
+        if [ $rc -ne 0 ] && [ $rc -ne 3 ]; then
+            echo "# torch gpu: torch_saved.py --gpu exited $rc; some torch figures may be missing" >>"$out"
+        fi
+    fi
+    files+=("$out")
+    echo "# bench: the GPU section took $((SECONDS - gstart)) s" >"$tmp/gpu.total.tsv"
+    files+=("$tmp/gpu.total.tsv")
+fi
+
 if [ -n "$py" ]; then
     "$py" "$here/join.py" "${files[@]}"
 else
     cat "${files[@]}"
+fi
+if [ $run_gpu -eq 1 ] && [ -n "$gpu_skip" ]; then
+    echo "bench: GPU section skipped: $gpu_skip"
 fi
 exit $frugal_rc

@@ -21,6 +21,24 @@ impl "torch". Exits 3 when torch cannot be imported, after printing why.
 
     bench_models --list > models.tsv
     /usr/bin/python3 bench/torch_saved.py models.tsv --threads 2
+
+With --gpu, the PyTorch side of the GPU section (`bench_models --gpu`): reads
+the `C gpu` cases of `bench_models --gpu --list` and trains each model on the
+CUDA device, eager, f32 (TF32 off, as frugal's CUDA path has none),
+torch.backends.cudnn.benchmark = True, under each strategy PyTorch has
+natively (torch_models.native_strategies: plain, and checkpoint or the
+memory-efficient DenseNet), with a fresh model and an emptied cache each:
+the case's warm-up steps, then torch.cuda.synchronize(),
+torch.cuda.reset_peak_memory_stats(), the timed steps, synchronize again.
+Prints `G model strategy torch metric value` records: images_per_s,
+step_ms, peak_bytes (torch.cuda.max_memory_allocated()), reserved_bytes
+(max_memory_reserved()), device_mallocs (the growth of memory_stats()'s
+"segment.all.allocated", the caching allocator's cudaMalloc calls, over the
+timed steps). Exits 3, after one `#` line saying why, when torch cannot be
+imported or sees no CUDA device.
+
+    bench_models --gpu --list > gpu.tsv
+    python3 bench/torch_saved.py gpu.tsv --gpu
 """
 import argparse
 import os
@@ -31,6 +49,18 @@ import time
 
 def parse_params(text):
     return dict(item.partition("=")[::2] for item in text.split())
+
+
+def read_cases(path, section):
+    """(name, batch, in_channels, size, classes, params) of each `C section`
+    line of a `bench_models --list` output (path, or - for stdin)."""
+    lines = sys.stdin if path == "-" else open(path)
+    for line in lines:
+        f = line.rstrip("\n").split("\t")
+        if f[0] != "C" or len(f) < 5 or f[1] != section:
+            continue
+        p = parse_params(f[4])
+        yield (f[2],) + tuple(int(p[key]) for key in ("batch", "in_channels", "size", "classes")) + (p,)
 
 
 def storage_of(t):
@@ -88,12 +118,92 @@ def step_times(torch, model, opt, x, y, steps):
     return statistics.median(times), min(times)
 
 
+def gpu_step(torch, model, opt, x, y):
+    opt.zero_grad(set_to_none=True)
+    torch.nn.functional.cross_entropy(model(x), y).backward()
+    opt.step()
+
+
+def gpu_measure(torch, model, opt, x, y, warmup, steps):
+    """The GPU section's figures for one model under one strategy."""
+    for _ in range(warmup):
+        gpu_step(torch, model, opt, x, y)
+    torch.cuda.synchronize()
+    before = torch.cuda.memory_stats().get("segment.all.allocated", 0)
+    torch.cuda.reset_peak_memory_stats()
+    t0 = time.perf_counter()
+    for _ in range(steps):
+        gpu_step(torch, model, opt, x, y)
+    torch.cuda.synchronize()
+    secs = time.perf_counter() - t0
+    stats = torch.cuda.memory_stats()
+    return {"images_per_s": x.shape[0] * steps / secs, "step_ms": secs * 1e3 / steps,
+            "peak_bytes": torch.cuda.max_memory_allocated(),
+            "reserved_bytes": torch.cuda.max_memory_reserved(),
+            "device_mallocs": stats.get("segment.all.allocated", 0) - before}
+
+
+def gpu_main(args):
+    try:
+        import torch
+    except Exception as e:  # any import failure means: no baseline
+        print(f"# torch gpu: unavailable ({type(e).__name__}: {e}); no torch columns")
+        return 3
+    if not torch.cuda.is_available():
+        why = "a CPU-only build" if torch.version.cuda is None else "no device visible"
+        print(f"# torch gpu: torch {torch.__version__} has no CUDA device "
+              f"(torch.cuda.is_available() is False: {why}); no torch columns")
+        return 3
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    import torch_models
+
+    torch.backends.cudnn.benchmark = True
+    # frugal's CUDA convolutions and GEMMs are plain FP32 (cuda/conv_cudnn.cu,
+    # cuda/device.cu); PyTorch's cuDNN would use TF32 on Ampere and later.
+    torch.backends.cudnn.allow_tf32 = False
+    torch.backends.cuda.matmul.allow_tf32 = False
+    dev = torch.device("cuda")
+    print(f"# torch gpu: torch {torch.__version__}, CUDA {torch.version.cuda}, cuDNN "
+          f"{torch.backends.cudnn.version()}, {torch.cuda.get_device_name(dev)}; eager, f32, "
+          "TF32 off, cudnn.benchmark on")
+    failed = 0
+    for name, n, c, s, k, p in read_cases(args.cases, "gpu"):
+        warmup = int(p.get("warmup", 3))
+        steps = args.steps or int(p.get("steps", 10))
+        for strategy in torch_models.native_strategies(name):
+            t0 = time.perf_counter()
+            try:
+                torch.manual_seed(0)
+                model = torch_models.build(name, c, k, strategy).to(dev).train()
+                x = torch.randn(n, c, s, s, device=dev)
+                y = torch.randint(0, k, (n,), device=dev)
+                opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+                figures = gpu_measure(torch, model, opt, x, y, warmup, steps)
+            except Exception as e:  # report and keep going, as bench_models does
+                print(f"# torch gpu: {name} / {strategy} failed: {type(e).__name__}: {e}")
+                failed += 1
+                figures = None
+            model = opt = x = y = None
+            torch.cuda.empty_cache()
+            for metric, value in (figures or {}).items():
+                text = str(value) if isinstance(value, int) else f"{value:.3f}"
+                print(f"G\t{name}\t{strategy}\ttorch\t{metric}\t{text}")
+            sys.stdout.flush()
+            print(f"torch_saved: gpu {name} {strategy} took {time.perf_counter() - t0:.1f} s",
+                  file=sys.stderr)
+    return 1 if failed else 0
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("cases", help="output of `bench_models --list`, or - for stdin")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--steps", type=int, help="timed steps (default: each case's steps=)")
+    ap.add_argument("--gpu", action="store_true",
+                    help="the GPU section: read `bench_models --gpu --list` cases, train on CUDA")
     args = ap.parse_args()
+    if args.gpu:
+        return gpu_main(args)
 
     try:
         import torch
@@ -107,14 +217,8 @@ def main():
     torch.manual_seed(0)
     print(f"# torch models: torch {torch.__version__}, {torch.get_num_threads()} threads, "
           f"mkldnn {'on' if torch.backends.mkldnn.is_available() else 'off'}")
-    lines = sys.stdin if args.cases == "-" else open(args.cases)
     failed = 0
-    for line in lines:
-        f = line.rstrip("\n").split("\t")
-        if f[0] != "C" or f[1] != "models" or len(f) < 5:
-            continue
-        name, p = f[2], parse_params(f[4])
-        n, c, s, k = (int(p[key]) for key in ("batch", "in_channels", "size", "classes"))
+    for name, n, c, s, k, p in read_cases(args.cases, "models"):
         steps = args.steps or int(p.get("steps", 3))
         try:
             model = torch_models.build(name, c, k).train()

@@ -12,6 +12,11 @@
  * With --svg it draws the bytes in use over the first timed step of every
  * strategy on one chart (recorded by a fr_mem_set_trace observer).
  *
+ * With --precision f16 or bf16 every strategy runs twice, in f32 and in that
+ * precision (the model's autocast policy, nn/model.h), and the table shows
+ * both rows and under them the difference by tag: what half activations
+ * save.
+ *
  * Inputs and labels are random: memory and time do not depend on values. */
 #include <errno.h>
 #include <limits.h>
@@ -30,6 +35,7 @@
 
 
 #define MAX_STRATEGIES 16
+#define MAX_ROWS (2 * MAX_STRATEGIES) /* each strategy in f32 and in --precision */
 #define DEFAULT_STRATEGIES "plain,inplace,recompute,abn,checkpoint,recompute+checkpoint,abn+checkpoint"
 /* For models whose layers cannot take InPlace-ABN (DenseNet, pre-activation
  * ResNets: an activation's input is still read by someone else). */
@@ -46,6 +52,7 @@ typedef struct {
     const char *svg;
     bool svg_time;  /* x axis in milliseconds instead of ledger events */
     uint64_t seed;
+    fr_dtype precision;  /* f32: one row per strategy; f16 / bf16: f32 and this */
 } options;
 
 /* ---- the trace: filled from the ledger's observer, which runs with the
@@ -175,8 +182,10 @@ static fr_status make_batch(const options *o, trainer *tr) {
 /* ---- the table ---- */
 
 typedef struct {
-    char name[64];
+    char name[64];       /* the strategy */
+    char label[80];      /* name, and the precision when the table shows two */
     fr_strategy strategy;
+    fr_dtype precision;
     bool ok;
     char error[160];
     fr_mem_stats mem;   /* peaks over the timed steps */
@@ -204,6 +213,7 @@ static const char *peak_phase(const trace_buf *t, const series *s) {
 
 static void run_strategy(const options *o, trainer *tr, row *r) {
     tr->model->cfg.strategy = r->strategy;
+    tr->model->cfg.precision = r->precision;
     r->ok = false;
     if (train_step(tr, NULL) != FR_OK) {
         snprintf(r->error, sizeof r->error, "%s", fr_last_error());
@@ -237,46 +247,80 @@ static const fr_mem_tag table_tags[] = {FR_TAG_SAVED, FR_TAG_TRANSIENT, FR_TAG_P
 enum { N_TABLE_TAGS = sizeof table_tags / sizeof *table_tags };
 FR_STATIC_ASSERT((int)N_TABLE_TAGS == (int)FR_TAG_COUNT, "the table shows every tag");
 
-/* The row the others are compared with: plain when it was run, else the first. */
-static const row *reference_row(const row *rows, int n) {
+/* The row of `precision` the others of that precision are compared with:
+ * plain when it was run, else the first. */
+static const row *reference_row(const row *rows, int n, fr_dtype precision) {
     for (int i = 0; i < n; i++)
-        if (fr_strategy_equal(rows[i].strategy, FR_STRATEGY_PLAIN))
+        if (rows[i].precision == precision && fr_strategy_equal(rows[i].strategy, FR_STRATEGY_PLAIN))
+            return &rows[i];
+    for (int i = 0; i < n; i++)
+        if (rows[i].precision == precision)
             return &rows[i];
     return &rows[0];
 }
 
+static void print_row(const row *r, const row *ref, const trace_buf *t, bool two) {
+    printf("%-22s", r->name);
+    if (two)
+        printf(" %5s", fr_dtype_name(r->precision));
+    if (!r->ok) {
+        printf(" error: %s\n", r->error);
+        return;
+    }
+    for (int k = 0; k < N_TABLE_TAGS; k++)
+        printf(" %10.2f", mib(r->mem.peak[table_tags[k]]));
+    printf(" %10.2f", mib(r->mem.total_peak));
+    if (ref->ok)
+        printf(" %9.2fx", (double)r->mem.total_peak / (double)ref->mem.total_peak);
+    else
+        printf(" %10s", "-");
+    printf(" %9s %9.1f%s\n", peak_phase(t, &r->trace), r->step_ms, r->strategy.abn ? " *" : "");
+}
+
+/* half minus f32, tag by tag (MiB, signed), and the ratio of the totals */
+static void print_difference(const row *half, const row *full) {
+    char what[32];
+    snprintf(what, sizeof what, "  %s - %s", fr_dtype_name(half->precision), fr_dtype_name(full->precision));
+    printf("%-22s %5s", what, "");
+    for (int k = 0; k < N_TABLE_TAGS; k++)
+        printf(" %+10.2f", mib(half->mem.peak[table_tags[k]]) - mib(full->mem.peak[table_tags[k]]));
+    printf(" %+10.2f", mib(half->mem.total_peak) - mib(full->mem.total_peak));
+    printf(" %9.2fx\n", (double)half->mem.total_peak / (double)full->mem.total_peak);
+}
+
 static void print_table(const options *o, const row *rows, int n, const trace_buf *t) {
+    bool two = o->precision != FR_F32;
     printf("%-22s", "strategy");
+    if (two)
+        printf(" %5s", "prec");
     for (int k = 0; k < N_TABLE_TAGS; k++)
         printf(" %10s", fr_mem_tag_name(table_tags[k]));
-    const row *ref = reference_row(rows, n);
+    const row *ref = reference_row(rows, n, FR_F32);
     char vs[32];
     snprintf(vs, sizeof vs, "vs %.*s", 10, ref->name);
     printf(" %10s %10s %9s %9s\n", "total", vs, "peak in", "step ms");
-    const row *first = ref->ok ? ref : NULL;
     bool any_abn = false;
     for (int i = 0; i < n; i++) {
         const row *r = &rows[i];
-        printf("%-22s", r->name);
-        if (!r->ok) {
-            printf(" error: %s\n", r->error);
-            continue;
-        }
-        any_abn |= r->strategy.abn;
-        for (int k = 0; k < N_TABLE_TAGS; k++)
-            printf(" %10.2f", mib(r->mem.peak[table_tags[k]]));
-        printf(" %10.2f", mib(r->mem.total_peak));
-        if (first)
-            printf(" %9.2fx", (double)r->mem.total_peak / (double)first->mem.total_peak);
-        else
-            printf(" %10s", "-");
-        printf(" %9s %9.1f%s\n", peak_phase(t, &r->trace), r->step_ms, r->strategy.abn ? " *" : "");
+        any_abn |= r->ok && r->strategy.abn;
+        print_row(r, reference_row(rows, n, r->precision), t, two);
+        /* rows come in pairs (f32, half) when two precisions run */
+        if (two && r->precision != FR_F32 && i > 0 && rows[i - 1].ok && r->ok)
+            print_difference(r, &rows[i - 1]);
     }
     printf("\nMiB; each tag column is that tag's own peak during the step (forward, backward, SGD\n"
            "step), so the tags need not add up to the total, which is the most bytes in use at\n"
            "once on %s. \"peak in\": the phase in which the total peaked. step ms: median of %d\n"
            "timed step(s) after one warm-up, forward + cross-entropy + backward + SGD step.\n",
            fr_device_name(o->device), o->steps);
+    if (two)
+        printf("%s rows: activations in %s under autocast, weights and optimizer state in f32, no\n"
+               "loss scaling. \"%s - f32\": the %s row minus the f32 row, tag by tag (negative: %s\n"
+               "saves); its \"vs\" column is the %s total over the f32 total. Other rows compare with\n"
+               "the %s row of their own precision.\n",
+               fr_dtype_name(o->precision), fr_dtype_name(o->precision), fr_dtype_name(o->precision),
+               fr_dtype_name(o->precision), fr_dtype_name(o->precision), fr_dtype_name(o->precision),
+               ref->name);
     if (any_abn)
         printf("* abn (InPlace-ABN) replaces ReLU by leaky ReLU (slope %g) and BN's scale gamma by\n"
                "  |gamma| + eps: a different function from the other rows (same shapes and cost).\n",
@@ -294,7 +338,7 @@ static void print_peak_breakdown(const row *r) {
         return;
     char b[32];
     printf("\nwhere the %s peak of %s comes from (bytes in use per tag when it was reached):\n",
-           r->name, fr_mem_format_bytes(r->mem.total_peak, b, sizeof b));
+           r->label, fr_mem_format_bytes(r->mem.total_peak, b, sizeof b));
     for (int k = 0; k < N_TABLE_TAGS; k++) {
         size_t v = r->mem.at_peak[table_tags[k]];
         printf("  %-11s %12s  %5.1f%%\n", fr_mem_tag_name(table_tags[k]),
@@ -411,7 +455,7 @@ static int write_svg(const options *o, const fr_model *m, const row *rows, int n
         fprintf(f, "<line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\" stroke=\"%s\" "
                    "stroke-width=\"3\"/>\n", W - right + 15, ly, W - right + 40, ly, colour);
         fprintf(f, "<text x=\"%.1f\" y=\"%.1f\">%s (peak %.1f MiB)</text>\n", W - right + 46,
-                ly + 4, rows[i].name, mib(rows[i].mem.total_peak));
+                ly + 4, rows[i].label, mib(rows[i].mem.total_peak));
     }
     double ly = top + 10 + 20.0 * legend;
     fprintf(f, "<line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\" stroke=\"black\" "
@@ -443,6 +487,8 @@ static void usage(FILE *out) {
             "                      (default %s;\n"
             "                      for DenseNets and pre-activation ResNets, without abn)\n"
             "  --device cpu|cuda   (default cpu)\n"
+            "  --precision P       f32 (default), f16 or bf16: with f16 or bf16 each strategy runs\n"
+            "                      in f32 and in P, and the table shows the difference by tag\n"
             "  --steps N           timed steps per strategy after one warm-up (default 1)\n"
             "  --svg FILE          write memory over one step, all strategies, as SVG\n"
             "  --svg-x events|time the plot's x axis (default events)\n"
@@ -512,6 +558,12 @@ static int parse_args(int argc, char **argv, options *o) {
                 fprintf(stderr, "memreport: --device is cpu or cuda, got \"%s\"\n", v);
                 return -1;
             }
+        } else if (!strcmp(a, "--precision")) {
+            if (fr_precision_parse(v, &o->precision) != FR_OK) {
+                fprintf(stderr, "memreport: --precision: \"%s\" is not a precision (choose f32, f16 or "
+                        "bf16)\n", v);
+                return -1;
+            }
         } else if (!strcmp(a, "--svg-x")) {
             if (strcmp(v, "events") && strcmp(v, "time")) {
                 fprintf(stderr, "memreport: --svg-x is events or time, got \"%s\"\n", v);
@@ -530,14 +582,16 @@ static int parse_args(int argc, char **argv, options *o) {
     return 0;
 }
 
-/* Splits the comma-separated list into rows; false with a message. */
-static bool parse_strategies(const char *list, row *rows, int *n) {
+/* Splits the comma-separated list into rows, each strategy in f32 and,
+ * when `precision` is a half dtype, in it too; false with a message. */
+static bool parse_strategies(const char *list, fr_dtype precision, row *rows, int *n) {
     *n = 0;
+    int per = precision != FR_F32 ? 2 : 1; /* rows per strategy */
     const char *p = list;
     while (*p) {
         size_t len = strcspn(p, ",");
         char word[64];
-        if (len == 0 || len >= sizeof word || *n == MAX_STRATEGIES) {
+        if (len == 0 || len >= sizeof word || *n / per == MAX_STRATEGIES) {
             fprintf(stderr, "memreport: bad --strategies \"%s\" (at most %d, comma-separated)\n", list,
                     MAX_STRATEGIES);
             return false;
@@ -551,6 +605,14 @@ static bool parse_strategies(const char *list, row *rows, int *n) {
             return false;
         }
         fr_strategy_format(r->strategy, r->name, sizeof r->name);
+        snprintf(r->label, sizeof r->label, "%s", r->name);
+        if (precision != FR_F32) {
+            row *h = &rows[(*n)++];
+            *h = *r;
+            h->precision = precision;
+            snprintf(h->label, sizeof h->label, "%s %s", r->name, fr_dtype_name(precision));
+            snprintf(r->label, sizeof r->label, "%s f32", r->name);
+        }
         p += len;
         if (*p == ',')
             p++;
@@ -564,12 +626,12 @@ static bool parse_strategies(const char *list, row *rows, int *n) {
 
 int main(int argc, char **argv) {
     options o;
-    static row rows[MAX_STRATEGIES];
+    static row rows[MAX_ROWS];
     int n_rows;
     int args = parse_args(argc, argv, &o);
     if (args != 0)
         return args > 0 ? 0 : 2;
-    if (!parse_strategies(o.strategies, rows, &n_rows))
+    if (!parse_strategies(o.strategies, o.precision, rows, &n_rows))
         return 2;
     if (o.device == FR_CUDA && fr_cuda_device_count() == 0) {
         fprintf(stderr, "memreport: --device cuda, but %s\n",
@@ -599,16 +661,19 @@ int main(int argc, char **argv) {
     }
     char pbytes[32];
     printf("memreport: %s, %lld parameters (%s with buffers); batch %d of %dx%dx%d, %d classes; "
-           "%s; SGD momentum 0.9\n\n",
+           "%s; SGD momentum 0.9; precision %s\n\n",
            tr.model->name, (long long)fr_params_count(tr.model->params),
            fr_mem_format_bytes(fr_params_bytes(tr.model->params), pbytes, sizeof pbytes), o.batch,
-           o.in_channels, o.size, o.size, o.classes, fr_device_name(o.device));
+           o.in_channels, o.size, o.size, o.classes, fr_device_name(o.device),
+           o.precision == FR_F32 ? "f32" : o.precision == FR_F16 ? "f32 and f16" : "f32 and bf16");
     fr_mem_set_trace(trace_event, &trace);
     for (int i = 0; i < n_rows; i++)
         run_strategy(&o, &tr, &rows[i]);
     fr_mem_set_trace(NULL, NULL);
     print_table(&o, rows, n_rows, &trace);
-    print_peak_breakdown(reference_row(rows, n_rows));
+    print_peak_breakdown(reference_row(rows, n_rows, FR_F32));
+    if (o.precision != FR_F32)
+        print_peak_breakdown(reference_row(rows, n_rows, o.precision));
     if (trace.overflow)
         printf("note: the trace filled its %u samples; the plot and \"peak in\" miss the rest\n",
                TRACE_CAP);

@@ -3,6 +3,7 @@
  *
  *     train --model resnet20 --data fashion-mnist --epochs 2 --save out/run.safetensors
  *     train --resume out/run.safetensors            # continues the same run exactly
+ *     train --model resnet20 --precision f16        # half activations, dynamic loss scaling
  *
  * Each epoch ends with a test pass (eval mode, no_grad) and, with --save, a
  * training checkpoint (nn/checkpoint.h). docs/TRAINING.md describes the flags
@@ -29,6 +30,8 @@ typedef struct {
     double lr, momentum, wd;
     bool nesterov;
     fr_strategy strat; /* parsed --strategy */
+    fr_dtype precision; /* parsed --precision (f32 when not given) */
+    bool precision_given;
     int optimizer, schedule, device;
     int augment; /* -1: the dataset's default */
     /* flags that decide the run's trajectory, given on the command line:
@@ -44,6 +47,8 @@ static void usage(FILE *out) {
             "                        mnist:DIR, cifar10:DIR, cifar100:DIR, folder:DIR (DIR/train, DIR/test)\n"
             "  --strategy S          memory strategy: plain (default), inplace, recompute, abn,\n"
             "                        checkpoint[:K], joined with '+' (recompute+checkpoint)\n"
+            "  --precision P         f32 (default), f16 or bf16: the precision of activations and\n"
+            "                        compute (weights stay f32); f16 with dynamic loss scaling\n"
             "  --batch N             images per optimizer step (128)\n"
             "  --accum K             split each batch into K micro-batches (1); see docs/TRAINING.md\n"
             "  --epochs N            (10)\n"
@@ -73,7 +78,7 @@ static bool is_value_flag(const char *a) {
     static const char *const flags[] = {
         "--model", "--data", "--strategy", "--save", "--resume", "--threads", "--limit-test",
         "--log-every", "--stop-after", "--device", "--batch", "--accum", "--epochs", "--warmup", "--seed",
-        "--limit-train", "--lr", "--momentum", "--wd", "--optimizer", "--schedule"};
+        "--limit-train", "--lr", "--momentum", "--wd", "--optimizer", "--schedule", "--precision"};
     for (size_t i = 0; i < sizeof flags / sizeof *flags; i++)
         if (!strcmp(a, flags[i]))
             return true;
@@ -105,6 +110,11 @@ static fr_status parse_args(int argc, char **argv, options *o) {
             } else if (!strcmp(a, "--strategy")) {
                 o->strategy = v;
                 FR_TRY(fr_strategy_parse(v, &o->strat));
+            } else if (!strcmp(a, "--precision")) {
+                /* decides the trajectory, but may repeat a resumed run's own
+                 * precision: setup compares it with the checkpoint's */
+                FR_TRY(fr_cli_precision(a, v, &o->precision));
+                o->precision_given = true;
             } else if (!strcmp(a, "--save")) {
                 o->save = v;
             } else if (!strcmp(a, "--resume")) {
@@ -170,6 +180,7 @@ typedef struct {
     fr_loader *train_ld, *test_ld;
     fr_model *model;
     fr_optim *opt;
+    fr_loss_scaler scaler; /* for the model's precision; f32: an inf / NaN guard */
     fr_train_state st;
     fr_data_kind kind;
 } run;
@@ -261,6 +272,13 @@ static fr_status setup(const options *o, run *r) {
                             info.strategy.abn ? "with" : "without");
         r->model->cfg.strategy = s;
     }
+    fr_dtype precision = o->resume ? info.precision : o->precision;
+    if (o->resume && o->precision_given && o->precision != info.precision)
+        return fr_error(FR_ERR_ARG, "--precision %s: the run in %s was trained in %s, and a resumed run "
+                        "keeps its precision", fr_dtype_name(o->precision), o->resume,
+                        fr_dtype_name(info.precision));
+    r->model->cfg.precision = precision;
+    FR_TRY(fr_loss_scaler_init(&r->scaler, precision));
     if (dev != FR_CPU)
         FR_TRY(fr_params_to_device(r->model->params, dev));
     r->opt = info.optim_kind == FR_OPTIM_SGD  ? fr_sgd_new(r->model->params, info.sgd)
@@ -269,7 +287,7 @@ static fr_status setup(const options *o, run *r) {
     if (!r->opt)
         return fr_last_status();
     if (o->resume) {
-        FR_TRY(fr_ckpt_load(o->resume, r->model, r->opt, st));
+        FR_TRY(fr_ckpt_load(o->resume, r->model, r->opt, &r->scaler, st));
         if (o->data)
             snprintf(st->data, sizeof st->data, "%s", o->data);
         return FR_OK;
@@ -293,10 +311,11 @@ static fr_status setup(const options *o, run *r) {
 static void print_header(const run *r, const options *o) {
     const fr_train_state *st = &r->st;
     char strat[96], bytes[32];
-    printf("model %s: %lld parameters (%s), strategy %s\n", r->model->name,
+    printf("model %s: %lld parameters (%s), strategy %s, precision %s\n", r->model->name,
            (long long)fr_params_count(r->model->params),
            fr_mem_format_bytes(fr_params_bytes(r->model->params), bytes, sizeof bytes),
-           fr_strategy_format(r->model->cfg.strategy, strat, sizeof strat));
+           fr_strategy_format(r->model->cfg.strategy, strat, sizeof strat),
+           fr_dtype_name(r->model->cfg.precision));
     printf("data %s: %lld training images, %lld test images, %lld x %lld x %lld, %d classes, "
            "augmentation %s\n", st->data, (long long)r->train_ds->n, (long long)r->test_ds->n,
            (long long)r->train_ds->c, (long long)r->train_ds->h, (long long)r->train_ds->w,
@@ -328,7 +347,7 @@ static fr_status train_epoch(run *r, fr_progress *pg, double *loss, double *acc,
         r->opt->lr = fr_schedule_lr(&st->schedule, st->step);
         double l = 0;
         int64_t c = 0;
-        fr_status s = fr_train_step(r->model, r->opt, x, y, st->accum, &l, &c);
+        fr_status s = fr_train_step(r->model, r->opt, &r->scaler, x, y, st->accum, &l, &c, NULL);
         int64_t b = x->shape[0];
         fr_release(x);
         fr_release(y);
@@ -357,6 +376,7 @@ static fr_status train(run *r, const options *o) {
     fr_progress pg;
     fr_progress_init(&pg, stdout, o->device ? FR_CUDA : FR_CPU, per_epoch * last - st->step, st->epochs,
                      (int)o->log_every);
+    pg.scaler = &r->scaler;
     fr_mem_reset_peak();
     for (; st->epoch < last; st->epoch++, st->batch = 0) {
         double loss, acc, secs, test_loss, test_acc;
@@ -376,14 +396,21 @@ static fr_status train(run *r, const options *o) {
             fr_train_state next = *st;
             next.epoch++;
             next.batch = 0;
-            FR_TRY(fr_ckpt_save(o->save, r->model, r->opt, &next));
+            FR_TRY(fr_ckpt_save(o->save, r->model, r->opt, &r->scaler, &next));
             printf("saved %s\n", o->save);
         }
         fflush(stdout);
     }
-    char total[32];
-    printf("done in %s; memory ledger (peaks since training started):\n",
-           fr_cli_format_duration(fr_cli_now() - pg.t_start, total, sizeof total));
+    char total[32], amp[96] = "";
+    const fr_loss_scaler *sc = &r->scaler;
+    if (sc->dtype != FR_F32)
+        snprintf(amp, sizeof amp, " (loss scale %g, %lld steps skipped)", (double)sc->scale,
+                 (long long)sc->skipped);
+    else if (sc->skipped)
+        snprintf(amp, sizeof amp, " (%lld steps skipped for inf / NaN gradients)", (long long)sc->skipped);
+    printf("done in %s, precision %s%s; memory ledger (peaks since training started):\n",
+           fr_cli_format_duration(fr_cli_now() - pg.t_start, total, sizeof total),
+           fr_dtype_name(r->model->cfg.precision), amp);
     fr_mem_report(stdout);
     return FR_OK;
 }

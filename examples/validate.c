@@ -9,7 +9,8 @@
  * activations for backward: its peak is the weights plus the few activations
  * in flight. The training step (forward + backward on one batch, with the
  * checkpoint's memory strategy, no optimizer) shows what training the same
- * model at the same batch size costs. */
+ * model at the same batch size costs. Both run under --precision (default: the
+ * precision the checkpoint records, else f32). */
 #include <omp.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -25,6 +26,8 @@ typedef struct {
     const char *checkpoint, *model, *data, *strategy;
     int64_t batch, limit_test, threads;
     int device;
+    fr_dtype precision;
+    bool precision_given;
 } options;
 
 static void usage(FILE *out) {
@@ -37,6 +40,8 @@ static void usage(FILE *out) {
             "  --batch N           images per batch (128)\n"
             "  --strategy S        memory strategy of the measured training step (default: the\n"
             "                      checkpoint's, else plain)\n"
+            "  --precision P       f32, f16 or bf16: the precision of both passes (default: the\n"
+            "                      checkpoint's, else f32)\n"
             "  --limit-test N      only the first N test images (0 = all)\n"
             "  --threads N         CPU threads\n"
             "  --device D          cpu (default) or cuda\n");
@@ -47,7 +52,8 @@ static fr_status parse_args(int argc, char **argv, options *o) {
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         static const char *const known[] = {"--checkpoint", "--model", "--data", "--strategy",
-                                            "--batch", "--limit-test", "--threads", "--device"};
+                                            "--batch", "--limit-test", "--threads", "--device",
+                                            "--precision"};
         bool ok = false;
         for (size_t k = 0; k < sizeof known / sizeof *known; k++)
             ok |= !strcmp(a, known[k]);
@@ -70,7 +76,10 @@ static fr_status parse_args(int argc, char **argv, options *o) {
             FR_TRY(fr_cli_int(a, v, 1, 1024, &o->threads));
         else if (!strcmp(a, "--device"))
             FR_TRY(fr_cli_choice(a, v, device_names, 2, &o->device));
-        else
+        else if (!strcmp(a, "--precision")) {
+            FR_TRY(fr_cli_precision(a, v, &o->precision));
+            o->precision_given = true;
+        } else
             FR_ASSERT(!"a known flag without a case");
     }
     if (!o->checkpoint)
@@ -109,10 +118,12 @@ static fr_status setup(const options *o, run *r) {
     r->model->cfg.strategy = info.strategy;
     if (o->strategy)
         FR_TRY(fr_strategy_parse(o->strategy, &r->model->cfg.strategy));
+    /* any precision evaluates any weights: they stay f32 */
+    r->model->cfg.precision = o->precision_given ? o->precision : info.precision;
     r->dev = o->device ? FR_CUDA : FR_CPU;
     if (r->dev != FR_CPU)
         FR_TRY(fr_params_to_device(r->model->params, r->dev));
-    FR_TRY(fr_ckpt_load(o->checkpoint, r->model, NULL, NULL));
+    FR_TRY(fr_ckpt_load(o->checkpoint, r->model, NULL, NULL, NULL));
     fr_loader_config lc = {.batch_size = (int)o->batch, .aug = fr_data_augment(spec.kind, r->ds, false),
                            .device = r->dev, .prefetch = false};
     r->ld = fr_loader_new(r->ds, &lc);
@@ -150,7 +161,7 @@ static fr_status measure_train_step(run *r, size_t *peak) {
         st = fr_loader_next(r->ld, &x, &y);
     if (st == FR_OK) {
         /* no optimizer: gradients stay until zeroed, as before a step */
-        st = fr_train_step(r->model, NULL, x, y, 1, NULL, NULL);
+        st = fr_train_step(r->model, NULL, NULL, x, y, 1, NULL, NULL, NULL);
         *peak = peak_with_model(r, before);
         fr_params_zero_grad(p);
     }
@@ -170,9 +181,10 @@ static fr_status validate(run *r, const options *o) {
     printf("model %s (%s): %lld parameters, %s\n", r->model->name, o->checkpoint,
            (long long)fr_params_count(r->model->params),
            fr_mem_format_bytes(fr_params_bytes(r->model->params), b1, sizeof b1));
-    printf("data %s: %lld test images, %lld x %lld x %lld, batch %lld, %d threads, %s\n", r->ds->name,
-           (long long)r->ds->n, (long long)r->ds->c, (long long)r->ds->h, (long long)r->ds->w,
-           (long long)o->batch, omp_get_max_threads(), device_names[o->device]);
+    printf("data %s: %lld test images, %lld x %lld x %lld, batch %lld, %d threads, %s, precision %s\n",
+           r->ds->name, (long long)r->ds->n, (long long)r->ds->c, (long long)r->ds->h, (long long)r->ds->w,
+           (long long)o->batch, omp_get_max_threads(), device_names[o->device],
+           fr_dtype_name(r->model->cfg.precision));
     fflush(stdout);
     size_t before = fr_mem_total_current(r->dev);
     fr_mem_reset_peak();
@@ -187,9 +199,11 @@ static fr_status validate(run *r, const options *o) {
            secs > 0 ? (double)n / secs : 0);
     char label[128];
     printf("peak memory (model included, data set excluded):\n");
-    printf("  %-40s %12s\n", "eval pass, no_grad", fr_mem_format_bytes(eval_peak, b2, sizeof b2));
-    snprintf(label, sizeof label, "one training step (fwd+bwd), %s",
-             fr_strategy_format(r->model->cfg.strategy, strat, sizeof strat));
+    snprintf(label, sizeof label, "eval pass, no_grad, %s", fr_dtype_name(r->model->cfg.precision));
+    printf("  %-40s %12s\n", label, fr_mem_format_bytes(eval_peak, b2, sizeof b2));
+    snprintf(label, sizeof label, "one training step (fwd+bwd), %s, %s",
+             fr_strategy_format(r->model->cfg.strategy, strat, sizeof strat),
+             fr_dtype_name(r->model->cfg.precision));
     printf("  %-40s %12s  (%.1fx the eval pass)\n", label, fr_mem_format_bytes(train_peak, b3, sizeof b3),
            eval_peak ? (double)train_peak / (double)eval_peak : 0);
     return FR_OK;

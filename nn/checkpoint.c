@@ -7,13 +7,19 @@
 #include "checkpoint.h"
 
 #include <errno.h>
+#include <float.h>
 #include <inttypes.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #define OPTIM_PREFIX "optim."
 #define STEP_SLOT "step"
+#define AMP_PRECISION "amp.precision"
+#define AMP_SCALE "amp.scale"
+#define AMP_TRACKER "amp.growth_tracker"
+#define AMP_SKIPPED "amp.skipped"
 
 static const char *const optim_kind_names[FR_OPTIM_KIND_COUNT] = {"sgd", "adam", "adamw"};
 static const char *const sched_kind_names[FR_SCHED_KIND_COUNT] = {"constant", "step", "cosine"};
@@ -102,8 +108,27 @@ static fr_status add_optim_tensors(fr_st_writer *w, const fr_optim *opt) {
     return FR_OK;
 }
 
+/* The precision and, with a scaler, its state. The scale is an f32 whose
+ * exact value a double holds: 17 digits give it back bit for bit. */
+static fr_status put_amp(fr_st_writer *w, const fr_model *m, const fr_loss_scaler *scaler) {
+    fr_dtype p = m->cfg.precision;
+    if (p != FR_F32 && p != FR_F16 && p != FR_BF16)
+        return fr_error(FR_ERR_ARG, "checkpoint: model %s has precision %s, expected f32, f16 or bf16",
+                        m->name, fr_dtype_name(p));
+    FR_TRY(put_str(w, AMP_PRECISION, fr_dtype_name(p)));
+    if (!scaler)
+        return FR_OK;
+    if (scaler->dtype != p)
+        return fr_error(FR_ERR_ARG, "checkpoint: the loss scaler is for %s, model %s trains in %s",
+                        fr_dtype_name(scaler->dtype), m->name, fr_dtype_name(p));
+    fr_loss_scaler_state ss = fr_loss_scaler_get_state(scaler);
+    FR_TRY(put_double(w, AMP_SCALE, (double)ss.scale));
+    FR_TRY(put_int(w, AMP_TRACKER, ss.growth_tracker));
+    return put_int(w, AMP_SKIPPED, ss.skipped);
+}
+
 static fr_status fill_writer(fr_st_writer *w, const fr_model *m, const fr_optim *opt,
-                             const fr_train_state *st) {
+                             const fr_loss_scaler *scaler, const fr_train_state *st) {
     char buf[64];
     FR_TRY(put_str(w, "format", FR_CKPT_FORMAT));
     FR_TRY(put_int(w, "format_version", FR_CKPT_VERSION));
@@ -111,6 +136,7 @@ static fr_status fill_writer(fr_st_writer *w, const fr_model *m, const fr_optim 
     FR_TRY(put_int(w, "in_channels", m->in_channels));
     FR_TRY(put_int(w, "num_classes", m->num_classes));
     FR_TRY(put_str(w, "strategy", fr_strategy_format(m->cfg.strategy, buf, sizeof buf)));
+    FR_TRY(put_amp(w, m, scaler));
     FR_TRY(fr_params_write(m->params, w, NULL));
     if (opt) {
         if (opt->params != m->params)
@@ -138,13 +164,13 @@ static fr_status fill_writer(fr_st_writer *w, const fr_model *m, const fr_optim 
 }
 
 fr_status fr_ckpt_save(const char *path, const fr_model *m, const fr_optim *opt,
-                       const fr_train_state *st) {
+                       const fr_loss_scaler *scaler, const fr_train_state *st) {
     if (!path || !m)
         return fr_error(FR_ERR_ARG, "checkpoint save: path or model is NULL");
     fr_st_writer *w = fr_st_writer_new();
     if (!w)
         return fr_last_status();
-    fr_status s = fill_writer(w, m, opt, st);
+    fr_status s = fill_writer(w, m, opt, scaler, st);
     if (s != FR_OK) {
         char why[512];
         snprintf(why, sizeof why, "%s", fr_last_error());
@@ -303,6 +329,44 @@ static fr_status get_state(meta_src m, fr_train_state *st) {
     return get_schedule(m, &st->schedule);
 }
 
+/* amp.*: the precision (f32 when absent: files from before mixed
+ * precision) and, all three or none, the scaler's fields. Checked here as
+ * far as the file alone allows; the tracker against the scaler's growth
+ * interval is checked at load, by fr_loss_scaler_set_state. */
+static fr_status get_amp(meta_src m, fr_train_state *st) {
+    const char *s = fr_st_metadata(m.f, AMP_PRECISION);
+    st->precision = FR_F32;
+    if (s && fr_precision_parse(s, &st->precision) != FR_OK)
+        return fr_error(FR_ERR_FORMAT, "checkpoint %s: metadata field \"" AMP_PRECISION "\" is \"%s\", "
+                        "expected f32, f16 or bf16", m.path, s);
+    const char *keys[3] = {AMP_SCALE, AMP_TRACKER, AMP_SKIPPED};
+    int present = 0;
+    for (int k = 0; k < 3; k++)
+        present += fr_st_metadata(m.f, keys[k]) != NULL;
+    st->has_scaler = present > 0;
+    if (!present)
+        return FR_OK;
+    if (!s)
+        return fr_error(FR_ERR_FORMAT, "checkpoint %s: loss scaler state without metadata field "
+                        "\"" AMP_PRECISION "\"", m.path);
+    double scale;
+    int64_t tracker, skipped;
+    FR_TRY(get_double(m, AMP_SCALE, &scale));
+    /* as an f32 (what the scaler holds): not 0 after rounding, not inf */
+    if (!(scale > 0 && scale <= FLT_MAX && (float)scale > 0))
+        return fr_error(FR_ERR_FORMAT, "checkpoint %s: metadata field \"" AMP_SCALE "\" is \"%s\", "
+                        "expected a finite number > 0", m.path, fr_st_metadata(m.f, AMP_SCALE));
+    FR_TRY(get_int(m, AMP_TRACKER, 0, INT32_MAX, &tracker));
+    FR_TRY(get_int(m, AMP_SKIPPED, 0, INT64_MAX, &skipped));
+    if (st->precision != FR_F16 && scale != 1.0)
+        return fr_error(FR_ERR_FORMAT, "checkpoint %s: metadata field \"" AMP_SCALE "\" is \"%s\", "
+                        "but training in %s keeps the loss scale at 1", m.path,
+                        fr_st_metadata(m.f, AMP_SCALE), fr_dtype_name(st->precision));
+    st->scaler = (fr_loss_scaler_state){.scale = (float)scale, .growth_tracker = (int)tracker,
+                                        .skipped = skipped};
+    return FR_OK;
+}
+
 static fr_status read_info(const fr_st_file *f, const char *path, fr_ckpt_info *info) {
     memset(info, 0, sizeof *info);
     meta_src m = {f, path};
@@ -334,6 +398,8 @@ static fr_status read_info(const fr_st_file *f, const char *path, fr_ckpt_info *
         snprintf(why, sizeof why, "%s", fr_last_error());
         return fr_error(FR_ERR_FORMAT, "checkpoint %s: metadata field \"strategy\": %s", path, why);
     }
+    FR_TRY(get_amp(m, &info->state));
+    info->precision = info->state.precision;
     FR_TRY(get_optim(m, info));
     if (!fr_st_metadata(f, "training"))
         return FR_OK; /* weights with model metadata */
@@ -519,7 +585,32 @@ static fr_status load_optim(const fr_st_file *f, const char *path, fr_optim *opt
     return st;
 }
 
-fr_status fr_ckpt_load(const char *path, fr_model *m, fr_optim *opt, fr_train_state *state) {
+/* The precision checks of a load, and the scaler as it will be after it
+ * (set_state tried on a copy, so a refused state changes nothing). */
+static fr_status check_amp(const fr_st_file *f, const char *path, const fr_model *m,
+                           const fr_loss_scaler *scaler, const fr_train_state *state,
+                           const fr_ckpt_info *info, fr_loss_scaler *after) {
+    const char *trained = fr_dtype_name(info->precision);
+    const char *why = fr_st_metadata(f, AMP_PRECISION) ? "" : " (it records no " AMP_PRECISION ")";
+    if (state && m->cfg.precision != info->precision)
+        return fr_error(FR_ERR_ARG, "checkpoint %s was trained in %s%s, the model's precision is %s", path,
+                        trained, why, fr_dtype_name(m->cfg.precision));
+    if (!scaler)
+        return FR_OK;
+    if (scaler->dtype != info->precision)
+        return fr_error(FR_ERR_ARG, "checkpoint %s was trained in %s%s, the loss scaler is for %s", path,
+                        trained, why, fr_dtype_name(scaler->dtype));
+    *after = *scaler;
+    if (info->state.has_scaler && fr_loss_scaler_set_state(after, info->state.scaler) != FR_OK) {
+        char cause[256];
+        snprintf(cause, sizeof cause, "%s", fr_last_error());
+        return fr_error(FR_ERR_FORMAT, "checkpoint %s: metadata fields amp.*: %s", path, cause);
+    }
+    return FR_OK;
+}
+
+fr_status fr_ckpt_load(const char *path, fr_model *m, fr_optim *opt, fr_loss_scaler *scaler,
+                       fr_train_state *state) {
     if (!path || !m)
         return fr_error(FR_ERR_ARG, "checkpoint load: path or model is NULL");
     if (opt && opt->params != m->params)
@@ -537,10 +628,15 @@ fr_status fr_ckpt_load(const char *path, fr_model *m, fr_optim *opt, fr_train_st
     if (st == FR_OK && state && !info.is_training)
         st = fr_error(FR_ERR_FORMAT, "checkpoint %s is a weights file, not a training checkpoint "
                       "(no position or schedule)", path);
+    fr_loss_scaler restored = {0};
+    if (st == FR_OK)
+        st = check_amp(f, path, m, scaler, state, &info, &restored);
     for (int i = 0; st == FR_OK && i < m->params->count; i++)
         st = fr_st_read_into(f, m->params->items[i].name, m->params->items[i].tensor);
     if (st == FR_OK && opt)
         st = load_optim(f, path, opt);
+    if (st == FR_OK && scaler)
+        *scaler = restored;
     if (st == FR_OK && state)
         *state = info.state;
     fr_st_close(f);

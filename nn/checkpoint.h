@@ -10,10 +10,13 @@
  *    PyTorch's: momentum_buffer, exp_avg, exp_avg_sq) and the per-parameter
  *    step count under "optim.step.<parameter name>" (0-d i32);
  *  - metadata strings: the format ("frugal.checkpoint") and its version, the
- *    model (name, in_channels, num_classes, strategy), the optimizer kind and
- *    hyperparameters, the LR schedule, and the run's position and settings
- *    (fr_train_state). Doubles are written with 17 significant digits, so
- *    they read back bit for bit.
+ *    model (name, in_channels, num_classes, strategy, amp.precision), the
+ *    optimizer kind and hyperparameters, the LR schedule, the run's position
+ *    and settings (fr_train_state) and, when a loss scaler is given, its
+ *    state (amp.scale, amp.growth_tracker, amp.skipped). Doubles (and the
+ *    f32 scale) are written with 17 significant digits, so they read back bit
+ *    for bit. A file without amp.precision (written before mixed precision)
+ *    reads as f32 with no scaler state.
  *
  * Why this is enough for an exact resume: the loader's batches are a pure
  * function of (seed, epoch, batch) (data/loader.h) and the schedule a pure
@@ -27,6 +30,7 @@
 #ifndef FR_CHECKPOINT_H
 #define FR_CHECKPOINT_H
 
+#include "amp.h"
 #include "model.h"
 #include "optim.h"
 #include "schedule.h"
@@ -51,6 +55,13 @@ typedef struct {
     int64_t limit_train;  /* first N training images only; 0 = all */
     char data[256];       /* the --data spec, for messages */
     fr_schedule schedule;
+    /* Mixed precision, as the file records it (filled by fr_ckpt_load and
+     * fr_ckpt_read_info; fr_ckpt_save writes the model's precision and the
+     * scaler it is given instead): the precision trained in (FR_F32 for
+     * older files), and the loss scaler's state when the file holds one. */
+    fr_dtype precision;
+    bool has_scaler;
+    fr_loss_scaler_state scaler;
 } fr_train_state;
 
 /* What a checkpoint says about itself, read without touching any model. */
@@ -60,6 +71,7 @@ typedef struct {
     char model[32];
     int in_channels, num_classes;
     fr_strategy strategy;
+    fr_dtype precision;   /* amp.precision; FR_F32 when the file has none */
     bool has_optim;
     fr_optim_kind optim_kind;
     fr_sgd_options sgd;
@@ -67,24 +79,36 @@ typedef struct {
     fr_train_state state;
 } fr_ckpt_info;
 
-/* Writes model, optimizer (may be NULL) and state (may be NULL: a weights
- * file with the model metadata only) to `path`, atomically. */
+/* Writes model, optimizer (may be NULL), loss scaler (may be NULL) and state
+ * (may be NULL: a weights file with the model metadata only) to `path`,
+ * atomically. amp.precision is m->cfg.precision; a scaler must be made for
+ * that precision (FR_ERR_ARG naming both otherwise). */
 fr_status fr_ckpt_save(const char *path, const fr_model *m, const fr_optim *opt,
-                       const fr_train_state *state);
+                       const fr_loss_scaler *scaler, const fr_train_state *state);
 
 /* Reads the metadata of `path`. A file without frugal metadata is not an
  * error: info->is_training is false and the rest is zero. FR_ERR_FORMAT
- * naming the file and the field for a malformed or unsupported value. */
+ * naming the file and the field for a malformed or unsupported value
+ * (amp.*: an unknown precision, a scale that is not a finite number > 0, a
+ * negative or non-integer tracker or skip count, a scale other than 1 for
+ * f32 / bf16, scaler fields present only in part). */
 fr_status fr_ckpt_read_info(const char *path, fr_ckpt_info *info);
 
-/* Loads `path` into m (and opt and state when not NULL). Checks first, then
- * copies: the model name (when the file records one), every parameter and
- * buffer (present, same shape and dtype, no unknown model tensor in the
- * file), and with opt: the optimizer kind and every state tensor's shape and
- * dtype. With state: the file must be a training checkpoint. The optimizer's
- * hyperparameters are left as they are: to continue a run exactly, make the
- * optimizer from fr_ckpt_read_info's options (examples/train does). */
-fr_status fr_ckpt_load(const char *path, fr_model *m, fr_optim *opt, fr_train_state *state);
+/* Loads `path` into m (and opt, scaler and state when not NULL). Checks
+ * first, then copies: the model name (when the file records one), every
+ * parameter and buffer (present, same shape and dtype, no unknown model
+ * tensor in the file), and with opt: the optimizer kind and every state
+ * tensor's shape and dtype. With state: the file must be a training
+ * checkpoint, and m->cfg.precision must be the precision it was trained in.
+ * With a scaler: its dtype must be that precision (FR_ERR_ARG naming both),
+ * and the file's scaler state, if it holds one, goes through
+ * fr_loss_scaler_set_state (refused values are an FR_ERR_FORMAT naming the
+ * file); a file without scaler state leaves the scaler as it is. The
+ * optimizer's hyperparameters are left as they are: to continue a run
+ * exactly, make the optimizer from fr_ckpt_read_info's options (examples/train
+ * does). */
+fr_status fr_ckpt_load(const char *path, fr_model *m, fr_optim *opt, fr_loss_scaler *scaler,
+                       fr_train_state *state);
 
 #ifdef __cplusplus
 }

@@ -52,6 +52,13 @@ fr_status fr_cli_choice(const char *flag, const char *text, const char *const *c
     return fr_error(FR_ERR_ARG, "%s: \"%s\" is not one of %s", flag, text ? text : "", list);
 }
 
+fr_status fr_cli_precision(const char *flag, const char *text, fr_dtype *out) {
+    if (fr_precision_parse(text, out) == FR_OK)
+        return FR_OK;
+    return fr_error(FR_ERR_ARG, "%s: \"%s\" is not a precision (choose f32, f16 or bf16)", flag,
+                    text ? text : "");
+}
+
 /* ---- program skeleton ---- */
 
 bool fr_cli_wants_help(int argc, char *const *argv) {
@@ -257,21 +264,25 @@ fr_status fr_count_correct(const fr_tensor *logits, const fr_tensor *labels, int
 
 /* Forward, loss and backward of one micro-batch; the loss is scaled by
  * `share` before backward so the gradients of the parts add up to the
- * whole batch's. */
-static fr_status micro_step(fr_model *m, fr_tensor *x, fr_tensor *y, float share, double *loss,
-                            int64_t *correct) {
+ * whole batch's, and then by the loss scaler's scale (when there is one) so
+ * that half-precision gradients do not underflow. *loss is the loss times
+ * `share` only. */
+static fr_status micro_step(fr_model *m, const fr_loss_scaler *scaler, fr_tensor *x, fr_tensor *y,
+                            float share, double *loss, int64_t *correct) {
     fr_tensor *logits = fr_model_forward(m, x, true);
     fr_tensor *l = logits ? fr_cross_entropy(logits, y) : NULL;
-    fr_tensor *scaled = l ? fr_scale(l, share) : NULL;
+    fr_tensor *part = l ? fr_scale(l, share) : NULL;
+    fr_tensor *scaled = part && scaler ? fr_loss_scaler_scale(scaler, part) : fr_retain(part);
     fr_status st = scaled ? FR_OK : fr_last_status();
     if (st == FR_OK && correct)
         st = fr_count_correct(logits, y, correct);
     if (st == FR_OK)
-        *loss = fr_item(scaled);
+        *loss = fr_item(part);
     /* the logits are no longer needed: releasing them before backward lets
      * backward free their bytes as soon as it has used them */
     fr_release(logits);
     fr_release(l);
+    fr_release(part);
     if (st == FR_OK)
         st = fr_backward(scaled);
     fr_release(scaled);
@@ -280,8 +291,10 @@ static fr_status micro_step(fr_model *m, fr_tensor *x, fr_tensor *y, float share
     return st;
 }
 
-fr_status fr_train_step(fr_model *m, fr_optim *opt, fr_tensor *images, fr_tensor *labels, int accum,
-                        double *loss, int64_t *correct) {
+fr_status fr_train_step(fr_model *m, fr_optim *opt, fr_loss_scaler *scaler, fr_tensor *images,
+                        fr_tensor *labels, int accum, double *loss, int64_t *correct, bool *stepped) {
+    if (stepped)
+        *stepped = false;
     if (!m || !images || !labels || accum < 1)
         return fr_error(FR_ERR_ARG, "train step: model, images or labels is NULL, or accum %d < 1", accum);
     int64_t b = images->shape[0];
@@ -299,7 +312,7 @@ fr_status fr_train_step(fr_model *m, fr_optim *opt, fr_tensor *images, fr_tensor
         fr_tensor *y = parts == 1 ? fr_retain(labels) : fr_narrow(labels, 0, lo, hi - lo);
         double part_loss = 0;
         int64_t part_hits = 0;
-        st = x && y ? micro_step(m, x, y, (float)((double)(hi - lo) / (double)b), &part_loss,
+        st = x && y ? micro_step(m, scaler, x, y, (float)((double)(hi - lo) / (double)b), &part_loss,
                                  correct ? &part_hits : NULL)
                     : fr_last_status();
         total += part_loss;
@@ -307,14 +320,21 @@ fr_status fr_train_step(fr_model *m, fr_optim *opt, fr_tensor *images, fr_tensor
         fr_release(x);
         fr_release(y);
     }
-    if (st == FR_OK && opt)
+    bool did_step = false;
+    if (st == FR_OK && opt && scaler) {
+        st = fr_loss_scaler_step(scaler, opt, NULL, &did_step);
+    } else if (st == FR_OK && opt) {
         st = fr_optim_step(opt);
+        did_step = st == FR_OK;
+    }
     if (opt)
         fr_optim_zero_grad(opt);
     if (st == FR_OK && loss)
         *loss = total;
     if (st == FR_OK && correct)
         *correct = hits;
+    if (st == FR_OK && stepped)
+        *stepped = did_step;
     return st;
 }
 
@@ -394,10 +414,13 @@ void fr_progress_step(fr_progress *p, int64_t epoch, int64_t step, int64_t per_e
     double elapsed = fr_cli_now() - p->t_start;
     int64_t left = p->steps_total - p->steps_done;
     double eta = p->steps_done ? elapsed / (double)p->steps_done * (double)left : 0;
-    char eta_s[32], mem[96];
-    fprintf(p->out, "%sepoch %lld/%d  step %lld/%lld  loss %.4f  acc %5.1f%%  %.0f img/s  ETA %s  %s%s",
+    char eta_s[32], mem[96], amp[64] = "";
+    if (p->scaler && p->scaler->dtype != FR_F32)
+        snprintf(amp, sizeof amp, "  scale %g skipped %lld", (double)p->scaler->scale,
+                 (long long)p->scaler->skipped);
+    fprintf(p->out, "%sepoch %lld/%d  step %lld/%lld  loss %.4f  acc %5.1f%%  %.0f img/s%s  ETA %s  %s%s",
             p->tty ? "\r" : "", (long long)epoch + 1, p->epochs, (long long)step, (long long)per_epoch, loss,
-            100.0 * acc, images_per_s, fr_cli_format_duration(eta, eta_s, sizeof eta_s),
+            100.0 * acc, images_per_s, amp, fr_cli_format_duration(eta, eta_s, sizeof eta_s),
             fr_cli_memory(p->dev, mem, sizeof mem), p->tty ? "\033[K" : "\n");
     fflush(p->out);
     p->dirty = p->tty;

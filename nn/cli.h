@@ -12,6 +12,7 @@
 #include <stdio.h>
 
 #include "../data/loader.h"
+#include "amp.h"
 #include "model.h"
 #include "optim.h"
 
@@ -25,6 +26,8 @@ fr_status fr_cli_int(const char *flag, const char *text, int64_t lo, int64_t hi,
 fr_status fr_cli_double(const char *flag, const char *text, double lo, double hi, double *out);
 /* `name` must be one of `choices` (n entries); *out its index. */
 fr_status fr_cli_choice(const char *flag, const char *text, const char *const *choices, int n, int *out);
+/* A precision (fr_precision_parse: f32, f16, bf16 and their long names). */
+fr_status fr_cli_precision(const char *flag, const char *text, fr_dtype *out);
 
 /* ---- program skeleton ---- */
 /* Whether argv holds --help or -h (anywhere: the usage wins over errors). */
@@ -76,14 +79,25 @@ fr_augment fr_data_augment(fr_data_kind kind, const fr_dataset *ds, bool augment
 fr_status fr_count_correct(const fr_tensor *logits, const fr_tensor *labels, int64_t *correct);
 
 /* One optimizer step on a batch (images (B, C, H, W), labels (B)) split into
- * `accum` micro-batches (fewer when B < accum): forward in training mode,
- * cross-entropy scaled by the micro-batch's share of the batch (1/accum for
- * equal parts), backward (gradients add up), then fr_optim_step and zero
- * grad. *loss gets the batch's mean loss, *correct its correct predictions
- * (either may be NULL). With opt NULL nothing is updated and the gradients
- * stay (tests, memory measurements). */
-fr_status fr_train_step(fr_model *m, fr_optim *opt, fr_tensor *images, fr_tensor *labels, int accum,
-                        double *loss, int64_t *correct);
+ * `accum` micro-batches (fewer when B < accum): forward in training mode
+ * (under the model's precision, fr_model_forward), cross-entropy scaled by
+ * the micro-batch's share of the batch (1/accum for equal parts), backward
+ * (gradients add up), then the optimizer step and zero grad. *loss gets the
+ * batch's mean loss, *correct its correct predictions (either may be NULL).
+ *
+ * With a loss scaler (make it for m->cfg.precision: amp.h), each micro-batch's
+ * loss is multiplied by the scale (fr_loss_scaler_scale) before backward and
+ * the step goes through fr_loss_scaler_step: the gradients are unscaled and,
+ * when any is inf or NaN, the optimizer step is skipped and the scale backs
+ * off. *loss is the unscaled loss either way. Without one (NULL) the loss is
+ * not scaled and fr_optim_step runs unconditionally. *stepped (may be NULL)
+ * says whether the optimizer stepped.
+ *
+ * With opt NULL nothing is updated and the gradients stay (tests, memory
+ * measurements); a scaler then only scales the loss, so the gradients stay
+ * multiplied by its scale, and its state does not change. */
+fr_status fr_train_step(fr_model *m, fr_optim *opt, fr_loss_scaler *scaler, fr_tensor *images,
+                        fr_tensor *labels, int accum, double *loss, int64_t *correct, bool *stepped);
 
 /* One pass over the loader's next epoch in eval mode under no_grad: mean
  * loss and accuracy in [0, 1] (either may be NULL). */
@@ -107,6 +121,9 @@ typedef struct {
     int64_t steps_done;    /* steps taken by this run */
     int epochs;
     bool dirty;            /* a \r line is on screen */
+    /* Set by the caller after init, may stay NULL: when its dtype is not f32
+     * the line shows its scale and skipped steps ("scale 65536 skipped 0"). */
+    const fr_loss_scaler *scaler;
 } fr_progress;
 
 void fr_progress_init(fr_progress *p, FILE *out, fr_device dev, int64_t steps_total, int epochs, int every);

@@ -3,6 +3,14 @@
 
 #include <stdlib.h>
 
+#include "../autograd/autograd.h"
+
+size_t fr_plan_elem_bytes(void) {
+    /* the forward's activations are in the autocast dtype; BN statistics and
+     * other per-channel f32 values are too small to count */
+    return fr_dtype_size(fr_autocast_dtype());
+}
+
 double fr_plan_peak(const double *block_cost, const double *input_cost, int n, const int *seg_len,
                     int n_seg) {
     double inputs = 0, peak = 0;

@@ -10,13 +10,26 @@
  * smallest. Because every segment input stays held until backward reaches
  * it, later segments should be shorter than a constant budget makes them, so
  * the planner also bisects on the peak with a split that counts the inputs
- * already held, and keeps the better of the two. */
+ * already held, and keeps the better of the two.
+ *
+ * Under mixed precision the activations, and so every cost, are half size:
+ * a model builds its costs from element counts times fr_plan_elem_bytes().
+ * The split itself does not change when every cost scales alike (the
+ * planner compares sums of costs, and a factor of 2 or 1/2 is exact in
+ * floating point); the bytes it estimates do. */
 #ifndef FR_PLAN_H
 #define FR_PLAN_H
+
+#include <stddef.h>
 
 #ifdef __cplusplus
 extern "C" {
 #endif
+
+/* Bytes of one activation element in the forward being planned: the size of
+ * the autocast dtype (autograd.h) when called inside fr_model_forward, so 2
+ * under f16 or bf16 and 4 under f32 or outside autocast. */
+size_t fr_plan_elem_bytes(void);
 
 /* block_cost[i]: bytes block i keeps for backward (excluding its input);
  * input_cost[i]: bytes of block i's input, kept when a segment starts at i.

@@ -112,8 +112,10 @@ static int plan(const resnet *r, const fr_strategy *st, const fr_tensor *x, int 
     }
     double *input = cost + r->n_blocks;
     double per_block = st->abn ? 2 : st->recompute ? 3 : 4;
+    /* bytes per activation element: 2 under f16 / bf16 autocast */
+    double elem = (double)fr_plan_elem_bytes();
     int64_t h = x->shape[2], w = x->shape[3];
-    double prev = (double)stage_width[0] * (double)(h * w);
+    double prev = (double)stage_width[0] * (double)(h * w) * elem;
     int per_stage = r->n_blocks / STAGES;
     for (int i = 0; i < r->n_blocks; i++) {
         int stage = i / per_stage;
@@ -122,7 +124,7 @@ static int plan(const resnet *r, const fr_strategy *st, const fr_tensor *x, int 
             w = (w + 1) / 2;
         }
         double width = stage_width[stage] * (r->preact ? EXPANSION : 1);
-        double out = width * (double)(h * w);
+        double out = width * (double)(h * w) * elem;
         bool projection = r->preact ? r->bottleneck[i].has_shortcut : r->basic[i].has_shortcut;
         cost[i] = out * (per_block + (projection ? 1 : 0));
         input[i] = prev;

@@ -6,13 +6,17 @@
 #       copies the headers that machine lacks (stb, zlib) into .carry/include
 #   bash scripts/device-check.sh             # THERE (with .carry carried):
 #       writes preflight.log, build.log, tests.log, tests-im2col.log (the
-#       CUDA tests with FR_CUDNN=0), bench.log and nvidia-smi.txt under $OUT
-#       (default ./out)
+#       CUDA tests with FR_CUDNN=0), bench-gpu.md (the bench's GPU section:
+#       its notes and tables), bench-gpu.log (its progress and exit status),
+#       bench-gpu-raw/ (its records), bench.log (the CPU sections) and
+#       nvidia-smi.txt under $OUT (default ./out)
 #
 # Libraries the toolkit folder lacks (cuDNN or cuBLAS shipped as Python
 # wheels, an unversioned libz.so) are found and offered to the compiler and
 # linker through CPATH / LIBRARY_PATH / LD_LIBRARY_PATH, never by editing the
-# tree. Environment: JOBS (default 16), BENCH_TIMEOUT seconds (default 240).
+# tree. Environment: JOBS (default 16), BENCH_GPU_TIMEOUT seconds for the
+# GPU section (default 300), BENCH_TIMEOUT seconds for the CPU sections
+# (default 240).
 set -u -o pipefail
 
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -145,13 +149,34 @@ FR_CUDNN=0 bash tests/run_tests.sh "$fallback" 2>&1 | tee "$OUT/tests-im2col.log
 rm -rf "$fallback"
 
 # ---- bench: what `make bench` does, minus its apt-based deps step ----
+# The GPU section first and alone (the figures this machine is for), with its
+# own time limit; its records go to bench-gpu-raw/ as they come, so a run cut
+# short still leaves a table (joined again below). Then the CPU sections.
 if ls bench/*.c >/dev/null 2>&1 && [ -f bench/run.sh ]; then
     bins=$(ls bench/*.c | sed "s|^bench/\(.*\)\.c$|$build/bench/\1|")
-    {
-        make BUILD=$build EXTRA_CFLAGS="$extra" -j"$jobs" all $bins &&
-            timeout "${BENCH_TIMEOUT:-240}" bash bench/run.sh $build
-    } 2>&1 | tee "$OUT/bench.log" ||
-        echo "device-check: the bench failed or timed out" | tee -a "$OUT/bench.log"
+    if make BUILD=$build EXTRA_CFLAGS="$extra" -j"$jobs" all $bins 2>&1 | tee "$OUT/bench.log"; then
+        raw="$OUT/bench-gpu-raw"
+        rm -rf "$raw"
+        BENCH_ONLY=gpu BENCH_KEEP_DIR="$raw" timeout "${BENCH_GPU_TIMEOUT:-300}" \
+            bash bench/run.sh $build >"$OUT/bench-gpu.md" 2>"$OUT/bench-gpu.log"
+        grc=$?
+        echo "device-check: the GPU section exited $grc" >>"$OUT/bench-gpu.log"
+        # Cut short before its join: join what it left.
+        if ! grep -q '^## gpu' "$OUT/bench-gpu.md" && [ -s "$raw/gpu.frugal.tsv" ]; then
+            echo "device-check: the GPU section stopped before its tables (exit $grc); these are" \
+                "joined from the records it left in bench-gpu-raw/" >>"$OUT/bench-gpu.md"
+            records=("$raw/gpu.frugal.tsv")
+            [ -f "$raw/gpu.torch.tsv" ] && records+=("$raw/gpu.torch.tsv")
+            "$(command -v python3 || echo /usr/bin/python3)" bench/join.py "${records[@]}" \
+                >>"$OUT/bench-gpu.md" 2>>"$OUT/bench-gpu.log"
+        fi
+        cat "$OUT/bench-gpu.md" "$OUT/bench-gpu.log"
+        BENCH_GPU=0 timeout "${BENCH_TIMEOUT:-240}" bash bench/run.sh $build 2>&1 |
+            tee -a "$OUT/bench.log" ||
+            echo "device-check: the bench failed or timed out" | tee -a "$OUT/bench.log"
+    else
+        echo "device-check: the bench failed to build" | tee -a "$OUT/bench.log"
+    fi
 fi
 
 echo "device-check: done, exit $rc; logs in $OUT"

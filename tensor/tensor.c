@@ -1,5 +1,6 @@
 /* tensor.c: creation, refcounting, views, copies and argument checks. */
 #include "tensor.h"
+#include "staging.h"
 
 #include <stdatomic.h>
 #include <stdio.h>
@@ -438,9 +439,17 @@ float fr_item(const fr_tensor *t) {
     return v;
 }
 
+static fr_status fill_block(fr_device dev, float *y, const float *const *in, size_t n, size_t off,
+                            const void *value) {
+    (void)in, (void)off;
+    return FR_CALL_KERNEL(dev, fill, y, *(const float *)value, n);
+}
+
+/* f32 directly; f16 / bf16 through staged f32 blocks (the value is rounded
+ * once, as a cast would). */
 fr_status fr_fill_(fr_tensor *t, float value) {
-    FR_TRY(fr_check_f32c("fill", "input", t));
-    FR_TRY(FR_CALL_KERNEL(fr_device_of(t), fill, fr_data_f32(t), value, (size_t)fr_numel(t)));
+    FR_TRY(fr_check_floatc("fill", "input", t));
+    FR_TRY(fr_stage_run(t, false, NULL, 0, (size_t)fr_numel(t), fill_block, &value));
     fr_bump_version(t, "fill_");
     return FR_OK;
 }

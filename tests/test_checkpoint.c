@@ -7,7 +7,16 @@
  * failure paths: an interrupted save leaves the previous file; a file of
  * another model, a wrong shape, dtype, a missing or unknown tensor, and
  * malformed metadata are refused with the file and the tensor or field
- * named, and the model is left exactly as it was. */
+ * named, and the model is left exactly as it was.
+ *
+ * Mixed precision (amp.* metadata): the precision and the loss scaler's
+ * state round-trip exactly (the scale bit for bit); a file without them (an
+ * older one) loads as f32 with no scaler state; a precision mismatch names
+ * both precisions; malformed amp fields are refused naming the field. Exact
+ * resume also runs with the loss scaler (the f32 guard), and in f16 and bf16
+ * with a short growth interval so the scale moves (those need the
+ * half-precision ops). */
+#include <math.h>
 #include <signal.h>
 #include <stdlib.h>
 #include <string.h>
@@ -44,14 +53,23 @@ typedef struct {
     fr_model *m;
     fr_optim *opt;
     fr_loader *ld;
+    fr_loss_scaler scaler;
     fr_train_state st;
 } trainer;
 
-static bool trainer_init(trainer *t, const fr_dataset *ds, uint64_t model_seed, fr_optim_kind kind) {
+/* Growth interval of the f16 runs: short, so the scale grows (and backs
+ * off) within the run and the tracker matters at the resume. */
+#define SHORT_INTERVAL 3
+
+static bool trainer_init(trainer *t, const fr_dataset *ds, uint64_t model_seed, fr_optim_kind kind,
+                         fr_dtype precision) {
     memset(t, 0, sizeof *t);
     t->m = fr_resnet_create("resnet8", IMG_C, CLASSES, model_seed);
-    if (!t->m)
+    if (!t->m || fr_loss_scaler_init(&t->scaler, precision) != FR_OK)
         return false;
+    t->m->cfg.precision = precision;
+    if (precision == FR_F16)
+        t->scaler.growth_interval = SHORT_INTERVAL;
     if (kind == FR_OPTIM_SGD)
         t->opt = fr_sgd_new(t->m->params, (fr_sgd_options){.lr = 0.05, .momentum = 0.9,
                                                             .weight_decay = 5e-4, .nesterov = true});
@@ -90,7 +108,7 @@ static fr_status train_steps(trainer *t, int steps) {
         fr_tensor *x, *y;
         FR_TRY(fr_loader_next(t->ld, &x, &y));
         t->opt->lr = fr_schedule_lr(&t->st.schedule, t->st.step);
-        fr_status s = fr_train_step(t->m, t->opt, x, y, 1, NULL, NULL);
+        fr_status s = fr_train_step(t->m, t->opt, &t->scaler, x, y, 1, NULL, NULL, NULL);
         fr_release(x);
         fr_release(y);
         FR_TRY(s);
@@ -149,9 +167,15 @@ static bool same_schedule(const fr_schedule *a, const fr_schedule *b) {
     return same;
 }
 
+static bool same_scaler(const fr_loss_scaler *a, const fr_loss_scaler *b) {
+    fr_loss_scaler_state x = fr_loss_scaler_get_state(a), y = fr_loss_scaler_get_state(b);
+    return a->dtype == b->dtype && !memcmp(&x.scale, &y.scale, sizeof x.scale) &&
+           x.growth_tracker == y.growth_tracker && x.skipped == y.skipped;
+}
+
 /* ---- exact resume ---- */
 
-static void resume_case(fr_optim_kind kind) {
+static void resume_case(fr_optim_kind kind, fr_dtype precision) {
     const char *dir = fr_t_make_tmpdir("ckpt");
     char path[512];
     snprintf(path, sizeof path, "%s/run.safetensors", dir);
@@ -159,15 +183,17 @@ static void resume_case(fr_optim_kind kind) {
     CHECK_NOTNULL(ds);
     trainer whole, first, second;
     /* 10 steps = one epoch of 6 and 4 of the next */
-    CHECK(trainer_init(&whole, ds, 1, kind));
+    CHECK(trainer_init(&whole, ds, 1, kind, precision));
     CHECK_OK(train_steps(&whole, 10));
-    CHECK(trainer_init(&first, ds, 1, kind));
+    CHECK(trainer_init(&first, ds, 1, kind, precision));
     CHECK_OK(train_steps(&first, 4));
-    CHECK_OK(fr_ckpt_save(path, first.m, first.opt, &first.st));
+    CHECK_OK(fr_ckpt_save(path, first.m, first.opt, &first.scaler, &first.st));
     /* a fresh run started from other weights: the load must replace them all */
-    CHECK(trainer_init(&second, ds, 99, kind));
+    CHECK(trainer_init(&second, ds, 99, kind, precision));
     fr_train_state loaded;
-    CHECK_OK(fr_ckpt_load(path, second.m, second.opt, &loaded));
+    CHECK_OK(fr_ckpt_load(path, second.m, second.opt, &second.scaler, &loaded));
+    CHECK(loaded.precision == precision && loaded.has_scaler);
+    CHECK(same_scaler(&first.scaler, &second.scaler));
     CHECK(loaded.epoch == 0 && loaded.batch == 4 && loaded.step == 4 && loaded.seed == 7);
     CHECK(loaded.batch_size == BATCH && loaded.epochs == 2 && loaded.augment);
     CHECK(same_schedule(&loaded.schedule, &first.st.schedule));
@@ -177,6 +203,9 @@ static void resume_case(fr_optim_kind kind) {
     CHECK(second.st.epoch == 1 && second.st.step == 10);
     CHECK(models_equal(whole.m, second.m));
     CHECK(optims_equal(whole.opt, second.opt));
+    CHECK(same_scaler(&whole.scaler, &second.scaler));
+    if (precision == FR_F16) /* 10 steps past an interval of 3: the scale moved */
+        CHECK(whole.scaler.scale != FR_LOSS_SCALE_INIT || whole.scaler.skipped > 0);
     trainer_free(&whole);
     trainer_free(&first);
     trainer_free(&second);
@@ -184,8 +213,11 @@ static void resume_case(fr_optim_kind kind) {
     fr_t_remove_tmpdir(dir);
 }
 
-static void test_exact_resume_sgd(void) { resume_case(FR_OPTIM_SGD); }
-static void test_exact_resume_adamw(void) { resume_case(FR_OPTIM_ADAMW); }
+static void test_exact_resume_sgd(void) { resume_case(FR_OPTIM_SGD, FR_F32); }
+static void test_exact_resume_adamw(void) { resume_case(FR_OPTIM_ADAMW, FR_F32); }
+/* These two need the half-precision ops (issue 6). */
+static void test_exact_resume_f16(void) { resume_case(FR_OPTIM_SGD, FR_F16); }
+static void test_exact_resume_bf16(void) { resume_case(FR_OPTIM_ADAMW, FR_BF16); }
 
 static void test_info_roundtrip(void) {
     const char *dir = fr_t_make_tmpdir("ckpt");
@@ -200,7 +232,7 @@ static void test_info_roundtrip(void) {
     int64_t ms[2] = {1000, 1500};
     CHECK_OK(fr_schedule_step(&st.schedule, 0.1, ms, 2, 0.1));
     CHECK_OK(fr_schedule_warmup(&st.schedule, 100, 0.25));
-    CHECK_OK(fr_ckpt_save(path, m, opt, &st));
+    CHECK_OK(fr_ckpt_save(path, m, opt, NULL, &st));
     fr_ckpt_info info;
     CHECK_OK(fr_ckpt_read_info(path, &info));
     CHECK(info.is_training && info.version == FR_CKPT_VERSION);
@@ -218,10 +250,10 @@ static void test_info_roundtrip(void) {
     CHECK_OK(fr_params_save(m->params, path));
     CHECK_OK(fr_ckpt_read_info(path, &info));
     CHECK(!info.is_training && !info.model[0]);
-    CHECK_OK(fr_ckpt_load(path, m, NULL, NULL));
-    CHECK_ERR(fr_ckpt_load(path, m, opt, NULL), FR_ERR_FORMAT, "holds no optimizer state");
+    CHECK_OK(fr_ckpt_load(path, m, NULL, NULL, NULL));
+    CHECK_ERR(fr_ckpt_load(path, m, opt, NULL, NULL), FR_ERR_FORMAT, "holds no optimizer state");
     fr_train_state got;
-    CHECK_ERR(fr_ckpt_load(path, m, NULL, &got), FR_ERR_FORMAT, "not a training checkpoint");
+    CHECK_ERR(fr_ckpt_load(path, m, NULL, NULL, &got), FR_ERR_FORMAT, "not a training checkpoint");
     fr_optim_free(opt);
     fr_model_free(m);
     fr_t_remove_tmpdir(dir);
@@ -250,7 +282,7 @@ static void test_failed_save_keeps_previous(void) {
     char path[512];
     snprintf(path, sizeof path, "%s/run.safetensors", dir);
     fr_model *m = fr_resnet_create("resnet8", IMG_C, CLASSES, 1);
-    CHECK_OK(fr_ckpt_save(path, m, NULL, NULL));
+    CHECK_OK(fr_ckpt_save(path, m, NULL, NULL, NULL));
     size_t len0 = 0, len1 = 0;
     char *before = read_all(path, &len0);
     CHECK_NOTNULL(before);
@@ -262,7 +294,7 @@ static void test_failed_save_keeps_previous(void) {
     small.rlim_max = old.rlim_max;
     void (*old_handler)(int) = signal(SIGXFSZ, SIG_IGN);
     CHECK(setrlimit(RLIMIT_FSIZE, &small) == 0);
-    CHECK_ERR(fr_ckpt_save(path, m, NULL, NULL), FR_ERR_IO, "previous file left as it was");
+    CHECK_ERR(fr_ckpt_save(path, m, NULL, NULL, NULL), FR_ERR_IO, "previous file left as it was");
     setrlimit(RLIMIT_FSIZE, &old);
     signal(SIGXFSZ, old_handler);
     char *after = read_all(path, &len1);
@@ -278,12 +310,14 @@ static void test_failed_save_keeps_previous(void) {
 
 /* ---- refused loads ---- */
 
-/* Writes m's tensors to `path` with checkpoint metadata, except: `drop` is
- * left out, `replace` is written as `with`, `extra` added under its name;
- * metadata key `bad_key` (if any) gets `bad_value`. */
+/* Writes m's tensors to `path` with checkpoint metadata (as a file from
+ * before mixed precision: no amp.* field), except: `drop` is left out,
+ * `replace` is written as `with`, `extra` added under its name; metadata key
+ * `bad_key` (if any) gets `bad_value`; the `meta` pairs are added. */
 typedef struct {
     const char *drop, *replace, *extra, *bad_key, *bad_value;
     fr_tensor *with;
+    const char *meta[4][2];
 } edit;
 
 static void write_edited(const char *path, const fr_model *m, edit e) {
@@ -301,6 +335,8 @@ static void write_edited(const char *path, const fr_model *m, edit e) {
         if (!bad || e.bad_value)
             CHECK_OK(fr_st_writer_add_metadata(w, meta[k][0], bad ? e.bad_value : meta[k][1]));
     }
+    for (int k = 0; k < 4 && e.meta[k][0]; k++)
+        CHECK_OK(fr_st_writer_add_metadata(w, e.meta[k][0], e.meta[k][1]));
     for (int i = 0; i < m->params->count; i++) {
         const fr_param *p = &m->params->items[i];
         if (e.drop && !strcmp(p->name, e.drop))
@@ -321,7 +357,7 @@ static void expect_refused(const char *path, fr_model *m, fr_optim *opt, edit e,
     write_edited(path, donor, e);
     fr_model *before = snapshot(m);
     fr_train_state st;
-    CHECK_ERR(fr_ckpt_load(path, m, opt, &st), code, needle);
+    CHECK_ERR(fr_ckpt_load(path, m, opt, NULL, &st), code, needle);
     if (!strstr(fr_last_error(), path)) {
         fprintf(stderr, "    message does not name the file: %s\n", fr_last_error());
         fr_t_failed_now = 1;
@@ -341,7 +377,7 @@ static void test_refused_loads(void) {
     write_edited(path, m, (edit){0});
     fr_model *probe = fr_resnet_create("resnet8", IMG_C, CLASSES, 2);
     fr_train_state st;
-    CHECK_OK(fr_ckpt_load(path, probe, NULL, &st));
+    CHECK_OK(fr_ckpt_load(path, probe, NULL, NULL, &st));
     CHECK(models_equal(m, probe) && st.epoch == 1 && st.step == 6);
     fr_model_free(probe);
 
@@ -402,6 +438,228 @@ static void test_malformed_metadata(void) {
     fr_t_remove_tmpdir(dir);
 }
 
+/* ---- mixed precision: the amp.* fields ---- */
+
+static fr_train_state small_state(void) {
+    fr_train_state st = {.epoch = 1, .step = 6, .seed = 7, .batch_size = 4, .accum = 1, .epochs = 2};
+    snprintf(st.data, sizeof st.data, "synthetic");
+    fr_schedule_constant(&st.schedule, 0.1);
+    return st;
+}
+
+/* Saves a resnet8 in `precision` with a scaler in state `ss`, reads it back
+ * (metadata text, info, load) and checks every amp value exactly. */
+static void amp_roundtrip_case(const char *dir, fr_dtype precision, fr_loss_scaler_state ss,
+                               const char *scale_text) {
+    char path[512];
+    snprintf(path, sizeof path, "%s/amp.safetensors", dir);
+    fr_model *m = fr_resnet_create("resnet8", IMG_C, CLASSES, 1);
+    m->cfg.precision = precision;
+    fr_loss_scaler sc;
+    CHECK_OK(fr_loss_scaler_init(&sc, precision));
+    CHECK_OK(fr_loss_scaler_set_state(&sc, ss));
+    fr_train_state st = small_state();
+    CHECK_OK(fr_ckpt_save(path, m, NULL, &sc, &st));
+    /* the text: the precision's name, the scale in 17 digits (or fewer when
+     * they say the same), the counts as integers */
+    char want[64];
+    fr_st_file *f = fr_st_open(path);
+    CHECK_NOTNULL(f);
+    const char *got = fr_st_metadata(f, "amp.precision");
+    CHECK(got && !strcmp(got, fr_dtype_name(precision)));
+    got = fr_st_metadata(f, "amp.scale");
+    CHECK(got && !strcmp(got, scale_text));
+    snprintf(want, sizeof want, "%d", ss.growth_tracker);
+    got = fr_st_metadata(f, "amp.growth_tracker");
+    CHECK(got && !strcmp(got, want));
+    snprintf(want, sizeof want, "%lld", (long long)ss.skipped);
+    got = fr_st_metadata(f, "amp.skipped");
+    CHECK(got && !strcmp(got, want));
+    fr_st_close(f);
+    fr_ckpt_info info;
+    CHECK_OK(fr_ckpt_read_info(path, &info));
+    CHECK(info.precision == precision && info.state.precision == precision && info.state.has_scaler);
+    CHECK(!memcmp(&info.state.scaler.scale, &ss.scale, sizeof ss.scale));
+    CHECK(info.state.scaler.growth_tracker == ss.growth_tracker && info.state.scaler.skipped == ss.skipped);
+    /* into a fresh model and scaler */
+    fr_model *m2 = fr_resnet_create("resnet8", IMG_C, CLASSES, 2);
+    m2->cfg.precision = precision;
+    fr_loss_scaler sc2;
+    CHECK_OK(fr_loss_scaler_init(&sc2, precision));
+    fr_train_state st2;
+    CHECK_OK(fr_ckpt_load(path, m2, NULL, &sc2, &st2));
+    CHECK(same_scaler(&sc, &sc2) && models_equal(m, m2));
+    CHECK(st2.precision == precision && st2.has_scaler && st2.step == 6);
+    CHECK(!memcmp(&st2.scaler.scale, &ss.scale, sizeof ss.scale));
+    /* weights only, in any precision (validate evaluates them so) */
+    m2->cfg.precision = FR_F32;
+    CHECK_OK(fr_ckpt_load(path, m2, NULL, NULL, NULL));
+    fr_model_free(m2);
+    fr_model_free(m);
+}
+
+static void test_amp_roundtrip(void) {
+    const char *dir = fr_t_make_tmpdir("ckpt");
+    /* 1 + 2^-23 times 2^-7: every mantissa bit matters */
+    float odd = nextafterf(1.0f, 2.0f) * 0x1p-7f;
+    char text[64];
+    snprintf(text, sizeof text, "%.17g", (double)odd);
+    amp_roundtrip_case(dir, FR_F16,
+                       (fr_loss_scaler_state){.scale = odd, .growth_tracker = 1234, .skipped = 987654321012},
+                       text);
+    amp_roundtrip_case(dir, FR_F16, (fr_loss_scaler_state){.scale = 65536.0f, .growth_tracker = 0},
+                       "65536");
+    amp_roundtrip_case(dir, FR_F16, (fr_loss_scaler_state){.scale = 0x1p127f, .growth_tracker = 1999},
+                       "1.7014118346046923e+38");
+    amp_roundtrip_case(dir, FR_BF16, (fr_loss_scaler_state){.scale = 1.0f, .growth_tracker = 0, .skipped = 2},
+                       "1");
+    amp_roundtrip_case(dir, FR_F32, (fr_loss_scaler_state){.scale = 1.0f, .skipped = 4}, "1");
+    /* no scaler: the precision alone, and a scaler given at load stays as it was */
+    char path[512];
+    snprintf(path, sizeof path, "%s/noscaler.safetensors", dir);
+    fr_model *m = fr_resnet_create("resnet8", IMG_C, CLASSES, 1);
+    m->cfg.precision = FR_BF16;
+    fr_train_state st = small_state();
+    CHECK_OK(fr_ckpt_save(path, m, NULL, NULL, &st));
+    fr_ckpt_info info;
+    CHECK_OK(fr_ckpt_read_info(path, &info));
+    CHECK(info.precision == FR_BF16 && !info.state.has_scaler);
+    fr_loss_scaler sc;
+    CHECK_OK(fr_loss_scaler_init(&sc, FR_BF16));
+    CHECK_OK(fr_loss_scaler_set_state(&sc, (fr_loss_scaler_state){.scale = 1.0f, .skipped = 9}));
+    fr_loss_scaler before = sc;
+    CHECK_OK(fr_ckpt_load(path, m, NULL, &sc, &st));
+    CHECK(same_scaler(&sc, &before) && !st.has_scaler && st.precision == FR_BF16);
+    fr_model_free(m);
+    fr_t_remove_tmpdir(dir);
+}
+
+/* A checkpoint from before mixed precision: f32, no scaler state. */
+static void test_amp_older_file(void) {
+    const char *dir = fr_t_make_tmpdir("ckpt");
+    char path[512];
+    snprintf(path, sizeof path, "%s/old.safetensors", dir);
+    fr_model *m = fr_resnet_create("resnet8", IMG_C, CLASSES, 1);
+    write_edited(path, m, (edit){0});
+    fr_ckpt_info info;
+    CHECK_OK(fr_ckpt_read_info(path, &info));
+    CHECK(info.precision == FR_F32 && info.state.precision == FR_F32 && !info.state.has_scaler);
+    fr_loss_scaler sc;
+    CHECK_OK(fr_loss_scaler_init(&sc, FR_F32));
+    CHECK_OK(fr_loss_scaler_set_state(&sc, (fr_loss_scaler_state){.scale = 1.0f, .skipped = 5}));
+    fr_train_state st;
+    CHECK_OK(fr_ckpt_load(path, m, NULL, &sc, &st));
+    CHECK(sc.skipped == 5 && sc.scale == 1.0f && st.precision == FR_F32 && !st.has_scaler && st.step == 6);
+    /* resuming it in another precision names both */
+    fr_model *before = snapshot(m);
+    fr_loss_scaler half;
+    CHECK_OK(fr_loss_scaler_init(&half, FR_F16));
+    CHECK_ERR(fr_ckpt_load(path, m, NULL, &half, NULL), FR_ERR_ARG,
+              "was trained in f32 (it records no amp.precision), the loss scaler is for f16");
+    CHECK(half.scale == FR_LOSS_SCALE_INIT);
+    m->cfg.precision = FR_BF16;
+    CHECK_ERR(fr_ckpt_load(path, m, NULL, NULL, &st), FR_ERR_ARG,
+              "was trained in f32 (it records no amp.precision), the model's precision is bf16");
+    CHECK(models_equal(before, m));
+    fr_model_free(before);
+    fr_model_free(m);
+    fr_t_remove_tmpdir(dir);
+}
+
+static void test_amp_mismatch(void) {
+    const char *dir = fr_t_make_tmpdir("ckpt");
+    char path[512];
+    snprintf(path, sizeof path, "%s/f16.safetensors", dir);
+    fr_model *m = fr_resnet_create("resnet8", IMG_C, CLASSES, 1);
+    fr_loss_scaler f16;
+    CHECK_OK(fr_loss_scaler_init(&f16, FR_F16));
+    CHECK_OK(fr_loss_scaler_set_state(&f16, (fr_loss_scaler_state){.scale = 512.0f, .growth_tracker = 1500}));
+    fr_train_state st = small_state();
+    /* the scaler must be the model's precision's */
+    CHECK_ERR(fr_ckpt_save(path, m, NULL, &f16, &st), FR_ERR_ARG,
+              "the loss scaler is for f16, model resnet8 trains in f32");
+    CHECK(access(path, F_OK) != 0);
+    m->cfg.precision = FR_F16;
+    CHECK_OK(fr_ckpt_save(path, m, NULL, &f16, &st));
+
+    fr_model *other = fr_resnet_create("resnet8", IMG_C, CLASSES, 2);
+    fr_model *before = snapshot(other);
+    other->cfg.precision = FR_BF16;
+    fr_loss_scaler bf16;
+    CHECK_OK(fr_loss_scaler_init(&bf16, FR_BF16));
+    CHECK_ERR(fr_ckpt_load(path, other, NULL, &bf16, NULL), FR_ERR_ARG,
+              "was trained in f16, the loss scaler is for bf16");
+    CHECK_ERR(fr_ckpt_load(path, other, NULL, NULL, &st), FR_ERR_ARG,
+              "was trained in f16, the model's precision is bf16");
+    CHECK(models_equal(before, other) && bf16.scale == 1.0f);
+    /* a tracker past the scaler's own growth interval: refused through
+     * fr_loss_scaler_set_state, naming the file and the field */
+    other->cfg.precision = FR_F16;
+    fr_loss_scaler fast;
+    CHECK_OK(fr_loss_scaler_init(&fast, FR_F16));
+    fast.growth_interval = 1000;
+    CHECK_ERR(fr_ckpt_load(path, other, NULL, &fast, NULL), FR_ERR_FORMAT,
+              "metadata fields amp.*: loss scaler set state: growth_tracker 1500, expected in [0, 1000)");
+    if (!strstr(fr_last_error(), path)) {
+        fprintf(stderr, "    message does not name the file: %s\n", fr_last_error());
+        fr_t_failed_now = 1;
+    }
+    CHECK(models_equal(before, other) && fast.scale == FR_LOSS_SCALE_INIT && fast.growth_tracker == 0);
+    /* with the default interval it loads */
+    CHECK_OK(fr_loss_scaler_init(&fast, FR_F16));
+    CHECK_OK(fr_ckpt_load(path, other, NULL, &fast, &st));
+    CHECK(fast.scale == 512.0f && fast.growth_tracker == 1500 && models_equal(m, other));
+    fr_model_free(before);
+    fr_model_free(other);
+    fr_model_free(m);
+    fr_t_remove_tmpdir(dir);
+}
+
+static void test_amp_malformed(void) {
+    const char *dir = fr_t_make_tmpdir("ckpt");
+    char path[512];
+    snprintf(path, sizeof path, "%s/amp.safetensors", dir);
+    fr_model *m = fr_resnet_create("resnet8", IMG_C, CLASSES, 1);
+#define AMP(p, s, t, k) \
+    {{"amp.precision", p}, {"amp.scale", s}, {"amp.growth_tracker", t}, {"amp.skipped", k}}
+    static const struct {
+        const char *meta[4][2];
+        const char *needle;
+    } cases[] = {
+        {{{"amp.precision", "f8"}}, "\"amp.precision\" is \"f8\", expected f32, f16 or bf16"},
+        {{{"amp.precision", ""}}, "\"amp.precision\" is \"\""},
+        {AMP("f16", "big", "0", "0"), "\"amp.scale\" is \"big\", expected a number"},
+        {AMP("f16", "-2", "0", "0"), "\"amp.scale\" is \"-2\", expected a finite number > 0"},
+        {AMP("f16", "0", "0", "0"), "\"amp.scale\" is \"0\", expected a finite number > 0"},
+        {AMP("f16", "inf", "0", "0"), "\"amp.scale\" is \"inf\", expected a finite number > 0"},
+        {AMP("f16", "nan", "0", "0"), "\"amp.scale\" is \"nan\", expected a number"},
+        {AMP("f16", "1e39", "0", "0"), "\"amp.scale\" is \"1e39\", expected a finite number > 0"},
+        {AMP("f16", "1e-50", "0", "0"), "\"amp.scale\" is \"1e-50\", expected a finite number > 0"},
+        {AMP("f16", "65536", "-1", "0"), "\"amp.growth_tracker\" is \"-1\", expected an integer in [0,"},
+        {AMP("f16", "65536", "2.5", "0"), "\"amp.growth_tracker\" is \"2.5\""},
+        {AMP("f16", "65536", "0", "-3"), "\"amp.skipped\" is \"-3\", expected an integer in [0,"},
+        {AMP("f16", "65536", "0", ""), "\"amp.skipped\" is \"\""},
+        {{{"amp.precision", "f16"}, {"amp.scale", "1024"}, {"amp.growth_tracker", "0"}},
+         "\"amp.skipped\" is missing"},
+        {{{"amp.scale", "1024"}, {"amp.growth_tracker", "0"}, {"amp.skipped", "0"}},
+         "loss scaler state without metadata field \"amp.precision\""},
+        {AMP("bf16", "1024", "0", "0"),
+         "\"amp.scale\" is \"1024\", but training in bf16 keeps the loss scale at 1"},
+        {AMP("f32", "0.5", "0", "0"),
+         "\"amp.scale\" is \"0.5\", but training in f32 keeps the loss scale at 1"},
+    };
+#undef AMP
+    for (size_t k = 0; k < sizeof cases / sizeof *cases; k++) {
+        edit e = {0};
+        memcpy(e.meta, cases[k].meta, sizeof e.meta);
+        fr_ckpt_info info;
+        expect_refused(path, m, NULL, e, FR_ERR_FORMAT, cases[k].needle);
+        CHECK_ERR(fr_ckpt_read_info(path, &info), FR_ERR_FORMAT, cases[k].needle);
+    }
+    fr_model_free(m);
+    fr_t_remove_tmpdir(dir);
+}
+
 int main(void) {
     RUN(test_exact_resume_sgd);
     RUN(test_exact_resume_adamw);
@@ -409,5 +667,12 @@ int main(void) {
     RUN(test_failed_save_keeps_previous);
     RUN(test_refused_loads);
     RUN(test_malformed_metadata);
+    RUN(test_amp_roundtrip);
+    RUN(test_amp_older_file);
+    RUN(test_amp_mismatch);
+    RUN(test_amp_malformed);
+    /* these need the half-precision ops (issue 6) */
+    RUN(test_exact_resume_f16);
+    RUN(test_exact_resume_bf16);
     return TEST_SUMMARY();
 }

@@ -135,7 +135,7 @@ static void test_bad_arguments(void) {
               FR_ERR_SHAPE, "6 dimensions");
     fr_tensor *a = fr_zeros(FR_CPU, FR_I32, 1, FR_SHAPE(3), FR_TAG_DATA);
     fr_tensor *b = fr_zeros(FR_CPU, FR_F32, 1, FR_SHAPE(4), FR_TAG_DATA);
-    CHECK_ERR(fr_fill_(a, 1.0f), FR_ERR_DTYPE, "fill: input has dtype i32, expected f32");
+    CHECK_ERR(fr_fill_(a, 1.0f), FR_ERR_DTYPE, "fill: input must be f32, f16 or bf16, got i32");
     CHECK_ERR(fr_copy_(b, a), FR_ERR_SHAPE, "differ in size");
     CHECK_ERR(fr_check_shape("conv2d", "weight", b, 2, FR_SHAPE(4, -1)), FR_ERR_SHAPE,
               "conv2d: weight has shape (4,), expected (4, *)");

@@ -6,12 +6,22 @@
  *  - gradient accumulation: a batch split into 2 (and an uneven 3)
  *    micro-batches gives the gradients and the update of the whole batch,
  *    to float round-off, for a model without BN (a linear classifier);
+ *  - the loss scaler through fr_train_step: with a power-of-two scale the
+ *    update is bit for bit the unscaled one and the reported loss unscaled;
+ *    an inf planted in an image skips the step (parameters and optimizer
+ *    state unchanged bit for bit, gradients dropped, scale halved, one skip
+ *    counted), for a dynamic (f16) scaler and for the f32 guard;
+ *  - --precision parsing (fr_cli_precision) and the planner's element size
+ *    under autocast (2 bytes: same segments, half the estimated bytes);
+ *  - f16 / bf16 models (need the half-precision ops): a step follows the f32
+ *    step to about 1e-2, and ResNet-8 fits the separable set;
  *  - the built programs (found next to this test's binary: <build>/tests/..
  *    -> <build>/examples/train) train and validate on a tiny IDX data set,
  *    and exit non-zero with a clear message on a missing data directory, a
  *    bad flag value and an unknown flag. Skipped when the programs are not
  *    built (`make tests` alone builds no examples). */
 #include <libgen.h>
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/wait.h>
@@ -20,6 +30,7 @@
 #include "testlib.h"
 #include "nn/checkpoint.h"
 #include "nn/cli.h"
+#include "nn/plan.h"
 #include "nn/resnet.h"
 
 static char build_dir[512];
@@ -40,13 +51,16 @@ static void separable(uint8_t *px, int32_t *labels, int n, int hw) {
     }
 }
 
-static void test_loss_decreases(void) {
+static void loss_decreases(fr_dtype precision) {
     enum { N = 64, HW = 8 };
     uint8_t px[N * HW * HW];
     int32_t labels[N];
     separable(px, labels, N, HW);
     fr_dataset *ds = fr_dataset_from_host("separable", N, 1, HW, HW, px, labels, 2);
     fr_model *m = fr_resnet_create("resnet8", 1, 2, 3);
+    m->cfg.precision = precision;
+    fr_loss_scaler sc;
+    CHECK_OK(fr_loss_scaler_init(&sc, precision));
     fr_optim *opt = fr_sgd_new(m->params, (fr_sgd_options){.lr = 0.05, .momentum = 0.9});
     fr_loader_config lc = {.batch_size = 8, .shuffle = true, .drop_last = true, .seed = 1,
                            .aug = {.mean = {0.5f}, .std = {0.25f}}};
@@ -59,7 +73,7 @@ static void test_loss_decreases(void) {
             fr_tensor *x, *y;
             double loss = 0;
             CHECK_OK(fr_loader_next(ld, &x, &y));
-            CHECK_OK(fr_train_step(m, opt, x, y, 1, &loss, NULL));
+            CHECK_OK(fr_train_step(m, opt, &sc, x, y, 1, &loss, NULL, NULL));
             fr_release(x);
             fr_release(y);
             if (epoch == 0 && b < 2)
@@ -77,12 +91,20 @@ static void test_loss_decreases(void) {
     int64_t seen = 0;
     CHECK_OK(fr_evaluate(m, eval, &loss, &acc, &seen));
     CHECK(seen == N && acc >= 0.9);
+    /* 24 clean steps: nothing to skip on this data, and far from growing */
+    CHECK(sc.skipped == 0);
+    CHECK(sc.scale == (precision == FR_F16 ? FR_LOSS_SCALE_INIT : 1.0f));
     fr_loader_free(eval);
     fr_loader_free(ld);
     fr_optim_free(opt);
     fr_model_free(m);
     fr_dataset_free(ds);
 }
+
+static void test_loss_decreases(void) { loss_decreases(FR_F32); }
+/* These two need the half-precision ops (issue 6). */
+static void test_loss_decreases_f16(void) { loss_decreases(FR_F16); }
+static void test_loss_decreases_bf16(void) { loss_decreases(FR_BF16); }
 
 /* ---- accumulation ---- */
 
@@ -117,12 +139,12 @@ static void test_accumulation_equals_full_batch(void) {
     fr_tensor *w = fr_params_get(m->params, "fc.weight"), *b = fr_params_get(m->params, "fc.bias");
     double loss_full, loss_acc;
     int64_t hits_full, hits_acc;
-    CHECK_OK(fr_train_step(m, NULL, x, y, 1, &loss_full, &hits_full));
+    CHECK_OK(fr_train_step(m, NULL, NULL, x, y, 1, &loss_full, &hits_full, NULL));
     fr_tensor *dw = fr_retain(w->grad), *db = fr_retain(b->grad);
     fr_params_zero_grad(m->params);
     for (int accum = 2; accum <= 3; accum++) {
         /* 8 = 4 + 4, and 8 = 2 + 3 + 3: each part's loss weighted by its size */
-        CHECK_OK(fr_train_step(m, NULL, x, y, accum, &loss_acc, &hits_acc));
+        CHECK_OK(fr_train_step(m, NULL, NULL, x, y, accum, &loss_acc, &hits_acc, NULL));
         CHECK_CLOSE(loss_acc, loss_full, 1e-6);
         CHECK(hits_acc == hits_full);
         CHECK(fr_t_allclose_t(w->grad, dw, 1e-7, 1e-5, "dW accumulated"));
@@ -133,15 +155,15 @@ static void test_accumulation_equals_full_batch(void) {
     fr_model *m2 = linear_model(IN, K);
     fr_optim *o1 = fr_sgd_new(m->params, (fr_sgd_options){.lr = 0.5, .momentum = 0.9});
     fr_optim *o2 = fr_sgd_new(m2->params, (fr_sgd_options){.lr = 0.5, .momentum = 0.9});
-    CHECK_OK(fr_train_step(m, o1, x, y, 1, NULL, NULL));
-    CHECK_OK(fr_train_step(m2, o2, x, y, 2, NULL, NULL));
+    CHECK_OK(fr_train_step(m, o1, NULL, x, y, 1, NULL, NULL, NULL));
+    CHECK_OK(fr_train_step(m2, o2, NULL, x, y, 2, NULL, NULL, NULL));
     CHECK(w->grad == NULL); /* the step zeroes the gradients */
     CHECK(fr_t_allclose_t(fr_params_get(m2->params, "fc.weight"), w, 1e-7, 1e-5, "W after a step"));
     CHECK(fr_t_allclose_t(fr_params_get(m2->params, "fc.bias"), b, 1e-7, 1e-5, "b after a step"));
     /* more micro-batches than images: one image each */
-    CHECK_OK(fr_train_step(m2, NULL, x, y, 100, &loss_acc, NULL));
+    CHECK_OK(fr_train_step(m2, NULL, NULL, x, y, 100, &loss_acc, NULL, NULL));
     fr_params_zero_grad(m2->params);
-    CHECK_ERR(fr_train_step(m2, NULL, x, y, 0, NULL, NULL), FR_ERR_ARG, "accum 0");
+    CHECK_ERR(fr_train_step(m2, NULL, NULL, x, y, 0, NULL, NULL, NULL), FR_ERR_ARG, "accum 0");
     fr_optim_free(o1);
     fr_optim_free(o2);
     fr_model_free(m2);
@@ -151,6 +173,257 @@ static void test_accumulation_equals_full_batch(void) {
     fr_release(x);
     fr_release(y);
 }
+
+/* ---- the loss scaler through fr_train_step ---- */
+
+static bool same_bits(const fr_tensor *a, const fr_tensor *b) {
+    return a && b && fr_nbytes(a) == fr_nbytes(b) && !memcmp(fr_data(a), fr_data(b), fr_nbytes(a));
+}
+
+/* A copy of every tensor of a registry (values, not references). */
+static fr_tensor **copy_params(const fr_params *p) {
+    fr_tensor **c = calloc((size_t)p->count, sizeof *c);
+    for (int i = 0; i < p->count; i++) {
+        c[i] = fr_empty_like(p->items[i].tensor, FR_TAG_WORKSPACE);
+        fr_copy_(c[i], p->items[i].tensor);
+    }
+    return c;
+}
+
+static bool params_equal(const fr_params *p, fr_tensor *const *c) {
+    for (int i = 0; i < p->count; i++)
+        if (!same_bits(p->items[i].tensor, c[i])) {
+            fprintf(stderr, "    %s changed\n", p->items[i].name);
+            return false;
+        }
+    return true;
+}
+
+static void free_copy(const fr_params *p, fr_tensor **c) {
+    for (int i = 0; i < p->count; i++)
+        fr_release(c[i]);
+    free(c);
+}
+
+/* With scale 2^16 every gradient is the unscaled one times 2^16 exactly and
+ * divides back exactly: the step equals the step without a scaler, bit for
+ * bit, and the reported loss is the unscaled loss. */
+static void test_scaled_step_equals_unscaled(void) {
+    enum { B = 8, IN = 12, K = 5 };
+    fr_tensor *x = fr_t_rand(FR_CPU, 4, FR_SHAPE(B, 1, 3, 4), 31);
+    int32_t lab[B] = {1, 4, 2, 0, 3, 3, 0, 2};
+    fr_tensor *y = fr_from_host(FR_CPU, FR_I32, 1, FR_SHAPE(B), FR_TAG_DATA, lab);
+    for (int accum = 1; accum <= 2; accum++) {
+        fr_model *a = linear_model(IN, K), *b = linear_model(IN, K);
+        fr_optim *oa = fr_sgd_new(a->params, (fr_sgd_options){.lr = 0.3, .momentum = 0.9});
+        fr_optim *ob = fr_sgd_new(b->params, (fr_sgd_options){.lr = 0.3, .momentum = 0.9});
+        fr_loss_scaler sc;
+        CHECK_OK(fr_loss_scaler_init(&sc, FR_F16)); /* dynamic, 2^16, on an f32 model */
+        for (int step = 0; step < 2; step++) {
+            double la = 0, lb = 0;
+            int64_t ca = -1, cb = -2;
+            bool stepped = false;
+            CHECK_OK(fr_train_step(a, oa, &sc, x, y, accum, &la, &ca, &stepped));
+            CHECK_OK(fr_train_step(b, ob, NULL, x, y, accum, &lb, &cb, NULL));
+            CHECK(stepped);
+            CHECK(la == lb && ca == cb);
+            CHECK(la > 0.5 && la < 10); /* unscaled: 2^16 times it would be far above */
+        }
+        CHECK(same_bits(fr_params_get(a->params, "fc.weight"), fr_params_get(b->params, "fc.weight")));
+        CHECK(same_bits(fr_params_get(a->params, "fc.bias"), fr_params_get(b->params, "fc.bias")));
+        CHECK(same_bits(oa->state[0][0], ob->state[0][0])); /* momentum */
+        CHECK(sc.scale == FR_LOSS_SCALE_INIT && sc.growth_tracker == 2 && sc.skipped == 0);
+        CHECK(fr_params_get(a->params, "fc.weight")->grad == NULL);
+        fr_optim_free(oa);
+        fr_optim_free(ob);
+        fr_model_free(a);
+        fr_model_free(b);
+    }
+    fr_release(x);
+    fr_release(y);
+}
+
+/* An inf in one image makes the loss and the gradients non-finite: the step
+ * is skipped and nothing the optimizer owns changes. */
+static void skip_case(fr_dtype scaler_dtype, int accum) {
+    enum { B = 6, IN = 12, K = 3 };
+    fr_tensor *x = fr_t_rand(FR_CPU, 4, FR_SHAPE(B, 1, 3, 4), 41);
+    int32_t lab[B] = {0, 1, 2, 2, 1, 0};
+    fr_tensor *y = fr_from_host(FR_CPU, FR_I32, 1, FR_SHAPE(B), FR_TAG_DATA, lab);
+    fr_model *m = linear_model(IN, K);
+    fr_optim *opt = fr_sgd_new(m->params, (fr_sgd_options){.lr = 0.3, .momentum = 0.9});
+    fr_loss_scaler sc;
+    CHECK_OK(fr_loss_scaler_init(&sc, scaler_dtype));
+    float scale0 = sc.scale;
+    bool stepped = false;
+    /* a clean step first, so there is momentum to keep unchanged */
+    CHECK_OK(fr_train_step(m, opt, &sc, x, y, accum, NULL, NULL, &stepped));
+    CHECK(stepped && sc.skipped == 0 && sc.scale == scale0);
+    fr_tensor **before = copy_params(m->params);
+    fr_tensor *momentum = fr_empty_like(opt->state[0][0], FR_TAG_WORKSPACE);
+    CHECK_OK(fr_copy_(momentum, opt->state[0][0]));
+    int64_t steps_before = opt->steps[0];
+
+    fr_data_f32(x)[B * IN - 1] = INFINITY; /* last image, last pixel */
+    double loss = 0;
+    stepped = true;
+    CHECK_OK(fr_train_step(m, opt, &sc, x, y, accum, &loss, NULL, &stepped));
+    CHECK(!stepped);
+    CHECK(!isfinite(loss));
+    CHECK(params_equal(m->params, before));
+    CHECK(same_bits(opt->state[0][0], momentum) && opt->steps[0] == steps_before);
+    CHECK(fr_params_get(m->params, "fc.weight")->grad == NULL); /* dropped, not kept for later */
+    CHECK(sc.skipped == 1 && sc.growth_tracker == 0);
+    /* f16 backs off by half; the f32 guard keeps its fixed scale of 1 */
+    CHECK(sc.scale == (scaler_dtype == FR_F16 ? 0.5f * scale0 : 1.0f));
+
+    /* the next clean batch steps again from the same weights */
+    fr_data_f32(x)[B * IN - 1] = 0.5f;
+    CHECK_OK(fr_train_step(m, opt, &sc, x, y, accum, &loss, NULL, &stepped));
+    CHECK(stepped && isfinite(loss) && sc.skipped == 1);
+    CHECK(!same_bits(fr_params_get(m->params, "fc.weight"), before[0]));
+    free_copy(m->params, before);
+    fr_release(momentum);
+    fr_optim_free(opt);
+    fr_model_free(m);
+    fr_release(x);
+    fr_release(y);
+}
+
+static void test_inf_skips_step(void) {
+    skip_case(FR_F16, 1);
+    skip_case(FR_F16, 2); /* the inf in the second micro-batch only */
+    skip_case(FR_F32, 1);
+}
+
+/* Without an optimizer the scaler only scales: the gradients stay scaled
+ * and the scaler does not change. */
+static void test_scaler_without_optimizer(void) {
+    fr_tensor *x = fr_t_rand(FR_CPU, 4, FR_SHAPE(4, 1, 3, 4), 51);
+    int32_t lab[4] = {0, 1, 2, 1};
+    fr_tensor *y = fr_from_host(FR_CPU, FR_I32, 1, FR_SHAPE(4), FR_TAG_DATA, lab);
+    fr_model *m = linear_model(12, 3);
+    fr_tensor *w = fr_params_get(m->params, "fc.weight");
+    CHECK_OK(fr_train_step(m, NULL, NULL, x, y, 1, NULL, NULL, NULL));
+    fr_tensor *dw = fr_retain(w->grad);
+    fr_params_zero_grad(m->params);
+    fr_loss_scaler sc;
+    CHECK_OK(fr_loss_scaler_init(&sc, FR_F16));
+    bool stepped = true;
+    CHECK_OK(fr_train_step(m, NULL, &sc, x, y, 1, NULL, NULL, &stepped));
+    CHECK(!stepped && sc.scale == FR_LOSS_SCALE_INIT && sc.growth_tracker == 0 && !sc.unscaled);
+    fr_tensor *want = fr_scale(dw, FR_LOSS_SCALE_INIT);
+    CHECK(same_bits(w->grad, want));
+    fr_release(want);
+    fr_release(dw);
+    fr_params_zero_grad(m->params);
+    fr_model_free(m);
+    fr_release(x);
+    fr_release(y);
+}
+
+/* ---- --precision and the planner ---- */
+
+static void test_precision_flag(void) {
+    fr_dtype d = FR_F32;
+    CHECK_OK(fr_cli_precision("--precision", "bf16", &d));
+    CHECK(d == FR_BF16);
+    CHECK_OK(fr_cli_precision("--precision", "fp16", &d));
+    CHECK(d == FR_F16);
+    CHECK_OK(fr_cli_precision("--precision", "float32", &d));
+    CHECK(d == FR_F32);
+    d = FR_BF16;
+    CHECK_ERR(fr_cli_precision("--precision", "f8", &d), FR_ERR_ARG,
+              "--precision: \"f8\" is not a precision (choose f32, f16 or bf16)");
+    CHECK(d == FR_BF16); /* untouched on error */
+    CHECK_ERR(fr_cli_precision("--precision", NULL, &d), FR_ERR_ARG, "--precision: \"\"");
+}
+
+static void test_plan_precision(void) {
+    CHECK(fr_plan_elem_bytes() == 4);
+    CHECK_OK(fr_autocast_enter(FR_F16));
+    CHECK(fr_plan_elem_bytes() == 2);
+    CHECK_OK(fr_autocast_enter(FR_F32)); /* nested f32 region */
+    CHECK(fr_plan_elem_bytes() == 4);
+    fr_autocast_exit();
+    fr_autocast_exit();
+    CHECK_OK(fr_autocast_enter(FR_BF16));
+    CHECK(fr_plan_elem_bytes() == 2);
+    fr_autocast_exit();
+    CHECK(fr_plan_elem_bytes() == 4);
+    /* a ResNet-56-like profile in elements (3 stages of 9 blocks, widths
+     * 16/32/64 at 32/16/8 pixels, 4 values a block, as nn/resnet.c counts):
+     * in half the split is the same and the estimated peak exactly half */
+    enum { N = 27 };
+    double elems[N], input[N], c4[N], i4[N], c2[N], i2[N];
+    for (int i = 0; i < N; i++) {
+        double hw = i < 9 ? 1024 : i < 18 ? 256 : 64, width = i < 9 ? 16 : i < 18 ? 32 : 64;
+        elems[i] = 4 * width * hw;
+        input[i] = width * hw * (i == 9 || i == 18 ? 2 : 1); /* a stage's first block reads the last */
+        c4[i] = 4 * elems[i];
+        i4[i] = 4 * input[i];
+        c2[i] = 2 * elems[i];
+        i2[i] = 2 * input[i];
+    }
+    int l4[N], l2[N];
+    int n4 = fr_plan_segments(c4, i4, N, l4), n2 = fr_plan_segments(c2, i2, N, l2);
+    CHECK(n4 == n2 && n4 > 1 && n4 < N);
+    for (int s = 0; s < n4 && s < n2; s++)
+        CHECK(l4[s] == l2[s]);
+    CHECK(fr_plan_peak(c2, i2, N, l2, n2) == 0.5 * fr_plan_peak(c4, i4, N, l4, n4));
+}
+
+/* ---- half-precision models: need the half-precision ops (issue 6) ---- */
+
+/* One SGD step of the linear model in `precision` against the same step in
+ * f32, from the same weights on the same batch. Tolerances: f16 keeps 11
+ * significant bits (2^-11 = 4.9e-4 relative rounding), bf16 8 (3.9e-3);
+ * the inputs, weights and logits are each rounded once, and the products
+ * accumulate in f32, so the loss is good to a few roundings; the weight
+ * change (lr times the gradient) to about 2e-2 relative of its size. */
+static void half_step_case(fr_dtype precision) {
+    enum { B = 8, IN = 12, K = 5 };
+    fr_tensor *x = fr_t_rand(FR_CPU, 4, FR_SHAPE(B, 1, 3, 4), 61);
+    int32_t lab[B] = {0, 4, 2, 1, 3, 3, 0, 2};
+    fr_tensor *y = fr_from_host(FR_CPU, FR_I32, 1, FR_SHAPE(B), FR_TAG_DATA, lab);
+    fr_model *ref = linear_model(IN, K), *half = linear_model(IN, K);
+    half->cfg.precision = precision;
+    fr_tensor *w0 = fr_empty_like(fr_params_get(ref->params, "fc.weight"), FR_TAG_WORKSPACE);
+    fr_copy_(w0, fr_params_get(ref->params, "fc.weight"));
+    fr_optim *oref = fr_sgd_new(ref->params, (fr_sgd_options){.lr = 0.5});
+    fr_optim *ohalf = fr_sgd_new(half->params, (fr_sgd_options){.lr = 0.5});
+    fr_loss_scaler sc;
+    CHECK_OK(fr_loss_scaler_init(&sc, precision));
+    double lref = 0, lhalf = 0;
+    bool stepped = false;
+    CHECK_OK(fr_train_step(ref, oref, NULL, x, y, 1, &lref, NULL, NULL));
+    CHECK_OK(fr_train_step(half, ohalf, &sc, x, y, 1, &lhalf, NULL, &stepped));
+    CHECK(stepped && sc.skipped == 0);
+    CHECK(lhalf != lref); /* it did run in half: rounded inputs give another loss */
+    CHECK_CLOSE(lhalf, lref, (precision == FR_F16 ? 5e-3 : 3e-2) * lref);
+    const float *wr = fr_data_f32(fr_params_get(ref->params, "fc.weight"));
+    const float *wh = fr_data_f32(fr_params_get(half->params, "fc.weight"));
+    const float *w0p = fr_data_f32(w0);
+    double max_change = 0, max_diff = 0;
+    for (int i = 0; i < K * IN; i++) {
+        max_change = fmax(max_change, fabs((double)wr[i] - w0p[i]));
+        max_diff = fmax(max_diff, fabs((double)wh[i] - wr[i]));
+    }
+    CHECK(max_change > 1e-3); /* the step did move the weights */
+    CHECK(max_diff <= (precision == FR_F16 ? 2e-2 : 6e-2) * max_change);
+    /* the weights and their gradients stay f32 (master weights) */
+    CHECK(fr_params_get(half->params, "fc.weight")->dtype == FR_F32);
+    fr_release(w0);
+    fr_optim_free(oref);
+    fr_optim_free(ohalf);
+    fr_model_free(ref);
+    fr_model_free(half);
+    fr_release(x);
+    fr_release(y);
+}
+
+static void test_half_step_f16(void) { half_step_case(FR_F16); }
+static void test_half_step_bf16(void) { half_step_case(FR_BF16); }
 
 /* ---- the programs ---- */
 
@@ -205,6 +478,12 @@ static bool programs_built(void) {
     return train && access(path, X_OK) == 0;
 }
 
+static bool memreport_built(void) {
+    char path[600];
+    snprintf(path, sizeof path, "%s/examples/memreport", build_dir);
+    return access(path, X_OK) == 0;
+}
+
 static void expect_output(const char *prog, const char *args, int want_rc, const char *needle) {
     static char out[65536];
     int rc = run_prog(prog, args, out, sizeof out);
@@ -232,6 +511,27 @@ static bool same_tensors(const char *a_path, const char *b_path) {
     fr_st_close(a);
     fr_st_close(b);
     return same;
+}
+
+/* A copy of the training checkpoint `from` recorded as trained in
+ * `precision` with the given scaler state (made here, not trained: the
+ * programs' handling of the amp fields does not need half-precision ops). */
+static void write_precision_copy(const char *from, const char *to, fr_dtype precision,
+                                 fr_loss_scaler_state ss) {
+    fr_ckpt_info info;
+    CHECK_OK(fr_ckpt_read_info(from, &info));
+    fr_model *m = fr_cli_model_create(info.model, info.in_channels, info.num_classes, 0);
+    CHECK_NOTNULL(m);
+    fr_optim *opt = fr_sgd_new(m->params, info.sgd);
+    fr_train_state st;
+    CHECK_OK(fr_ckpt_load(from, m, opt, NULL, &st));
+    m->cfg.precision = precision;
+    fr_loss_scaler sc;
+    CHECK_OK(fr_loss_scaler_init(&sc, precision));
+    CHECK_OK(fr_loss_scaler_set_state(&sc, ss));
+    CHECK_OK(fr_ckpt_save(to, m, opt, &sc, &st));
+    fr_optim_free(opt);
+    fr_model_free(m);
 }
 
 static void test_programs(void) {
@@ -274,6 +574,9 @@ static void test_programs(void) {
     expect_output("train", "--strategy fast", 1, "unknown memory strategy");
     expect_output("train", "--model vgg16", 1, "unknown model \"vgg16\"");
     expect_output("train", "--frobnicate", 1, "unknown flag \"--frobnicate\"");
+    expect_output("train", "--precision f8", 1,
+                  "--precision: \"f8\" is not a precision (choose f32, f16 or bf16)");
+    expect_output("train", "--precision", 1, "--precision needs a value");
     expect_output("validate", "--frobnicate", 1, "unknown flag \"--frobnicate\"");
     expect_output("train", "--data", 1, "--data needs a value");
     snprintf(args, sizeof args, "--resume %s/run.safetensors --lr 0.5", dir);
@@ -288,6 +591,61 @@ static void test_programs(void) {
     snprintf(args, sizeof args, "--checkpoint %s/run.safetensors --model resnet14 --data mnist:%s", dir, dir);
     expect_output("validate", args, 1, "holds model resnet8, not resnet14");
     expect_output("validate", "--data mnist:/tmp", 1, "--checkpoint PATH is required");
+    snprintf(args, sizeof args, "--checkpoint %s/run.safetensors --precision half", dir);
+    expect_output("validate", args, 1, "--precision: \"half\" is not a precision");
+
+    /* precision on resume: the run's own is accepted, another refused naming both */
+    snprintf(args, sizeof args, "--resume %s/run.safetensors --data mnist:%s --threads 1 --precision f32",
+             dir, dir);
+    expect_output("train", args, 0, "precision f32;");
+    snprintf(args, sizeof args, "--resume %s/run.safetensors --data mnist:%s --precision bf16", dir, dir);
+    expect_output("train", args, 1, "--precision bf16: the run in");
+    expect_output("train", args, 1, "run.safetensors was trained in f32");
+    /* an f16 run's scaler state comes back through --resume (the run is
+     * complete, so nothing is computed in f16) */
+    char f16[600];
+    snprintf(f16, sizeof f16, "%s/f16.safetensors", dir);
+    write_precision_copy(whole, f16, FR_F16,
+                         (fr_loss_scaler_state){.scale = 1024.0f, .growth_tracker = 5, .skipped = 3});
+    snprintf(args, sizeof args, "--resume %s --data mnist:%s --threads 1", f16, dir);
+    expect_output("train", args, 0, "strategy plain, precision f16");
+    expect_output("train", args, 0, "precision f16 (loss scale 1024, 3 steps skipped)");
+    snprintf(args, sizeof args, "--resume %s --data mnist:%s --precision bf16", f16, dir);
+    expect_output("train", args, 1, "--precision bf16: the run in");
+    expect_output("train", args, 1, "f16.safetensors was trained in f16");
+    if (memreport_built())
+        expect_output("memreport", "--precision f8", 1, "--precision: \"f8\" is not a precision");
+    fr_t_remove_tmpdir(dir);
+}
+
+/* The programs in f16 and bf16: need the half-precision ops (issue 6). */
+static void test_programs_half(void) {
+    if (!programs_built())
+        SKIP("examples/train or validate not built");
+    const char *dir = fr_t_make_tmpdir("train");
+    char args[2048];
+    write_idx(dir, "train", 64);
+    write_idx(dir, "t10k", 32);
+    snprintf(args, sizeof args,
+             "--model resnet8 --data mnist:%s --batch 16 --epochs 1 --lr 0.05 --threads 1 --precision f16 "
+             "--save %s/f16.safetensors", dir, dir);
+    expect_output("train", args, 0, "img/s  scale ");
+    expect_output("train", args, 0, "precision f16 (loss scale ");
+    snprintf(args, sizeof args, "--checkpoint %s/f16.safetensors --data mnist:%s --batch 8 --threads 1", dir,
+             dir);
+    expect_output("validate", args, 0, "one training step (fwd+bwd), plain, f16");
+    char path[600];
+    snprintf(path, sizeof path, "%s/f16.safetensors", dir);
+    fr_ckpt_info info;
+    CHECK_OK(fr_ckpt_read_info(path, &info));
+    CHECK(info.precision == FR_F16 && info.state.has_scaler && info.state.scaler.scale > 0);
+    snprintf(args, sizeof args,
+             "--model resnet8 --data mnist:%s --batch 16 --epochs 1 --lr 0.05 --threads 1 --precision bf16",
+             dir);
+    expect_output("train", args, 0, "precision bf16 (loss scale 1, 0 steps skipped)");
+    if (memreport_built())
+        expect_output("memreport", "--model resnet8 --batch 4 --size 8 --strategies plain,recompute "
+                      "--precision bf16", 0, "bf16 - f32");
     fr_t_remove_tmpdir(dir);
 }
 
@@ -299,6 +657,17 @@ int main(int argc, char **argv) {
     snprintf(build_dir, sizeof build_dir, "%s", dirname(dirname(self)));
     RUN(test_loss_decreases);
     RUN(test_accumulation_equals_full_batch);
+    RUN(test_scaled_step_equals_unscaled);
+    RUN(test_inf_skips_step);
+    RUN(test_scaler_without_optimizer);
+    RUN(test_precision_flag);
+    RUN(test_plan_precision);
     RUN(test_programs);
+    /* these need the half-precision ops (issue 6) */
+    RUN(test_loss_decreases_f16);
+    RUN(test_loss_decreases_bf16);
+    RUN(test_half_step_f16);
+    RUN(test_half_step_bf16);
+    RUN(test_programs_half);
     return TEST_SUMMARY();
 }
