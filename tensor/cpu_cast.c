@@ -3,6 +3,11 @@
 
 #include "kernels.h"
 
+#if defined(__AVX2__) && defined(__F16C__)
+#include <immintrin.h>
+#define FR_CAST_SIMD 1
+#endif
+
 /* Below this many elements a parallel region costs more than it saves. */
 #define FR_CAST_PAR_MIN 32768
 
@@ -34,6 +39,63 @@ static void store_from_f32(void *dst, fr_dtype t, size_t i, float v) {
     }
 }
 
+/* Elements per parallel work item (a multiple of 8). */
+#define FR_CAST_CHUNK ((size_t)4096)
+
+/* f32 -> f16 / bf16, rounding to nearest even exactly as fr_f32_to_f16 /
+ * fr_f32_to_bf16 (tensor/dtype.c), which stay the definition: the vector
+ * paths are the hardware's f16 conversion (F16C, round to nearest even,
+ * correct subnormals and overflow to inf) and the bf16 rounding in integer
+ * lanes; eight lanes holding a NaN go through the scalar functions, which
+ * fix the NaN's bits the way the CUDA kernels do. */
+static void narrow_chunk(uint16_t *d, const float *s, size_t n, bool f16) {
+    size_t i = 0;
+#ifdef FR_CAST_SIMD
+    const __m256i bias = _mm256_set1_epi32(0x7fff), one = _mm256_set1_epi32(1);
+    for (; i + 8 <= n; i += 8) {
+        __m256 v = _mm256_loadu_ps(s + i);
+        if (_mm256_movemask_ps(_mm256_cmp_ps(v, v, _CMP_UNORD_Q)))
+            break; /* a NaN: the rest of the chunk goes the scalar way */
+        if (f16) {
+            _mm_storeu_si128((__m128i *)(d + i),
+                             _mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+            continue;
+        }
+        __m256i u = _mm256_castps_si256(v);
+        __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(u, 16), one);
+        __m256i r = _mm256_srli_epi32(_mm256_add_epi32(_mm256_add_epi32(u, bias), lsb), 16);
+        /* pack the eight 32-bit lanes (each < 2^16) into 16 bits, in order */
+        __m256i packed = _mm256_packus_epi32(r, r);
+        packed = _mm256_permute4x64_epi64(packed, 0x08);
+        _mm_storeu_si128((__m128i *)(d + i), _mm256_castsi256_si128(packed));
+    }
+#endif
+    for (; i < n; i++)
+        d[i] = f16 ? fr_f32_to_f16(s[i]) : fr_f32_to_bf16(s[i]);
+}
+
+/* f16 / bf16 -> f32, exact. F16C's widening quiets signalling NaNs, so eight
+ * lanes holding any NaN go through fr_f16_to_f32, which keeps every bit. */
+static void widen_chunk(float *d, const uint16_t *s, size_t n, bool f16) {
+    size_t i = 0;
+#ifdef FR_CAST_SIMD
+    const __m128i abs_mask = _mm_set1_epi16(0x7fff), f16_inf = _mm_set1_epi16(0x7c00);
+    for (; i + 8 <= n; i += 8) {
+        __m128i h = _mm_loadu_si128((const __m128i *)(s + i));
+        if (f16) {
+            if (_mm_movemask_epi8(_mm_cmpgt_epi16(_mm_and_si128(h, abs_mask), f16_inf)))
+                break;
+            _mm256_storeu_ps(d + i, _mm256_cvtph_ps(h));
+        } else {
+            __m256i w = _mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16);
+            _mm256_storeu_si256((__m256i *)(d + i), w);
+        }
+    }
+#endif
+    for (; i < n; i++)
+        d[i] = f16 ? fr_f16_to_f32(s[i]) : fr_bf16_to_f32(s[i]);
+}
+
 fr_status fr_cpu_cast(void *dst, fr_dtype dst_type, const void *src, fr_dtype src_type, size_t n) {
     if (dst_type == src_type) {
         memmove(dst, src, n * fr_dtype_size(src_type));
@@ -44,24 +106,22 @@ fr_status fr_cpu_cast(void *dst, fr_dtype dst_type, const void *src, fr_dtype sr
             ((int32_t *)dst)[i] = ((const uint8_t *)src)[i];
         return FR_OK;
     }
-    /* The conversions mixed precision runs on every op's operands get their
-     * own parallel loops (no per-element dispatch). */
+    /* The conversions mixed precision runs on every op's operands (tensor/
+     * staging.c) get their own loops: parallel, eight lanes at a time. */
     if (src_type == FR_F32 && (dst_type == FR_F16 || dst_type == FR_BF16)) {
-        const float *s = src;
-        uint16_t *d = dst;
         bool f16 = dst_type == FR_F16;
 #pragma omp parallel for if (n > FR_CAST_PAR_MIN) schedule(static)
-        for (size_t i = 0; i < n; i++)
-            d[i] = f16 ? fr_f32_to_f16(s[i]) : fr_f32_to_bf16(s[i]);
+        for (size_t b = 0; b < n; b += FR_CAST_CHUNK)
+            narrow_chunk((uint16_t *)dst + b, (const float *)src + b,
+                         n - b < FR_CAST_CHUNK ? n - b : FR_CAST_CHUNK, f16);
         return FR_OK;
     }
     if (dst_type == FR_F32 && (src_type == FR_F16 || src_type == FR_BF16)) {
-        const uint16_t *s = src;
-        float *d = dst;
         bool f16 = src_type == FR_F16;
 #pragma omp parallel for if (n > FR_CAST_PAR_MIN) schedule(static)
-        for (size_t i = 0; i < n; i++)
-            d[i] = f16 ? fr_f16_to_f32(s[i]) : fr_bf16_to_f32(s[i]);
+        for (size_t b = 0; b < n; b += FR_CAST_CHUNK)
+            widen_chunk((float *)dst + b, (const uint16_t *)src + b,
+                        n - b < FR_CAST_CHUNK ? n - b : FR_CAST_CHUNK, f16);
         return FR_OK;
     }
     for (size_t i = 0; i < n; i++)
