@@ -151,3 +151,27 @@ extern "C" fr_status fr_cuda_bn_bwd(float *dx, float *dgamma, float *dbeta, cons
     FR_CUDA_LAUNCH_CHECK();
     return FR_OK;
 }
+
+/* dx from batch sums already reduced over all `count` values per channel
+ * (the blocked form of bn_bwd_kernel's second half; kernels.def). */
+__global__ void bn_bwd_data_kernel(float *dx, const float *dy, const float *x, const float *mean,
+                                   const float *invstd, const float *gamma, const float *dgamma,
+                                   const float *dbeta, float inv_count, int c, size_t hw,
+                                   size_t total) {
+    FR_CUDA_FOR(i, total) {
+        size_t ch = (i / hw) % (size_t)c;
+        float is = invstd[ch];
+        float xh = (x[i] - mean[ch]) * is;
+        dx[i] = gamma[ch] * is * (dy[i] - dbeta[ch] * inv_count - xh * (dgamma[ch] * inv_count));
+    }
+}
+
+extern "C" fr_status fr_cuda_bn_bwd_data(float *dx, const float *dy, const float *x,
+                                         const float *mean, const float *invstd,
+                                         const float *gamma, const float *dgamma,
+                                         const float *dbeta, double count, int n, int c, int hw) {
+    size_t total = (size_t)n * (size_t)c * (size_t)hw;
+    float inv_count = count > 0 ? (float)(1.0 / count) : 0.0f;
+    FR_CUDA_RUN_1D(bn_bwd_data_kernel, total, dx, dy, x, mean, invstd, gamma, dgamma, dbeta,
+                   inv_count, c, (size_t)hw, total);
+}

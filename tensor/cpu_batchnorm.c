@@ -111,3 +111,23 @@ fr_status fr_cpu_bn_bwd(float *dx, float *dgamma, float *dbeta, const float *dy,
     }
     return FR_OK;
 }
+
+fr_status fr_cpu_bn_bwd_data(float *dx, const float *dy, const float *x, const float *mean,
+                             const float *invstd, const float *gamma, const float *dgamma,
+                             const float *dbeta, double count, int n, int c, int hw) {
+    size_t total = (size_t)n * (size_t)c * (size_t)hw;
+    int planes = n * c;
+#pragma omp parallel for if (total > FR_BN_PAR_MIN && planes > 1) schedule(static)
+    for (int pl = 0; pl < planes; pl++) {
+        int ch = pl % c;
+        double mu = mean[ch], is = invstd[ch], k = (double)gamma[ch] * is;
+        double mdy = dbeta[ch] / count, mdyxh = dgamma[ch] / count;
+        const float *xp = x + (size_t)pl * (size_t)hw, *dyp = dy + (size_t)pl * (size_t)hw;
+        float *dxp = dx + (size_t)pl * (size_t)hw;
+        for (int j = 0; j < hw; j++) {
+            double xh = ((double)xp[j] - mu) * is;
+            dxp[j] = (float)(k * ((double)dyp[j] - mdy - xh * mdyxh));
+        }
+    }
+    return FR_OK;
+}

@@ -3,11 +3,12 @@
  *
  * x, y, dy and dx may be f32, f16 or bf16; gamma, beta, the statistics and
  * the parameter gradients are f32, and all arithmetic is f32 (statistics
- * accumulate in double on the CPU). A half operand is staged whole
- * (staging.h): the statistics and the backward's sums run over the whole
- * batch, which the kernels do in one call. That costs one transient f32
- * copy of the layer's input while the op runs; per-block statistics would
- * remove it and are not written yet. */
+ * accumulate in double on the CPU). Half operands are staged a block of
+ * samples at a time (staging.h), so no full-size f32 copy is made: the
+ * statistics of the blocks are combined with the pairwise update of Chan,
+ * Golub and LeVeque (stable when |mean| >> std), and backward sums the
+ * blocks' dgamma / dbeta before computing dx block by block (bn_bwd_data).
+ * With f32 operands everything is one kernel call, as before. */
 #include <limits.h>
 #include <math.h>
 
@@ -67,6 +68,136 @@ fr_status fr_batchnorm_invstd(fr_tensor *invstd, const fr_tensor *var, float eps
                           (int)var->shape[0]);
 }
 
+/* Samples per staged block: all of them (one kernel call) unless an operand
+ * is half. */
+static size_t images_per_block(const fr_tensor *a, const fr_tensor *b, const bn_dims *d) {
+    return fr_stage_block_units((const fr_tensor *[]){a, b}, 2, (size_t)d->c * (size_t)d->hw,
+                                (size_t)d->n);
+}
+
+/* mean and biased var (C) of x over the batch, `per` samples at a time.
+ * Block b (count nb, mean mb, var vb) joins the running (na, m, v) as
+ *   delta = mb - m,  m += delta nb / n,
+ *   v = (na v + nb vb) / n + delta^2 na nb / n^2,      n = na + nb,
+ * through the elementwise kernels, so it stays on the device. */
+static fr_status batch_stats(float *mean, float *var, const fr_tensor *x, const bn_dims *d,
+                             size_t per) {
+    fr_device dev = fr_device_of(x);
+    size_t img = (size_t)d->c * (size_t)d->hw, c = (size_t)d->c;
+    if (per >= (size_t)d->n) {
+        fr_stage sx;
+        FR_TRY(fr_stage_in(&sx, x, 0, (size_t)d->n * img));
+        fr_status st = FR_CALL_KERNEL(dev, bn_stats, mean, var, sx.p, d->n, d->c, d->hw);
+        fr_stage_free(&sx);
+        return st;
+    }
+    size_t bytes = 3 * c * sizeof(float);
+    float *bmean = fr_mem_alloc(dev, bytes, FR_TAG_WORKSPACE), *bvar = bmean + c, *delta = bvar + c;
+    if (!bmean)
+        return fr_last_status();
+    fr_status st = FR_OK;
+    double na = 0;
+    for (size_t n0 = 0; n0 < (size_t)d->n && st == FR_OK; n0 += per) {
+        int nb = (int)((size_t)d->n - n0 < per ? (size_t)d->n - n0 : per);
+        fr_stage sx;
+        st = fr_stage_in(&sx, x, n0 * img, (size_t)nb * img);
+        if (st != FR_OK)
+            break;
+        bool first = n0 == 0;
+        st = FR_CALL_KERNEL(dev, bn_stats, first ? mean : bmean, first ? var : bvar, sx.p, nb, d->c,
+                            d->hw);
+        fr_stage_free(&sx);
+        double cb = (double)nb * d->hw, n = na + cb;
+        if (st == FR_OK && !first) {
+            st = FR_CALL_KERNEL(dev, scale, delta, bmean, 1.0f, c);
+            if (st == FR_OK)
+                st = FR_CALL_KERNEL(dev, axpy, delta, -1.0f, mean, c);
+            if (st == FR_OK)
+                st = FR_CALL_KERNEL(dev, axpy, mean, (float)(cb / n), delta, c);
+            if (st == FR_OK)
+                st = FR_CALL_KERNEL(dev, scale, var, var, (float)(na / n), c);
+            if (st == FR_OK)
+                st = FR_CALL_KERNEL(dev, axpy, var, (float)(cb / n), bvar, c);
+            if (st == FR_OK)
+                st = FR_CALL_KERNEL(dev, mul, delta, delta, delta, c);
+            if (st == FR_OK)
+                st = FR_CALL_KERNEL(dev, axpy, var, (float)(na * cb / (n * n)), delta, c);
+        }
+        na = n;
+    }
+    fr_mem_free(dev, bmean, bytes, FR_TAG_WORKSPACE);
+    return st;
+}
+
+typedef struct {
+    const float *mean, *invstd, *gamma, *beta, *dgamma, *dbeta;
+    double count;
+    int c, hw;
+} bn_block_args;
+
+static fr_status apply_block(fr_device dev, float *y, const float *const *x, size_t count,
+                             size_t first, const void *args) {
+    (void)first;
+    const bn_block_args *a = args;
+    return FR_CALL_KERNEL(dev, bn_apply, y, x[0], a->mean, a->invstd, a->gamma, a->beta, (int)count,
+                          a->c, a->hw);
+}
+
+/* y = (x - mean) * invstd * gamma + beta through staged blocks (y may be x). */
+static fr_status apply_staged(fr_tensor *y, const fr_tensor *x, const float *mean,
+                              const float *invstd, const fr_tensor *gamma, const fr_tensor *beta,
+                              const bn_dims *d) {
+    bn_block_args a = {.mean = mean, .invstd = invstd, .gamma = fr_data_f32(gamma),
+                       .beta = fr_data_f32(beta), .c = d->c, .hw = d->hw};
+    return fr_stage_run_units(y, (size_t)d->c * (size_t)d->hw, false, &x, NULL, 1, (size_t)d->n,
+                              apply_block, &a);
+}
+
+static fr_status bwd_data_block(fr_device dev, float *dx, const float *const *in, size_t count,
+                                size_t first, const void *args) {
+    (void)first;
+    const bn_block_args *a = args;
+    return FR_CALL_KERNEL(dev, bn_bwd_data, dx, in[0], in[1], a->mean, a->invstd, a->gamma,
+                          a->dgamma, a->dbeta, a->count, (int)count, a->c, a->hw);
+}
+
+/* Backward over blocks of `per` samples: dgamma and dbeta summed over the
+ * blocks first (bn_bwd without dx), then dx block by block from them. */
+static fr_status backward_blocks(fr_tensor *dx, float *dgamma, float *dbeta, const fr_tensor *dy,
+                                 const fr_tensor *x, const float *mean, const float *invstd,
+                                 const float *gamma, const bn_dims *d, size_t per) {
+    fr_device dev = fr_device_of(x);
+    size_t img = (size_t)d->c * (size_t)d->hw, c = (size_t)d->c, bytes = 2 * c * sizeof(float);
+    float *pg = fr_mem_alloc(dev, bytes, FR_TAG_WORKSPACE), *pb = pg + c;
+    if (!pg)
+        return fr_last_status();
+    fr_status st = FR_OK;
+    for (size_t n0 = 0; n0 < (size_t)d->n && st == FR_OK; n0 += per) {
+        int nb = (int)((size_t)d->n - n0 < per ? (size_t)d->n - n0 : per);
+        bool first = n0 == 0;
+        fr_stage sdy, sx = {0};
+        st = fr_stage_in(&sdy, dy, n0 * img, (size_t)nb * img);
+        if (st == FR_OK)
+            st = fr_stage_in(&sx, x, n0 * img, (size_t)nb * img);
+        if (st == FR_OK)
+            st = FR_CALL_KERNEL(dev, bn_bwd, NULL, first ? dgamma : pg, first ? dbeta : pb, sdy.p,
+                                sx.p, mean, invstd, gamma, nb, d->c, d->hw);
+        if (st == FR_OK && !first)
+            st = FR_CALL_KERNEL(dev, axpy, dgamma, 1.0f, pg, c);
+        if (st == FR_OK && !first)
+            st = FR_CALL_KERNEL(dev, axpy, dbeta, 1.0f, pb, c);
+        fr_stage_free(&sx);
+        fr_stage_free(&sdy);
+    }
+    fr_mem_free(dev, pg, bytes, FR_TAG_WORKSPACE);
+    if (st != FR_OK || !dx)
+        return st;
+    bn_block_args a = {.mean = mean, .invstd = invstd, .gamma = gamma, .dgamma = dgamma,
+                       .dbeta = dbeta, .count = (double)d->n * d->hw, .c = d->c, .hw = d->hw};
+    return fr_stage_run_units(dx, img, false, (const fr_tensor *[]){dy, x}, NULL, 2, (size_t)d->n,
+                              bwd_data_block, &a);
+}
+
 fr_status fr_batchnorm_train_forward(fr_tensor *y, fr_tensor *mean, fr_tensor *invstd,
                                      const fr_tensor *x, const fr_tensor *gamma, const fr_tensor *beta,
                                      fr_tensor *running_mean, fr_tensor *running_var,
@@ -97,15 +228,11 @@ fr_status fr_batchnorm_train_forward(fr_tensor *y, fr_tensor *mean, fr_tensor *i
                         op, fr_shape_str(x, buf, sizeof buf));
     }
     fr_device dev = fr_device_of(x);
-    size_t var_bytes = (size_t)d.c * sizeof(float), n = (size_t)fr_numel(x);
-    fr_stage sx, sy;
-    FR_TRY(fr_stage_in(&sx, x, 0, n));
+    size_t var_bytes = (size_t)d.c * sizeof(float);
     float *var = fr_mem_alloc(dev, var_bytes, FR_TAG_WORKSPACE); // (C)
-    if (!var) {
-        fr_stage_free(&sx);
+    if (!var)
         return fr_last_status();
-    }
-    fr_status st = FR_CALL_KERNEL(dev, bn_stats, fr_data_f32(mean), var, sx.p, d.n, d.c, d.hw);
+    fr_status st = batch_stats(fr_data_f32(mean), var, x, &d, images_per_block(x, y, &d));
     if (st == FR_OK)
         st = FR_CALL_KERNEL(dev, bn_invstd, fr_data_f32(invstd), var, eps, d.c);
     if (st == FR_OK && running_mean) {
@@ -120,30 +247,7 @@ fr_status fr_batchnorm_train_forward(fr_tensor *y, fr_tensor *mean, fr_tensor *i
     fr_mem_free(dev, var, var_bytes, FR_TAG_WORKSPACE);
     /* Statistics come first, so y may be x. */
     if (st == FR_OK)
-        st = fr_stage_out(&sy, y, 0, n, false, x, &sx);
-    if (st == FR_OK)
-        st = fr_stage_commit(&sy, y, 0, n,
-                             FR_CALL_KERNEL(dev, bn_apply, sy.p, sx.p, fr_data_f32(mean),
-                                            fr_data_f32(invstd), fr_data_f32(gamma),
-                                            fr_data_f32(beta), d.n, d.c, d.hw));
-    fr_stage_free(&sx);
-    return st;
-}
-
-/* y = (x - mean) * invstd * gamma + beta through staged x and y (y may be x). */
-static fr_status apply_staged(fr_tensor *y, const fr_tensor *x, const float *mean,
-                              const float *invstd, const fr_tensor *gamma, const fr_tensor *beta,
-                              const bn_dims *d) {
-    size_t n = (size_t)fr_numel(x);
-    fr_stage sx, sy;
-    FR_TRY(fr_stage_in(&sx, x, 0, n));
-    fr_status st = fr_stage_out(&sy, y, 0, n, false, x, &sx);
-    if (st == FR_OK)
-        st = fr_stage_commit(&sy, y, 0, n,
-                             FR_CALL_KERNEL(fr_device_of(x), bn_apply, sy.p, sx.p, mean, invstd,
-                                            fr_data_f32(gamma), fr_data_f32(beta), d->n, d->c,
-                                            d->hw));
-    fr_stage_free(&sx);
+        st = apply_staged(y, x, fr_data_f32(mean), fr_data_f32(invstd), gamma, beta, &d);
     return st;
 }
 
@@ -198,6 +302,10 @@ fr_status fr_batchnorm_backward(fr_tensor *dx, fr_tensor *dgamma, fr_tensor *dbe
     FR_TRY(check_channel(op, "mean", mean, x, d.c));
     FR_TRY(check_channel(op, "invstd", invstd, x, d.c));
     FR_TRY(check_channel(op, "gamma", gamma, x, d.c));
+    size_t per = images_per_block(dy, x, &d);
+    if (per < (size_t)d.n)
+        return backward_blocks(dx, fr_data_f32(dgamma), fr_data_f32(dbeta), dy, x,
+                               fr_data_f32(mean), fr_data_f32(invstd), fr_data_f32(gamma), &d, per);
     size_t n = (size_t)fr_numel(x);
     fr_stage sdy, sx, sdx = {0};
     FR_TRY(fr_stage_in(&sdy, dy, 0, n));
