@@ -184,6 +184,13 @@ fr_status fr_conv2d_backward(fr_tensor *dx, fr_tensor *dw, fr_tensor *db, const 
         return FR_OK;
     fr_device dev = fr_device_of(dy);
     size_t per = images_per_block(dy, dx ? dx : x, &s), dw_len = (size_t)s.k * s.c * s.r * s.s;
+    if (s.n == 0) { /* an empty batch: no block runs, the parameter gradients are 0 */
+        if (dw)
+            FR_TRY(FR_CALL_KERNEL(dev, fill, fr_data_f32(dw), 0.0f, dw_len));
+        if (db)
+            FR_TRY(FR_CALL_KERNEL(dev, fill, fr_data_f32(db), 0.0f, (size_t)s.k));
+        return FR_OK;
+    }
     bool blocks = per < (size_t)s.n;
     fr_stage sw = {0};
     if (dx)

@@ -127,6 +127,12 @@ static fr_status backward_params(fr_tensor *dw, fr_tensor *db, const fr_tensor *
                                                             FR_TAG_WORKSPACE)))
         return fr_last_status();
     fr_status st = FR_OK;
+    if (n == 0) { /* an empty batch: no block runs, the gradients are 0 */
+        if (dw)
+            st = FR_CALL_KERNEL(dev, fill, fr_data_f32(dw), 0.0f, (size_t)(out * dw->shape[1]));
+        if (st == FR_OK && db)
+            st = FR_CALL_KERNEL(dev, fill, fr_data_f32(db), 0.0f, (size_t)out);
+    }
     for (size_t r0 = 0; r0 < (size_t)n && st == FR_OK; r0 += per) {
         size_t rows = (size_t)n - r0 < per ? (size_t)n - r0 : per;
         fr_stage sdy, sx = {0};
