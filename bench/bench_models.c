@@ -26,6 +26,8 @@
  *
  * `bench_models --gpu` is the GPU section: the same models and strategies
  * trained on the CUDA device (ResNet-56 at batch 128, DenseNet-BC-100 at 64),
+ * plus plain under mixed precision ("plain@bf16", "plain@f16": activations
+ * in half, f16 with the dynamic loss scaler, as `train --precision` runs),
  * measured for throughput, the ledger's CUDA peak and the cudaMalloc calls
  * of the timed steps; `--gpu --list` prints its cases for torch_saved.py
  * --gpu. Without a usable device both print one `# gpu: skipped: why` note
@@ -54,6 +56,7 @@
 
 #include "cuda/fr_cuda.h"
 #include "frugal.h"
+#include "nn/amp.h"
 #include "nn/densenet.h"
 #include "nn/layers.h"
 #include "nn/optim.h"
@@ -69,6 +72,9 @@ typedef struct {
     int gpu_batch;           /* the GPU section's batch (the issue's) */
     int gpu_steps;           /* the GPU section's timed steps */
 } model_case;
+
+/* Run after each model's strategies in the GPU section: STRATEGY@PRECISION. */
+static const char *const gpu_mixed = "plain@bf16,plain@f16";
 
 /* The issue's models: ResNet-56 and DenseNet-BC-100 at batch 64 on CIFAR
  * shapes. DenseNet takes no abn (nn/densenet.h); its "efficient" variant is
@@ -104,6 +110,7 @@ typedef struct {
     fr_optim *opt;
     fr_tensor *x;       // (N, C, H, W)
     fr_tensor *labels;  // (N)
+    fr_loss_scaler *scaler; /* mixed precision rows of the GPU section, else NULL */
 } trainer;
 
 /* Bytes of the registry's tensors and the batch that some tape entry holds
@@ -131,11 +138,15 @@ static fr_status train_step(trainer *tr, size_t *held) {
     fr_status st = loss ? FR_OK : fr_last_status();
     if (loss && held)
         *held = held_outside_saved(tr);
-    if (loss)
-        st = fr_backward(loss);
+    fr_tensor *scaled = loss && tr->scaler ? fr_loss_scaler_scale(tr->scaler, loss) : NULL;
+    if (loss && tr->scaler && !scaled)
+        st = fr_last_status();
+    if (st == FR_OK && loss)
+        st = fr_backward(scaled ? scaled : loss);
+    fr_release(scaled);
     fr_release(loss);
     if (st == FR_OK)
-        st = fr_optim_step(tr->opt);
+        st = tr->scaler ? fr_loss_scaler_step(tr->scaler, tr->opt, NULL, NULL) : fr_optim_step(tr->opt);
     fr_tape_clear();
     fr_optim_zero_grad(tr->opt);
     return st;
@@ -221,13 +232,36 @@ static void gpu_count(const char *model, const char *strategy, const char *metri
  * the device synchronised before each clock reading, so the time is that of
  * the work, not of its enqueueing. The cache is emptied first, so the
  * reserved bytes and the warm-up's cudaMallocs are this strategy's own. */
+static fr_status gpu_timed(trainer *tr, const char *model, const char *name, int batch, int warmup,
+                           int steps);
+
 static fr_status gpu_strategy(trainer *tr, const char *model, const char *text, int batch,
                               int warmup, int steps) {
+    /* "STRATEGY" or "STRATEGY@PRECISION" */
+    char strategy[64], name[96];
+    const char *at = strchr(text, '@');
+    snprintf(strategy, sizeof strategy, "%.*s", at ? (int)(at - text) : (int)strlen(text), text);
     fr_strategy s;
-    FR_TRY(fr_strategy_parse(text, &s));
-    char name[64];
-    fr_strategy_format(s, name, sizeof name);
+    fr_dtype precision = FR_F32;
+    FR_TRY(fr_strategy_parse(strategy, &s));
+    if (at)
+        FR_TRY(fr_precision_parse(at + 1, &precision));
+    fr_strategy_format(s, strategy, sizeof strategy);
+    snprintf(name, sizeof name, "%s%s%s", strategy, at ? "@" : "", at ? fr_dtype_name(precision) : "");
+    fr_loss_scaler scaler;
+    FR_TRY(fr_loss_scaler_init(&scaler, precision));
     tr->model->cfg.strategy = s;
+    tr->model->cfg.precision = precision;
+    tr->scaler = at ? &scaler : NULL;
+    fr_status st = gpu_timed(tr, model, name, batch, warmup, steps);
+    tr->model->cfg.precision = FR_F32;
+    tr->scaler = NULL;
+    return st;
+}
+
+/* gpu_strategy's measurement, under the strategy and precision set. */
+static fr_status gpu_timed(trainer *tr, const char *model, const char *name, int batch, int warmup,
+                           int steps) {
     FR_TRY(fr_cuda_synchronize());
     fr_mem_empty_cache();
     fr_mem_stats start, before, after;
@@ -279,7 +313,9 @@ static fr_status run_model(const model_case *c, fr_device dev, int warmup, int s
     printf("%s\t%s\t%s (%lld parameters), batch %d, %dx%dx%d, %d classes, %s, SGD momentum 0.9\n",
            gpu ? "GS" : "MS", c->name, tr.model->name, (long long)fr_params_count(tr.model->params),
            batch, IN_CHANNELS, SIZE, SIZE, CLASSES, gpu ? "CUDA, f32" : "CPU");
-    const char *p = c->strategies;
+    char all[512];
+    snprintf(all, sizeof all, "%s%s%s", c->strategies, gpu ? "," : "", gpu ? gpu_mixed : "");
+    const char *p = all;
     while (*p) {
         size_t len = strcspn(p, ",");
         char text[64];

@@ -371,8 +371,9 @@ def gpu_tables(titles, values, models):
         print_table("gpu: PyTorch's own strategies, each against frugal's same strategy", head, rows,
                     left=2)
         print("PyTorch's checkpoint: torch.utils.checkpoint over about sqrt(blocks) equal segments; "
-              "its recompute on DenseNet:\ntorchvision's memory-efficient DenseNet (bench/torch_models.py)."
-              " Ratios as above, against PyTorch's row.")
+              "its recompute on DenseNet:\ntorchvision's memory-efficient DenseNet (bench/torch_models.py); "
+              "plain@bf16 / plain@f16: frugal --precision\nagainst torch.autocast (f16 with GradScaler). "
+              "Ratios as above, against PyTorch's row.")
         print()
 
 def main():

@@ -118,22 +118,46 @@ def step_times(torch, model, opt, x, y, steps):
     return statistics.median(times), min(times)
 
 
-def gpu_step(torch, model, opt, x, y):
+# frugal's mixed-precision rows ("plain@bf16", "plain@f16") against
+# PyTorch's autocast: the same model eager under torch.autocast, f16 with a
+# GradScaler (frugal's f16 rows run its dynamic loss scaler).
+GPU_MIXED = {"plain@bf16": "bfloat16", "plain@f16": "float16"}
+
+
+def gpu_step(torch, model, opt, x, y, amp=None, scaler=None):
     opt.zero_grad(set_to_none=True)
-    torch.nn.functional.cross_entropy(model(x), y).backward()
-    opt.step()
+    if amp is None:
+        torch.nn.functional.cross_entropy(model(x), y).backward()
+        opt.step()
+        return
+    with torch.autocast("cuda", dtype=amp):
+        logits = model(x)
+    loss = torch.nn.functional.cross_entropy(logits.float(), y)
+    if scaler is None:
+        loss.backward()
+        opt.step()
+    else:
+        scaler.scale(loss).backward()
+        scaler.step(opt)
+        scaler.update()
 
 
-def gpu_measure(torch, model, opt, x, y, warmup, steps):
-    """The GPU section's figures for one model under one strategy."""
+def gpu_measure(torch, model, opt, x, y, warmup, steps, amp=None):
+    """The GPU section's figures for one model under one strategy (and
+    autocast dtype `amp`, or None for f32)."""
+    scaler = torch.cuda.amp.GradScaler() if amp == torch.float16 else None
+
+    def one_step():
+        gpu_step(torch, model, opt, x, y, amp, scaler)
+
     for _ in range(warmup):
-        gpu_step(torch, model, opt, x, y)
+        one_step()
     torch.cuda.synchronize()
     before = torch.cuda.memory_stats().get("segment.all.allocated", 0)
     torch.cuda.reset_peak_memory_stats()
     t0 = time.perf_counter()
     for _ in range(steps):
-        gpu_step(torch, model, opt, x, y)
+        one_step()
     torch.cuda.synchronize()
     secs = time.perf_counter() - t0
     stats = torch.cuda.memory_stats()
@@ -170,15 +194,17 @@ def gpu_main(args):
     for name, n, c, s, k, p in read_cases(args.cases, "gpu"):
         warmup = int(p.get("warmup", 3))
         steps = args.steps or int(p.get("steps", 10))
-        for strategy in torch_models.native_strategies(name):
+        for strategy in list(torch_models.native_strategies(name)) + list(GPU_MIXED):
             t0 = time.perf_counter()
             try:
                 torch.manual_seed(0)
-                model = torch_models.build(name, c, k, strategy).to(dev).train()
+                base = strategy.split("@")[0]
+                amp = getattr(torch, GPU_MIXED[strategy]) if strategy in GPU_MIXED else None
+                model = torch_models.build(name, c, k, base).to(dev).train()
                 x = torch.randn(n, c, s, s, device=dev)
                 y = torch.randint(0, k, (n,), device=dev)
                 opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
-                figures = gpu_measure(torch, model, opt, x, y, warmup, steps)
+                figures = gpu_measure(torch, model, opt, x, y, warmup, steps, amp)
             except Exception as e:  # report and keep going, as bench_models does
                 print(f"# torch gpu: {name} / {strategy} failed: {type(e).__name__}: {e}")
                 failed += 1
