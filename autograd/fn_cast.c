@@ -10,8 +10,6 @@ typedef struct {
     fr_dtype from;
 } cast_ctx;
 
-static bool is_float_dtype(fr_dtype t) { return t == FR_F32 || t == FR_F16 || t == FR_BF16; }
-
 static fr_status cast_backward(fr_node *node, fr_tensor *const *dout, fr_tensor **din) {
     const cast_ctx *c = node->ctx;
     din[0] = fr_to_dtype(dout[0], c->from, FR_TAG_TRANSIENT);
@@ -21,7 +19,7 @@ static fr_status cast_backward(fr_node *node, fr_tensor *const *dout, fr_tensor 
 fr_tensor *fr_cast(fr_tensor *x, fr_dtype dtype) {
     if (fr_check_defined("cast", "x", x) != FR_OK)
         return NULL;
-    if (!is_float_dtype(x->dtype) || !is_float_dtype(dtype)) {
+    if (!fr_dtype_is_float(x->dtype) || !fr_dtype_is_float(dtype)) {
         fr_error(FR_ERR_DTYPE, "cast: differentiable casts are between f32, f16 and bf16, not %s to %s",
                  fr_dtype_name(x->dtype), fr_dtype_name(dtype));
         return NULL;
@@ -52,7 +50,7 @@ fr_dtype fr_autocast_out_dtype(const fr_tensor *x) {
 }
 
 fr_tensor *fr_autocast_weight(fr_tensor *w, fr_dtype compute) {
-    if (!w || w->dtype == compute || !is_float_dtype(compute) || !is_float_dtype(w->dtype))
+    if (!w || w->dtype == compute || !fr_dtype_is_float(compute) || !fr_dtype_is_float(w->dtype))
         return fr_retain(w);
     /* Workspace, not an activation: it lives for one op call. */
     return fr_to_dtype(w, compute, FR_TAG_WORKSPACE);

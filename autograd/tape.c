@@ -56,7 +56,7 @@ static _Thread_local fr_dtype autocast_stack[AUTOCAST_MAX_DEPTH];
 static _Thread_local int autocast_depth;
 
 fr_status fr_autocast_enter(fr_dtype dtype) {
-    if (dtype != FR_F32 && dtype != FR_F16 && dtype != FR_BF16)
+    if (!fr_dtype_is_float(dtype))
         return fr_error(FR_ERR_DTYPE, "autocast: dtype must be f32, f16 or bf16, got %s",
                         fr_dtype_name(dtype));
     if (autocast_depth >= AUTOCAST_MAX_DEPTH)

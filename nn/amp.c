@@ -11,7 +11,7 @@
 fr_status fr_loss_scaler_init(fr_loss_scaler *s, fr_dtype dtype) {
     if (!s)
         return fr_error(FR_ERR_ARG, "loss scaler init: scaler is NULL");
-    if (dtype != FR_F16 && dtype != FR_BF16 && dtype != FR_F32)
+    if (!fr_dtype_is_float(dtype))
         return fr_error(FR_ERR_DTYPE, "loss scaler init: dtype %s, expected f16, bf16 or f32",
                         fr_dtype_name(dtype));
     bool dynamic = dtype == FR_F16;

@@ -112,7 +112,7 @@ static fr_status add_optim_tensors(fr_st_writer *w, const fr_optim *opt) {
  * exact value a double holds: 17 digits give it back bit for bit. */
 static fr_status put_amp(fr_st_writer *w, const fr_model *m, const fr_loss_scaler *scaler) {
     fr_dtype p = m->cfg.precision;
-    if (p != FR_F32 && p != FR_F16 && p != FR_BF16)
+    if (!fr_dtype_is_float(p))
         return fr_error(FR_ERR_ARG, "checkpoint: model %s has precision %s, expected f32, f16 or bf16",
                         m->name, fr_dtype_name(p));
     FR_TRY(put_str(w, AMP_PRECISION, fr_dtype_name(p)));

@@ -66,6 +66,8 @@ typedef enum { FR_F32 = 0, FR_F16, FR_BF16, FR_I32, FR_U8, FR_DTYPE_COUNT } fr_d
 typedef enum { FR_CPU = 0, FR_CUDA, FR_DEVICE_COUNT } fr_device;
 
 size_t fr_dtype_size(fr_dtype t);
+/* f32, f16 or bf16: the dtypes activations, autocast and precision policies take. */
+static inline bool fr_dtype_is_float(fr_dtype t) { return t == FR_F32 || t == FR_F16 || t == FR_BF16; }
 const char *fr_dtype_name(fr_dtype t);
 const char *fr_device_name(fr_device d);
 

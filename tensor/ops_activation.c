@@ -5,18 +5,10 @@
 #include "ops.h"
 #include "staging.h"
 
-static fr_status check_pair(const char *op, const char *out_name, const fr_tensor *out,
-                            const char *in_name, const fr_tensor *in) {
-    FR_TRY(fr_check_floatc(op, out_name, out));
-    FR_TRY(fr_check_floatc(op, in_name, in));
-    FR_TRY(fr_check_same_shape(op, out_name, out, in_name, in));
-    return fr_check_same_device(op, out_name, out, in_name, in);
-}
-
 static fr_status check_backward(const char *op, const fr_tensor *dx, const fr_tensor *dy,
                                 const fr_tensor *y) {
-    FR_TRY(check_pair(op, "dx", dx, "dy", dy));
-    return check_pair(op, "dy", dy, "y", y);
+    FR_TRY(fr_check_float_pair(op, "dx", dx, "dy", dy));
+    return fr_check_float_pair(op, "dy", dy, "y", y);
 }
 
 static fr_status check_slope(const char *op, float slope) {
@@ -52,7 +44,7 @@ static fr_status leaky_bwd_block(fr_device dev, float *dx, const float *const *i
 }
 
 fr_status fr_relu_forward(fr_tensor *y, const fr_tensor *x) {
-    FR_TRY(check_pair("relu", "y", y, "x", x));
+    FR_TRY(fr_check_float_pair("relu", "y", y, "x", x));
     return fr_stage_run(y, false, &x, 1, (size_t)fr_numel(y), relu_fwd_block, NULL);
 }
 
@@ -64,7 +56,7 @@ fr_status fr_relu_backward(fr_tensor *dx, const fr_tensor *dy, const fr_tensor *
 
 fr_status fr_leaky_relu_forward(fr_tensor *y, const fr_tensor *x, float slope) {
     FR_TRY(check_slope("leaky_relu", slope));
-    FR_TRY(check_pair("leaky_relu", "y", y, "x", x));
+    FR_TRY(fr_check_float_pair("leaky_relu", "y", y, "x", x));
     return fr_stage_run(y, false, &x, 1, (size_t)fr_numel(y), leaky_fwd_block, &slope);
 }
 

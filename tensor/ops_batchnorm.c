@@ -84,17 +84,12 @@ static fr_status batch_stats(float *mean, float *var, const fr_tensor *x, const 
                              size_t per) {
     fr_device dev = fr_device_of(x);
     size_t img = (size_t)d->c * (size_t)d->hw, c = (size_t)d->c;
-    if (per >= (size_t)d->n) {
-        fr_stage sx;
-        FR_TRY(fr_stage_in(&sx, x, 0, (size_t)d->n * img));
-        fr_status st = FR_CALL_KERNEL(dev, bn_stats, mean, var, sx.p, d->n, d->c, d->hw);
-        fr_stage_free(&sx);
-        return st;
-    }
-    size_t bytes = 3 * c * sizeof(float);
-    float *bmean = fr_mem_alloc(dev, bytes, FR_TAG_WORKSPACE), *bvar = bmean + c, *delta = bvar + c;
-    if (!bmean)
+    /* a block's statistics and delta; none when the batch is one block */
+    size_t bytes = per < (size_t)d->n ? 3 * c * sizeof(float) : 0;
+    float *bmean = bytes ? fr_mem_alloc(dev, bytes, FR_TAG_WORKSPACE) : NULL;
+    if (bytes && !bmean)
         return fr_last_status();
+    float *bvar = bmean ? bmean + c : NULL, *delta = bmean ? bvar + c : NULL;
     fr_status st = FR_OK;
     double na = 0;
     for (size_t n0 = 0; n0 < (size_t)d->n && st == FR_OK; n0 += per) {
@@ -125,7 +120,8 @@ static fr_status batch_stats(float *mean, float *var, const fr_tensor *x, const 
         }
         na = n;
     }
-    fr_mem_free(dev, bmean, bytes, FR_TAG_WORKSPACE);
+    if (bmean)
+        fr_mem_free(dev, bmean, bytes, FR_TAG_WORKSPACE);
     return st;
 }
 
@@ -180,12 +176,11 @@ static fr_status backward_blocks(fr_tensor *dx, float *dgamma, float *dbeta, con
         if (st == FR_OK)
             st = fr_stage_in(&sx, x, n0 * img, (size_t)nb * img);
         if (st == FR_OK)
-            st = FR_CALL_KERNEL(dev, bn_bwd, NULL, first ? dgamma : pg, first ? dbeta : pb, sdy.p,
-                                sx.p, mean, invstd, gamma, nb, d->c, d->hw);
-        if (st == FR_OK && !first)
-            st = FR_CALL_KERNEL(dev, axpy, dgamma, 1.0f, pg, c);
-        if (st == FR_OK && !first)
-            st = FR_CALL_KERNEL(dev, axpy, dbeta, 1.0f, pb, c);
+            st = FR_CALL_KERNEL(dev, bn_bwd, NULL, fr_stage_partial_dst(dgamma, pg, first),
+                                fr_stage_partial_dst(dbeta, pb, first), sdy.p, sx.p, mean, invstd,
+                                gamma, nb, d->c, d->hw);
+        st = fr_stage_add_partial(dev, dgamma, pg, c, first, st);
+        st = fr_stage_add_partial(dev, dbeta, pb, c, first, st);
         fr_stage_free(&sx);
         fr_stage_free(&sdy);
     }

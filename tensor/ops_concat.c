@@ -27,7 +27,7 @@ static int64_t pixels(const fr_tensor *t) {
 
 static fr_status channel_view(const char *op, const char *arg, const fr_tensor *t, chan_view *v) {
     char buf[96];
-    if (t->dtype != FR_F32 && t->dtype != FR_F16 && t->dtype != FR_BF16)
+    if (!fr_dtype_is_float(t->dtype))
         return fr_error(FR_ERR_DTYPE, "%s: %s must be f32, f16 or bf16, got %s", op, arg,
                         fr_dtype_name(t->dtype));
     if (t->ndim < 2)

@@ -103,16 +103,9 @@ fr_status fr_conv2d_forward(fr_tensor *y, const fr_tensor *x, const fr_tensor *w
     return st;
 }
 
-/* The kernels overwrite their parameter gradients, so every block after the
- * first writes into `part` and is added on. */
-static fr_status accumulate(fr_device dev, float *total, float *part, size_t n, bool first,
-                            fr_status k) {
-    if (k != FR_OK || first)
-        return k;
-    return FR_CALL_KERNEL(dev, axpy, total, 1.0f, part, n);
-}
-
-/* One block of images [n0, n0 + sb->n): whichever of dx, dw, db are wanted. */
+/* One block of images [n0, n0 + sb->n): whichever of dx, dw, db are wanted;
+ * the parameter gradients of blocks after the first go through dw_part /
+ * db_part (fr_stage_add_partial). */
 static fr_status backward_block(fr_tensor *dx, float *dw, float *db, float *dw_part, float *db_part,
                                 const fr_tensor *dy, const fr_tensor *x, const float *w,
                                 const fr_conv_shape *s, const fr_conv_shape *sb, size_t n0) {
@@ -125,9 +118,9 @@ static fr_status backward_block(fr_tensor *dx, float *dw, float *db, float *dw_p
         fr_stage sx;
         st = fr_stage_in(&sx, x, n0 * x_img(s), sb->n * x_img(s));
         if (st == FR_OK) {
-            float *out = first ? dw : dw_part;
-            st = accumulate(dev, dw, out, (size_t)s->k * s->c * s->r * s->s, first,
-                            FR_CALL_KERNEL(dev, conv2d_bwd_weight, out, sdy.p, sx.p, sb));
+            float *out = fr_stage_partial_dst(dw, dw_part, first);
+            st = fr_stage_add_partial(dev, dw, out, (size_t)s->k * s->c * s->r * s->s, first,
+                                      FR_CALL_KERNEL(dev, conv2d_bwd_weight, out, sdy.p, sx.p, sb));
         }
         fr_stage_free(&sx);
     }
@@ -139,9 +132,9 @@ static fr_status backward_block(fr_tensor *dx, float *dw, float *db, float *dw_p
                                  FR_CALL_KERNEL(dev, conv2d_bwd_data, sdx.p, sdy.p, w, sb));
     }
     if (st == FR_OK && db) {
-        float *out = first ? db : db_part;
-        st = accumulate(dev, db, out, (size_t)s->k, first,
-                        FR_CALL_KERNEL(dev, bias_grad, out, sdy.p, sb->n, s->k, s->oh * s->ow));
+        float *out = fr_stage_partial_dst(db, db_part, first);
+        st = fr_stage_add_partial(dev, db, out, (size_t)s->k, first,
+                                  FR_CALL_KERNEL(dev, bias_grad, out, sdy.p, sb->n, s->k, s->oh * s->ow));
     }
     fr_stage_free(&sdy);
     return st;

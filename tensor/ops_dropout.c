@@ -5,10 +5,7 @@
 
 static fr_status check(const char *op, const char *out_name, const fr_tensor *out,
                        const char *in_name, const fr_tensor *in, float p) {
-    FR_TRY(fr_check_floatc(op, out_name, out));
-    FR_TRY(fr_check_floatc(op, in_name, in));
-    FR_TRY(fr_check_same_shape(op, out_name, out, in_name, in));
-    FR_TRY(fr_check_same_device(op, out_name, out, in_name, in));
+    FR_TRY(fr_check_float_pair(op, out_name, out, in_name, in));
     if (!(p >= 0.0f && p < 1.0f))
         return fr_error(FR_ERR_ARG, "%s: p must be in [0, 1), got %g", op, (double)p);
     return FR_OK;

@@ -15,14 +15,6 @@ static fr_status check_binary(const char *op, const fr_tensor *out, const fr_ten
     return fr_check_same_device(op, "a", a, "b", b);
 }
 
-static fr_status check_unary(const char *op, const char *out_name, const fr_tensor *out,
-                             const char *in_name, const fr_tensor *in) {
-    FR_TRY(fr_check_floatc(op, out_name, out));
-    FR_TRY(fr_check_floatc(op, in_name, in));
-    FR_TRY(fr_check_same_shape(op, out_name, out, in_name, in));
-    return fr_check_same_device(op, out_name, out, in_name, in);
-}
-
 static fr_status add_block(fr_device dev, float *out, const float *const *in, size_t n, size_t off,
                            const void *args) {
     (void)off, (void)args;
@@ -60,12 +52,12 @@ fr_status fr_mul_out(fr_tensor *out, const fr_tensor *a, const fr_tensor *b) {
 }
 
 fr_status fr_scale_out(fr_tensor *out, const fr_tensor *x, float alpha) {
-    FR_TRY(check_unary("scale", "out", out, "x", x));
+    FR_TRY(fr_check_float_pair("scale", "out", out, "x", x));
     return fr_stage_run(out, false, &x, 1, (size_t)fr_numel(out), scale_block, &alpha);
 }
 
 fr_status fr_axpy_(fr_tensor *y, float alpha, const fr_tensor *x) {
-    FR_TRY(check_unary("axpy", "y", y, "x", x));
+    FR_TRY(fr_check_float_pair("axpy", "y", y, "x", x));
     return fr_stage_run(y, true, &x, 1, (size_t)fr_numel(y), axpy_block, &alpha);
 }
 
@@ -80,28 +72,23 @@ fr_status fr_sum_out(fr_tensor *out, const fr_tensor *x) {
                         (long long)fr_numel(out));
     fr_device dev = fr_device_of(out);
     size_t n = (size_t)fr_numel(x), block = fr_stage_block_units(&x, 1, 1, n);
-    if (block >= n) {
-        fr_stage sx;
-        FR_TRY(fr_stage_in(&sx, x, 0, n));
-        fr_status st = FR_CALL_KERNEL(dev, sum, fr_data_f32(out), sx.p, n);
-        fr_stage_free(&sx);
-        return st;
-    }
-    float *part = fr_mem_alloc(dev, sizeof(float), FR_TAG_WORKSPACE);
-    if (!part)
+    float *total = fr_data_f32(out), *part = NULL;
+    if (block < n && !(part = fr_mem_alloc(dev, sizeof(float), FR_TAG_WORKSPACE)))
         return fr_last_status();
-    fr_status st = FR_CALL_KERNEL(dev, fill, fr_data_f32(out), 0.0f, 1);
-    for (size_t off = 0; off < n && st == FR_OK; off += block) {
+    fr_status st = FR_OK;
+    /* an empty x still writes its sum, 0: one block of no elements */
+    for (size_t off = 0; st == FR_OK && (off < n || off == 0); off += block) {
         size_t len = n - off < block ? n - off : block;
         fr_stage sx;
         st = fr_stage_in(&sx, x, off, len);
         if (st == FR_OK)
-            st = FR_CALL_KERNEL(dev, sum, part, sx.p, len);
-        if (st == FR_OK)
-            st = FR_CALL_KERNEL(dev, axpy, fr_data_f32(out), 1.0f, part, 1);
+            st = fr_stage_add_partial(dev, total, part, 1, off == 0,
+                                      FR_CALL_KERNEL(dev, sum, fr_stage_partial_dst(total, part, off == 0),
+                                                     sx.p, len));
         fr_stage_free(&sx);
     }
-    fr_mem_free(dev, part, sizeof(float), FR_TAG_WORKSPACE);
+    if (part)
+        fr_mem_free(dev, part, sizeof(float), FR_TAG_WORKSPACE);
     return st;
 }
 

@@ -143,10 +143,9 @@ static fr_status backward_params(fr_tensor *dw, fr_tensor *db, const fr_tensor *
             st = FR_CALL_KERNEL(dev, gemm, fr_data_f32(dw), sdy.p, sx.p, (int)out, (int)in,
                                 (int)rows, true, false, 1.0f, r0 ? 1.0f : 0.0f);
         if (st == FR_OK && db) {
-            float *dst = r0 ? db_part : fr_data_f32(db);
-            st = FR_CALL_KERNEL(dev, bias_grad, dst, sdy.p, (int)rows, (int)out, 1);
-            if (st == FR_OK && r0)
-                st = FR_CALL_KERNEL(dev, axpy, fr_data_f32(db), 1.0f, db_part, (size_t)out);
+            float *dst = fr_stage_partial_dst(fr_data_f32(db), db_part, r0 == 0);
+            st = fr_stage_add_partial(dev, fr_data_f32(db), dst, (size_t)out, r0 == 0,
+                                      FR_CALL_KERNEL(dev, bias_grad, dst, sdy.p, (int)rows, (int)out, 1));
         }
         fr_stage_free(&sx);
         fr_stage_free(&sdy);

@@ -16,8 +16,8 @@ static char *elem_ptr(const fr_tensor *t, size_t off) {
 
 static fr_status alloc_scratch(fr_stage *s, fr_device dev, size_t n) {
     s->dev = dev;
-    s->bytes = n * sizeof(float);
-    s->scratch = fr_mem_alloc(dev, s->bytes ? s->bytes : sizeof(float), FR_TAG_WORKSPACE);
+    s->bytes = (n ? n : 1) * sizeof(float); /* an empty block still gets a valid pointer */
+    s->scratch = fr_mem_alloc(dev, s->bytes, FR_TAG_WORKSPACE);
     if (!s->scratch)
         return fr_last_status();
     s->p = s->scratch;
@@ -66,7 +66,7 @@ fr_status fr_stage_commit(fr_stage *s, fr_tensor *t, size_t off, size_t n, fr_st
 
 void fr_stage_free(fr_stage *s) {
     if (s->scratch)
-        fr_mem_free(s->dev, s->scratch, s->bytes ? s->bytes : sizeof(float), FR_TAG_WORKSPACE);
+        fr_mem_free(s->dev, s->scratch, s->bytes, FR_TAG_WORKSPACE);
     *s = (fr_stage){0};
 }
 
@@ -84,6 +84,13 @@ size_t fr_stage_block_units(const fr_tensor *const *ts, int count, size_t unit_e
     if (per < 1)
         per = 1;
     return per < units ? per : units;
+}
+
+fr_status fr_stage_add_partial(fr_device dev, float *total, const float *part, size_t n, bool first,
+                               fr_status k) {
+    if (k != FR_OK || first)
+        return k;
+    return FR_CALL_KERNEL(dev, axpy, total, 1.0f, part, n);
 }
 
 fr_status fr_stage_run_units(fr_tensor *out, size_t out_unit, bool load_out,

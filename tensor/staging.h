@@ -58,6 +58,21 @@ void fr_stage_free(fr_stage *s);
  * ignored. */
 size_t fr_stage_block_units(const fr_tensor *const *ts, int count, size_t unit_elems, size_t units);
 
+/* Reductions over blocks (a weight gradient, BN's sums, a total). The
+ * kernels overwrite their reduction output, so the first block writes the
+ * total itself and every later block writes a partial that is added on:
+ *
+ *     float *dst = fr_stage_partial_dst(dw, part, first);
+ *     st = fr_stage_add_partial(dev, dw, part, n, first, kernel(dst, ...));
+ */
+static inline float *fr_stage_partial_dst(float *total, float *part, bool first) {
+    return first ? total : part;
+}
+/* After a block's kernel returned k: total += part (n floats) unless the
+ * block was the first or k is an error. Returns k or the addition's status. */
+fr_status fr_stage_add_partial(fr_device dev, float *total, const float *part, size_t n, bool first,
+                               fr_status k);
+
 /* A kernel on one block of units (elements, images, planes): out and in[i]
  * hold `count` units as f32, units [first, first + count) of the op's
  * tensors. */

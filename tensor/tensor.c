@@ -563,8 +563,16 @@ fr_status fr_check_f32c(const char *op, const char *arg, const fr_tensor *t) {
 
 fr_status fr_check_floatc(const char *op, const char *arg, const fr_tensor *t) {
     FR_TRY(fr_check_defined(op, arg, t));
-    if (t->dtype != FR_F32 && t->dtype != FR_F16 && t->dtype != FR_BF16)
+    if (!fr_dtype_is_float(t->dtype))
         return fr_error(FR_ERR_DTYPE, "%s: %s must be f32, f16 or bf16, got %s", op, arg,
                         fr_dtype_name(t->dtype));
     return fr_check_contiguous(op, arg, t);
+}
+
+fr_status fr_check_float_pair(const char *op, const char *a_name, const fr_tensor *a,
+                              const char *b_name, const fr_tensor *b) {
+    FR_TRY(fr_check_floatc(op, a_name, a));
+    FR_TRY(fr_check_floatc(op, b_name, b));
+    FR_TRY(fr_check_same_shape(op, a_name, a, b_name, b));
+    return fr_check_same_device(op, a_name, a, b_name, b);
 }

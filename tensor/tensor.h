@@ -150,6 +150,10 @@ fr_status fr_check_f32c(const char *op, const char *arg, const fr_tensor *t);
 /* f32, f16 or bf16, and contiguous: what ops accept for activations (mixed
  * precision). */
 fr_status fr_check_floatc(const char *op, const char *arg, const fr_tensor *t);
+/* Both fr_check_floatc, of one shape, on one device: an elementwise op's
+ * output and input. */
+fr_status fr_check_float_pair(const char *op, const char *a_name, const fr_tensor *a,
+                              const char *b_name, const fr_tensor *b);
 
 /* Tensors and storages alive now (for leak checks in tests). */
 long fr_live_tensors(void);
