@@ -272,11 +272,11 @@ static fr_status setup(const options *o, run *r) {
                             info.strategy.abn ? "with" : "without");
         r->model->cfg.strategy = s;
     }
-    fr_dtype precision = o->resume ? info.precision : o->precision;
-    if (o->resume && o->precision_given && o->precision != info.precision)
+    fr_dtype precision = o->resume ? info.state.precision : o->precision;
+    if (o->resume && o->precision_given && o->precision != info.state.precision)
         return fr_error(FR_ERR_ARG, "--precision %s: the run in %s was trained in %s, and a resumed run "
                         "keeps its precision", fr_dtype_name(o->precision), o->resume,
-                        fr_dtype_name(info.precision));
+                        fr_dtype_name(info.state.precision));
     r->model->cfg.precision = precision;
     FR_TRY(fr_loss_scaler_init(&r->scaler, precision));
     if (dev != FR_CPU)

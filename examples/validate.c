@@ -119,7 +119,7 @@ static fr_status setup(const options *o, run *r) {
     if (o->strategy)
         FR_TRY(fr_strategy_parse(o->strategy, &r->model->cfg.strategy));
     /* any precision evaluates any weights: they stay f32 */
-    r->model->cfg.precision = o->precision_given ? o->precision : info.precision;
+    r->model->cfg.precision = o->precision_given ? o->precision : info.state.precision;
     r->dev = o->device ? FR_CUDA : FR_CPU;
     if (r->dev != FR_CPU)
         FR_TRY(fr_params_to_device(r->model->params, r->dev));

@@ -399,7 +399,6 @@ static fr_status read_info(const fr_st_file *f, const char *path, fr_ckpt_info *
         return fr_error(FR_ERR_FORMAT, "checkpoint %s: metadata field \"strategy\": %s", path, why);
     }
     FR_TRY(get_amp(m, &info->state));
-    info->precision = info->state.precision;
     FR_TRY(get_optim(m, info));
     if (!fr_st_metadata(f, "training"))
         return FR_OK; /* weights with model metadata */
@@ -590,14 +589,14 @@ static fr_status load_optim(const fr_st_file *f, const char *path, fr_optim *opt
 static fr_status check_amp(const fr_st_file *f, const char *path, const fr_model *m,
                            const fr_loss_scaler *scaler, const fr_train_state *state,
                            const fr_ckpt_info *info, fr_loss_scaler *after) {
-    const char *trained = fr_dtype_name(info->precision);
+    const char *trained = fr_dtype_name(info->state.precision);
     const char *why = fr_st_metadata(f, AMP_PRECISION) ? "" : " (it records no " AMP_PRECISION ")";
-    if (state && m->cfg.precision != info->precision)
+    if (state && m->cfg.precision != info->state.precision)
         return fr_error(FR_ERR_ARG, "checkpoint %s was trained in %s%s, the model's precision is %s", path,
                         trained, why, fr_dtype_name(m->cfg.precision));
     if (!scaler)
         return FR_OK;
-    if (scaler->dtype != info->precision)
+    if (scaler->dtype != info->state.precision)
         return fr_error(FR_ERR_ARG, "checkpoint %s was trained in %s%s, the loss scaler is for %s", path,
                         trained, why, fr_dtype_name(scaler->dtype));
     *after = *scaler;

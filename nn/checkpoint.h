@@ -71,7 +71,6 @@ typedef struct {
     char model[32];
     int in_channels, num_classes;
     fr_strategy strategy;
-    fr_dtype precision;   /* amp.precision; FR_F32 when the file has none */
     bool has_optim;
     fr_optim_kind optim_kind;
     fr_sgd_options sgd;

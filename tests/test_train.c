@@ -638,7 +638,7 @@ static void test_programs_half(void) {
     snprintf(path, sizeof path, "%s/f16.safetensors", dir);
     fr_ckpt_info info;
     CHECK_OK(fr_ckpt_read_info(path, &info));
-    CHECK(info.precision == FR_F16 && info.state.has_scaler && info.state.scaler.scale > 0);
+    CHECK(info.state.precision == FR_F16 && info.state.has_scaler && info.state.scaler.scale > 0);
     snprintf(args, sizeof args,
              "--model resnet8 --data mnist:%s --batch 16 --epochs 1 --lr 0.05 --threads 1 --precision bf16",
              dir);
