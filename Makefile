@@ -45,7 +45,7 @@ ifeq ($(HAVE_CUDA),1)
 endif
 CFLAGS := $(CFLAGS_BASE) $(EXTRA_CFLAGS)
 
-LIB_SRC := $(wildcard tensor/*.c autograd/*.c nn/*.c data/*.c)
+LIB_SRC := $(wildcard tensor/*.c cpu/*.c autograd/*.c nn/*.c data/*.c)
 LIB_OBJ := $(LIB_SRC:%.c=$(BUILD)/%.o) $(CU_SRC:%.cu=$(BUILD)/%.cu.o)
 LIB := $(BUILD)/libfrugal.a
 

@@ -307,9 +307,9 @@ enum { MAX_GEMM = 64 };
  *   fwd         y(K, P)      = w(K, CRS) . cols(CRS, P)
  *   bwd_data    dcols(CRS, P) = w^T . dy(K, P)         (A transposed)
  *   bwd_weight  dw(K, CRS)   = dy(K, P) . cols^T       (B transposed)
- * That is what tensor/cpu_conv.c does for CIFAR shapes (a band of rows is a
+ * That is what cpu/conv.c does for CIFAR shapes (a band of rows is a
  * whole image when its columns fit the budget there, and 1x1 stride-1 convs,
- * which skip the unrolling, do not occur in ResNet's stages). cpu_conv.c
+ * which skip the unrolling, do not occur in ResNet's stages). cpu/conv.c
  * currently runs such a GEMM single-threaded, one image per OpenMP thread;
  * here fr_gemm_out runs each on all threads. */
 static int gemm_cases(gemm_case *out) {
@@ -364,7 +364,7 @@ static fr_status gemm_frugal(void *v) {
 
 #if defined(FR_HAVE_CBLAS) && defined(OPENBLAS_VERSION)
 /* OpenBLAS's thread count as the environment set it, read before frugal's
- * first GEMM: frugal may change it for its own calls (cpu_gemm.c runs
+ * first GEMM: frugal may change it for its own calls (cpu/gemm.c runs
  * OpenBLAS single-threaded under its OpenMP split), and the direct call
  * below should measure OpenBLAS as a user would get it. */
 static int blas_env_threads, blas_saved_threads;

@@ -1,5 +1,5 @@
 /* abn.cu: the InPlace-ABN kernels on the GPU (kernels.def), the same
- * arithmetic as tensor/cpu_abn.c. */
+ * arithmetic as cpu/abn.c. */
 #include "internal.h"
 
 __global__ void abn_gamma_kernel(float *gamma_eff, const float *gamma, float eps, int c) {

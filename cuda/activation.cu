@@ -1,5 +1,5 @@
 /* activation.cu: ReLU and leaky ReLU on the GPU, the same arithmetic as
- * tensor/cpu_activation.c. Backward reads the output y (y > 0 exactly when
+ * cpu/activation.c. Backward reads the output y (y > 0 exactly when
  * x > 0), so an inplace forward loses nothing the gradient needs. Each thread
  * reads element i before writing it: y may be x, dx may be dy. */
 #include "internal.h"

@@ -1,5 +1,5 @@
 /* amp.cu: the gradient checks of dynamic loss scaling on the GPU, with the
- * same results as tensor/cpu_amp.c. */
+ * same results as cpu/amp.c. */
 #include "internal.h"
 
 /* Each block counts its elements' inf / NaN in an integer, reduces in a

@@ -1,5 +1,5 @@
 /* cast.cu: dtype conversion of n elements on the GPU, every pair of dtypes,
- * with the same results as tensor/cpu_cast.c bit for bit:
+ * with the same results as cpu/cast.c bit for bit:
  *  - same dtype: a device-to-device copy;
  *  - u8 -> i32: exact, no float detour (labels);
  *  - otherwise through f32: f16/bf16 widen exactly (bf16 is the top half of

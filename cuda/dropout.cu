@@ -1,5 +1,5 @@
 /* dropout.cu: dropout kernels on the GPU, drawing the same counter-based
- * mask as tensor/cpu_dropout.c (fr_dropout_uniform in kernels.h). */
+ * mask as cpu/dropout.c (fr_dropout_uniform in kernels.h). */
 #include "internal.h"
 
 __global__ void dropout_kernel(float *y, const float *x, float p, float scale, uint64_t seed,

@@ -2,7 +2,7 @@
  * parameter and its state. Each statement mirrors one PyTorch tensor op and
  * rounds where that op does: the __f*_rn intrinsics keep nvcc from fusing a
  * multiply and an add into one FMA (which rounds once), so the GPU follows
- * tensor/cpu_optim.c, and torch.optim, step for step. */
+ * cpu/optim.c, and torch.optim, step for step. */
 #include "internal.h"
 
 __global__ void sgd_kernel(float *w, float *buf, const float *g, size_t n, float lr, float momentum,

@@ -1,5 +1,5 @@
 /* amp.c: dynamic loss scaling; see amp.h. The arithmetic on gradients is in
- * tensor/ops_amp.c (kernels in tensor/cpu_amp.c and cuda/amp.cu). */
+ * tensor/ops_amp.c (kernels in cpu/amp.c and cuda/amp.cu). */
 #include "amp.h"
 
 #include <math.h>

@@ -1,5 +1,5 @@
 /* optim.c: SGD, Adam and AdamW; see optim.h. The arithmetic is in
- * tensor/cpu_optim.c (and its CUDA twin); this file keeps the state. */
+ * cpu/optim.c (and its CUDA twin); this file keeps the state. */
 #include "optim.h"
 
 #include <stdio.h>

@@ -1,7 +1,7 @@
-/* cpu_amp.c: the gradient checks of dynamic loss scaling on the host. */
+/* cpu/amp.c: the gradient checks of dynamic loss scaling on the host. */
 #include <string.h>
 
-#include "kernels.h"
+#include "../tensor/kernels.h"
 
 /* Below this many elements a parallel region costs more than it saves. */
 #define FR_PAR_MIN 32768

@@ -1,7 +1,7 @@
-/* cpu_abn.c: the InPlace-ABN kernels on the host (see kernels.def). */
+/* cpu/abn.c: the InPlace-ABN kernels on the host (see kernels.def). */
 #include <math.h>
 
-#include "kernels.h"
+#include "../tensor/kernels.h"
 
 fr_status fr_cpu_abn_gamma(float *gamma_eff, const float *gamma, float eps, int c) {
     for (int i = 0; i < c; i++)

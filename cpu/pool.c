@@ -1,4 +1,4 @@
-/* cpu_pool.c: max, average and global average pooling on the host.
+/* cpu/pool.c: max, average and global average pooling on the host.
  *
  * Each (image, channel) plane is independent, so planes are the unit of
  * OpenMP work: backward scatters into its own plane of dx only, and never
@@ -9,7 +9,7 @@
 #include <math.h>
 #include <string.h>
 
-#include "kernels.h"
+#include "../tensor/kernels.h"
 
 /* The clipped window of output position o along one axis: [*a, *b). */
 static void window(int o, int size, int kernel, int stride, int pad, int *a, int *b) {

@@ -1,10 +1,10 @@
-/* cpu_activation.c: ReLU and leaky ReLU kernels on the host.
+/* cpu/activation.c: ReLU and leaky ReLU kernels on the host.
  *
  * Backward reads the output y rather than the input: y > 0 exactly when
  * x > 0 (for leaky ReLU because the slope is positive), so an inplace forward
  * that overwrote x loses nothing the gradient needs. Every loop reads element
  * i before writing element i, which makes y == x and dx == dy safe. */
-#include "kernels.h"
+#include "../tensor/kernels.h"
 
 /* Below this many elements a parallel region costs more than it saves. */
 #define FR_ACT_PAR_MIN 32768

@@ -1,9 +1,9 @@
-/* cpu_optim.c: optimizer update kernels on the host (kernels.def). Each
+/* cpu/optim.c: optimizer update kernels on the host (kernels.def). Each
  * statement mirrors one PyTorch tensor op and rounds to f32 where that op
  * does, so the results follow torch.optim step for step. */
 #include <math.h>
 
-#include "kernels.h"
+#include "../tensor/kernels.h"
 
 /* Below this many elements a parallel region costs more than it saves. */
 #define FR_OPTIM_PAR_MIN 32768

@@ -1,7 +1,7 @@
-/* cpu_concat.c: the channel copy behind concat and its backward. */
+/* cpu/concat.c: the channel copy behind concat and its backward. */
 #include <string.h>
 
-#include "kernels.h"
+#include "../tensor/kernels.h"
 
 /* Below this many floats' worth of bytes copied, one thread is faster. */
 #define FR_CONCAT_PAR_MIN 65536

@@ -1,5 +1,5 @@
-/* cpu_dropout.c: dropout kernels on the host (see kernels.def). */
-#include "kernels.h"
+/* cpu/dropout.c: dropout kernels on the host (see kernels.def). */
+#include "../tensor/kernels.h"
 
 fr_status fr_cpu_dropout_fwd(float *y, const float *x, float p, uint64_t seed, size_t n) {
     float scale = 1.0f / (1.0f - p);

@@ -1,9 +1,9 @@
-/* cpu_loss.c: fused log-softmax + NLL (cross-entropy), mean over the batch.
+/* cpu/loss.c: fused log-softmax + NLL (cross-entropy), mean over the batch.
  * logits (N, K), labels (N) i32. Subtracting the row maximum before exp keeps
  * every exponent <= 0, so logits of any magnitude give a finite loss. */
 #include <math.h>
 
-#include "kernels.h"
+#include "../tensor/kernels.h"
 
 static fr_status check_labels(const int32_t *labels, int n, int k) {
     for (int i = 0; i < n; i++)

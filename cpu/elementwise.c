@@ -1,5 +1,5 @@
-/* cpu_elementwise.c: elementwise and reduction kernels on the host. */
-#include "kernels.h"
+/* cpu/elementwise.c: elementwise and reduction kernels on the host. */
+#include "../tensor/kernels.h"
 
 /* Below this many elements a parallel region costs more than it saves. */
 #define FR_PAR_MIN 32768

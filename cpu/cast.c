@@ -1,7 +1,7 @@
-/* cpu_cast.c: dtype conversion kernel on the host. */
+/* cpu/cast.c: dtype conversion kernel on the host. */
 #include <string.h>
 
-#include "kernels.h"
+#include "../tensor/kernels.h"
 
 #if defined(__AVX2__) && defined(__F16C__)
 #include <immintrin.h>

@@ -1,4 +1,4 @@
-/* cpu_conv.c: 2-d convolution (groups = 1) on the host, forward and both
+/* cpu/conv.c: 2-d convolution (groups = 1) on the host, forward and both
  * backward passes, as column matrices and GEMM.
  *
  * A column matrix unrolls every receptive field of a band of output rows of
@@ -24,8 +24,8 @@
 #include <omp.h>
 #include <string.h>
 
-#include "kernels.h"
-#include "memory.h"
+#include "../tensor/kernels.h"
+#include "../tensor/memory.h"
 
 typedef float fr_v8 __attribute__((vector_size(32)));
 

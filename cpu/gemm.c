@@ -1,4 +1,4 @@
-/* cpu_gemm.c: row-major single-precision GEMM on the host, and the
+/* cpu/gemm.c: row-major single-precision GEMM on the host, and the
  * per-channel bias kernels that go with linear and convolution layers.
  *
  * Threading: OpenMP is frugal's only thread pool on the CPU. OpenBLAS (when
@@ -17,8 +17,8 @@
 #include <pthread.h>
 #include <string.h>
 
-#include "kernels.h"
-#include "memory.h"
+#include "../tensor/kernels.h"
+#include "../tensor/memory.h"
 
 #ifdef FR_HAVE_CBLAS
 #include <cblas.h>

@@ -1,9 +1,9 @@
-/* cpu_batchnorm.c: batch-norm kernels on the host. x is (N, C, HW); every
+/* cpu/batchnorm.c: batch-norm kernels on the host. x is (N, C, HW); every
  * per-channel buffer is (C). Channel ch of sample i is the contiguous run
  * x[(i * C + ch) * HW ...], so a thread owning a channel strides over N. */
 #include <math.h>
 
-#include "kernels.h"
+#include "../tensor/kernels.h"
 
 /* Below this many elements in total, one thread is faster. */
 #define FR_BN_PAR_MIN 32768
