@@ -43,9 +43,33 @@ ifeq ($(HAVE_CUDA),1)
   LDLIBS += -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcudnn -lcublas -lcudart -lstdc++
   CU_SRC := $(wildcard cuda/*.cu)
 endif
+# MPI for data parallelism (dist/) when Open MPI's mpicc is found, like
+# OpenBLAS above; MPI=0 forces it off. Without it dist/none.c answers that
+# distributed training was not built in. NCCL joins a CUDA build that has it.
+ifneq ($(MPI),0)
+  MPICC := $(shell command -v mpicc 2>/dev/null)
+  ifneq ($(MPICC),)
+    MPI_LIBS := $(shell $(MPICC) --showme:link 2>/dev/null)
+    MPI_CFLAGS := $(shell $(MPICC) --showme:compile 2>/dev/null)
+  endif
+endif
+ifneq ($(MPI_LIBS),)
+  CFLAGS_BASE += -DFR_HAVE_MPI $(MPI_CFLAGS)
+  LDLIBS += $(MPI_LIBS)
+  DIST_SRC := dist/comm.c dist/ddp.c dist/launch.c
+  ifeq ($(HAVE_CUDA),1)
+    ifneq ($(wildcard $(CUDA_HOME)/include/nccl.h),)
+      CFLAGS_BASE += -DFR_HAVE_NCCL
+      LDLIBS += -lnccl
+      DIST_SRC += dist/nccl.c
+    endif
+  endif
+else
+  DIST_SRC := dist/none.c dist/launch.c
+endif
 CFLAGS := $(CFLAGS_BASE) $(EXTRA_CFLAGS)
 
-LIB_SRC := $(wildcard tensor/*.c cpu/*.c autograd/*.c nn/*.c data/*.c)
+LIB_SRC := $(wildcard tensor/*.c cpu/*.c autograd/*.c nn/*.c data/*.c) $(DIST_SRC)
 LIB_OBJ := $(LIB_SRC:%.c=$(BUILD)/%.o) $(CU_SRC:%.cu=$(BUILD)/%.cu.o)
 LIB := $(BUILD)/libfrugal.a
 

@@ -167,6 +167,19 @@ int fr_tape_size(void);
 fr_status fr_tape_push(void);
 void fr_tape_pop(void);
 
+/* ---- gradient-ready hook (data parallelism: dist/) ----
+ * When set (per thread; NULL clears it), backward calls fn(leaf, ctx) once
+ * for every leaf that a node of the tape being backpropagated has an edge
+ * to, as soon as the leaf's .grad holds everything this backward adds to it:
+ * right after the lowest-indexed node with an edge to the leaf has run (or
+ * been passed over as unreached), before that node is freed. leaf->grad may
+ * be NULL then (no gradient reached it). A nested tape (a checkpointed
+ * segment replayed in backward) reports its own leaves when its own
+ * backward finishes with them. An error from fn stops backward with that
+ * status. */
+typedef fr_status (*fr_grad_ready_fn)(fr_tensor *leaf, void *ctx);
+void fr_set_grad_ready_hook(fr_grad_ready_fn fn, void *ctx);
+
 #ifdef __cplusplus
 }
 #endif

@@ -415,6 +415,78 @@ static fr_status run_node(fr_node *n) {
     return st;
 }
 
+/* ---- gradient-ready hook (autograd.h) ----
+ * Before the reverse walk, one pass over the tape in recording order finds
+ * each leaf's lowest-indexed consumer: walking in reverse, that node is the
+ * last to add to the leaf's gradient. The (node, leaf) pairs come out sorted
+ * by node index, so the walk pops them from the end as it passes each node. */
+static _Thread_local fr_grad_ready_fn ready_fn;
+static _Thread_local void *ready_ctx;
+
+void fr_set_grad_ready_hook(fr_grad_ready_fn fn, void *ctx) {
+    ready_fn = fn;
+    ready_ctx = ctx;
+}
+
+typedef struct {
+    int node;
+    fr_tensor *leaf;
+} ready_entry;
+
+typedef struct {
+    fr_grad_ready_fn fn;
+    void *ctx;
+    ready_entry *entries;
+    int n;
+} ready_list;
+
+static fr_status ready_plan(ready_list *r) {
+    *r = (ready_list){.fn = ready_fn, .ctx = ready_ctx};
+    if (!r->fn)
+        return FR_OK;
+    size_t edges = 0, cap = 16;
+    for (int i = 0; i < tape_len; i++)
+        for (int j = 0; j < tape[i]->n_inputs; j++)
+            edges += tape[i]->inputs[j].kind == FR_EDGE_LEAF;
+    if (!edges)
+        return FR_OK;
+    while (cap < 2 * edges)
+        cap *= 2;
+    const fr_tensor **seen = calloc(cap, sizeof *seen); /* open addressing on the pointer */
+    r->entries = malloc(edges * sizeof *r->entries);
+    if (!seen || !r->entries) {
+        free(seen);
+        free(r->entries);
+        r->entries = NULL;
+        return fr_error(FR_ERR_OOM, "backward: out of memory planning the gradient-ready calls");
+    }
+    for (int i = 0; i < tape_len; i++)
+        for (int j = 0; j < tape[i]->n_inputs; j++) {
+            if (tape[i]->inputs[j].kind != FR_EDGE_LEAF)
+                continue;
+            fr_tensor *leaf = tape[i]->inputs[j].leaf;
+            size_t h = (size_t)(((uintptr_t)leaf >> 4) * 0x9E3779B97F4A7C15ull) & (cap - 1);
+            while (seen[h] && seen[h] != leaf)
+                h = (h + 1) & (cap - 1);
+            if (seen[h])
+                continue;
+            seen[h] = leaf;
+            r->entries[r->n++] = (ready_entry){.node = i, .leaf = leaf};
+        }
+    free(seen);
+    return FR_OK;
+}
+
+/* Reports the leaves whose last contributor is node `index` (just passed). */
+static fr_status ready_fire(ready_list *r, int index) {
+    fr_status st = FR_OK;
+    while (st == FR_OK && r->n > 0 && r->entries[r->n - 1].node == index) {
+        r->n--;
+        st = r->fn(r->entries[r->n].leaf, r->ctx);
+    }
+    return st;
+}
+
 fr_status fr_backward_with(fr_tensor *out, fr_tensor *grad_out) {
     FR_TRY(fr_check_defined("backward", "output", out));
     FR_TRY(fr_check_defined("backward", "gradient", grad_out));
@@ -428,6 +500,9 @@ fr_status fr_backward_with(fr_tensor *out, fr_tensor *grad_out) {
     FR_TRY(fr_check_same_shape("backward", "output", out, "gradient", grad_out));
     fr_node *root = out->grad_fn;
     fr_status st = accumulate(&root->grads[out->grad_fn_out], fr_retain(grad_out));
+    ready_list ready = {0};
+    if (st == FR_OK)
+        st = ready_plan(&ready);
     /* Reverse tape order is a topological order: every consumer of a node's
      * outputs was recorded after it. Each node is freed right after it ran. */
     for (int i = tape_len - 1; i >= 0 && st == FR_OK; i--) {
@@ -437,10 +512,13 @@ fr_status fr_backward_with(fr_tensor *out, fr_tensor *grad_out) {
             reached |= n->grads[o] != NULL;
         if (reached)
             st = run_node(n);
+        if (st == FR_OK)
+            st = ready_fire(&ready, i);
         node_free(n);
         tape[i] = NULL;
         tape_len = i;
     }
+    free(ready.entries);
     fr_tape_clear();
     return st;
 }

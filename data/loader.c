@@ -85,6 +85,30 @@ static void make_perm(fr_loader *l, int64_t epoch) {
     l->perm_epoch = epoch;
 }
 
+/* ---- sharding (loader.h) ---- */
+
+static int64_t shard_count(const fr_loader *l) { return l->cfg.shards > 1 ? l->cfg.shards : 1; }
+
+/* This process's part of global batch `index`: positions [*start, *start +
+ * *size) of the epoch's order. */
+static void shard_range(const fr_loader *l, int64_t index, int64_t *start, int64_t *size) {
+    int64_t shards = shard_count(l), r = shards > 1 ? l->cfg.shard : 0;
+    int64_t global = (int64_t)l->cfg.batch_size * shards, g0 = index * global;
+    int64_t len = l->ds->n - g0 < global ? l->ds->n - g0 : global;
+    int64_t lo = len * r / shards, hi = len * (r + 1) / shards;
+    *start = g0 + lo;
+    *size = hi - lo;
+}
+
+static int64_t count_batches(const fr_loader *l) {
+    int64_t global = (int64_t)l->cfg.batch_size * shard_count(l), n = l->ds->n;
+    if (l->cfg.drop_last || n % global == 0)
+        return n / global;
+    int64_t start, size;
+    shard_range(l, n / global, &start, &size);
+    return n / global + (size > 0);
+}
+
 /* ---- staging buffers (CUDA) ---- */
 
 static void stages_free(fr_loader *l) {
@@ -129,8 +153,8 @@ static void build_batch(fr_loader *l, int64_t epoch, int64_t index, batch_result
     if (l->perm_epoch != epoch)
         make_perm(l, epoch);
     const fr_dataset *ds = l->ds;
-    int64_t start = index * l->cfg.batch_size;
-    int64_t bs = ds->n - start < l->cfg.batch_size ? ds->n - start : l->cfg.batch_size;
+    int64_t start, bs;
+    shard_range(l, index, &start, &bs);
     float *px = NULL;      // (bs, C, H, W)
     int32_t *lab = NULL;   // (bs,)
     if (l->staged) {
@@ -238,6 +262,11 @@ fr_loader *fr_loader_new(const fr_dataset *ds, const fr_loader_config *cfg) {
         fr_error(FR_ERR_ARG, "loader: dataset or config is NULL");
         return NULL;
     }
+    if (cfg->shards < 0 || (cfg->shards > 1 && (cfg->shard < 0 || cfg->shard >= cfg->shards))) {
+        fr_error(FR_ERR_ARG, "loader: bad config for %s: shard %d of %d (0 <= shard < shards)",
+                 ds->name, cfg->shard, cfg->shards);
+        return NULL;
+    }
     if (cfg->batch_size < 1 || ds->c > FR_AUG_MAX_C || cfg->aug.pad < 0 ||
         (unsigned)cfg->device >= FR_DEVICE_COUNT) {
         fr_error(FR_ERR_ARG, "loader: bad config for %s: batch_size %d (>= 1), pad %d (>= 0), %lld "
@@ -252,8 +281,7 @@ fr_loader *fr_loader_new(const fr_dataset *ds, const fr_loader_config *cfg) {
     }
     l->ds = ds;
     l->cfg = *cfg;
-    l->n_batches = cfg->drop_last ? ds->n / cfg->batch_size
-                                  : (ds->n + cfg->batch_size - 1) / cfg->batch_size;
+    l->n_batches = count_batches(l);
     l->perm_epoch = -1;
     /* the order is input bookkeeping proportional to the dataset: counted */
     l->perm = fr_mem_alloc(FR_CPU, (size_t)ds->n * sizeof *l->perm, FR_TAG_DATA);

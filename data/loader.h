@@ -18,7 +18,22 @@
  * asynchronously on the one stream, so the copy overlaps the host's work and
  * the caller's kernels order after it; when memory cannot be pinned they are
  * built as CPU tensors and moved with fr_to_device. The batches are the same
- * either way. */
+ * either way.
+ *
+ * Sharding (data parallelism, dist/): with `shards` = N > 1 the loader of
+ * process `shard` (0 <= shard < N) returns its part of each GLOBAL batch of
+ * N x batch_size images: global batch k covers positions [kG, kG + G) of the
+ * epoch's order (G = N x batch_size; the same seed gives every process the
+ * same order), and process r takes positions [kG + Gr/N, kG + G(r+1)/N) of
+ * it, which is the part fr_train_step gives micro-batch r of that global
+ * batch with accum N. The N shards of an epoch are disjoint and, with
+ * drop_last, cover N x batch_size x (batches per epoch) images. A short last
+ * global batch (R < G images, kept without drop_last) is split the same way,
+ * [kG + Rr/N, kG + R(r+1)/N); a process whose part is empty has one batch
+ * fewer. Batch indices (fr_loader_seek, fr_loader_batch) count global
+ * batches, so a position means the same on every process. Augmentation is
+ * seeded by the global position, so image i is augmented the same way
+ * whatever the number of processes. */
 #ifndef FR_LOADER_H
 #define FR_LOADER_H
 
@@ -37,6 +52,8 @@ typedef struct {
     fr_augment aug;     /* crop/flip/normalisation; all zero = pixels / 255 */
     fr_device device;   /* where batches are returned */
     bool prefetch;      /* prepare the next batch on a background thread */
+    int shards;         /* processes sharing each epoch (0 or 1: not sharded) */
+    int shard;          /* this process, in [0, shards) */
 } fr_loader_config;
 
 typedef struct fr_loader fr_loader;
@@ -47,7 +64,7 @@ fr_loader *fr_loader_new(const fr_dataset *ds, const fr_loader_config *cfg);
  * everything not handed out. NULL is ignored. */
 void fr_loader_free(fr_loader *l);
 
-/* Batches per epoch. */
+/* Batches per epoch (this process's, when sharded). */
 int64_t fr_loader_num_batches(const fr_loader *l);
 /* The epoch and batch index the next fr_loader_next call returns. */
 int64_t fr_loader_epoch(const fr_loader *l);

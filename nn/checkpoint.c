@@ -160,6 +160,10 @@ static fr_status fill_writer(fr_st_writer *w, const fr_model *m, const fr_optim 
     FR_TRY(put_int(w, "augment", st->augment));
     FR_TRY(put_int(w, "limit_train", st->limit_train));
     FR_TRY(put_str(w, "data", st->data));
+    if (st->world_size > 1) {
+        FR_TRY(put_int(w, "dist.world_size", st->world_size));
+        FR_TRY(put_int(w, "dist.sync_bn", st->sync_bn));
+    }
     return put_schedule(w, &st->schedule);
 }
 
@@ -326,6 +330,14 @@ static fr_status get_state(meta_src m, fr_train_state *st) {
     FR_TRY(get_int(m, "limit_train", 0, INT64_MAX, &st->limit_train));
     FR_TRY(get_str(m, "data", &s));
     snprintf(st->data, sizeof st->data, "%s", s);
+    st->world_size = 1;
+    st->sync_bn = false;
+    if (fr_st_metadata(m.f, "dist.world_size")) {
+        FR_TRY(get_int(m, "dist.world_size", 1, INT32_MAX, &v));
+        st->world_size = (int)v;
+        FR_TRY(get_int(m, "dist.sync_bn", 0, 1, &v));
+        st->sync_bn = v;
+    }
     return get_schedule(m, &st->schedule);
 }
 

@@ -48,12 +48,19 @@ typedef struct {
     int64_t batch;        /* batches of that epoch already consumed */
     int64_t step;         /* optimizer steps taken in all: the schedule's position */
     uint64_t seed;        /* model initialisation and loader seed */
-    int batch_size;       /* images per optimizer step */
+    int batch_size;       /* images per optimizer step (all processes together) */
     int accum;            /* micro-batches per step (>= 1) */
     int epochs;           /* epochs the run was started for */
     bool augment;
     int64_t limit_train;  /* first N training images only; 0 = all */
     char data[256];       /* the --data spec, for messages */
+    /* Data parallelism (dist/dist.h): the processes that trained it, each on
+     * batch_size / world_size images of every step (1 alone; files without
+     * the dist.* fields read as 1), and whether batch norm was synchronised.
+     * epoch and batch count global batches, so they mean the same on every
+     * process. */
+    int world_size;
+    bool sync_bn;
     fr_schedule schedule;
     /* Mixed precision, as the file records it (filled by fr_ckpt_load and
      * fr_ckpt_read_info; fr_ckpt_save writes the model's precision and the

@@ -312,7 +312,11 @@ fr_status fr_train_step(fr_model *m, fr_optim *opt, fr_loss_scaler *scaler, fr_t
         fr_tensor *y = parts == 1 ? fr_retain(labels) : fr_narrow(labels, 0, lo, hi - lo);
         double part_loss = 0;
         int64_t part_hits = 0;
-        st = x && y ? micro_step(m, scaler, x, y, (float)((double)(hi - lo) / (double)b), &part_loss,
+        const fr_grad_sync *sync = m->grad_sync;
+        if (x && y && sync)
+            st = sync->begin(sync->ctx, i, parts);
+        if (st == FR_OK)
+            st = x && y ? micro_step(m, scaler, x, y, (float)((double)(hi - lo) / (double)b), &part_loss,
                                  correct ? &part_hits : NULL)
                     : fr_last_status();
         total += part_loss;
@@ -321,6 +325,13 @@ fr_status fr_train_step(fr_model *m, fr_optim *opt, fr_loss_scaler *scaler, fr_t
         fr_release(y);
     }
     bool did_step = false;
+    if (st == FR_OK && m->grad_sync)
+        st = m->grad_sync->finish(m->grad_sync->ctx);
+    if (st == FR_OK && opt && scaler && m->grad_sync) {
+        st = fr_loss_scaler_unscale(scaler, opt->params);
+        if (st == FR_OK)
+            st = m->grad_sync->any(m->grad_sync->ctx, &scaler->found_nonfinite);
+    }
     if (st == FR_OK && opt && scaler) {
         st = fr_loss_scaler_step(scaler, opt, NULL, &did_step);
     } else if (st == FR_OK && opt) {

@@ -70,6 +70,19 @@ typedef struct {
  * FR_ERR_ARG naming the choices otherwise. */
 fr_status fr_precision_parse(const char *text, fr_dtype *out);
 
+/* How a training step shares its gradients with other processes (data
+ * parallelism: dist/dist.h installs one with fr_dist_attach). fr_train_step
+ * calls begin before each micro-batch (`micro` of `parts`), finish after the
+ * last backward (the gradients are then the average over processes) and,
+ * with a loss scaler, any to OR its found-inf flag over processes, so every
+ * process skips the same steps. */
+typedef struct fr_grad_sync {
+    void *ctx;
+    fr_status (*begin)(void *ctx, int micro, int parts);
+    fr_status (*finish)(void *ctx);
+    fr_status (*any)(void *ctx, bool *flag);
+} fr_grad_sync;
+
 typedef struct fr_model fr_model;
 struct fr_model {
     char name[32];         /* "resnet20" */
@@ -82,6 +95,7 @@ struct fr_model {
     fr_tensor *(*forward)(fr_model *m, fr_tensor *x, bool training);
     void *impl;            /* architecture-specific layers; owned */
     void (*impl_free)(void *impl);
+    const fr_grad_sync *grad_sync; /* borrowed; NULL when training alone */
 };
 
 /* m->forward under the model's precision policy; the logits come back f32

@@ -80,6 +80,18 @@ fr_status fr_batchnorm_backward(fr_tensor *dx, fr_tensor *dgamma, fr_tensor *dbe
                                 const fr_tensor *dy, const fr_tensor *x, const fr_tensor *mean,
                                 const fr_tensor *invstd, const fr_tensor *gamma);
 
+/* Synchronised batch norm (data parallelism: dist/). While a sum function
+ * is set (per thread; NULL turns it off), fr_batchnorm_train_forward
+ * combines its batch statistics with every other process's (counts, means
+ * and variances, Chan's pairwise form) and normalises and updates the
+ * running statistics with the global ones; fr_batchnorm_backward, when it
+ * computes dx, does so from the per-channel sums of dy and dy * xhat over
+ * all processes (dgamma and dbeta stay this process's: the gradient
+ * all-reduce adds them). fn replaces n doubles by their sum over processes;
+ * every process must make the same calls in the same order. */
+typedef fr_status (*fr_bn_sum_fn)(double *values, int n, void *ctx);
+void fr_batchnorm_set_sync(fr_bn_sum_fn fn, void *ctx);
+
 /* ---- pooling (ops_pool.c) ---- */
 typedef struct {
     int kernel, stride, pad;

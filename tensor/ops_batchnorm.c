@@ -11,9 +11,12 @@
  * With f32 operands everything is one kernel call, as before. */
 #include <limits.h>
 #include <math.h>
+#include <stdlib.h>
+#include <string.h>
 
 #include "ops.h"
 #include "staging.h"
+#include "../cuda/fr_cuda.h"
 
 typedef struct {
     int n, c, hw;
@@ -193,6 +196,114 @@ static fr_status backward_blocks(fr_tensor *dx, float *dgamma, float *dbeta, con
                               bwd_data_block, &a);
 }
 
+/* ---- synchronised batch norm (ops.h: fr_batchnorm_set_sync) ---- */
+static _Thread_local fr_bn_sum_fn sync_fn;
+static _Thread_local void *sync_ctx;
+
+void fr_batchnorm_set_sync(fr_bn_sum_fn fn, void *ctx) {
+    sync_fn = fn;
+    sync_ctx = ctx;
+}
+
+static fr_status channels_copy(fr_device dev, void *dst, const void *src, size_t bytes,
+                               fr_copy_kind kind) {
+    if (dev == FR_CPU) {
+        memcpy(dst, src, bytes);
+        return FR_OK;
+    }
+    return fr_cuda_memcpy(dst, src, bytes, kind);
+}
+
+/* mean and biased var (C, on dev) of `count` local values per channel
+ * become those of all processes' values; *count their number. The global
+ * mean comes first, then sum n_r (var_r + (mean_r - mean)^2): no difference
+ * of large sums. */
+static fr_status sync_stats(fr_device dev, float *mean, float *var, int c, double *count) {
+    double *h = malloc((size_t)(3 * c + 1) * sizeof *h);
+    float *f = malloc((size_t)(2 * c) * sizeof *f);
+    fr_status st = h && f ? FR_OK : fr_error(FR_ERR_OOM, "batch_norm (synchronised): out of memory");
+    if (st == FR_OK)
+        st = channels_copy(dev, f, mean, (size_t)c * sizeof *f, FR_COPY_D2H);
+    if (st == FR_OK)
+        st = channels_copy(dev, f + c, var, (size_t)c * sizeof *f, FR_COPY_D2H);
+    double n = *count, *m = h + 2 * c + 1;
+    for (int i = 0; st == FR_OK && i < c; i++)
+        h[i] = n * f[i];
+    h[c] = n;
+    if (st == FR_OK)
+        st = sync_fn(h, c + 1, sync_ctx);
+    double total = h[c];
+    for (int i = 0; st == FR_OK && i < c; i++) {
+        m[i] = h[i] / total;
+        double dm = (double)f[i] - m[i];
+        h[i] = n * ((double)f[c + i] + dm * dm);
+    }
+    if (st == FR_OK)
+        st = sync_fn(h, c, sync_ctx);
+    for (int i = 0; st == FR_OK && i < c; i++) {
+        f[i] = (float)m[i];
+        f[c + i] = (float)(h[i] / total);
+    }
+    if (st == FR_OK)
+        st = channels_copy(dev, mean, f, (size_t)c * sizeof *f, FR_COPY_H2D);
+    if (st == FR_OK)
+        st = channels_copy(dev, var, f + c, (size_t)c * sizeof *f, FR_COPY_H2D);
+    if (st == FR_OK)
+        *count = total;
+    free(h);
+    free(f);
+    return st;
+}
+
+/* dgamma and dbeta (C, on dev) are this process's sums; sums (2C, on dev)
+ * gets both summed over processes, *count the values behind them. */
+static fr_status sync_sums(fr_device dev, float *sums, const float *dgamma, const float *dbeta, int c,
+                           double *count) {
+    double *h = malloc((size_t)(2 * c + 1) * sizeof *h);
+    float *f = malloc((size_t)(2 * c) * sizeof *f);
+    fr_status st = h && f ? FR_OK : fr_error(FR_ERR_OOM, "batchnorm_backward (synchronised): out of memory");
+    if (st == FR_OK)
+        st = channels_copy(dev, f, dgamma, (size_t)c * sizeof *f, FR_COPY_D2H);
+    if (st == FR_OK)
+        st = channels_copy(dev, f + c, dbeta, (size_t)c * sizeof *f, FR_COPY_D2H);
+    for (int i = 0; st == FR_OK && i < 2 * c; i++)
+        h[i] = f[i];
+    h[2 * c] = *count;
+    if (st == FR_OK)
+        st = sync_fn(h, 2 * c + 1, sync_ctx);
+    for (int i = 0; st == FR_OK && i < 2 * c; i++)
+        f[i] = (float)h[i];
+    if (st == FR_OK)
+        st = channels_copy(dev, sums, f, (size_t)(2 * c) * sizeof *f, FR_COPY_H2D);
+    if (st == FR_OK)
+        *count = h[2 * c];
+    free(h);
+    free(f);
+    return st;
+}
+
+/* Backward with dx from the global sums (synchronised batch norm). */
+static fr_status backward_synced(fr_tensor *dx, fr_tensor *dgamma, fr_tensor *dbeta, const fr_tensor *dy,
+                                 const fr_tensor *x, const fr_tensor *mean, const fr_tensor *invstd,
+                                 const fr_tensor *gamma, const bn_dims *d, size_t per) {
+    fr_device dev = fr_device_of(x);
+    FR_TRY(backward_blocks(NULL, fr_data_f32(dgamma), fr_data_f32(dbeta), dy, x, fr_data_f32(mean),
+                           fr_data_f32(invstd), fr_data_f32(gamma), d, per));
+    size_t bytes = 2 * (size_t)d->c * sizeof(float);
+    float *sums = fr_mem_alloc(dev, bytes, FR_TAG_WORKSPACE); // (2, C)
+    if (!sums)
+        return fr_last_status();
+    double count = (double)d->n * d->hw;
+    fr_status st = sync_sums(dev, sums, fr_data_f32(dgamma), fr_data_f32(dbeta), d->c, &count);
+    bn_block_args a = {.mean = fr_data_f32(mean), .invstd = fr_data_f32(invstd), .gamma = fr_data_f32(gamma),
+                       .dgamma = sums, .dbeta = sums + d->c, .count = count, .c = d->c, .hw = d->hw};
+    if (st == FR_OK)
+        st = fr_stage_run_units(dx, (size_t)d->c * (size_t)d->hw, false, (const fr_tensor *[]){dy, x}, NULL,
+                                2, (size_t)d->n, bwd_data_block, &a);
+    fr_mem_free(dev, sums, bytes, FR_TAG_WORKSPACE);
+    return st;
+}
+
 fr_status fr_batchnorm_train_forward(fr_tensor *y, fr_tensor *mean, fr_tensor *invstd,
                                      const fr_tensor *x, const fr_tensor *gamma, const fr_tensor *beta,
                                      fr_tensor *running_mean, fr_tensor *running_var,
@@ -228,12 +339,15 @@ fr_status fr_batchnorm_train_forward(fr_tensor *y, fr_tensor *mean, fr_tensor *i
     if (!var)
         return fr_last_status();
     fr_status st = batch_stats(fr_data_f32(mean), var, x, &d, images_per_block(x, y, &d));
+    double values = (double)count;
+    if (st == FR_OK && sync_fn)
+        st = sync_stats(dev, fr_data_f32(mean), var, d.c, &values);
     if (st == FR_OK)
         st = FR_CALL_KERNEL(dev, bn_invstd, fr_data_f32(invstd), var, eps, d.c);
     if (st == FR_OK && running_mean) {
         st = FR_CALL_KERNEL(dev, bn_update_running, fr_data_f32(running_mean),
                             fr_data_f32(running_var), fr_data_f32(mean), var, momentum,
-                            count > INT_MAX ? INT_MAX : (int)count, d.c);
+                            values > INT_MAX ? INT_MAX : (int)values, d.c);
         if (st == FR_OK) {
             fr_bump_version(running_mean, "batch_norm (running stats)");
             fr_bump_version(running_var, "batch_norm (running stats)");
@@ -298,6 +412,8 @@ fr_status fr_batchnorm_backward(fr_tensor *dx, fr_tensor *dgamma, fr_tensor *dbe
     FR_TRY(check_channel(op, "invstd", invstd, x, d.c));
     FR_TRY(check_channel(op, "gamma", gamma, x, d.c));
     size_t per = images_per_block(dy, x, &d);
+    if (dx && sync_fn)
+        return backward_synced(dx, dgamma, dbeta, dy, x, mean, invstd, gamma, &d, per);
     if (per < (size_t)d.n)
         return backward_blocks(dx, fr_data_f32(dgamma), fr_data_f32(dbeta), dy, x,
                                fr_data_f32(mean), fr_data_f32(invstd), fr_data_f32(gamma), &d, per);

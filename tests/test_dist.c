@@ -1,0 +1,594 @@
+/* test_dist.c: data parallelism (dist/dist.h), the loader's sharding and
+ * the tape's gradient-ready hook.
+ *
+ * Run as a plain program (what tests/run_tests.sh does) it is the driver:
+ *  - sharding: each process's batches are its part of the global batch
+ *    (the part fr_train_step gives that micro-batch with accum N), the
+ *    shards of an epoch are disjoint and cover it, a short last batch is
+ *    split and an empty part drops a batch;
+ *  - the gradient-ready hook reports each leaf once, when its .grad equals
+ *    what it holds after backward, also for a checkpointed segment;
+ *  - then every case below in a job of its own, launched as
+ *        mpirun -np 2 --oversubscribe [--allow-run-as-root] -x OMP_NUM_THREADS=1 \
+ *            <this program> --case NAME --dir TMPDIR
+ *    (one OpenMP thread per rank), bounded by a timeout that kills the job;
+ *    it passes when the job exits 0 (each rank runs the case with the usual
+ *    leak checks and exits non-zero on a failure).
+ * Without MPI in the build, or without mpirun, the MPI cases SKIP.
+ *
+ * The cases (ResNet-8 on 8x8 synthetic images, SGD with momentum 0.9 and
+ * weight decay, 5 steps):
+ *  - exact, exact-recompute (recompute+checkpoint:1), exact-bf16: 2 ranks x
+ *    batch 16 end with the parameters of 1 process x batch 32 x accum 2 on
+ *    the same data order, bit for bit (tolerance 0: for 2 ranks the
+ *    all-reduce adds two numbers and halves, which is exactly what
+ *    accumulating two half-scaled micro-batches does); rank 1 starts from
+ *    other weights, so the broadcast from rank 0 is checked too;
+ *  - sync-bn: synchronised BN with 2 x 16 against 1 process at batch 32
+ *    without accumulation, parameters and running statistics within 1e-4
+ *    relative (the sums are grouped differently);
+ *  - resume: 3 steps, a checkpoint written by rank 0, new replicas loaded
+ *    from it, 2 more steps: the parameters of 5 uninterrupted steps, bit for
+ *    bit;
+ *  - f16-skip: an inf in rank 1's batch of step 2 makes both ranks skip that
+ *    step (one skip each, the same parameters on both);
+ *  - die: rank 1 is killed (SIGKILL) while rank 0 waits in a step's
+ *    all-reduce: the job must exit non-zero within 60 s;
+ *  - error: rank 1 hits a user error, prints it and calls fr_dist_abort: the
+ *    job exits non-zero within 60 s and the message is in its output. */
+#include <signal.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "testlib.h"
+#include "dist/dist.h"
+#include "nn/checkpoint.h"
+#include "nn/cli.h"
+#include "nn/resnet.h"
+
+enum { N_IMAGES = 192, HW = 8, STEPS = 5 };
+
+/* ---- driver-side tests (no MPI) ---- */
+
+/* Labels that name the image: label i for image i. */
+static fr_dataset *numbered(int n) {
+    uint8_t *px = calloc((size_t)n, 4);
+    int32_t *lab = malloc((size_t)n * sizeof *lab);
+    for (int i = 0; i < n; i++)
+        lab[i] = i;
+    fr_dataset *ds = fr_dataset_from_host("numbered", n, 1, 2, 2, px, lab, n);
+    free(px);
+    free(lab);
+    return ds;
+}
+
+/* The labels of every batch of one epoch, concatenated; *count batches. */
+static int epoch_labels(const fr_dataset *ds, fr_loader_config lc, int32_t *out, int64_t *count,
+                        int64_t *sizes) {
+    fr_loader *l = fr_loader_new(ds, &lc);
+    if (!l)
+        return -1;
+    int got = 0;
+    *count = 0;
+    for (;;) {
+        fr_tensor *x, *y;
+        if (fr_loader_next(l, &x, &y) != FR_OK || !x)
+            break;
+        memcpy(out + got, fr_data(y), (size_t)y->shape[0] * sizeof *out);
+        sizes[(*count)++] = y->shape[0];
+        got += (int)y->shape[0];
+        fr_release(x);
+        fr_release(y);
+    }
+    fr_loader_free(l);
+    return got;
+}
+
+static void check_shards(int n, int batch, int shards, bool drop_last) {
+    fr_dataset *ds = numbered(n);
+    fr_loader_config lc = {.batch_size = batch * shards, .shuffle = true, .drop_last = drop_last, .seed = 9};
+    int32_t *whole = malloc((size_t)n * sizeof *whole), *part = malloc((size_t)n * sizeof *part);
+    int64_t whole_sizes[256], part_sizes[256], whole_batches, part_batches;
+    int whole_n = epoch_labels(ds, lc, whole, &whole_batches, whole_sizes);
+    int *seen = calloc((size_t)n, sizeof *seen), covered = 0;
+    for (int r = 0; r < shards; r++) {
+        fr_loader_config sc = lc;
+        sc.batch_size = batch;
+        sc.shards = shards;
+        sc.shard = r;
+        int got = epoch_labels(ds, sc, part, &part_batches, part_sizes);
+        CHECK(got >= 0);
+        /* batch k of rank r is part r of global batch k, as fr_train_step splits it */
+        int64_t at = 0, g0 = 0;
+        for (int64_t k = 0, kk = 0; k < whole_batches; k++) {
+            int64_t len = whole_sizes[k], lo = len * r / shards, hi = len * (r + 1) / shards;
+            if (hi > lo) {
+                CHECK(kk < part_batches && part_sizes[kk] == hi - lo);
+                for (int64_t j = 0; kk < part_batches && j < hi - lo; j++)
+                    CHECK(part[at + j] == whole[g0 + lo + j]);
+                at += hi - lo;
+                kk++;
+            }
+            g0 += len;
+        }
+        CHECK(at == got);
+        for (int j = 0; j < got; j++)
+            seen[part[j]]++;
+        covered += got;
+    }
+    CHECK(covered == whole_n);
+    for (int i = 0; i < n; i++)
+        CHECK(seen[i] <= 1);
+    free(seen);
+    free(whole);
+    free(part);
+    fr_dataset_free(ds);
+}
+
+static void test_sharding(void) {
+    check_shards(100, 8, 3, true);   /* 4 global batches of 24 */
+    check_shards(100, 8, 3, false);  /* and a last one of 4: parts 1, 1, 2 */
+    check_shards(97, 8, 3, false);   /* a last one of 1: ranks 0 and 1 have a batch fewer */
+    check_shards(64, 16, 2, true);
+    fr_dataset *ds = numbered(10);
+    fr_loader_config bad = {.batch_size = 2, .shards = 2, .shard = 2};
+    CHECK(fr_loader_new(ds, &bad) == NULL);
+    CHECK(strstr(fr_last_error(), "shard 2 of 2") != NULL);
+    fr_dataset_free(ds);
+}
+
+/* ---- the gradient-ready hook ---- */
+
+typedef struct {
+    fr_tensor *leaves[4];
+    float at_report[4][8];
+    int reports[4];
+    int n;
+} hook_log;
+
+static fr_status log_ready(fr_tensor *leaf, void *ctx) {
+    hook_log *h = ctx;
+    for (int i = 0; i < h->n; i++)
+        if (h->leaves[i] == leaf) {
+            h->reports[i]++;
+            if (leaf->grad)
+                memcpy(h->at_report[i], fr_data_f32(leaf->grad), (size_t)fr_numel(leaf) * sizeof(float));
+        }
+    return FR_OK;
+}
+
+static fr_tensor *segment(void *ctx, fr_tensor *x) {
+    fr_tensor *w = ctx;
+    fr_tensor *a = fr_mul(x, w), *b = fr_relu(a);
+    fr_release(a);
+    return b;
+}
+
+static void check_hook(bool checkpointed) {
+    /* w is used twice (early and late), v once, u inside the checkpointed
+     * segment when asked */
+    fr_tensor *w = fr_t_rand(FR_CPU, 1, FR_SHAPE(8), 1), *v = fr_t_rand(FR_CPU, 1, FR_SHAPE(8), 2);
+    fr_tensor *u = fr_t_rand(FR_CPU, 1, FR_SHAPE(8), 3), *x = fr_t_rand(FR_CPU, 1, FR_SHAPE(8), 4);
+    fr_set_requires_grad(w, true);
+    fr_set_requires_grad(v, true);
+    fr_set_requires_grad(u, true);
+    hook_log h = {.leaves = {w, v, u}, .n = 3};
+    fr_set_grad_ready_hook(log_ready, &h);
+    fr_tensor *a = fr_mul(x, w);
+    fr_tensor *b = checkpointed ? fr_checkpoint(segment, u, a) : segment(u, a);
+    fr_tensor *c = fr_mul(b, v), *d = fr_mul(c, w), *l = fr_sum(d);
+    CHECK_OK(fr_backward(l));
+    fr_set_grad_ready_hook(NULL, NULL);
+    for (int i = 0; i < 3; i++) {
+        CHECK(h.reports[i] == 1);
+        CHECK(h.leaves[i]->grad && !memcmp(h.at_report[i], fr_data_f32(h.leaves[i]->grad), 8 * sizeof(float)));
+    }
+    fr_tensor *all[] = {a, b, c, d, l, w, v, u, x};
+    for (size_t i = 0; i < sizeof all / sizeof *all; i++) {
+        fr_zero_grad(all[i]);
+        fr_release(all[i]);
+    }
+}
+
+static void test_grad_ready_hook(void) { check_hook(false); }
+static void test_grad_ready_hook_checkpoint(void) { check_hook(true); }
+
+/* ---- the cases, on every rank ---- */
+
+static fr_dist *dist;
+static const char *tmp_dir;
+
+/* Class 0: a bright upper half, class 1: a bright lower half, plus noise. */
+static fr_dataset *separable(void) {
+    static uint8_t px[N_IMAGES * HW * HW];
+    static int32_t labels[N_IMAGES];
+    uint32_t s = 99;
+    for (int i = 0; i < N_IMAGES; i++) {
+        labels[i] = i % 2;
+        for (int y = 0; y < HW; y++)
+            for (int x = 0; x < HW; x++) {
+                s = s * 1664525u + 1013904223u;
+                int bright = (y < HW / 2) == (labels[i] == 0);
+                px[(i * HW + y) * HW + x] = (uint8_t)((bright ? 150 : 40) + (s >> 26));
+            }
+    }
+    return fr_dataset_from_host("separable", N_IMAGES, 1, HW, HW, px, labels, 2);
+}
+
+typedef struct {
+    const char *strategy;
+    fr_dtype precision;
+    bool sync_bn;
+} run_cfg;
+
+/* One replica and what trains it. */
+typedef struct {
+    fr_model *m;
+    fr_optim *opt;
+    fr_loss_scaler sc;
+    fr_loader *ld;
+} replica;
+
+static void replica_new(replica *r, const fr_dataset *ds, run_cfg c, uint64_t seed, int batch, int shards) {
+    r->m = fr_resnet_create("resnet8", 1, 2, seed);
+    CHECK_NOTNULL(r->m);
+    CHECK_OK(fr_strategy_parse(c.strategy, &r->m->cfg.strategy));
+    r->m->cfg.precision = c.precision;
+    CHECK_OK(fr_loss_scaler_init(&r->sc, c.precision));
+    r->opt = fr_sgd_new(r->m->params, (fr_sgd_options){.lr = 0.05, .momentum = 0.9, .weight_decay = 5e-4});
+    fr_loader_config lc = {.batch_size = batch, .shuffle = true, .drop_last = true, .seed = 1,
+                           .aug = {.mean = {0.5f}, .std = {0.25f}}, .shards = shards,
+                           .shard = shards > 1 ? fr_dist_rank(dist) : 0};
+    r->ld = fr_loader_new(ds, &lc);
+    CHECK_NOTNULL(r->ld);
+}
+
+static void replica_free(replica *r) {
+    fr_loader_free(r->ld);
+    fr_optim_free(r->opt);
+    fr_model_free(r->m);
+}
+
+static void train_steps(replica *r, int steps, int accum) {
+    for (int s = 0; s < steps; s++) {
+        fr_tensor *x, *y;
+        CHECK_OK(fr_loader_next(r->ld, &x, &y));
+        CHECK_OK(fr_train_step(r->m, r->opt, &r->sc, x, y, accum, NULL, NULL, NULL));
+        fr_release(x);
+        fr_release(y);
+    }
+}
+
+/* Every registry entry of a against b: |a - b| <= rtol (max |b| of the
+ * entry); parameters only unless `buffers`. Prints the worst. */
+static void compare_models(const fr_model *a, const fr_model *b, double rtol, bool buffers, const char *what) {
+    double worst = 0;
+    const char *where = "";
+    for (int i = 0; i < a->params->count; i++) {
+        const fr_param *pa = &a->params->items[i], *pb = &b->params->items[i];
+        if (pa->tensor->dtype != FR_F32 || (pa->kind == FR_BUFFER && !buffers))
+            continue;
+        const float *x = fr_data_f32(pa->tensor), *y = fr_data_f32(pb->tensor);
+        double scale = 0, diff = 0;
+        for (int64_t j = 0; j < fr_numel(pa->tensor); j++) {
+            scale = fmax(scale, fabs(y[j]));
+            diff = fmax(diff, fabs((double)x[j] - y[j]));
+        }
+        double rel = scale > 0 ? diff / scale : diff;
+        if (rel > worst || (rel == worst && !*where)) {
+            worst = rel;
+            where = pa->name;
+        }
+    }
+    if (fr_dist_rank(dist) == 0)
+        printf("    %s: largest relative difference %.3g (%s; tolerance %g)\n", what, worst, where, rtol);
+    CHECK(worst <= rtol);
+}
+
+/* 2 ranks x 16 with the dist hooks against one process x 32 in `accum`
+ * micro-batches, from rank 0's initial weights. */
+static void exact_case(run_cfg c, int ref_accum, double rtol, const char *what) {
+    fr_dataset *ds = separable();
+    int rank = fr_dist_rank(dist), world = fr_dist_world(dist);
+    replica dp, ref;
+    replica_new(&dp, ds, c, rank == 0 ? 3 : 77, 16, world);
+    CHECK_OK(fr_dist_attach(dist, dp.m, &(fr_dist_options){.sync_bn = c.sync_bn, .first_bucket_bytes = 4096,
+                                                           .bucket_bytes = 16384}));
+    train_steps(&dp, STEPS, 1);
+    fr_dist_stats s = fr_dist_get_stats(dist);
+    CHECK(s.steps == STEPS && s.buckets > 2);
+    /* most buckets fill, and start, while backward still runs */
+    if (rank == 0)
+        printf("    %s: %d buckets, %.0f%% of the bytes started during backward\n", what, s.buckets,
+               100 * s.started_early);
+    CHECK(s.started_early > 0.5);
+    fr_dist_detach(dist);
+    run_cfg alone = c;
+    alone.sync_bn = false;
+    replica_new(&ref, ds, alone, 3, 16 * world, 1);
+    train_steps(&ref, STEPS, ref_accum);
+    compare_models(dp.m, ref.m, rtol, c.sync_bn, what);
+    replica_free(&dp);
+    replica_free(&ref);
+    fr_dataset_free(ds);
+}
+
+static void case_exact(void) { exact_case((run_cfg){"plain", FR_F32, false}, 2, 0, "plain f32"); }
+static void case_exact_recompute(void) {
+    exact_case((run_cfg){"recompute+checkpoint:1", FR_F32, false}, 2, 0, "recompute+checkpoint:1");
+}
+static void case_exact_bf16(void) { exact_case((run_cfg){"plain", FR_BF16, false}, 2, 0, "bf16"); }
+static void case_sync_bn(void) { exact_case((run_cfg){"plain", FR_F32, true}, 1, 1e-4, "sync BN vs batch 32"); }
+static void case_sync_bn_abn(void) {
+    exact_case((run_cfg){"abn+recompute", FR_F32, true}, 1, 1e-4, "sync BN (abn+recompute) vs batch 32");
+}
+
+static void case_resume(void) {
+    fr_dataset *ds = separable();
+    int rank = fr_dist_rank(dist), world = fr_dist_world(dist);
+    run_cfg c = {"plain", FR_F32, false};
+    replica whole, first, second;
+    replica_new(&whole, ds, c, 3, 16, world);
+    CHECK_OK(fr_dist_attach(dist, whole.m, NULL));
+    train_steps(&whole, STEPS, 1);
+    fr_dist_detach(dist);
+
+    replica_new(&first, ds, c, rank == 0 ? 3 : 5, 16, world);
+    CHECK_OK(fr_dist_attach(dist, first.m, NULL));
+    train_steps(&first, 3, 1);
+    fr_dist_detach(dist);
+    fr_train_state st = {.epoch = fr_loader_epoch(first.ld), .batch = fr_loader_batch(first.ld), .step = 3,
+                         .seed = 1, .batch_size = 16 * world, .accum = 1, .epochs = 1,
+                         .world_size = world};
+    snprintf(st.data, sizeof st.data, "separable");
+    CHECK_OK(fr_schedule_constant(&st.schedule, 0.05));
+    char path[600];
+    snprintf(path, sizeof path, "%s/resume.safetensors", tmp_dir);
+    fr_status saved = rank == 0 ? fr_ckpt_save(path, first.m, first.opt, &first.sc, &st) : FR_OK;
+    CHECK_OK(fr_dist_share_status(dist, 0, saved));
+
+    replica_new(&second, ds, c, 11 + (uint64_t)rank, 16, world);
+    fr_train_state back;
+    CHECK_OK(fr_ckpt_load(path, second.m, second.opt, &second.sc, &back));
+    CHECK(back.world_size == world && back.batch == 3 && back.epoch == 0);
+    CHECK_OK(fr_dist_attach(dist, second.m, NULL));
+    CHECK_OK(fr_loader_seek(second.ld, back.epoch, back.batch));
+    train_steps(&second, 2, 1);
+    fr_dist_detach(dist);
+    compare_models(second.m, whole.m, 0, true, "resumed after 3 steps vs 5 steps");
+    replica_free(&whole);
+    replica_free(&first);
+    replica_free(&second);
+    fr_dataset_free(ds);
+}
+
+static void case_f16_skip(void) {
+    fr_dataset *ds = separable();
+    int rank = fr_dist_rank(dist), world = fr_dist_world(dist);
+    replica r;
+    replica_new(&r, ds, (run_cfg){"plain", FR_F16, false}, 3, 16, world);
+    CHECK_OK(fr_dist_attach(dist, r.m, NULL));
+    for (int s = 0; s < 3; s++) {
+        fr_tensor *x, *y;
+        CHECK_OK(fr_loader_next(r.ld, &x, &y));
+        if (s == 1 && rank == 1)
+            fr_data_f32(x)[5] = INFINITY;
+        bool stepped = true;
+        CHECK_OK(fr_train_step(r.m, r.opt, &r.sc, x, y, 1, NULL, NULL, &stepped));
+        CHECK(stepped == (s != 1));
+        fr_release(x);
+        fr_release(y);
+    }
+    CHECK(r.sc.skipped == 1);
+    /* the same parameters on every rank: the sum of squared differences from rank 0's */
+    fr_params *p = r.m->params;
+    double *sum = calloc((size_t)p->count, sizeof *sum), *sq = calloc((size_t)p->count, sizeof *sq);
+    for (int i = 0; i < p->count; i++)
+        for (int64_t j = 0; p->items[i].tensor->dtype == FR_F32 && j < fr_numel(p->items[i].tensor); j++)
+            sum[i] += fr_data_f32(p->items[i].tensor)[j] * (double)(j + 1);
+    for (int i = 0; i < p->count; i++)
+        sq[i] = sum[i] * sum[i];
+    CHECK_OK(fr_dist_sum(dist, sum, p->count));
+    CHECK_OK(fr_dist_sum(dist, sq, p->count));
+    for (int i = 0; i < p->count; i++)
+        CHECK(fabs(sq[i] * world - sum[i] * sum[i]) <= 1e-9 * (1 + sq[i] * world));
+    free(sum);
+    free(sq);
+    fr_dist_detach(dist);
+    replica_free(&r);
+    fr_dataset_free(ds);
+}
+
+/* A step that rank 1 never joins: it dies, or fails and aborts the job. */
+static void doomed_case(bool die) {
+    fr_dataset *ds = separable();
+    replica r;
+    replica_new(&r, ds, (run_cfg){"plain", FR_F32, false}, 3, 16, fr_dist_world(dist));
+    CHECK_OK(fr_dist_attach(dist, r.m, NULL));
+    fr_tensor *x, *y;
+    CHECK_OK(fr_loader_next(r.ld, &x, &y));
+    if (fr_dist_rank(dist) == 1) {
+        if (die)
+            raise(SIGKILL);
+        fr_tensor *short_labels = fr_narrow(y, 0, 0, 3);
+        fr_status s = fr_train_step(r.m, r.opt, &r.sc, x, short_labels, 1, NULL, NULL, NULL);
+        fprintf(stderr, "test_dist: rank 1: %s\n", fr_last_error());
+        fflush(stderr);
+        if (s != FR_OK)
+            fr_dist_abort(dist, 3);
+    }
+    fr_train_step(r.m, r.opt, &r.sc, x, y, 1, NULL, NULL, NULL);
+    fprintf(stderr, "test_dist: rank %d finished a step rank 1 never joined\n", fr_dist_rank(dist));
+    fr_release(x);
+    fr_release(y);
+    fr_dist_detach(dist);
+    replica_free(&r);
+    fr_dataset_free(ds);
+}
+
+static void case_die(void) { doomed_case(true); }
+static void case_error(void) { doomed_case(false); }
+
+static const struct {
+    const char *name;
+    void (*fn)(void);
+} cases[] = {
+    {"exact", case_exact},       {"exact-recompute", case_exact_recompute},
+    {"exact-bf16", case_exact_bf16}, {"sync-bn", case_sync_bn},
+    {"sync-bn-abn", case_sync_bn_abn}, {"resume", case_resume},
+    {"f16-skip", case_f16_skip}, {"die", case_die},
+    {"error", case_error},
+};
+
+/* ---- the driver's launches ---- */
+
+static char self[1024];
+static char dir[600];
+
+/* mpirun -np 2 ... self --case name; the exit status (-1: killed after
+ * `limit` seconds), its output in out. */
+static int launch(const char *name, int limit, char *out, size_t out_len, double *secs) {
+    char log[700];
+    snprintf(log, sizeof log, "%s/%s.log", dir, name);
+    struct timespec t0, t1;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    pid_t pid = fork();
+    if (pid == 0) {
+        setpgid(0, 0);
+        FILE *f = freopen(log, "w", stdout);
+        if (!f || dup2(fileno(stdout), 2) < 0)
+            _exit(127);
+        setenv("OMP_NUM_THREADS", "1", 1);
+        /* Open MPI keeps allocations to exit: a sanitizer build checks frugal's
+         * own leaks through the ledger, not LeakSanitizer */
+        const char *asan = getenv("ASAN_OPTIONS");
+        char opts[512];
+        snprintf(opts, sizeof opts, "%s%sdetect_leaks=0", asan ? asan : "", asan && *asan ? ":" : "");
+        setenv("ASAN_OPTIONS", opts, 1);
+        const char *argv[20];
+        int a = 0;
+        argv[a++] = "mpirun";
+        argv[a++] = "-np";
+        argv[a++] = "2";
+        argv[a++] = "--oversubscribe";
+        if (geteuid() == 0)
+            argv[a++] = "--allow-run-as-root";
+        argv[a++] = "-x";
+        argv[a++] = "OMP_NUM_THREADS";
+        argv[a++] = "-x";
+        argv[a++] = "ASAN_OPTIONS";
+        argv[a++] = self;
+        argv[a++] = "--case";
+        argv[a++] = name;
+        argv[a++] = "--dir";
+        argv[a++] = dir;
+        argv[a] = NULL;
+        execvp("mpirun", (char *const *)argv);
+        _exit(127);
+    }
+    int status = 0, rc = -1;
+    for (;;) {
+        pid_t w = waitpid(pid, &status, WNOHANG);
+        clock_gettime(CLOCK_MONOTONIC, &t1);
+        *secs = (double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec);
+        if (w == pid) {
+            rc = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+            break;
+        }
+        if (*secs > limit) {
+            kill(-pid, SIGKILL);
+            waitpid(pid, &status, 0);
+            break;
+        }
+        nanosleep(&(struct timespec){.tv_nsec = 20000000}, NULL);
+    }
+    out[0] = 0;
+    FILE *f = fopen(log, "r");
+    if (f) {
+        size_t n = fread(out, 1, out_len - 1, f);
+        out[n] = 0;
+        fclose(f);
+    }
+    return rc;
+}
+
+static bool can_launch(void) {
+    if (!fr_dist_built())
+        return false;
+    return system("command -v mpirun >/dev/null 2>&1") == 0;
+}
+
+static char output[1 << 16];
+
+static void run_case(const char *name, bool must_fail, const char *needle) {
+    if (!fr_dist_built())
+        SKIP("frugal was built without MPI");
+    if (!can_launch())
+        SKIP("no mpirun on PATH");
+    double secs = 0;
+    int limit = must_fail ? 60 : 300;
+    int rc = launch(name, limit, output, sizeof output, &secs);
+    bool ok = must_fail ? rc > 0 : rc == 0;
+    if (needle && !strstr(output, needle))
+        ok = false;
+    /* the cases' own lines (rank 0's figures), or everything on a failure */
+    for (char *line = strtok(output, "\n"); line; line = strtok(NULL, "\n"))
+        if (!ok || !strncmp(line, "    ", 4))
+            printf("   | %s\n", line);
+    printf("    %s: exit %d after %.1f s%s\n", name, rc, secs, rc < 0 ? " (killed at the time limit)" : "");
+    CHECK(ok);
+}
+
+static void test_exact(void) { run_case("exact", false, NULL); }
+static void test_exact_recompute_checkpoint(void) { run_case("exact-recompute", false, NULL); }
+static void test_exact_bf16(void) { run_case("exact-bf16", false, NULL); }
+static void test_sync_bn(void) { run_case("sync-bn", false, NULL); }
+static void test_sync_bn_abn(void) { run_case("sync-bn-abn", false, NULL); }
+static void test_resume(void) { run_case("resume", false, NULL); }
+static void test_f16_skip_together(void) { run_case("f16-skip", false, NULL); }
+static void test_dead_rank_ends_job(void) { run_case("die", true, NULL); }
+static void test_error_aborts_job(void) { run_case("error", true, "rank 1: train step: 3 labels for 16 images"); }
+
+int main(int argc, char **argv) {
+    const char *name = NULL;
+    for (int i = 1; i + 1 < argc; i++) {
+        if (!strcmp(argv[i], "--case"))
+            name = argv[i + 1];
+        if (!strcmp(argv[i], "--dir"))
+            tmp_dir = argv[i + 1];
+    }
+    if (name) {
+        /* a rank of a launched job */
+        if (fr_dist_init(&dist) != FR_OK) {
+            fprintf(stderr, "test_dist: %s\n", fr_last_error());
+            return 1;
+        }
+        for (size_t i = 0; i < sizeof cases / sizeof *cases; i++)
+            if (!strcmp(cases[i].name, name))
+                fr_t_run(name, cases[i].fn);
+        int status = TEST_SUMMARY();
+        fr_dist_free(dist);
+        return status;
+    }
+    ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
+    self[n > 0 ? n : 0] = 0;
+    snprintf(dir, sizeof dir, "%s", fr_t_make_tmpdir("dist"));
+    RUN(test_sharding);
+    RUN(test_grad_ready_hook);
+    RUN(test_grad_ready_hook_checkpoint);
+    RUN(test_exact);
+    RUN(test_exact_recompute_checkpoint);
+    RUN(test_exact_bf16);
+    RUN(test_sync_bn);
+    RUN(test_sync_bn_abn);
+    RUN(test_resume);
+    RUN(test_f16_skip_together);
+    RUN(test_dead_rank_ends_job);
+    RUN(test_error_aborts_job);
+    fr_t_remove_tmpdir(dir);
+    return TEST_SUMMARY();
+}
