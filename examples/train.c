@@ -4,6 +4,7 @@
  *     train --model resnet20 --data fashion-mnist --epochs 2 --save out/run.safetensors
  *     train --resume out/run.safetensors            # continues the same run exactly
  *     train --model resnet20 --precision f16        # half activations, dynamic loss scaling
+ *     mpirun -np 2 train --batch 64                 # data parallel: 2 processes x 64 images a step
  *
  * Each epoch ends with a test pass (eval mode, no_grad) and, with --save, a
  * training checkpoint (nn/checkpoint.h). docs/TRAINING.md describes the flags
@@ -13,6 +14,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "dist/dist.h"
 #include "frugal.h"
 #include "nn/checkpoint.h"
 #include "nn/cli.h"
@@ -29,6 +31,8 @@ typedef struct {
     int64_t batch, accum, epochs, warmup, seed, threads, limit_train, limit_test, log_every, stop_after;
     double lr, momentum, wd;
     bool nesterov;
+    bool dist, sync_bn; /* --dist, --sync-bn */
+    double bucket_mb;   /* --bucket-mb (0: dist's default) */
     fr_strategy strat; /* parsed --strategy */
     fr_dtype precision; /* parsed --precision (f32 when not given) */
     bool precision_given;
@@ -70,7 +74,12 @@ static void usage(FILE *out) {
             "  --stop-after N        stop after N epochs of this invocation (continue with --resume)\n"
             "  --threads N           CPU threads (default: OpenMP's)\n"
             "  --device D            cpu (default) or cuda\n"
-            "  --log-every N         when the output is not a terminal, a line every N steps (50)\n",
+            "  --log-every N         when the output is not a terminal, a line every N steps (50)\n"
+            "data parallel (docs/DISTRIBUTED.md): launch with mpirun -np P train ...; --batch is then\n"
+            "per process (P x N images a step), and each process trains on its shard of every batch\n"
+            "  --dist                require MPI (implied when started by mpirun)\n"
+            "  --sync-bn             batch norm statistics over all processes (default: per process)\n"
+            "  --bucket-mb X         gradient all-reduce bucket size (25)\n",
             FR_FASHION_MNIST_DIR);
 }
 
@@ -78,7 +87,8 @@ static bool is_value_flag(const char *a) {
     static const char *const flags[] = {
         "--model", "--data", "--strategy", "--save", "--resume", "--threads", "--limit-test",
         "--log-every", "--stop-after", "--device", "--batch", "--accum", "--epochs", "--warmup", "--seed",
-        "--limit-train", "--lr", "--momentum", "--wd", "--optimizer", "--schedule", "--precision"};
+        "--limit-train", "--lr", "--momentum", "--wd", "--optimizer", "--schedule", "--precision",
+        "--bucket-mb"};
     for (size_t i = 0; i < sizeof flags / sizeof *flags; i++)
         if (!strcmp(a, flags[i]))
             return true;
@@ -95,6 +105,11 @@ static fr_status parse_args(int argc, char **argv, options *o) {
         bool trajectory = true;
         if (!strcmp(a, "--nesterov")) {
             o->nesterov = true;
+        } else if (!strcmp(a, "--sync-bn")) {
+            o->sync_bn = true;
+        } else if (!strcmp(a, "--dist")) {
+            o->dist = true;
+            trajectory = false;
         } else if (!strcmp(a, "--augment") || !strcmp(a, "--no-augment")) {
             o->augment = !strcmp(a, "--augment");
         } else if (!is_value_flag(a) || !v) {
@@ -129,6 +144,8 @@ static fr_status parse_args(int argc, char **argv, options *o) {
                 FR_TRY(fr_cli_int(a, v, 1, INT32_MAX, &o->log_every));
             } else if (!strcmp(a, "--device")) {
                 FR_TRY(fr_cli_choice(a, v, device_names, 2, &o->device));
+            } else if (!strcmp(a, "--bucket-mb")) {
+                FR_TRY(fr_cli_double(a, v, 0.001, 1024, &o->bucket_mb));
             } else {
                 trajectory = true;
                 if (!strcmp(a, "--batch"))
@@ -183,9 +200,12 @@ typedef struct {
     fr_loss_scaler scaler; /* for the model's precision; f32: an inf / NaN guard */
     fr_train_state st;
     fr_data_kind kind;
+    fr_dist *dist;   /* data parallel; NULL alone */
+    int rank, world; /* 0 and 1 alone */
 } run;
 
 static void run_free(run *r) {
+    fr_dist_detach(r->dist);
     fr_loader_free(r->train_ld);
     fr_loader_free(r->test_ld);
     fr_optim_free(r->opt);
@@ -215,9 +235,31 @@ static fr_status settings(const options *o, run *r, fr_ckpt_info *info) {
         info->optim_kind = o->optimizer == OPT_ADAM ? FR_OPTIM_ADAM : FR_OPTIM_ADAMW;
         info->adam = fr_adam_defaults(o->lr, o->wd);
     }
-    *st = (fr_train_state){.seed = (uint64_t)o->seed, .batch_size = (int)o->batch, .accum = (int)o->accum,
-                           .epochs = (int)o->epochs, .augment = o->augment, .limit_train = o->limit_train};
+    if (o->batch * r->world > INT32_MAX)
+        return fr_error(FR_ERR_ARG, "--batch %lld x %d processes is too large", (long long)o->batch, r->world);
+    *st = (fr_train_state){.seed = (uint64_t)o->seed, .batch_size = (int)o->batch * r->world,
+                           .accum = (int)o->accum, .epochs = (int)o->epochs, .augment = o->augment,
+                           .limit_train = o->limit_train, .world_size = r->world, .sync_bn = o->sync_bn};
     snprintf(st->data, sizeof st->data, "%s", o->data ? o->data : "fashion-mnist");
+    return FR_OK;
+}
+
+/* The step's images split over this launch's processes. A resumed run keeps
+ * its step size, so its position (in steps) and its schedule mean the same
+ * with any number of processes that divides it: another number re-shards. */
+static fr_status shard_batch(const options *o, run *r) {
+    fr_train_state *st = &r->st;
+    int was = st->world_size > 0 ? st->world_size : 1;
+    if (st->batch_size % r->world != 0)
+        return fr_error(FR_ERR_ARG, "--resume %s: the run's steps take %d images (it trained on %d "
+                        "process%s), which %d processes cannot share equally; launch a number of "
+                        "processes that divides %d, such as %d", o->resume, st->batch_size, was,
+                        was == 1 ? "" : "es", r->world, st->batch_size, was);
+    if (o->resume && was != r->world && r->rank == 0)
+        printf("resuming on %d process%s instead of %d: each takes %d of every step's %d images (its "
+               "batch norm statistics too, unless synchronised)\n", r->world, r->world == 1 ? "" : "es",
+               was, st->batch_size / r->world, st->batch_size);
+    st->world_size = r->world;
     return FR_OK;
 }
 
@@ -242,17 +284,20 @@ static fr_status setup(const options *o, run *r) {
                         r->test_ds->num_classes, (long long)r->test_ds->c, r->train_ds->num_classes,
                         (long long)r->train_ds->c);
     fr_device dev = o->device ? FR_CUDA : FR_CPU;
-    fr_loader_config lc = {.batch_size = st->batch_size, .shuffle = true, .drop_last = true, .seed = st->seed,
+    FR_TRY(shard_batch(o, r));
+    int batch = st->batch_size / r->world; /* this process's part of each step */
+    fr_loader_config lc = {.batch_size = batch, .shuffle = true, .drop_last = true, .seed = st->seed,
                            .aug = fr_data_augment(spec.kind, r->train_ds, st->augment), .device = dev,
-                           .prefetch = true};
+                           .prefetch = true, .shards = r->world, .shard = r->rank};
     if (!(r->train_ld = fr_loader_new(r->train_ds, &lc)))
         return fr_last_status();
     int64_t per_epoch = fr_loader_num_batches(r->train_ld);
     if (per_epoch == 0)
-        return fr_error(FR_ERR_ARG, "--batch %d is larger than the training set (%lld images)",
-                        st->batch_size, (long long)r->train_ds->n);
-    lc = (fr_loader_config){.batch_size = st->batch_size, .device = dev, .prefetch = true,
-                            .aug = fr_data_augment(spec.kind, r->test_ds, false)};
+        return fr_error(FR_ERR_ARG, "--batch %d (a step's images, all processes together) is larger than "
+                        "the training set (%lld images)", st->batch_size, (long long)r->train_ds->n);
+    lc = (fr_loader_config){.batch_size = batch, .device = dev, .prefetch = true,
+                            .aug = fr_data_augment(spec.kind, r->test_ds, false), .shards = r->world,
+                            .shard = r->rank};
     if (!(r->test_ld = fr_loader_new(r->test_ds, &lc)))
         return fr_last_status();
 
@@ -325,8 +370,11 @@ static void print_header(const run *r, const options *o) {
            schedule_names[s->kind == FR_SCHED_COSINE ? SCHED_COSINE : s->kind == FR_SCHED_STEP ? SCHED_STEP
                                                                                           : SCHED_CONSTANT],
            s->warmup_steps ? ", warm-up" : "", st->batch_size);
+    if (r->world > 1)
+        printf(" (%d processes x %d%s)", r->world, st->batch_size / r->world,
+               st->sync_bn ? ", synchronised batch norm" : "");
     if (st->accum > 1)
-        printf(" in %d micro-batches", st->accum);
+        printf(" in %d micro-batches%s", st->accum, r->world > 1 ? " each" : "");
     printf(", %d epochs of %lld steps, %d threads, %s\n", st->epochs,
            (long long)fr_loader_num_batches(r->train_ld), omp_get_max_threads(), device_names[o->device]);
     if (o->resume)
@@ -359,8 +407,17 @@ static fr_status train_epoch(run *r, fr_progress *pg, double *loss, double *acc,
         hits += c;
         seen += b;
         double dt = fr_cli_now() - t0;
-        fr_progress_step(pg, st->epoch, st->batch, per_epoch, loss_sum / (double)steps,
-                         (double)hits / (double)seen, dt > 0 ? (double)seen / dt : 0);
+        /* rank 0's own loss and accuracy; images/s of all processes */
+        if (r->rank == 0)
+            fr_progress_step(pg, st->epoch, st->batch, per_epoch, loss_sum / (double)steps,
+                             (double)hits / (double)seen, dt > 0 ? (double)(seen * r->world) / dt : 0);
+    }
+    if (r->dist) {
+        double sums[3] = {loss_sum, (double)hits, (double)seen};
+        FR_TRY(fr_dist_sum(r->dist, sums, 3));
+        loss_sum = sums[0] / r->world;
+        hits = (int64_t)sums[1];
+        seen = (int64_t)sums[2];
     }
     *loss = steps ? loss_sum / (double)steps : 0;
     *acc = seen ? (double)hits / (double)seen : 0;
@@ -386,9 +443,17 @@ static fr_status train(run *r, const options *o) {
         double t0 = fr_cli_now();
         FR_TRY(fr_loader_seek(r->test_ld, 0, 0));
         FR_TRY(fr_evaluate(r->model, r->test_ld, &test_loss, &test_acc, &n_test));
+        if (r->dist) { /* each process evaluated its shard of the test set */
+            double sums[3] = {test_loss * (double)n_test, test_acc * (double)n_test, (double)n_test};
+            FR_TRY(fr_dist_sum(r->dist, sums, 3));
+            n_test = (int64_t)sums[2];
+            test_loss = n_test ? sums[0] / sums[2] : 0;
+            test_acc = n_test ? sums[1] / sums[2] : 0;
+        }
         double eval_secs = fr_cli_now() - t0;
         char mem[96], d1[32];
-        printf("epoch %lld/%d: train loss %.4f acc %.2f%% | test loss %.4f acc %.2f%% (%lld images) | "
+        if (r->rank == 0)
+            printf("epoch %lld/%d: train loss %.4f acc %.2f%% | test loss %.4f acc %.2f%% (%lld images) | "
                "%s train + %.1f s test | %s\n", (long long)st->epoch + 1, st->epochs, loss, 100 * acc,
                test_loss, 100 * test_acc, (long long)n_test, fr_cli_format_duration(secs, d1, sizeof d1),
                eval_secs, fr_cli_memory(pg.dev, mem, sizeof mem));
@@ -396,11 +461,16 @@ static fr_status train(run *r, const options *o) {
             fr_train_state next = *st;
             next.epoch++;
             next.batch = 0;
-            FR_TRY(fr_ckpt_save(o->save, r->model, r->opt, &r->scaler, &next));
-            printf("saved %s\n", o->save);
+            /* rank 0 writes (the replicas are the same); the others wait for its verdict */
+            fr_status saved = r->rank == 0 ? fr_ckpt_save(o->save, r->model, r->opt, &r->scaler, &next) : FR_OK;
+            FR_TRY(r->dist ? fr_dist_share_status(r->dist, 0, saved) : saved);
+            if (r->rank == 0)
+                printf("saved %s\n", o->save);
         }
         fflush(stdout);
     }
+    if (r->rank != 0)
+        return FR_OK;
     char total[32], amp[96] = "";
     const fr_loss_scaler *sc = &r->scaler;
     if (sc->dtype != FR_F32)
@@ -412,7 +482,34 @@ static fr_status train(run *r, const options *o) {
            fr_cli_format_duration(fr_cli_now() - pg.t_start, total, sizeof total),
            fr_dtype_name(r->model->cfg.precision), amp);
     fr_mem_report(stdout);
+    if (r->dist) {
+        fr_dist_stats ds = fr_dist_get_stats(r->dist);
+        char bytes[32];
+        printf("all-reduce: %d processes, %d buckets, %s a step, %.0f%% of it started during backward, "
+               "%.1f ms a step waiting for it before the optimizer step\n", r->world, ds.buckets,
+               fr_mem_format_bytes(ds.bytes, bytes, sizeof bytes), 100 * ds.started_early,
+               ds.steps ? 1e3 * ds.wait_seconds / (double)ds.steps : 0);
+    }
     return FR_OK;
+}
+
+/* MPI when asked (--dist) or when started by an MPI launcher. */
+static fr_status start_dist(const options *o, run *r) {
+    r->world = 1;
+    int launched_world = 1;
+    bool launched = fr_dist_launched(&launched_world);
+    if (!o->dist && !launched)
+        return FR_OK;
+    if (!fr_dist_built())
+        return fr_error(FR_ERR_ARG, "%s, but this train was built without MPI, so it cannot train "
+                        "data-parallel (install libopenmpi-dev and openmpi-bin, then rebuild)%s",
+                        launched ? "started by an MPI launcher" : "--dist",
+                        launched && launched_world > 1 ? "; each process would train alone and write "
+                                                         "the same files" : "");
+    FR_TRY(fr_dist_init(&r->dist));
+    r->rank = fr_dist_rank(r->dist);
+    r->world = fr_dist_world(r->dist);
+    return o->device ? fr_dist_select_gpu(r->dist) : FR_OK;
 }
 
 int main(int argc, char **argv) {
@@ -426,12 +523,24 @@ int main(int argc, char **argv) {
     if (s == FR_OK && o.threads)
         omp_set_num_threads((int)o.threads);
     if (s == FR_OK)
+        s = start_dist(&o, &r);
+    if (s == FR_OK)
         s = setup(&o, &r);
+    if (s == FR_OK && r.dist)
+        s = fr_dist_attach(r.dist, r.model, &(fr_dist_options){
+            .sync_bn = r.st.sync_bn, .bucket_bytes = (size_t)(o.bucket_mb * 1024 * 1024)});
     if (s == FR_OK) {
-        print_header(&r, &o);
+        if (r.rank == 0)
+            print_header(&r, &o);
         s = train(&r, &o);
+    }
+    if (s != FR_OK && r.world > 1) {
+        /* the others may be waiting for this process in a collective: end them all */
+        fprintf(stderr, "train: rank %d of %d: %s\n", r.rank, r.world, fr_last_error());
+        fr_dist_abort(r.dist, 1);
     }
     int status = fr_cli_exit_status("train", s);
     run_free(&r);
+    fr_dist_free(r.dist);
     return status;
 }

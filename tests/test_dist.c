@@ -202,21 +202,21 @@ static void test_grad_ready_hook_checkpoint(void) { check_hook(true); }
 static fr_dist *dist;
 static const char *tmp_dir;
 
-/* Class 0: a bright upper half, class 1: a bright lower half, plus noise. */
+/* Two classes: the brighter half is the left one (0) or the right one (1),
+ * under xorshift noise. */
 static fr_dataset *separable(void) {
     static uint8_t px[N_IMAGES * HW * HW];
     static int32_t labels[N_IMAGES];
-    uint32_t s = 99;
+    uint32_t noise = 2463534242u;
     for (int i = 0; i < N_IMAGES; i++) {
-        labels[i] = i % 2;
-        for (int y = 0; y < HW; y++)
-            for (int x = 0; x < HW; x++) {
-                s = s * 1664525u + 1013904223u;
-                int bright = (y < HW / 2) == (labels[i] == 0);
-                px[(i * HW + y) * HW + x] = (uint8_t)((bright ? 150 : 40) + (s >> 26));
-            }
+        labels[i] = (i / 3) % 2;
+        for (int k = 0; k < HW * HW; k++) {
+            noise ^= noise << 13, noise ^= noise >> 17, noise ^= noise << 5;
+            bool left = k % HW < HW / 2;
+            px[i * HW * HW + k] = (uint8_t)((left == (labels[i] == 0) ? 140 : 50) + (noise & 63));
+        }
     }
-    return fr_dataset_from_host("separable", N_IMAGES, 1, HW, HW, px, labels, 2);
+    return fr_dataset_from_host("halves", N_IMAGES, 1, HW, HW, px, labels, 2);
 }
 
 typedef struct {
@@ -449,13 +449,15 @@ static const struct {
 static char self[1024];
 static char dir[600];
 
-/* mpirun -np 2 ... self --case name; the exit status (-1: killed after
- * `limit` seconds), its output in out. */
-static int launch(const char *name, int limit, char *out, size_t out_len, double *secs) {
+/* mpirun -np 2 ... followed by `program` (NULL-terminated argv); the exit
+ * status (-1: killed after `limit` seconds), its output in out. */
+static int launch(const char *const *program, int limit, char *out, size_t out_len, double *secs) {
     char log[700];
-    snprintf(log, sizeof log, "%s/%s.log", dir, name);
+    snprintf(log, sizeof log, "%s/launch.log", dir);
     struct timespec t0, t1;
     clock_gettime(CLOCK_MONOTONIC, &t0);
+    fflush(stdout); /* or the child's copy of the buffer comes out twice */
+    fflush(stderr);
     pid_t pid = fork();
     if (pid == 0) {
         setpgid(0, 0);
@@ -469,7 +471,7 @@ static int launch(const char *name, int limit, char *out, size_t out_len, double
         char opts[512];
         snprintf(opts, sizeof opts, "%s%sdetect_leaks=0", asan ? asan : "", asan && *asan ? ":" : "");
         setenv("ASAN_OPTIONS", opts, 1);
-        const char *argv[20];
+        const char *argv[64];
         int a = 0;
         argv[a++] = "mpirun";
         argv[a++] = "-np";
@@ -481,11 +483,8 @@ static int launch(const char *name, int limit, char *out, size_t out_len, double
         argv[a++] = "OMP_NUM_THREADS";
         argv[a++] = "-x";
         argv[a++] = "ASAN_OPTIONS";
-        argv[a++] = self;
-        argv[a++] = "--case";
-        argv[a++] = name;
-        argv[a++] = "--dir";
-        argv[a++] = dir;
+        for (int k = 0; program[k] && a < 63; k++)
+            argv[a++] = program[k];
         argv[a] = NULL;
         execvp("mpirun", (char *const *)argv);
         _exit(127);
@@ -531,7 +530,8 @@ static void run_case(const char *name, bool must_fail, const char *needle) {
         SKIP("no mpirun on PATH");
     double secs = 0;
     int limit = must_fail ? 60 : 300;
-    int rc = launch(name, limit, output, sizeof output, &secs);
+    const char *program[] = {self, "--case", name, "--dir", dir, NULL};
+    int rc = launch(program, limit, output, sizeof output, &secs);
     bool ok = must_fail ? rc > 0 : rc == 0;
     if (needle && !strstr(output, needle))
         ok = false;
@@ -552,6 +552,55 @@ static void test_resume(void) { run_case("resume", false, NULL); }
 static void test_f16_skip_together(void) { run_case("f16-skip", false, NULL); }
 static void test_dead_rank_ends_job(void) { run_case("die", true, NULL); }
 static void test_error_aborts_job(void) { run_case("error", true, "rank 1: train step: 3 labels for 16 images"); }
+
+/* `mpirun -np 2 train` saving after each of 2 epochs, against the same run
+ * stopped after one epoch and resumed by a second launch: the two final
+ * checkpoints are the same file, byte for byte. */
+static void test_train_program_resume(void) {
+    if (!can_launch())
+        SKIP(fr_dist_built() ? "no mpirun on PATH" : "frugal was built without MPI");
+    char train[1100];
+    snprintf(train, sizeof train, "%s", self);
+    char *slash = strrchr(train, '/');
+    snprintf(slash ? slash : train, sizeof train - (size_t)(slash ? slash - train : 0), "/../examples/train");
+    if (access(train, X_OK) != 0)
+        SKIP("examples/train is not built");
+    if (access(FR_FASHION_MNIST_DIR, R_OK) != 0)
+        SKIP("no Fashion-MNIST in " FR_FASHION_MNIST_DIR);
+    char whole[700], part[700];
+    snprintf(whole, sizeof whole, "%s/whole.safetensors", dir);
+    snprintf(part, sizeof part, "%s/part.safetensors", dir);
+#define TRAIN_ARGS train, "--model", "resnet8", "--limit-train", "128", "--limit-test", "32", "--batch", "16", \
+                   "--epochs", "2", "--log-every", "100"
+    const char *runs[3][20] = {{TRAIN_ARGS, "--save", whole, NULL},
+                               {TRAIN_ARGS, "--save", part, "--stop-after", "1", NULL},
+                               {train, "--resume", part, "--limit-test", "32", NULL}};
+#undef TRAIN_ARGS
+    for (int k = 0; k < 3; k++) {
+        double secs = 0;
+        int rc = launch(runs[k], 300, output, sizeof output, &secs);
+        printf("    train run %d: exit %d after %.1f s\n", k + 1, rc, secs);
+        if (rc != 0)
+            printf("%s\n", output);
+        CHECK(rc == 0);
+    }
+    FILE *a = fopen(whole, "rb"), *b = fopen(part, "rb");
+    CHECK(a && b);
+    long same = 0;
+    bool equal = a && b;
+    for (int ca = 0, cb = 0; equal && ca != EOF; same++) {
+        ca = fgetc(a);
+        cb = fgetc(b);
+        equal = ca == cb;
+    }
+    printf("    resumed and uninterrupted checkpoints: %s (%ld bytes compared)\n", equal ? "identical" : "DIFFER",
+           same);
+    CHECK(equal && same > 1000);
+    if (a)
+        fclose(a);
+    if (b)
+        fclose(b);
+}
 
 int main(int argc, char **argv) {
     const char *name = NULL;
@@ -589,6 +638,7 @@ int main(int argc, char **argv) {
     RUN(test_f16_skip_together);
     RUN(test_dead_rank_ends_job);
     RUN(test_error_aborts_job);
+    RUN(test_train_program_resume);
     fr_t_remove_tmpdir(dir);
     return TEST_SUMMARY();
 }
