@@ -47,7 +47,7 @@ fr_status fr_nccl_new(fr_nccl **out, MPI_Comm comm, int rank, int world) {
      * verdict with the id, so nobody waits for a communicator that never comes. */
     struct {
         int ok;
-        ncclUniqueId id = {{0}};
+        ncclUniqueId id;
     } msg = {.ok = r == ncclSuccess, .id = id};
     if (MPI_Bcast(&msg, (int)sizeof msg, MPI_BYTE, 0, comm) != MPI_SUCCESS) {
         free(n);

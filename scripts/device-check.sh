@@ -8,7 +8,8 @@
 #       writes preflight.log, build.log, tests.log, tests-im2col.log (the
 #       CUDA tests with FR_CUDNN=0), bench-gpu.md (the bench's GPU section:
 #       its notes and tables), bench-gpu.log (its progress and exit status),
-#       bench-gpu-raw/ (its records), bench.log (the CPU sections) and
+#       bench-gpu-raw/ (its records), bench.log (the CPU sections),
+#       nccl.log (a data-parallel run on NCCL, when the machine has MPI) and
 #       nvidia-smi.txt under $OUT (default ./out)
 #
 # Libraries the toolkit folder lacks (cuDNN or cuBLAS shipped as Python
@@ -147,6 +148,21 @@ for t in test_cuda_conv test_cuda test_cuda_alloc; do
 done
 FR_CUDNN=0 bash tests/run_tests.sh "$fallback" 2>&1 | tee "$OUT/tests-im2col.log" || rc=1
 rm -rf "$fallback"
+
+# ---- data parallel on NCCL (dist/nccl.c), when this machine has MPI: a
+# short CUDA run under mpirun, one process per GPU; nccl.log ----
+if command -v mpirun >/dev/null && nm "$build/libfrugal.a" 2>/dev/null | grep -q ' T fr_nccl_new' &&
+    make BUILD=$build EXTRA_CFLAGS="$extra" -j"$jobs" all >"$OUT/nccl-build.log" 2>&1; then
+    gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU')
+    [ "$gpus" -ge 1 ] || gpus=1
+    root_flag=""
+    [ "$(id -u)" -eq 0 ] && root_flag=--allow-run-as-root
+    timeout 300 mpirun -np "$gpus" --oversubscribe $root_flag "$build/examples/train" --device cuda \
+        --model resnet8 --limit-train 512 --limit-test 128 --batch 32 --epochs 1 2>&1 |
+        tee "$OUT/nccl.log" || { echo "device-check: the NCCL run failed" | tee -a "$OUT/nccl.log"; rc=1; }
+else
+    echo "device-check: no mpirun, or the build has no NCCL: the NCCL run is skipped" | tee "$OUT/nccl.log"
+fi
 
 # ---- bench: what `make bench` does, minus its apt-based deps step ----
 # The GPU section first and alone (the figures this machine is for), with its
