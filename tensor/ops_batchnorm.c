@@ -214,6 +214,17 @@ static fr_status channels_copy(fr_device dev, void *dst, const void *src, size_t
     return fr_cuda_memcpy(dst, src, bytes, kind);
 }
 
+/* Two per-channel vectors a, b (C each, on dev) into host f (2C), and back. */
+static fr_status pair_to_host(fr_device dev, float *f, const float *a, const float *b, int c) {
+    fr_status st = channels_copy(dev, f, a, (size_t)c * sizeof *f, FR_COPY_D2H);
+    return st == FR_OK ? channels_copy(dev, f + c, b, (size_t)c * sizeof *f, FR_COPY_D2H) : st;
+}
+
+static fr_status pair_from_host(fr_device dev, float *a, float *b, const float *f, int c) {
+    fr_status st = channels_copy(dev, a, f, (size_t)c * sizeof *f, FR_COPY_H2D);
+    return st == FR_OK ? channels_copy(dev, b, f + c, (size_t)c * sizeof *f, FR_COPY_H2D) : st;
+}
+
 /* mean and biased var (C, on dev) of `count` local values per channel
  * become those of all processes' values; *count their number. The global
  * mean comes first, then sum n_r (var_r + (mean_r - mean)^2): no difference
@@ -223,9 +234,7 @@ static fr_status sync_stats(fr_device dev, float *mean, float *var, int c, doubl
     float *f = malloc((size_t)(2 * c) * sizeof *f);
     fr_status st = h && f ? FR_OK : fr_error(FR_ERR_OOM, "batch_norm (synchronised): out of memory");
     if (st == FR_OK)
-        st = channels_copy(dev, f, mean, (size_t)c * sizeof *f, FR_COPY_D2H);
-    if (st == FR_OK)
-        st = channels_copy(dev, f + c, var, (size_t)c * sizeof *f, FR_COPY_D2H);
+        st = pair_to_host(dev, f, mean, var, c);
     double n = *count, *m = h + 2 * c + 1;
     for (int i = 0; st == FR_OK && i < c; i++)
         h[i] = n * f[i];
@@ -245,9 +254,7 @@ static fr_status sync_stats(fr_device dev, float *mean, float *var, int c, doubl
         f[c + i] = (float)(h[i] / total);
     }
     if (st == FR_OK)
-        st = channels_copy(dev, mean, f, (size_t)c * sizeof *f, FR_COPY_H2D);
-    if (st == FR_OK)
-        st = channels_copy(dev, var, f + c, (size_t)c * sizeof *f, FR_COPY_H2D);
+        st = pair_from_host(dev, mean, var, f, c);
     if (st == FR_OK)
         *count = total;
     free(h);
@@ -263,9 +270,7 @@ static fr_status sync_sums(fr_device dev, float *sums, const float *dgamma, cons
     float *f = malloc((size_t)(2 * c) * sizeof *f);
     fr_status st = h && f ? FR_OK : fr_error(FR_ERR_OOM, "batchnorm_backward (synchronised): out of memory");
     if (st == FR_OK)
-        st = channels_copy(dev, f, dgamma, (size_t)c * sizeof *f, FR_COPY_D2H);
-    if (st == FR_OK)
-        st = channels_copy(dev, f + c, dbeta, (size_t)c * sizeof *f, FR_COPY_D2H);
+        st = pair_to_host(dev, f, dgamma, dbeta, c);
     for (int i = 0; st == FR_OK && i < 2 * c; i++)
         h[i] = f[i];
     h[2 * c] = *count;
@@ -274,7 +279,7 @@ static fr_status sync_sums(fr_device dev, float *sums, const float *dgamma, cons
     for (int i = 0; st == FR_OK && i < 2 * c; i++)
         f[i] = (float)h[i];
     if (st == FR_OK)
-        st = channels_copy(dev, sums, f, (size_t)(2 * c) * sizeof *f, FR_COPY_H2D);
+        st = pair_from_host(dev, sums, sums + c, f, c);
     if (st == FR_OK)
         *count = h[2 * c];
     free(h);
