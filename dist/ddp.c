@@ -190,7 +190,7 @@ static fr_status sync_any(void *ctx, bool *flag) { return fr_dist_any(ctx, flag)
 static fr_status build_buckets(fr_dist *d) {
     fr_params *p = d->model->params;
     size_t cap = d->opt.bucket_bytes ? d->opt.bucket_bytes : 25 * MIB;
-    size_t first_cap = d->opt.first_bucket_bytes ? d->opt.first_bucket_bytes : MIB;
+    size_t first_cap = d->opt.first_bucket_bytes ? d->opt.first_bucket_bytes : cap < MIB ? cap : MIB;
     int n = p->count;
     d->order = calloc((size_t)(n ? n : 1), sizeof *d->order);
     d->bucket_of = calloc((size_t)(n ? n : 1), sizeof *d->bucket_of);

@@ -57,7 +57,7 @@ typedef struct fr_dist fr_dist;
 
 typedef struct {
     size_t bucket_bytes;       /* 0: 25 MiB */
-    size_t first_bucket_bytes; /* 0: 1 MiB */
+    size_t first_bucket_bytes; /* 0: 1 MiB, or bucket_bytes when smaller */
     bool sync_bn;              /* synchronised batch norm */
     bool no_overlap;           /* start every all-reduce after backward (benchmarks) */
 } fr_dist_options;
