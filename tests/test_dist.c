@@ -26,7 +26,9 @@
  *    other weights, so the broadcast from rank 0 is checked too;
  *  - sync-bn: synchronised BN with 2 x 16 against 1 process at batch 32
  *    without accumulation, parameters and running statistics within 1e-4
- *    relative (the sums are grouped differently);
+ *    relative (the sums are grouped differently), also under abn+recompute
+ *    and recompute+checkpoint:1 (the replay re-runs the synchronised
+ *    statistics);
  *  - resume: 3 steps, a checkpoint written by rank 0, new replicas loaded
  *    from it, 2 more steps: the parameters of 5 uninterrupted steps, bit for
  *    bit;
@@ -327,6 +329,11 @@ static void case_sync_bn_abn(void) {
     exact_case((run_cfg){"abn+recompute", FR_F32, true}, 1, 1e-4, "sync BN (abn+recompute) vs batch 32");
 }
 
+static void case_sync_bn_checkpoint(void) {
+    exact_case((run_cfg){"recompute+checkpoint:1", FR_F32, true}, 1, 1e-4,
+               "sync BN (recompute+checkpoint:1) vs batch 32");
+}
+
 static void case_resume(void) {
     fr_dataset *ds = separable();
     int rank = fr_dist_rank(dist), world = fr_dist_world(dist);
@@ -439,7 +446,8 @@ static const struct {
 } cases[] = {
     {"exact", case_exact},       {"exact-recompute", case_exact_recompute},
     {"exact-bf16", case_exact_bf16}, {"sync-bn", case_sync_bn},
-    {"sync-bn-abn", case_sync_bn_abn}, {"resume", case_resume},
+    {"sync-bn-abn", case_sync_bn_abn}, {"sync-bn-checkpoint", case_sync_bn_checkpoint},
+    {"resume", case_resume},
     {"f16-skip", case_f16_skip}, {"die", case_die},
     {"error", case_error},
 };
@@ -548,6 +556,7 @@ static void test_exact_recompute_checkpoint(void) { run_case("exact-recompute", 
 static void test_exact_bf16(void) { run_case("exact-bf16", false, NULL); }
 static void test_sync_bn(void) { run_case("sync-bn", false, NULL); }
 static void test_sync_bn_abn(void) { run_case("sync-bn-abn", false, NULL); }
+static void test_sync_bn_checkpoint(void) { run_case("sync-bn-checkpoint", false, NULL); }
 static void test_resume(void) { run_case("resume", false, NULL); }
 static void test_f16_skip_together(void) { run_case("f16-skip", false, NULL); }
 static void test_dead_rank_ends_job(void) { run_case("die", true, NULL); }
@@ -634,6 +643,7 @@ int main(int argc, char **argv) {
     RUN(test_exact_bf16);
     RUN(test_sync_bn);
     RUN(test_sync_bn_abn);
+    RUN(test_sync_bn_checkpoint);
     RUN(test_resume);
     RUN(test_f16_skip_together);
     RUN(test_dead_rank_ends_job);
