@@ -1,7 +1,7 @@
 /* gan: a small DCGAN-like generator and discriminator trained on
  * Fashion-MNIST with the alternating loop, two models on one tape.
  *
- *     gan --steps 300 --strategy recompute --out gan.png
+ *     gan --steps 200 --strategy recompute --out gan.png
  *
  * Each step: fake = G(z); the discriminator's loss on real images and on
  * fake.detach(), its backward and its Adam step; then the generator's loss
@@ -13,7 +13,7 @@
  * frugal has no transposed convolution, so the generator upsamples by
  * nearest neighbour written as a matrix product with a constant 0/1 matrix
  * (fr_matmul, differentiable; it saves no activation), followed by 3x3
- * convolutions. Losses are two-class cross-entropy (equal to BCE with
+ * convolutions, and bounds its output with a hardtanh made of ReLUs. Losses are two-class cross-entropy (equal to BCE with
  * logits on the logit difference). --strategy applies to both models' blocks;
  * checkpoint puts each stage of each model in a segment of its own. */
 #include <math.h>
@@ -43,7 +43,7 @@ typedef struct {
     double lr;
 } options;
 
-/* G: z (N, 32) -> linear -> (N, 32, 7, 7) -> BN-ReLU -> up -> conv-BN-ReLU
+/* G: z (N, 32) -> linear -> (N, 16, 7, 7) -> BN-ReLU -> up -> conv-BN-ReLU
  * (16, 14, 14) -> up -> conv (1, 28, 28). D: conv 4x4/2 (16, 14, 14) ->
  * leaky ReLU -> conv-BN-ReLU 4x4/2 (32, 7, 7) -> linear -> 2 logits. */
 typedef struct {
@@ -91,10 +91,32 @@ static fr_tensor *upsample(fr_tensor *x, fr_tensor *u) {
     return y ? fr_chain(y, fr_reshape(y, 4, FR_SHAPE(n, c, 2 * s, 2 * s))) : NULL;
 }
 
+/* hardtanh(x) = relu(x + 1) - relu(x - 1) - 1 from existing ops: keeps the
+ * generator's pixels in [-1, 1], where the data are (frugal has no tanh). */
+static fr_tensor *hardtanh(fr_tensor *x) {
+    if (!x)
+        return NULL;
+    fr_tensor *one = fr_empty_like(x, FR_TAG_DATA), *minus = fr_empty_like(x, FR_TAG_DATA);
+    fr_tensor *r1 = NULL, *r2 = NULL, *d = NULL, *y = NULL;
+    if (one && minus && fr_fill_(one, 1.0f) == FR_OK && fr_fill_(minus, -1.0f) == FR_OK) {
+        r1 = fr_add(x, one);
+        r1 = r1 ? fr_chain(r1, fr_relu(r1)) : NULL;
+        r2 = fr_add(x, minus);
+        r2 = r2 ? fr_chain(r2, fr_relu(r2)) : NULL;
+        r2 = r2 ? fr_chain(r2, fr_scale(r2, -1.0f)) : NULL;
+        d = r1 && r2 ? fr_add(r1, r2) : NULL;
+        y = d ? fr_add(d, minus) : NULL;
+    }
+    fr_tensor *all[] = {one, minus, r1, r2, d};
+    for (size_t i = 0; i < sizeof all / sizeof *all; i++)
+        fr_release(all[i]);
+    return y;
+}
+
 static fr_tensor *g_stage0(void *ctx, fr_tensor *z) {
     generator *g = ctx;
     fr_tensor *h = fr_linear_layer_forward(&g->fc, z);
-    h = h ? fr_chain(h, fr_reshape(h, 4, FR_SHAPE(z->shape[0], 32, 7, 7))) : NULL;
+    h = h ? fr_chain(h, fr_reshape(h, 4, FR_SHAPE(z->shape[0], 16, 7, 7))) : NULL;
     return h ? fr_chain(h, fr_bn_relu(&g->bn0, h, true, &g->cfg)) : NULL;
 }
 
@@ -103,7 +125,8 @@ static fr_tensor *g_stage1(void *ctx, fr_tensor *x) {
     fr_tensor *h = upsample(x, g->up7);
     h = h ? fr_chain(h, fr_conv_bn_relu(&g->c1, &g->bn1, h, true, &g->cfg)) : NULL;
     h = h ? fr_chain(h, upsample(h, g->up14)) : NULL;
-    return h ? fr_chain(h, fr_conv2d_layer_forward(&g->c2, h)) : NULL;
+    h = h ? fr_chain(h, fr_conv2d_layer_forward(&g->c2, h)) : NULL;
+    return fr_chain(h, hardtanh(h));
 }
 
 static fr_tensor *d_stage0(void *ctx, fr_tensor *x) {
@@ -145,9 +168,9 @@ static fr_status models_init(generator *g, discriminator *d, fr_strategy s, uint
     g->cfg = d->cfg = (fr_model_cfg){.strategy = s};
     if (!(g->params = fr_params_new()) || !(d->params = fr_params_new()))
         return fr_last_status();
-    FR_TRY(fr_linear_layer_init(&g->fc, g->params, "fc", ZDIM, 32 * 7 * 7, true, &rng));
-    FR_TRY(fr_batchnorm2d_layer_init(&g->bn0, g->params, "bn0", 32));
-    FR_TRY(fr_conv2d_layer_init(&g->c1, g->params, "conv1", 32, 16, 3, 1, 1, false, &rng));
+    FR_TRY(fr_linear_layer_init(&g->fc, g->params, "fc", ZDIM, 16 * 7 * 7, true, &rng));
+    FR_TRY(fr_batchnorm2d_layer_init(&g->bn0, g->params, "bn0", 16));
+    FR_TRY(fr_conv2d_layer_init(&g->c1, g->params, "conv1", 16, 16, 3, 1, 1, false, &rng));
     FR_TRY(fr_batchnorm2d_layer_init(&g->bn1, g->params, "bn1", 16));
     FR_TRY(fr_conv2d_layer_init(&g->c2, g->params, "conv2", 16, 1, 3, 1, 1, true, &rng));
     if (!(g->up7 = upsample_matrix(7)) || !(g->up14 = upsample_matrix(14)))
@@ -263,7 +286,7 @@ static fr_status write_grid(generator *g, const char *path, fr_rng *rng) {
 }
 
 static fr_status parse_args(int argc, char **argv, options *o) {
-    *o = (options){.data = "fashion-mnist", .out = "gan.png", .strategy = "plain", .steps = 300,
+    *o = (options){.data = "fashion-mnist", .out = "gan.png", .strategy = "plain", .steps = 200,
                    .batch = 32, .seed = 1, .limit = 10000, .lr = 2e-4};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -303,7 +326,7 @@ static fr_status parse_args(int argc, char **argv, options *o) {
 static void usage(FILE *out) {
     fprintf(out, "usage: gan [flags]\n"
                  "  --data SPEC      fashion-mnist[:DIR] (default) or mnist:DIR\n"
-                 "  --steps N        alternating steps (300)\n"
+                 "  --steps N        alternating steps (200)\n"
                  "  --batch N        real images per step, and as many fakes (32)\n"
                  "  --strategy S     memory strategy of both models (plain; see train --help)\n"
                  "  --lr X           Adam learning rate, betas (0.5, 0.999) (0.0002)\n"
