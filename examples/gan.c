@@ -13,8 +13,9 @@
  * frugal has no transposed convolution, so the generator upsamples by
  * nearest neighbour written as a matrix product with a constant 0/1 matrix
  * (fr_matmul, differentiable; it saves no activation), followed by 3x3
- * convolutions, and bounds its output with a hardtanh made of ReLUs. Losses are two-class cross-entropy (equal to BCE with
- * logits on the logit difference). --strategy applies to both models' blocks;
+ * convolutions, and bounds its output with a hardtanh made of ReLUs (frugal
+ * has no tanh). Losses are two-class cross-entropy (equal to BCE with logits
+ * on the logit difference). --strategy applies to both models' blocks;
  * checkpoint puts each stage of each model in a segment of its own. */
 #include <math.h>
 #include <stdio.h>
@@ -353,6 +354,11 @@ static fr_status train(const options *o, run *r) {
     FR_TRY(models_init(&r->g, &r->d, strategy, (uint64_t)o->seed));
     if (!(r->ds = fr_data_open(&spec, true, o->limit)))
         return fr_last_status();
+    if (r->ds->c != 1 || r->ds->h != 28 || r->ds->w != 28 || r->ds->n < o->batch)
+        return fr_error(FR_ERR_SHAPE, "gan: --data %s holds %lld images of %lldx%lldx%lld; the models "
+                        "take 1x28x28 grey images and at least --batch (%lld) of them", o->data,
+                        (long long)r->ds->n, (long long)r->ds->c, (long long)r->ds->h,
+                        (long long)r->ds->w, (long long)o->batch);
     fr_loader_config lc = {.batch_size = (int)o->batch, .shuffle = true, .drop_last = true,
                            .seed = (uint64_t)o->seed, .aug = {.mean = {0.5f}, .std = {0.5f}}};
     if (!(r->ld = fr_loader_new(r->ds, &lc)))
@@ -395,6 +401,7 @@ static fr_status train(const options *o, run *r) {
                             "smaller --lr",
                             (long long)step, ld, lg);
         printf("step %lld/%lld: loss D %.4f  G %.4f\n", (long long)step, (long long)o->steps, ld, lg);
+        fflush(stdout);
     }
     printf("trained in %.1f s\n", fr_cli_now() - t0);
     FR_TRY(write_grid(&r->g, o->out, &rng));
