@@ -3,11 +3,14 @@
  * Define-by-run: a differentiable op (autograd/fn_*.c) computes its output
  * with tensor/ops.h and, when fr_should_record() says so, appends a node to
  * the tape: which inputs gradients flow to (edges), what it saved, and its
- * backward function. fr_backward(loss) walks the tape in reverse; as soon as
- * a node has run, its saved tensors and the gradients of its outputs are
- * released, so memory falls during backward instead of at its end. The tape
- * is cleared afterwards; gradients accumulate into .grad of leaves (tagged
- * FR_TAG_GRAD).
+ * backward function. fr_backward(loss) walks, in reverse creation order, the
+ * nodes reachable from the loss (its graph) and no others; as soon as a node
+ * has run, its saved tensors and the gradients of its outputs are released
+ * and the node leaves the tape, so memory falls during backward instead of
+ * at its end. Other graphs pending on the same tape (a second model, a
+ * second loss) keep their nodes and saved tensors. Gradients accumulate into
+ * .grad of leaves (tagged FR_TAG_GRAD). See docs/ARCHITECTURE.md, "Graphs on
+ * the tape".
  *
  * Saved tensors have two forms. HELD: a reference plus the storage version
  * seen at save time; unpacking a tensor whose storage was written inplace
@@ -19,9 +22,12 @@
  * held. The engine treats both alike: fr_node_unpack returns a reference the
  * backward function releases when done; recomputation runs under no_grad.
  *
- * Ownership: the tape owns its nodes. A tensor's grad_fn is valid only while
- * the tape generation it was made in is current; backward and fr_tape_clear
- * start a new generation.
+ * Ownership: the tape owns its nodes. Every node has a sequence number,
+ * unique in the process; a tensor records its producer's (grad_fn_gen) and
+ * an edge its input's, and either is valid only while a node with that
+ * number is on the current tape: a backward that consumed it, or
+ * fr_tape_clear, removes it. A graph nobody runs backward on stays on the
+ * tape until fr_tape_clear.
  *
  * One tape per thread (the tape and grad mode are thread-local). */
 #ifndef FR_AUTOGRAD_H
@@ -50,7 +56,9 @@ typedef enum { FR_EDGE_NONE = 0, FR_EDGE_LEAF, FR_EDGE_NODE } fr_edge_kind;
 typedef struct {
     fr_edge_kind kind;
     fr_tensor *leaf;     /* FR_EDGE_LEAF: the leaf (a reference) */
-    fr_node *node;       /* FR_EDGE_NODE: the producer */
+    fr_node *node;       /* FR_EDGE_NODE: the producer, valid while a node */
+    uint64_t seq;        /*   with this sequence number is on the tape */
+    const char *op;      /* the producer's op, for errors once it is freed */
     int output;          /* which output of the producer */
 } fr_edge;
 
@@ -75,7 +83,8 @@ struct fr_node {
     fr_device device;
     int n_saved, cap_saved;
     fr_saved *saved;
-    uint64_t gen;
+    uint64_t seq;             /* creation order; unique in the process */
+    uint64_t mark;            /* id of the last backward that reached it */
 };
 
 /* ---- grad mode ---- */
@@ -157,12 +166,35 @@ void fr_node_drop_saved(fr_node *node, int i);
 fr_status fr_backward(fr_tensor *loss);
 /* Runs backward from `out` with the given gradient (same shape). */
 fr_status fr_backward_with(fr_tensor *out, fr_tensor *grad_out);
-/* Frees every node on this thread's tape and what they saved. */
+
+typedef struct {
+    /* Keep the nodes this backward walks, and what they saved, so another
+     * backward can run through them (a trunk shared by two losses). Without
+     * it they are freed as they run, and a later backward that reaches them
+     * fails with FR_ERR_GRAPH naming the op. */
+    bool retain_graph;
+    /* n_inputs > 0: only these leaves (they must require grad and have no
+     * producer) receive gradients; ops skip the gradients of other leaves.
+     * The list is borrowed for the call. A generator step passes the
+     * generator's parameters, so the discriminator's .grad stay as they are. */
+    int n_inputs;
+    fr_tensor *const *inputs;
+} fr_backward_options;
+
+/* fr_backward / fr_backward_with with options (NULL: the defaults, all
+ * zero). grad_out NULL seeds a one-element output with 1. */
+fr_status fr_backward_with_options(fr_tensor *out, fr_tensor *grad_out,
+                                   const fr_backward_options *opts);
+/* The options of the backward running now on this thread (the innermost),
+ * or NULL: a checkpointed segment's replay passes its inputs on. */
+const fr_backward_options *fr_backward_running(void);
+/* Frees every node on this thread's tape (every pending graph) and what
+ * they saved. */
 void fr_tape_clear(void);
-/* Nodes on the tape now. */
+/* Nodes on the tape now (all pending graphs). */
 int fr_tape_size(void);
-/* Sets the current tape aside and starts an empty one (with its own
- * generation); fr_tape_pop frees the inner tape and restores the outer one.
+/* Sets the current tape (with every graph pending on it) aside and starts an
+ * empty one; fr_tape_pop frees the inner tape and restores the outer one.
  * Checkpointing uses this to re-run a segment during backward. */
 fr_status fr_tape_push(void);
 void fr_tape_pop(void);

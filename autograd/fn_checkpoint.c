@@ -14,6 +14,26 @@ typedef struct {
     fr_dtype autocast;     /* the forward's autocast dtype: the replay computes in it too */
 } checkpoint_ctx;
 
+/* Backpropagates the replayed segment. Under a backward restricted to some
+ * inputs, the replay is restricted to the same ones plus the segment's input
+ * leaf, so parameters outside the list get no gradient from inside segments
+ * either. */
+static fr_status replay_backward(fr_tensor *y, fr_tensor *dy, fr_tensor *leaf) {
+    const fr_backward_options *outer = fr_backward_running();
+    if (!outer || outer->n_inputs == 0)
+        return fr_backward_with(y, dy);
+    fr_tensor **inputs = malloc((size_t)(outer->n_inputs + 1) * sizeof *inputs);
+    if (!inputs)
+        return fr_error(FR_ERR_OOM, "backward of checkpoint: out of memory");
+    for (int i = 0; i < outer->n_inputs; i++)
+        inputs[i] = outer->inputs[i];
+    inputs[outer->n_inputs] = leaf;
+    fr_backward_options o = {.n_inputs = outer->n_inputs + 1, .inputs = inputs};
+    fr_status st = fr_backward_with_options(y, dy, &o);
+    free(inputs);
+    return st;
+}
+
 static fr_status checkpoint_backward(fr_node *node, fr_tensor *const *dout, fr_tensor **din) {
     const checkpoint_ctx *c = node->ctx;
     fr_tensor *x = fr_node_unpack(node, 0);
@@ -39,7 +59,7 @@ static fr_status checkpoint_backward(fr_node *node, fr_tensor *const *dout, fr_t
         fr_recompute_exit();
         fr_set_random_state(now);
         if (st == FR_OK)
-            st = y ? fr_backward_with(y, dout[0]) : fr_last_status();
+            st = y ? replay_backward(y, dout[0], leaf) : fr_last_status();
     }
     if (st == FR_OK && fr_node_needs_grad(node, 0) && leaf->grad)
         din[0] = fr_retain(leaf->grad);

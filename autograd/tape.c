@@ -1,27 +1,70 @@
 /* tape.c: grad mode, nodes, saved tensors and the backward engine. */
 #include "autograd.h"
 
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 static _Thread_local int no_grad_depth;
-static _Thread_local fr_node **tape;
-static _Thread_local int tape_len, tape_cap;
-/* Generation of the live tape; starts at 1 so a zeroed tensor (gen 0) never
- * looks attached. */
-static _Thread_local uint64_t tape_gen = 1;
-static _Thread_local uint64_t gen_counter = 1;
+
+/* The tape: nodes in creation order, so reverse order is a topological order
+ * (every consumer of a node's outputs was recorded after it). Several graphs
+ * may be pending on it at once; a backward takes out only the nodes it
+ * reached, leaving NULL holes that it closes before it returns. seqs[i] is
+ * nodes[i]->seq and stays readable after the node is freed, so a tensor or an
+ * edge can find out whether its producer is still here (find_node). */
+typedef struct {
+    fr_node **nodes;
+    uint64_t *seqs;   /* increasing */
+    int len, cap;     /* slots used, holes included */
+    int live;         /* nodes on the tape */
+    int running;      /* backwards walking this tape now */
+} fr_tape;
+static _Thread_local fr_tape tape;
+
+/* Node sequence numbers are unique in the process, so a tensor made on
+ * another thread or on a popped tape never matches a node here. */
+static _Atomic uint64_t seq_counter;
 
 /* Outer tapes set aside by fr_tape_push (checkpointing recomputes a segment
  * on a tape of its own in the middle of backward). */
 #define FR_TAPE_DEPTH 8
-static _Thread_local struct {
-    fr_node **nodes;
-    int len, cap;
-    uint64_t gen;
-} outer[FR_TAPE_DEPTH];
+static _Thread_local fr_tape outer[FR_TAPE_DEPTH];
 static _Thread_local int n_outer;
+
+/* The op of recently freed nodes, by sequence number, so that a backward
+ * through a freed graph can say which op it was (error path only). */
+#define FREED_RING 1024
+static _Thread_local struct {
+    uint64_t seq;
+    const char *op;
+} freed[FREED_RING];
+static _Thread_local unsigned freed_next;
+
+static const char *freed_op(uint64_t seq) {
+    for (int i = 0; i < FREED_RING; i++)
+        if (freed[i].seq == seq && freed[i].op)
+            return freed[i].op;
+    return "an op";
+}
+
+/* The live node with this sequence number on the current tape, or NULL. */
+static fr_node *find_node(uint64_t seq) {
+    int lo = 0, hi = tape.len - 1;
+    while (lo <= hi) {
+        int mid = lo + (hi - lo) / 2;
+        if (tape.seqs[mid] == seq)
+            return tape.nodes[mid];
+        if (tape.seqs[mid] < seq)
+            lo = mid + 1;
+        else
+            hi = mid - 1;
+    }
+    return NULL;
+}
+
+static bool node_alive(const fr_node *n, uint64_t seq) { return n && find_node(seq) == n; }
 
 static _Thread_local uint64_t random_state = 0x853C49E6748FEA9Bull;
 void fr_manual_seed(uint64_t seed) { random_state = seed; }
@@ -78,7 +121,7 @@ void fr_set_requires_grad(fr_tensor *t, bool on) {
 }
 
 bool fr_has_grad_fn(const fr_tensor *t) {
-    return t && t->requires_grad && t->grad_fn && t->grad_fn_gen == tape_gen;
+    return t && t->requires_grad && t->grad_fn && node_alive(t->grad_fn, t->grad_fn_gen);
 }
 
 static bool is_leaf(const fr_tensor *t) { return t->requires_grad && !t->grad_fn; }
@@ -142,29 +185,58 @@ static void node_free(fr_node *n) {
     free(n);
 }
 
+/* Frees tape slot i's node (the slot becomes a hole until compact_tape). */
+static void free_slot(int i) {
+    fr_node *n = tape.nodes[i];
+    freed[freed_next % FREED_RING].seq = n->seq;
+    freed[freed_next % FREED_RING].op = n->op;
+    freed_next++;
+    node_free(n);
+    tape.nodes[i] = NULL;
+    tape.live--;
+}
+
+/* Closes the holes backward left, keeping creation order. */
+static void compact_tape(void) {
+    int kept = 0;
+    for (int i = 0; i < tape.len; i++)
+        if (tape.nodes[i]) {
+            tape.nodes[kept] = tape.nodes[i];
+            tape.seqs[kept] = tape.seqs[i];
+            kept++;
+        }
+    tape.len = kept;
+    FR_ASSERT(kept == tape.live);
+}
+
+static fr_status grow_tape(const char *op) {
+    int cap = tape.cap ? tape.cap * 2 : 256;
+    fr_node **nodes = realloc(tape.nodes, (size_t)cap * sizeof *nodes);
+    if (nodes)
+        tape.nodes = nodes;
+    uint64_t *seqs = nodes ? realloc(tape.seqs, (size_t)cap * sizeof *seqs) : NULL;
+    if (!seqs)
+        return fr_error(FR_ERR_OOM, "%s: out of memory growing the tape", op);
+    tape.seqs = seqs;
+    tape.cap = cap;
+    return FR_OK;
+}
+
 fr_node *fr_node_new(const char *op, fr_backward_fn backward, int n_inputs,
                      fr_tensor *const *inputs, int n_outputs) {
     FR_ASSERT(backward && n_outputs >= 1 && n_inputs >= 0);
     for (int i = 0; i < n_inputs; i++) {
         const fr_tensor *t = inputs[i];
-        if (t && t->requires_grad && t->grad_fn && t->grad_fn_gen != tape_gen) {
+        if (t && t->requires_grad && t->grad_fn && !node_alive(t->grad_fn, t->grad_fn_gen)) {
             fr_error(FR_ERR_GRAPH,
-                     "%s: input %d comes from a graph that backward (or fr_tape_clear) already "
-                     "freed; detach it or recompute it",
-                     op, i);
+                     "%s: input %d comes from a graph (made by %s) that backward (or fr_tape_clear) "
+                     "already freed; detach it or recompute it",
+                     op, i, freed_op(t->grad_fn_gen));
             return NULL;
         }
     }
-    if (tape_len == tape_cap) {
-        int cap = tape_cap ? tape_cap * 2 : 256;
-        fr_node **grown = realloc(tape, (size_t)cap * sizeof *grown);
-        if (!grown) {
-            fr_error(FR_ERR_OOM, "%s: out of memory growing the tape", op);
-            return NULL;
-        }
-        tape = grown;
-        tape_cap = cap;
-    }
+    if (tape.len == tape.cap && grow_tape(op) != FR_OK)
+        return NULL;
     fr_node *n = calloc(1, sizeof *n);
     if (!n || !(n->inputs = calloc((size_t)(n_inputs ? n_inputs : 1), sizeof *n->inputs)) ||
         !(n->grads = calloc((size_t)n_outputs, sizeof *n->grads)) ||
@@ -179,7 +251,7 @@ fr_node *fr_node_new(const char *op, fr_backward_fn backward, int n_inputs,
     n->backward = backward;
     n->n_inputs = n_inputs;
     n->n_outputs = n_outputs;
-    n->gen = tape_gen;
+    n->seq = atomic_fetch_add(&seq_counter, 1) + 1;
     for (int i = 0; i < n_inputs; i++) {
         fr_tensor *t = inputs[i];
         if (!t || !t->requires_grad)
@@ -190,10 +262,15 @@ fr_node *fr_node_new(const char *op, fr_backward_fn backward, int n_inputs,
         } else {
             n->inputs[i].kind = FR_EDGE_NODE;
             n->inputs[i].node = t->grad_fn;
+            n->inputs[i].seq = t->grad_fn_gen;
+            n->inputs[i].op = t->grad_fn->op;
             n->inputs[i].output = t->grad_fn_out;
         }
     }
-    tape[tape_len++] = n;
+    tape.nodes[tape.len] = n;
+    tape.seqs[tape.len] = n->seq;
+    tape.len++;
+    tape.live++;
     return n;
 }
 
@@ -201,7 +278,7 @@ void fr_node_set_output(fr_node *node, int index, fr_tensor *t) {
     FR_ASSERT(index >= 0 && index < node->n_outputs);
     t->requires_grad = true;
     t->grad_fn = node;
-    t->grad_fn_gen = node->gen;
+    t->grad_fn_gen = node->seq;
     t->grad_fn_out = index;
     node->device = fr_device_of(t);
     node->out_ndims[index] = t->ndim;
@@ -215,9 +292,34 @@ void fr_node_set_ctx(fr_node *node, void *ctx, void (*ctx_free)(void *)) {
     node->ctx_free = ctx_free;
 }
 
+/* The backward running now on this thread (innermost), or NULL. */
+typedef struct backward_run {
+    uint64_t id;                  /* marks the nodes it reached */
+    fr_backward_options opts;
+    struct backward_run *outer;
+} backward_run;
+static _Thread_local backward_run *running;
+static _Thread_local uint64_t run_counter;
+
+static bool leaf_wanted(const backward_run *r, const fr_tensor *leaf) {
+    if (r->opts.n_inputs == 0)
+        return true;
+    for (int i = 0; i < r->opts.n_inputs; i++)
+        if (r->opts.inputs[i] == leaf)
+            return true;
+    return false;
+}
+
 bool fr_node_needs_grad(const fr_node *node, int input) {
     FR_ASSERT(input >= 0 && input < node->n_inputs);
-    return node->inputs[input].kind != FR_EDGE_NONE;
+    const fr_edge *e = &node->inputs[input];
+    /* A leaf outside the running backward's inputs gets no gradient, so the
+     * op need not compute it. Only nodes that backward reached are asked
+     * this way: forward code run inside it (a checkpoint replay) still sees
+     * every edge. */
+    if (e->kind == FR_EDGE_LEAF && running && node->mark == running->id)
+        return leaf_wanted(running, e->leaf);
+    return e->kind != FR_EDGE_NONE;
 }
 
 static int saved_slot(fr_node *node) {
@@ -299,39 +401,30 @@ void fr_node_drop_saved(fr_node *node, int i) {
     saved_release(&node->saved[i]);
 }
 
-int fr_tape_size(void) { return tape_len; }
+int fr_tape_size(void) { return tape.live; }
 
 void fr_tape_clear(void) {
-    for (int i = 0; i < tape_len; i++)
-        node_free(tape[i]);
-    free(tape);
-    tape = NULL;
-    tape_len = tape_cap = 0;
-    tape_gen = ++gen_counter;
+    FR_ASSERT(!tape.running);
+    for (int i = 0; i < tape.len; i++)
+        if (tape.nodes[i])
+            free_slot(i);
+    free(tape.nodes);
+    free(tape.seqs);
+    tape = (fr_tape){0};
 }
 
 fr_status fr_tape_push(void) {
     if (n_outer == FR_TAPE_DEPTH)
         return fr_error(FR_ERR_GRAPH, "tape: more than %d nested tapes", FR_TAPE_DEPTH);
-    outer[n_outer].nodes = tape;
-    outer[n_outer].len = tape_len;
-    outer[n_outer].cap = tape_cap;
-    outer[n_outer].gen = tape_gen;
-    n_outer++;
-    tape = NULL;
-    tape_len = tape_cap = 0;
-    tape_gen = ++gen_counter;
+    outer[n_outer++] = tape;
+    tape = (fr_tape){0};
     return FR_OK;
 }
 
 void fr_tape_pop(void) {
     FR_ASSERT(n_outer > 0);
     fr_tape_clear();
-    n_outer--;
-    tape = outer[n_outer].nodes;
-    tape_len = outer[n_outer].len;
-    tape_cap = outer[n_outer].cap;
-    tape_gen = outer[n_outer].gen;
+    tape = outer[--n_outer];
 }
 
 /* Adds g into *slot: takes the reference when the slot is empty. A backward
@@ -402,7 +495,7 @@ static fr_status run_node(fr_node *n) {
         if (!g)
             continue;
         fr_edge *e = &n->inputs[i];
-        if (st != FR_OK || e->kind == FR_EDGE_NONE) {
+        if (st != FR_OK || !fr_node_needs_grad(n, i)) {
             fr_release(g);
         } else if (e->kind == FR_EDGE_LEAF) {
             st = accumulate_leaf(e->leaf, g);
@@ -416,9 +509,10 @@ static fr_status run_node(fr_node *n) {
 }
 
 /* ---- gradient-ready hook (autograd.h) ----
- * Before the reverse walk, one pass over the tape in recording order finds
- * each leaf's lowest-indexed consumer: walking in reverse, that node is the
- * last to add to the leaf's gradient. The (node, leaf) pairs come out sorted
+ * Before the reverse walk, one pass over this backward's nodes (those marked
+ * with its run id) in recording order finds each leaf's lowest-indexed
+ * consumer: walking in reverse, that node is the last to add to the leaf's
+ * gradient. Nodes of other pending graphs do not count: they are not run. The (node, leaf) pairs come out sorted
  * by node index, so the walk pops them from the end as it passes each node. */
 static _Thread_local fr_grad_ready_fn ready_fn;
 static _Thread_local void *ready_ctx;
@@ -440,14 +534,15 @@ typedef struct {
     int n;
 } ready_list;
 
-static fr_status ready_plan(ready_list *r) {
+static fr_status ready_plan(ready_list *r, uint64_t id) {
     *r = (ready_list){.fn = ready_fn, .ctx = ready_ctx};
     if (!r->fn)
         return FR_OK;
     size_t edges = 0, cap = 16;
-    for (int i = 0; i < tape_len; i++)
-        for (int j = 0; j < tape[i]->n_inputs; j++)
-            edges += tape[i]->inputs[j].kind == FR_EDGE_LEAF;
+    for (int i = 0; i < tape.len; i++)
+        if (tape.nodes[i] && tape.nodes[i]->mark == id)
+            for (int j = 0; j < tape.nodes[i]->n_inputs; j++)
+                edges += tape.nodes[i]->inputs[j].kind == FR_EDGE_LEAF;
     if (!edges)
         return FR_OK;
     while (cap < 2 * edges)
@@ -460,11 +555,11 @@ static fr_status ready_plan(ready_list *r) {
         r->entries = NULL;
         return fr_error(FR_ERR_OOM, "backward: out of memory planning the gradient-ready calls");
     }
-    for (int i = 0; i < tape_len; i++)
-        for (int j = 0; j < tape[i]->n_inputs; j++) {
-            if (tape[i]->inputs[j].kind != FR_EDGE_LEAF)
+    for (int i = 0; i < tape.len; i++)
+        for (int j = 0; tape.nodes[i] && tape.nodes[i]->mark == id && j < tape.nodes[i]->n_inputs; j++) {
+            if (tape.nodes[i]->inputs[j].kind != FR_EDGE_LEAF)
                 continue;
-            fr_tensor *leaf = tape[i]->inputs[j].leaf;
+            fr_tensor *leaf = tape.nodes[i]->inputs[j].leaf;
             size_t h = (size_t)(((uintptr_t)leaf >> 4) * 0x9E3779B97F4A7C15ull) & (cap - 1);
             while (seen[h] && seen[h] != leaf)
                 h = (h + 1) & (cap - 1);
@@ -487,56 +582,142 @@ static fr_status ready_fire(ready_list *r, int index) {
     return st;
 }
 
-fr_status fr_backward_with(fr_tensor *out, fr_tensor *grad_out) {
-    FR_TRY(fr_check_defined("backward", "output", out));
-    FR_TRY(fr_check_defined("backward", "gradient", grad_out));
-    if (!fr_has_grad_fn(out)) {
-        return fr_error(FR_ERR_GRAPH, out->requires_grad
-                                          ? "backward: the output's graph was already freed by an "
-                                            "earlier backward or fr_tape_clear"
-                                          : "backward: the output does not require grad (no "
-                                            "parameter reached it, or it was computed under no_grad)");
+/* Marks every node reachable from root with id and checks that each edge on
+ * the way still leads to a node on the tape. */
+static fr_status mark_reachable(fr_node *root, uint64_t id) {
+    fr_node **stack = malloc((size_t)(tape.live ? tape.live : 1) * sizeof *stack);
+    if (!stack)
+        return fr_error(FR_ERR_OOM, "backward: out of memory walking the graph");
+    int top = 0;
+    root->mark = id;
+    stack[top++] = root;
+    fr_status st = FR_OK;
+    while (top > 0 && st == FR_OK) {
+        fr_node *n = stack[--top];
+        for (int i = 0; i < n->n_inputs; i++) {
+            const fr_edge *e = &n->inputs[i];
+            if (e->kind != FR_EDGE_NODE)
+                continue;
+            if (!node_alive(e->node, e->seq)) {
+                st = fr_error(FR_ERR_GRAPH,
+                              "backward: input %d of %s comes from %s, whose graph an earlier "
+                              "backward (or fr_tape_clear) already freed; pass retain_graph to that "
+                              "backward to run through it again",
+                              i, n->op, e->op);
+                break;
+            }
+            if (e->node->mark != id) {
+                e->node->mark = id;
+                stack[top++] = e->node; /* each node is pushed once: top <= live */
+            }
+        }
     }
-    FR_TRY(fr_check_same_shape("backward", "output", out, "gradient", grad_out));
-    fr_node *root = out->grad_fn;
-    fr_status st = accumulate(&root->grads[out->grad_fn_out], fr_retain(grad_out));
-    ready_list ready = {0};
-    if (st == FR_OK)
-        st = ready_plan(&ready);
-    /* Reverse tape order is a topological order: every consumer of a node's
-     * outputs was recorded after it. Each node is freed right after it ran. */
-    for (int i = tape_len - 1; i >= 0 && st == FR_OK; i--) {
-        fr_node *n = tape[i];
-        bool reached = false;
-        for (int o = 0; o < n->n_outputs; o++)
-            reached |= n->grads[o] != NULL;
-        if (reached)
-            st = run_node(n);
-        if (st == FR_OK)
-            st = ready_fire(&ready, i);
-        node_free(n);
-        tape[i] = NULL;
-        tape_len = i;
-    }
-    free(ready.entries);
-    fr_tape_clear();
+    free(stack);
     return st;
 }
 
+static fr_status check_options(const fr_backward_options *o) {
+    if (o->n_inputs < 0 || (o->n_inputs > 0 && !o->inputs))
+        return fr_error(FR_ERR_ARG, "backward: %d inputs given with %s list", o->n_inputs,
+                        o->inputs ? "a" : "no");
+    for (int i = 0; i < o->n_inputs; i++) {
+        const fr_tensor *t = o->inputs[i];
+        if (!t || !is_leaf(t))
+            return fr_error(FR_ERR_ARG, "backward: inputs[%d] is %s; inputs must be leaves that "
+                            "require grad (parameters)", i,
+                            !t ? "NULL" : t->requires_grad ? "not a leaf (an op made it)"
+                                                           : "a tensor that does not require grad");
+    }
+    return FR_OK;
+}
+
+fr_status fr_backward_with_options(fr_tensor *out, fr_tensor *grad_out,
+                                   const fr_backward_options *opts) {
+    static const fr_backward_options defaults = {0};
+    if (!opts)
+        opts = &defaults;
+    FR_TRY(fr_check_defined("backward", "output", out));
+    FR_TRY(check_options(opts));
+    if (!fr_has_grad_fn(out)) {
+        if (out->requires_grad && out->grad_fn)
+            return fr_error(FR_ERR_GRAPH, "backward: the output's graph (made by %s) was already "
+                            "freed by an earlier backward or fr_tape_clear; pass retain_graph to "
+                            "the first backward to run another", freed_op(out->grad_fn_gen));
+        return fr_error(FR_ERR_GRAPH, out->requires_grad
+                                          ? "backward: the output is a leaf; it has no graph"
+                                          : "backward: the output does not require grad (no "
+                                            "parameter reached it, or it was computed under no_grad)");
+    }
+    if (tape.running)
+        return fr_error(FR_ERR_GRAPH, "backward: called from inside a backward on the same tape");
+    fr_tensor *seed = grad_out ? fr_retain(grad_out) : NULL;
+    if (!seed) {
+        if (fr_numel(out) != 1) {
+            char buf[96];
+            return fr_error(FR_ERR_GRAPH, "backward: loss must have one element, got shape %s; "
+                            "use fr_backward_with for other outputs",
+                            fr_shape_str(out, buf, sizeof buf));
+        }
+        seed = fr_empty_like(out, FR_TAG_TRANSIENT);
+        if (!seed)
+            return fr_last_status();
+        fr_status st = fr_fill_(seed, 1.0f);
+        if (st != FR_OK) {
+            fr_release(seed);
+            return st;
+        }
+    } else if (fr_check_same_shape("backward", "output", out, "gradient", seed) != FR_OK) {
+        fr_release(seed);
+        return fr_last_status();
+    }
+    backward_run run = {.id = ++run_counter, .opts = *opts, .outer = running};
+    fr_node *root = out->grad_fn;
+    fr_status st = mark_reachable(root, run.id);
+    if (st != FR_OK) {
+        fr_release(seed);
+        return st;
+    }
+    st = accumulate(&root->grads[out->grad_fn_out], seed);
+    ready_list ready = {0};
+    if (st == FR_OK)
+        st = ready_plan(&ready, run.id);
+    running = &run;
+    tape.running++;
+    /* Reverse creation order over the nodes this graph reached; the others
+     * (other pending graphs) are not touched. Each node is freed right after
+     * it ran, unless the graph is retained; after a failure the rest of the
+     * graph is freed (or, retained, cleared of partial gradients). */
+    for (int i = tape.len - 1; i >= 0; i--) {
+        fr_node *n = tape.nodes[i];
+        if (!n || n->mark != run.id)
+            continue;
+        bool reached = false;
+        for (int o = 0; o < n->n_outputs; o++)
+            reached |= n->grads[o] != NULL;
+        if (reached && st == FR_OK)
+            st = run_node(n);
+        if (st == FR_OK)
+            st = ready_fire(&ready, i);
+        for (int o = 0; o < n->n_outputs; o++)
+            fr_clear(&n->grads[o]);
+        if (!opts->retain_graph)
+            free_slot(i);
+    }
+    free(ready.entries);
+    tape.running--;
+    running = run.outer;
+    compact_tape();
+    return st;
+}
+
+fr_status fr_backward_with(fr_tensor *out, fr_tensor *grad_out) {
+    FR_TRY(fr_check_defined("backward", "gradient", grad_out));
+    return fr_backward_with_options(out, grad_out, NULL);
+}
+
+const fr_backward_options *fr_backward_running(void) { return running ? &running->opts : NULL; }
+
 fr_status fr_backward(fr_tensor *loss) {
     FR_TRY(fr_check_defined("backward", "loss", loss));
-    if (fr_numel(loss) != 1) {
-        char buf[96];
-        return fr_error(FR_ERR_GRAPH, "backward: loss must have one element, got shape %s; use "
-                                      "fr_backward_with for other outputs",
-                        fr_shape_str(loss, buf, sizeof buf));
-    }
-    fr_tensor *seed = fr_empty_like(loss, FR_TAG_TRANSIENT);
-    if (!seed)
-        return fr_last_status();
-    fr_status st = fr_fill_(seed, 1.0f);
-    if (st == FR_OK)
-        st = fr_backward_with(loss, seed);
-    fr_release(seed);
-    return st;
+    return fr_backward_with_options(loss, NULL, NULL);
 }

@@ -66,8 +66,8 @@ typedef struct fr_tensor {
     /* autograd/ bookkeeping */
     bool requires_grad;
     struct fr_tensor *grad;        /* owned; leaves only */
-    struct fr_node *grad_fn;       /* producer on the tape, valid while */
-    uint64_t grad_fn_gen;          /*   the tape generation matches */
+    struct fr_node *grad_fn;       /* producer on the tape, valid while a node */
+    uint64_t grad_fn_gen;          /*   with this sequence number is on it */
     int grad_fn_out;               /* which output of grad_fn */
     fr_recipe *recipe;             /* owned; set when the values can be recomputed */
     const char *name;              /* optional, static or owned elsewhere */

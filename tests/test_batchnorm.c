@@ -328,6 +328,8 @@ static void test_running_stats_changed_before_eval_backward(void) {
         CHECK(strstr(fr_last_error(), "running stats") != NULL);
         CHECK(x->grad == NULL);
     }
+    CHECK(fr_tape_size() == 1); /* y2's graph: that backward did not reach it */
+    fr_tape_clear();
     fr_release(y2);
     fr_release(y);
     fr_release(rv);

@@ -250,6 +250,8 @@ static void test_recomputable_concat_detects_inplace_misuse(void) {
     CHECK_NOTNULL(bad);
     CHECK_ERR(fr_backward(loss), FR_ERR_VERSION, "scale_");
     CHECK(strstr(fr_last_error(), "concat recompute") != NULL);
+    CHECK(fr_tape_size() == 1); /* scale_'s node: the loss does not reach it */
+    fr_tape_clear();
     fr_release(bad);
     fr_release(f1);
     fr_release(loss);

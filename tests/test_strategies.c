@@ -205,6 +205,8 @@ static void test_recompute_detects_inplace_misuse(void) {
     fr_tensor *bad = fr_scale_(c1, 2.0f);
     fr_tensor *loss = fr_sum(c2);
     CHECK_ERR(fr_backward(loss), FR_ERR_VERSION, "scale_");
+    CHECK(fr_tape_size() == 1); /* scale_'s node: the loss does not reach it */
+    fr_tape_clear();
     fr_tensor *all[] = {c1, h, c2, bad, loss};
     for (size_t i = 0; i < sizeof all / sizeof *all; i++)
         fr_release(all[i]);

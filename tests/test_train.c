@@ -484,9 +484,12 @@ static bool memreport_built(void) {
     return access(path, X_OK) == 0;
 }
 
+/* the output of the last expect_output */
+static char last_output[65536];
+
 static void expect_output(const char *prog, const char *args, int want_rc, const char *needle) {
-    static char out[65536];
-    int rc = run_prog(prog, args, out, sizeof out);
+    char *out = last_output;
+    int rc = run_prog(prog, args, out, sizeof last_output);
     if ((want_rc == 0) != (rc == 0) || !strstr(out, needle)) {
         fprintf(stderr, "    %s %s: exit %d (wanted %s), output lacks \"%s\":\n%s\n", prog, args, rc,
                 want_rc ? "non-zero" : "0", needle, out);
@@ -532,6 +535,29 @@ static void write_precision_copy(const char *from, const char *to, fr_dtype prec
     CHECK_OK(fr_ckpt_save(to, m, opt, &sc, &st));
     fr_optim_free(opt);
     fr_model_free(m);
+}
+
+/* examples/gan: a few steps on Fashion-MNIST write the PNG and leave
+ * nothing alive; images of another size are refused. */
+static void test_gan_program(void) {
+    char path[600];
+    snprintf(path, sizeof path, "%s/examples/gan", build_dir);
+    if (access(path, X_OK) != 0)
+        SKIP("examples/gan not built");
+    if (access(FR_FASHION_MNIST_DIR, R_OK) != 0)
+        SKIP("no Fashion-MNIST at " FR_FASHION_MNIST_DIR);
+    const char *dir = fr_t_make_tmpdir("gan");
+    char args[1024];
+    snprintf(args, sizeof args, "--steps 3 --batch 8 --limit 64 --strategy abn+checkpoint --out %s/g.png",
+             dir);
+    expect_output("gan", args, 0, "step 3/3: loss D ");
+    CHECK(strstr(last_output, "alive at exit: 0 tensors, 0 bytes") != NULL);
+    snprintf(path, sizeof path, "%s/g.png", dir);
+    CHECK(access(path, R_OK) == 0);
+    write_idx(dir, "train", 16);
+    snprintf(args, sizeof args, "--data mnist:%s --steps 1", dir);
+    expect_output("gan", args, 1, "take 1x28x28 grey images");
+    fr_t_remove_tmpdir(dir);
 }
 
 static void test_programs(void) {
@@ -663,6 +689,7 @@ int main(int argc, char **argv) {
     RUN(test_precision_flag);
     RUN(test_plan_precision);
     RUN(test_programs);
+    RUN(test_gan_program);
     /* these need the half-precision ops (issue 6) */
     RUN(test_loss_decreases_f16);
     RUN(test_loss_decreases_bf16);

@@ -401,7 +401,7 @@ void fr_t_snapshot_free(const fr_model *m, float **snap) {
 
 fr_t_step fr_t_model_step(fr_model *m, const char *strategy, float **init, fr_tensor *x,
                           fr_tensor *labels) {
-    fr_t_step r = {.values = calloc((size_t)m->params->count, sizeof(float *))};
+    fr_t_step r = {0};
     CHECK_OK(fr_strategy_parse(strategy, &m->cfg.strategy));
     if (init)
         fr_t_snapshot_restore(m, init);
@@ -426,6 +426,13 @@ fr_t_step fr_t_model_step(fr_model *m, const char *strategy, float **init, fr_te
     fr_tape_clear();
     r.peak_saved = fr_mem_peak(FR_CPU, FR_TAG_SAVED);
     r.peak_total = fr_mem_total_peak(FR_CPU) - base;
+    r.values = fr_t_step_capture(m, r.loss).values;
+    fr_params_zero_grad(m->params);
+    return r;
+}
+
+fr_t_step fr_t_step_capture(const fr_model *m, float loss) {
+    fr_t_step r = {.loss = loss, .values = calloc((size_t)m->params->count, sizeof(float *))};
     for (int i = 0; i < m->params->count; i++) {
         const fr_param *e = &m->params->items[i];
         const fr_tensor *t = e->kind == FR_PARAMETER ? e->tensor->grad : e->tensor;
@@ -434,7 +441,6 @@ fr_t_step fr_t_model_step(fr_model *m, const char *strategy, float **init, fr_te
         r.values[i] = malloc(fr_nbytes(t));
         memcpy(r.values[i], fr_data(t), fr_nbytes(t));
     }
-    fr_params_zero_grad(m->params);
     return r;
 }
 

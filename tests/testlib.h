@@ -195,6 +195,9 @@ typedef struct {
  * are; gradients are copied out, then zeroed. */
 fr_t_step fr_t_model_step(fr_model *m, const char *strategy, float **init, fr_tensor *x,
                           fr_tensor *labels);
+/* The loss given and m's gradients / f32 buffers as they are now (the values
+ * of fr_t_model_step, for a step run by hand); nothing is zeroed. */
+fr_t_step fr_t_step_capture(const fr_model *m, float loss);
 void fr_t_step_free(fr_t_step *r, int n);
 /* got against ref: tol < 0 bit-identical (loss and every value); else
  * |a - b| <= tol * (1 + max |ref|) per tensor and for the loss. Every
