@@ -22,11 +22,11 @@ typedef struct {
 
 struct densenet;
 
-/* A run of dense layers of one block checkpointed as one segment; lives in
- * the model because backward replays it after the forward has returned. */
+/* A run of dense layers of one block checkpointed as one segment; the
+ * checkpoint node keeps a copy (fr_checkpoint). */
 typedef struct {
     const struct densenet *d;
-    const fr_model_cfg *cfg;
+    fr_model_cfg cfg;
     int first, count; /* layer indices into densenet.layers */
     bool training;
 } segment;
@@ -38,7 +38,6 @@ typedef struct densenet {
     transition trans[BLOCKS - 1];
     fr_batchnorm2d_layer norm5;
     fr_linear_layer classifier;
-    segment *segments;   /* one slot per layer, for checkpointing */
 } densenet;
 
 /* ---- forward ---- */
@@ -105,7 +104,7 @@ static fr_tensor *segment_forward(void *ctx, fr_tensor *x) {
     const segment *s = ctx;
     /* The segment's output is kept by the next segment's checkpoint: a real
      * tensor, not a recipe. */
-    return run_layers(s->d, s->first, s->count, x, s->training, s->cfg, false);
+    return run_layers(s->d, s->first, s->count, x, s->training, &s->cfg, false);
 }
 
 /* Dense layers per checkpointed segment: ceil(sqrt(layers per block)) unless
@@ -129,10 +128,9 @@ static fr_tensor *block_forward(densenet *d, int b, fr_tensor *x, bool training,
     int k = segment_length(d, &cfg->strategy);
     fr_tensor *out = fr_retain(x);
     for (int i = first; i < first + d->per_block && out; i += k) {
-        segment *s = &d->segments[i];
-        *s = (segment){.d = d, .cfg = cfg, .first = i, .training = training,
-                       .count = i + k <= first + d->per_block ? k : first + d->per_block - i};
-        out = fr_chain(out, fr_checkpoint(segment_forward, s, out));
+        segment s = {.d = d, .cfg = *cfg, .first = i, .training = training,
+                     .count = i + k <= first + d->per_block ? k : first + d->per_block - i};
+        out = fr_chain(out, fr_checkpoint(segment_forward, &s, sizeof s, out));
     }
     return out;
 }
@@ -213,7 +211,6 @@ static void densenet_free(void *impl) {
     if (!d)
         return;
     free(d->layers);
-    free(d->segments);
     free(d);
 }
 
@@ -278,9 +275,8 @@ fr_model *fr_densenet_create(const char *name, int growth, int in_channels, int 
     if (d) {
         d->per_block = (depth - 4) / 6;
         d->layers = calloc((size_t)(BLOCKS * d->per_block), sizeof *d->layers);
-        d->segments = calloc((size_t)(BLOCKS * d->per_block), sizeof *d->segments);
     }
-    if (!m || !d || !d->layers || !d->segments) {
+    if (!m || !d || !d->layers) {
         if (m)
             fr_error(FR_ERR_OOM, "densenet: %s: out of memory", name);
         densenet_free(d);

@@ -25,11 +25,12 @@ typedef struct {
 
 struct resnet;
 
-/* A run of blocks checkpointed as one segment; lives in the model because
- * backward replays it after the forward has returned. */
+/* A run of blocks checkpointed as one segment; the checkpoint node keeps a
+ * copy (fr_checkpoint), so the replay reads the strategy and training flag
+ * of its own forward. */
 typedef struct {
     const struct resnet *r;
-    const fr_model_cfg *cfg;
+    fr_model_cfg cfg;
     int first, count;
     bool training;
 } segment;
@@ -37,7 +38,6 @@ typedef struct {
 typedef struct resnet {
     bool preact;
     int n_blocks;                /* 3 stages of n_blocks / 3 */
-    segment *segments;           /* n_blocks slots, for checkpointing */
     fr_conv2d_layer conv1;       /* stem */
     fr_batchnorm2d_layer bn;     /* after the stem (basic) or before the pool (preact) */
     basic_block *basic;          /* n_blocks, when !preact */
@@ -86,7 +86,7 @@ static fr_tensor *segment_forward(void *ctx, fr_tensor *x) {
     const segment *s = ctx;
     fr_tensor *out = fr_retain(x);
     for (int i = s->first; i < s->first + s->count; i++)
-        out = fr_chain(out, block_forward(s->r, i, out, s->training, s->cfg));
+        out = fr_chain(out, block_forward(s->r, i, out, s->training, &s->cfg));
     return out;
 }
 
@@ -160,10 +160,9 @@ static fr_tensor *resnet_forward(fr_model *m, fr_tensor *x, bool training) {
             fr_clear(&out);
         }
         for (int s = 0, first = 0; s < n_seg && out; first += seg_len[s], s++) {
-            segment *seg = &r->segments[s];
-            *seg = (segment){.r = r, .cfg = cfg, .first = first, .count = seg_len[s],
-                             .training = training};
-            out = fr_chain(out, fr_checkpoint(segment_forward, seg, out));
+            segment seg = {.r = r, .cfg = *cfg, .first = first, .count = seg_len[s],
+                           .training = training};
+            out = fr_chain(out, fr_checkpoint(segment_forward, &seg, sizeof seg, out));
         }
         free(seg_len);
     } else {
@@ -222,7 +221,6 @@ static void resnet_free(void *impl) {
         return;
     free(r->basic);
     free(r->bottleneck);
-    free(r->segments);
     free(r);
 }
 
@@ -301,9 +299,8 @@ fr_model *fr_resnet_create(const char *name, int in_channels, int num_classes, u
             r->bottleneck = calloc((size_t)r->n_blocks, sizeof *r->bottleneck);
         else
             r->basic = calloc((size_t)r->n_blocks, sizeof *r->basic);
-        r->segments = calloc((size_t)r->n_blocks, sizeof *r->segments);
     }
-    if (!m || !r || !(r->basic || r->bottleneck) || !r->segments) {
+    if (!m || !r || !(r->basic || r->bottleneck)) {
         if (m)
             fr_error(FR_ERR_OOM, "resnet: %s: out of memory", name);
         resnet_free(r);
