@@ -144,15 +144,8 @@ done:
 /* ---- the model ---- */
 
 static fr_model *create_model(const options *o) {
-    if (!strncmp(o->model, "densenet", 8))
-        return fr_densenet_create(o->model, 0, o->in_channels, o->classes, o->seed);
-    if (!strncmp(o->model, "resnet", 6) || !strncmp(o->model, "preresnet", 9))
-        return fr_resnet_create(o->model, o->in_channels, o->classes, o->seed);
-    fr_error(FR_ERR_ARG,
-             "unknown model \"%s\": use resnet<6n+2> (resnet20, resnet56, resnet110), "
-             "preresnet<9n+2> (preresnet164) or densenet-bc-<L>[-k<K>] (densenet-bc-100)",
-             o->model);
-    return NULL;
+    /* any registered model (nn/registry.h), the built-ins included */
+    return fr_model_create(o->model, o->in_channels, o->classes, o->seed);
 }
 
 /* Random inputs and labels on the device, tagged as data. */
