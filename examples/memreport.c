@@ -320,8 +320,8 @@ static void print_table(const options *o, const row *rows, int n, const trace_bu
                (double)FR_ABN_SLOPE);
     for (int i = 0; i < n; i++)
         if (rows[i].ok && rows[i].strategy.checkpoint < 0) {
-            printf("checkpoint: ResNet segments chosen by estimated bytes (nn/plan.h), DenseNet\n"
-                   "  segments of ceil(sqrt(layers per block)) layers; checkpoint:K sets K.\n");
+            printf("checkpoint: segments chosen from the bytes each block was measured to keep\n"
+                   "  (nn/plan.h); checkpoint:K puts K blocks in a segment.\n");
             break;
         }
 }
