@@ -193,7 +193,8 @@ void fr_seg_plan_free(fr_seg_plan *p) {
 }
 
 static bool plan_matches(const fr_seg_plan *p, const fr_tensor *x, const fr_run *run) {
-    return p->valid && p->ndim == x->ndim && !memcmp(p->shape, x->shape, sizeof p->shape) &&
+    return p->valid && p->ndim == x->ndim &&
+           !memcmp(p->shape, x->shape, (size_t)x->ndim * sizeof x->shape[0]) &&
            p->dtype == x->dtype && p->autocast == fr_autocast_dtype() &&
            p->device == fr_device_of(x) && fr_strategy_equal(p->strategy, run->strategy) &&
            p->training == run->training;
