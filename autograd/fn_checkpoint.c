@@ -4,12 +4,18 @@
  * segment is run again with grad on, on a tape of its own, and backpropagated
  * at once; parameters inside it receive their gradients as leaves do. */
 #include <stdlib.h>
+#include <string.h>
 
 #include "functions.h"
 
+/* Everything the replay reads is owned here, copied at forward time: the
+ * segment's description (fn_ctx, a byte copy), the random state and the
+ * autocast dtype. Nothing is borrowed from the model but its layers, so a
+ * forward run between this one and its backward (an eval pass, another
+ * model, a changed strategy, a failed forward) cannot change the replay. */
 typedef struct {
     fr_segment_fn fn;
-    void *fn_ctx;
+    void *fn_ctx;          /* owned copy of ctx_size bytes */
     uint64_t random_state; /* before the forward: the replay draws the same masks */
     fr_dtype autocast;     /* the forward's autocast dtype: the replay computes in it too */
 } checkpoint_ctx;
@@ -69,7 +75,14 @@ static fr_status checkpoint_backward(fr_node *node, fr_tensor *const *dout, fr_t
     return st;
 }
 
-fr_tensor *fr_checkpoint(fr_segment_fn fn, void *fn_ctx, fr_tensor *x) {
+static void checkpoint_ctx_free(void *p) {
+    checkpoint_ctx *c = p;
+    if (c)
+        free(c->fn_ctx);
+    free(c);
+}
+
+fr_tensor *fr_checkpoint(fr_segment_fn fn, const void *fn_ctx, size_t ctx_size, fr_tensor *x) {
     if (!fn) {
         fr_error(FR_ERR_ARG, "checkpoint: segment function is NULL");
         return NULL;
@@ -79,28 +92,34 @@ fr_tensor *fr_checkpoint(fr_segment_fn fn, void *fn_ctx, fr_tensor *x) {
     /* Recorded whenever grad is on: the segment's parameters need gradients
      * even when its input (a data batch) does not. */
     if (!fr_grad_enabled())
-        return fn(fn_ctx, x);
-    uint64_t random_state = fr_random_state();
-    fr_no_grad_enter();
-    fr_tensor *y = fn(fn_ctx, x);
-    fr_no_grad_exit();
-    if (!y)
+        return fn((void *)fn_ctx, x);
+    /* the copy is made before the forward, so the forward and the replay
+     * read the same description */
+    checkpoint_ctx *c = calloc(1, sizeof *c);
+    void *copy = c ? malloc(ctx_size ? ctx_size : 1) : NULL;
+    if (!copy) {
+        free(c);
+        fr_error(FR_ERR_OOM, "checkpoint: out of memory");
         return NULL;
-    checkpoint_ctx *c = malloc(sizeof *c);
-    fr_node *node = c ? fr_node_new("checkpoint", checkpoint_backward, 1, &x, 1) : NULL;
-    if (!node || fr_node_save_held(node, x) < 0) {
-        if (!c)
-            fr_error(FR_ERR_OOM, "checkpoint: out of memory");
-        else if (!node)
-            free(c);
-        else
-            fr_node_set_ctx(node, c, NULL);
+    }
+    if (ctx_size)
+        memcpy(copy, fn_ctx, ctx_size);
+    *c = (checkpoint_ctx){.fn = fn, .fn_ctx = copy, .random_state = fr_random_state(),
+                          .autocast = fr_autocast_dtype()};
+    fr_no_grad_enter();
+    fr_tensor *y = fn(copy, x);
+    fr_no_grad_exit();
+    fr_node *node = y ? fr_node_new("checkpoint", checkpoint_backward, 1, &x, 1) : NULL;
+    if (!node) {
+        checkpoint_ctx_free(c);
         fr_release(y);
         return NULL;
     }
-    *c = (checkpoint_ctx){
-        .fn = fn, .fn_ctx = fn_ctx, .random_state = random_state, .autocast = fr_autocast_dtype()};
-    fr_node_set_ctx(node, c, NULL);
+    fr_node_set_ctx(node, c, checkpoint_ctx_free);
+    if (fr_node_save_held(node, x) < 0) {
+        fr_release(y);
+        return NULL;
+    }
     fr_node_set_output(node, 0, y);
     return y;
 }

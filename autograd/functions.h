@@ -120,12 +120,16 @@ fr_tensor *fr_abn_scale(fr_tensor *gamma, float eps);
 /* The slope InPlace-ABN uses with leaky ReLU. */
 #define FR_ABN_SLOPE 0.01f
 
-/* fn_checkpoint.c: runs fn(fn_ctx, x) keeping none of its activations (only x);
+/* fn_checkpoint.c: runs fn(ctx, x) keeping none of its activations (only x);
  * backward runs the segment again with grad on and backpropagates through
- * it. fn_ctx is borrowed: it must outlive the backward. BN running
- * statistics are updated once (the replay runs in recompute mode). */
-typedef fr_tensor *(*fr_segment_fn)(void *fn_ctx, fr_tensor *x);
-fr_tensor *fr_checkpoint(fr_segment_fn fn, void *fn_ctx, fr_tensor *x);
+ * it. The node owns what the replay reads: a copy of the ctx_size bytes at
+ * fn_ctx (taken before the forward; fn gets the copy both times), the random
+ * state and the autocast dtype. So put in ctx everything the segment reads
+ * that may change before backward (training flag, strategy, which blocks);
+ * pointers in it (layers, parameters) must stay valid until backward. BN
+ * running statistics are updated once (the replay runs in recompute mode). */
+typedef fr_tensor *(*fr_segment_fn)(void *ctx, fr_tensor *x);
+fr_tensor *fr_checkpoint(fr_segment_fn fn, const void *fn_ctx, size_t ctx_size, fr_tensor *x);
 
 #ifdef __cplusplus
 }

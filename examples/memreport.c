@@ -144,15 +144,8 @@ done:
 /* ---- the model ---- */
 
 static fr_model *create_model(const options *o) {
-    if (!strncmp(o->model, "densenet", 8))
-        return fr_densenet_create(o->model, 0, o->in_channels, o->classes, o->seed);
-    if (!strncmp(o->model, "resnet", 6) || !strncmp(o->model, "preresnet", 9))
-        return fr_resnet_create(o->model, o->in_channels, o->classes, o->seed);
-    fr_error(FR_ERR_ARG,
-             "unknown model \"%s\": use resnet<6n+2> (resnet20, resnet56, resnet110), "
-             "preresnet<9n+2> (preresnet164) or densenet-bc-<L>[-k<K>] (densenet-bc-100)",
-             o->model);
-    return NULL;
+    /* any registered model (nn/registry.h), the built-ins included */
+    return fr_model_create(o->model, o->in_channels, o->classes, o->seed);
 }
 
 /* Random inputs and labels on the device, tagged as data. */
@@ -327,8 +320,8 @@ static void print_table(const options *o, const row *rows, int n, const trace_bu
                (double)FR_ABN_SLOPE);
     for (int i = 0; i < n; i++)
         if (rows[i].ok && rows[i].strategy.checkpoint < 0) {
-            printf("checkpoint: ResNet segments chosen by estimated bytes (nn/plan.h), DenseNet\n"
-                   "  segments of ceil(sqrt(layers per block)) layers; checkpoint:K sets K.\n");
+            printf("checkpoint: segments chosen from the bytes each block was measured to keep\n"
+                   "  (nn/plan.h); checkpoint:K puts K blocks in a segment.\n");
             break;
         }
 }

@@ -11,8 +11,7 @@
 #include <unistd.h>
 
 #include "../autograd/functions.h"
-#include "densenet.h"
-#include "resnet.h"
+#include "registry.h"
 
 /* ---- flag values ---- */
 
@@ -85,14 +84,13 @@ int fr_cli_exit_status(const char *prog, fr_status s) {
 /* ---- models ---- */
 
 fr_model *fr_cli_model_create(const char *name, int in_channels, int num_classes, uint64_t seed) {
-    if (name && !strncmp(name, "densenet", 8))
-        return fr_densenet_create(name, 0, in_channels, num_classes, seed);
-    if (name && (!strncmp(name, "resnet", 6) || !strncmp(name, "preresnet", 9)))
-        return fr_resnet_create(name, in_channels, num_classes, seed);
-    fr_error(FR_ERR_ARG, "--model: unknown model \"%s\" (use resnet<6n+2> such as resnet20, "
-             "preresnet<9n+2> such as preresnet164, or densenet-bc-<L>[-k<K>] such as densenet-bc-100)",
-             name ? name : "");
-    return NULL;
+    fr_model *m = fr_model_create(name, in_channels, num_classes, seed);
+    if (!m && fr_last_status() == FR_ERR_ARG && !strncmp(fr_last_error(), "unknown model", 13)) {
+        char why[1200];
+        snprintf(why, sizeof why, "%s", fr_last_error());
+        fr_error(FR_ERR_ARG, "--model: %s", why);
+    }
+    return m;
 }
 
 /* ---- datasets ---- */
@@ -231,161 +229,6 @@ fr_augment fr_data_augment(fr_data_kind kind, const fr_dataset *ds, bool augment
         a.std[c] = std ? std[c] : 0.25f;
     }
     return a;
-}
-
-/* ---- training and evaluation ---- */
-
-fr_status fr_count_correct(const fr_tensor *logits, const fr_tensor *labels, int64_t *correct) {
-    FR_TRY(fr_check_ndim("count_correct", "logits", logits, 2));
-    int64_t n = logits->shape[0], k = logits->shape[1];
-    FR_TRY(fr_check_shape("count_correct", "labels", labels, 1, FR_SHAPE(n)));
-    FR_TRY(fr_check_dtype("count_correct", "labels", labels, FR_I32));
-    float *host = malloc((size_t)(n * k) * sizeof *host);
-    if (!host)
-        return fr_error(FR_ERR_OOM, "count_correct: out of memory");
-    fr_tensor *lab = fr_device_of(labels) == FR_CPU ? fr_retain((fr_tensor *)labels)
-                                                    : fr_to_device(labels, FR_CPU, FR_TAG_WORKSPACE);
-    fr_status st = lab ? fr_read_f32(logits, host, (size_t)(n * k)) : fr_last_status();
-    int64_t hits = 0;
-    for (int64_t i = 0; st == FR_OK && i < n; i++) {
-        const float *row = host + i * k;
-        int64_t best = 0;
-        for (int64_t j = 1; j < k; j++)
-            if (row[j] > row[best])
-                best = j;
-        hits += best == ((const int32_t *)fr_data(lab))[i];
-    }
-    fr_release(lab);
-    free(host);
-    if (st == FR_OK)
-        *correct = hits;
-    return st;
-}
-
-/* Forward, loss and backward of one micro-batch; the loss is scaled by
- * `share` before backward so the gradients of the parts add up to the
- * whole batch's, and then by the loss scaler's scale (when there is one) so
- * that half-precision gradients do not underflow. *loss is the loss times
- * `share` only. */
-static fr_status micro_step(fr_model *m, const fr_loss_scaler *scaler, fr_tensor *x, fr_tensor *y,
-                            float share, double *loss, int64_t *correct) {
-    fr_tensor *logits = fr_model_forward(m, x, true);
-    fr_tensor *l = logits ? fr_cross_entropy(logits, y) : NULL;
-    fr_tensor *part = l ? fr_scale(l, share) : NULL;
-    fr_tensor *scaled = part && scaler ? fr_loss_scaler_scale(scaler, part) : fr_retain(part);
-    fr_status st = scaled ? FR_OK : fr_last_status();
-    if (st == FR_OK && correct)
-        st = fr_count_correct(logits, y, correct);
-    if (st == FR_OK)
-        *loss = fr_item(part);
-    /* the logits are no longer needed: releasing them before backward lets
-     * backward free their bytes as soon as it has used them */
-    fr_release(logits);
-    fr_release(l);
-    fr_release(part);
-    if (st == FR_OK)
-        st = fr_backward(scaled);
-    fr_release(scaled);
-    if (st != FR_OK)
-        fr_tape_clear();
-    return st;
-}
-
-fr_status fr_train_step(fr_model *m, fr_optim *opt, fr_loss_scaler *scaler, fr_tensor *images,
-                        fr_tensor *labels, int accum, double *loss, int64_t *correct, bool *stepped) {
-    if (stepped)
-        *stepped = false;
-    if (!m || !images || !labels || accum < 1)
-        return fr_error(FR_ERR_ARG, "train step: model, images or labels is NULL, or accum %d < 1", accum);
-    int64_t b = images->shape[0];
-    if (labels->ndim != 1 || labels->shape[0] != b)
-        return fr_error(FR_ERR_SHAPE, "train step: %lld labels for %lld images",
-                        (long long)labels->shape[0], (long long)b);
-    int parts = accum < b ? accum : (int)b;
-    double total = 0;
-    int64_t hits = 0;
-    fr_status st = FR_OK;
-    for (int i = 0; i < parts && st == FR_OK; i++) {
-        /* part i covers [b*i/parts, b*(i+1)/parts): sizes differ by at most 1 */
-        int64_t lo = b * i / parts, hi = b * (i + 1) / parts;
-        fr_tensor *x = parts == 1 ? fr_retain(images) : fr_narrow(images, 0, lo, hi - lo);
-        fr_tensor *y = parts == 1 ? fr_retain(labels) : fr_narrow(labels, 0, lo, hi - lo);
-        double part_loss = 0;
-        int64_t part_hits = 0;
-        const fr_grad_sync *sync = m->grad_sync;
-        if (x && y && sync)
-            st = sync->begin(sync->ctx, i, parts);
-        if (st == FR_OK)
-            st = x && y ? micro_step(m, scaler, x, y, (float)((double)(hi - lo) / (double)b), &part_loss,
-                                 correct ? &part_hits : NULL)
-                    : fr_last_status();
-        total += part_loss;
-        hits += part_hits;
-        fr_release(x);
-        fr_release(y);
-    }
-    bool did_step = false;
-    if (st == FR_OK && m->grad_sync)
-        st = m->grad_sync->finish(m->grad_sync->ctx);
-    if (st == FR_OK && opt && scaler && m->grad_sync) {
-        st = fr_loss_scaler_unscale(scaler, opt->params);
-        if (st == FR_OK)
-            st = m->grad_sync->any(m->grad_sync->ctx, &scaler->found_nonfinite);
-    }
-    if (st == FR_OK && opt && scaler) {
-        st = fr_loss_scaler_step(scaler, opt, NULL, &did_step);
-    } else if (st == FR_OK && opt) {
-        st = fr_optim_step(opt);
-        did_step = st == FR_OK;
-    }
-    if (opt)
-        fr_optim_zero_grad(opt);
-    if (st == FR_OK && loss)
-        *loss = total;
-    if (st == FR_OK && correct)
-        *correct = hits;
-    if (st == FR_OK && stepped)
-        *stepped = did_step;
-    return st;
-}
-
-fr_status fr_evaluate(fr_model *m, fr_loader *loader, double *loss, double *accuracy, int64_t *images) {
-    double loss_sum = 0;
-    int64_t seen = 0, hits = 0;
-    fr_status st = FR_OK;
-    fr_no_grad_enter();
-    for (;;) {
-        fr_tensor *x, *y;
-        st = fr_loader_next(loader, &x, &y);
-        if (st != FR_OK || !x)
-            break;
-        fr_tensor *logits = fr_model_forward(m, x, false);
-        fr_tensor *l = logits ? fr_cross_entropy(logits, y) : NULL;
-        int64_t c = 0;
-        st = l ? fr_count_correct(logits, y, &c) : fr_last_status();
-        if (st == FR_OK) {
-            loss_sum += fr_item(l) * (double)x->shape[0];
-            seen += x->shape[0];
-            hits += c;
-        }
-        fr_release(l);
-        fr_release(logits);
-        fr_release(x);
-        fr_release(y);
-        if (st != FR_OK)
-            break;
-    }
-    fr_no_grad_exit();
-    fr_tape_clear();
-    if (st != FR_OK)
-        return st;
-    if (loss)
-        *loss = seen ? loss_sum / (double)seen : 0;
-    if (accuracy)
-        *accuracy = seen ? (double)hits / (double)seen : 0;
-    if (images)
-        *images = seen;
-    return FR_OK;
 }
 
 /* ---- progress ---- */

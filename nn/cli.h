@@ -1,7 +1,7 @@
 /* cli.h: what the example programs (train, validate) share, kept in the
  * library because every examples/ source file is built into a program of its own:
- * reading flag values, opening a dataset from a --data spec, one training
- * step with gradient accumulation, an evaluation pass, and the progress line.
+ * reading flag values, opening a dataset from a --data spec, and the progress
+ * line. The training step and evaluation they call are in nn/train.h.
  *
  * Like the rest of the library these return fr_status / NULL with
  * fr_last_error() set and never exit; the programs print the message and
@@ -15,6 +15,7 @@
 #include "amp.h"
 #include "model.h"
 #include "optim.h"
+#include "train.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -40,8 +41,9 @@ fr_status fr_cli_bad_flag(const char *prog, const char *arg, bool known);
 int fr_cli_exit_status(const char *prog, fr_status s);
 
 /* ---- models ---- */
-/* resnet<6n+2>, preresnet<9n+2> (nn/resnet.h) or densenet-bc-<L>[-k<K>]
- * (nn/densenet.h), on the CPU with the plain strategy. */
+/* A registered model (nn/registry.h: resnet<6n+2>, preresnet<9n+2>,
+ * densenet-bc-<L>[-k<K>] and whatever the program registered), on the CPU
+ * with the plain strategy; an unknown name is an FR_ERR_ARG about --model. */
 fr_model *fr_cli_model_create(const char *name, int in_channels, int num_classes, uint64_t seed);
 
 /* ---- datasets ---- */
@@ -72,36 +74,6 @@ fr_dataset *fr_data_open(const fr_data_spec *spec, bool train, int64_t limit);
  * (Fashion-)MNIST pad-2 crop + flip (docs/TRAINING.md says why). */
 bool fr_data_augment_default(fr_data_kind kind);
 fr_augment fr_data_augment(fr_data_kind kind, const fr_dataset *ds, bool augment);
-
-/* ---- training and evaluation ---- */
-/* Correct top-1 predictions of logits (N, K) for labels (N) i32 (any
- * device). */
-fr_status fr_count_correct(const fr_tensor *logits, const fr_tensor *labels, int64_t *correct);
-
-/* One optimizer step on a batch (images (B, C, H, W), labels (B)) split into
- * `accum` micro-batches (fewer when B < accum): forward in training mode
- * (under the model's precision, fr_model_forward), cross-entropy scaled by
- * the micro-batch's share of the batch (1/accum for equal parts), backward
- * (gradients add up), then the optimizer step and zero grad. *loss gets the
- * batch's mean loss, *correct its correct predictions (either may be NULL).
- *
- * With a loss scaler (make it for m->cfg.precision: amp.h), each micro-batch's
- * loss is multiplied by the scale (fr_loss_scaler_scale) before backward and
- * the step goes through fr_loss_scaler_step: the gradients are unscaled and,
- * when any is inf or NaN, the optimizer step is skipped and the scale backs
- * off. *loss is the unscaled loss either way. Without one (NULL) the loss is
- * not scaled and fr_optim_step runs unconditionally. *stepped (may be NULL)
- * says whether the optimizer stepped.
- *
- * With opt NULL nothing is updated and the gradients stay (tests, memory
- * measurements); a scaler then only scales the loss, so the gradients stay
- * multiplied by its scale, and its state does not change. */
-fr_status fr_train_step(fr_model *m, fr_optim *opt, fr_loss_scaler *scaler, fr_tensor *images,
-                        fr_tensor *labels, int accum, double *loss, int64_t *correct, bool *stepped);
-
-/* One pass over the loader's next epoch in eval mode under no_grad: mean
- * loss and accuracy in [0, 1] (either may be NULL). */
-fr_status fr_evaluate(fr_model *m, fr_loader *loader, double *loss, double *accuracy, int64_t *images);
 
 /* ---- progress ---- */
 /* Seconds on a monotonic clock. */

@@ -6,215 +6,46 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "blocks.h"
+#include "build.h"
 
 enum { BLOCKS = 3, DEFAULT_GROWTH = 12, BOTTLENECK = 4 };
 
-typedef struct {
-    fr_batchnorm2d_layer norm1, norm2;
-    fr_conv2d_layer conv1, conv2; /* 1x1 to 4K channels, 3x3 to K */
-} dense_layer;
-
-typedef struct {
-    fr_batchnorm2d_layer norm;
-    fr_conv2d_layer conv; /* 1x1, compression 0.5; an average pool follows */
-} transition;
-
-struct densenet;
-
-/* A run of dense layers of one block checkpointed as one segment; lives in
- * the model because backward replays it after the forward has returned. */
-typedef struct {
-    const struct densenet *d;
-    const fr_model_cfg *cfg;
-    int first, count; /* layer indices into densenet.layers */
-    bool training;
-} segment;
-
-typedef struct densenet {
-    int per_block;       /* dense layers per block */
-    fr_conv2d_layer conv0;
-    dense_layer *layers; /* BLOCKS * per_block */
-    transition trans[BLOCKS - 1];
-    fr_batchnorm2d_layer norm5;
-    fr_linear_layer classifier;
-    segment *segments;   /* one slot per layer, for checkpointing */
-} densenet;
-
-/* ---- forward ---- */
-
-/* The features side by side: the one feature as it is (no copy), else a new
- * concatenation, recomputable under the efficient strategy. Borrowed in, new
- * reference out. */
-static fr_tensor *join(fr_tensor *const *f, int n, bool recomputable) {
-    if (n == 1)
-        return fr_retain(f[0]);
-    return recomputable ? fr_concat_recomputable(f, n) : fr_concat(f, n);
-}
-
-/* relu(bn(x)) where x is a concatenation. Under recompute (training) the
- * fused op keeps x as its recipe and builds its own output's recipe from it,
- * so neither is stored; otherwise the blocks.c composition. */
-static fr_tensor *bn_relu_of_concat(const fr_batchnorm2d_layer *bn, fr_tensor *x, bool training,
-                                    const fr_model_cfg *cfg) {
-    if (!x)
-        return NULL;
-    if (!(cfg->strategy.recompute && training))
-        return fr_bn_relu(bn, x, training, cfg);
-    fr_bn_state st = fr_batchnorm2d_layer_state(bn, training);
-    fr_tensor *y = fr_bn_act(x, NULL, &st, FR_ACT_RELU, 0.0f, FR_BNACT_RECOMPUTE_X);
-    if (y)
-        fr_batchnorm2d_layer_count_batch(bn);
-    return y;
-}
-
-/* The new feature (N, K, H, W) of a layer reading features f[0..n). */
-static fr_tensor *dense_layer_forward(const dense_layer *l, fr_tensor *const *f, int n,
-                                      bool training, const fr_model_cfg *cfg) {
-    fr_tensor *cat = join(f, n, cfg->strategy.recompute);
-    fr_tensor *h = fr_chain(cat, bn_relu_of_concat(&l->norm1, cat, training, cfg));
-    h = fr_chain(h, fr_conv2d_layer_forward(&l->conv1, h));
-    return fr_chain(h, fr_bn_relu_conv(&l->norm2, &l->conv2, h, training, cfg));
-}
-
-/* Runs layers [first, first + count) over x and returns the features x, f1,
- * f2, ... joined (recomputable when `recomputable`). */
-static fr_tensor *run_layers(const densenet *d, int first, int count, fr_tensor *x, bool training,
-                             const fr_model_cfg *cfg, bool recomputable) {
-    fr_tensor **f = calloc((size_t)count + 1, sizeof *f);
-    if (!f) {
-        fr_error(FR_ERR_OOM, "densenet: out of memory");
-        return NULL;
-    }
-    int n = 0;
-    f[n++] = fr_retain(x);
-    for (int i = first; i < first + count; i++) {
-        fr_tensor *y = dense_layer_forward(&d->layers[i], f, n, training, cfg);
-        if (!y)
-            break;
-        f[n++] = y;
-    }
-    fr_tensor *out = n == count + 1 ? join(f, n, recomputable) : NULL;
-    for (int i = 0; i < n; i++)
-        fr_release(f[i]);
-    free(f);
-    return out;
-}
-
-static fr_tensor *segment_forward(void *ctx, fr_tensor *x) {
-    const segment *s = ctx;
-    /* The segment's output is kept by the next segment's checkpoint: a real
-     * tensor, not a recipe. */
-    return run_layers(s->d, s->first, s->count, x, s->training, s->cfg, false);
-}
-
-/* Dense layers per checkpointed segment: ceil(sqrt(layers per block)) unless
- * given. */
-static int segment_length(const densenet *d, const fr_strategy *st) {
-    if (st->checkpoint > 0)
-        return st->checkpoint < d->per_block ? st->checkpoint : d->per_block;
-    int k = 1;
-    while (k * k < d->per_block)
-        k++;
-    return k;
-}
-
-/* Block b over its input x: the concatenation of x and every layer's
- * feature, the input of the transition (or of norm5). */
-static fr_tensor *block_forward(densenet *d, int b, fr_tensor *x, bool training,
-                                const fr_model_cfg *cfg) {
-    int first = b * d->per_block;
-    if (!cfg->strategy.checkpoint)
-        return run_layers(d, first, d->per_block, x, training, cfg, cfg->strategy.recompute);
-    int k = segment_length(d, &cfg->strategy);
-    fr_tensor *out = fr_retain(x);
-    for (int i = first; i < first + d->per_block && out; i += k) {
-        segment *s = &d->segments[i];
-        *s = (segment){.d = d, .cfg = cfg, .first = i, .training = training,
-                       .count = i + k <= first + d->per_block ? k : first + d->per_block - i};
-        out = fr_chain(out, fr_checkpoint(segment_forward, s, out));
-    }
-    return out;
-}
-
-static fr_tensor *transition_forward(const transition *t, fr_tensor *x, bool training,
-                                     const fr_model_cfg *cfg) {
-    fr_tensor *y = bn_relu_of_concat(&t->norm, x, training, cfg);
-    y = fr_chain(y, fr_conv2d_layer_forward(&t->conv, y));
-    return fr_chain(y, y ? fr_avg_pool2d(y, (fr_pool_params){.kernel = 2, .stride = 2}) : NULL);
-}
-
-static fr_tensor *densenet_forward(fr_model *m, fr_tensor *x, bool training) {
-    if (fr_check_defined(m->name, "input", x) != FR_OK)
-        return NULL;
-    densenet *d = m->impl;
-    const fr_model_cfg *cfg = &m->cfg;
-    if (cfg->strategy.abn || cfg->strategy.abn_reference) {
-        fr_error(FR_ERR_ARG,
-                 "%s: the abn strategy cannot apply to DenseNet: a layer's input, the "
-                 "concatenation of earlier features, is read again by every later layer and "
-                 "cannot be overwritten in place; use recompute (memory-efficient DenseNet)",
-                 m->name);
-        return NULL;
-    }
-    fr_tensor *out = fr_conv2d_layer_forward(&d->conv0, x);
-    for (int b = 0; b < BLOCKS && out; b++) {
-        out = fr_chain(out, block_forward(d, b, out, training, cfg));
-        if (b < BLOCKS - 1)
-            out = fr_chain(out, transition_forward(&d->trans[b], out, training, cfg));
-    }
-    out = fr_chain(out, bn_relu_of_concat(&d->norm5, out, training, cfg));
-    out = fr_chain(out, fr_global_pool(out));
-    return fr_chain(out, fr_linear_layer_forward(&d->classifier, out));
-}
-
-/* ---- construction ---- */
-
-static fr_status dense_layer_init(dense_layer *l, fr_params *p, const char *name, int in, int growth,
-                                  fr_rng *rng) {
-    char n[FR_NAME_MAX];
+/* A dense layer: conv3x3_K(relu(bn(conv1x1_4K(relu(bn(x)))))) of the
+ * concatenation x of the features so far (the dense module makes it). */
+static void dense_layer_new(fr_module *block, const char *name, int in, int growth) {
     int mid = BOTTLENECK * growth;
-    FR_TRY(fr_batchnorm2d_layer_init(&l->norm1, p, fr_name_join(n, sizeof n, name, "norm1"), in));
-    FR_TRY(fr_conv2d_layer_init(&l->conv1, p, fr_name_join(n, sizeof n, name, "conv1"), in, mid, 1, 1,
-                                0, false, rng));
-    FR_TRY(fr_batchnorm2d_layer_init(&l->norm2, p, fr_name_join(n, sizeof n, name, "norm2"), mid));
-    return fr_conv2d_layer_init(&l->conv2, p, fr_name_join(n, sizeof n, name, "conv2"), mid, growth,
-                                3, 1, 1, false, rng);
+    fr_module *l = fr_chain_new(block, name);
+    fr_norm_new(l, "norm1", (fr_norm_opts){.channels = in, .act = FR_ACT_RELU});
+    fr_conv2d_new(l, "conv1", (fr_conv2d_opts){.in = in, .out = mid, .kernel = 1});
+    fr_norm_new(l, "norm2", (fr_norm_opts){.channels = mid, .act = FR_ACT_RELU});
+    fr_conv2d_new(l, "conv2", (fr_conv2d_opts){.in = mid, .out = growth});
 }
 
-/* Registers everything in PyTorch's state_dict order. */
-static fr_status densenet_build(densenet *d, fr_params *p, int growth, int in_channels,
-                                int num_classes, fr_rng *rng) {
+/* Everything in PyTorch's state_dict order. */
+static void densenet_build(fr_module *net, int per_block, int growth, int in_channels, int num_classes) {
     int width = 2 * growth;
-    char name[FR_NAME_MAX], n[FR_NAME_MAX];
-    FR_TRY(fr_conv2d_layer_init(&d->conv0, p, "features.conv0", in_channels, width, 3, 1, 1, false,
-                                rng));
+    char name[32];
+    fr_module *features = fr_chain_new(net, "features");
+    fr_conv2d_new(features, "conv0", (fr_conv2d_opts){.in = in_channels, .out = width});
     for (int b = 0; b < BLOCKS; b++) {
-        for (int j = 0; j < d->per_block; j++) {
-            snprintf(name, sizeof name, "features.denseblock%d.denselayer%d", b + 1, j + 1);
-            FR_TRY(dense_layer_init(&d->layers[b * d->per_block + j], p, name, width, growth, rng));
-            width += growth;
+        snprintf(name, sizeof name, "denseblock%d", b + 1);
+        fr_module *block = fr_dense_new(features, name);
+        for (int j = 0; j < per_block; j++, width += growth) {
+            snprintf(name, sizeof name, "denselayer%d", j + 1);
+            dense_layer_new(block, name, width, growth);
         }
         if (b == BLOCKS - 1)
             break;
-        transition *t = &d->trans[b];
-        snprintf(name, sizeof name, "features.transition%d", b + 1);
-        FR_TRY(fr_batchnorm2d_layer_init(&t->norm, p, fr_name_join(n, sizeof n, name, "norm"), width));
-        FR_TRY(fr_conv2d_layer_init(&t->conv, p, fr_name_join(n, sizeof n, name, "conv"), width,
-                                    width / 2, 1, 1, 0, false, rng));
+        snprintf(name, sizeof name, "transition%d", b + 1);
+        fr_module *t = fr_chain_new(features, name);
+        fr_norm_new(t, "norm", (fr_norm_opts){.channels = width, .act = FR_ACT_RELU});
+        fr_conv2d_new(t, "conv", (fr_conv2d_opts){.in = width, .out = width / 2, .kernel = 1});
+        fr_avg_pool2d_new(t, "pool", (fr_pool_params){.kernel = 2, .stride = 2});
         width /= 2;
     }
-    FR_TRY(fr_batchnorm2d_layer_init(&d->norm5, p, "features.norm5", width));
-    return fr_linear_layer_init(&d->classifier, p, "classifier", width, num_classes, true, rng);
-}
-
-static void densenet_free(void *impl) {
-    densenet *d = impl;
-    if (!d)
-        return;
-    free(d->layers);
-    free(d->segments);
-    free(d);
+    fr_norm_new(features, "norm5", (fr_norm_opts){.channels = width, .act = FR_ACT_RELU});
+    fr_global_pool_new(net, "pool");
+    fr_linear_new(net, "classifier", (fr_linear_opts){.in = width, .out = num_classes});
 }
 
 /* Reads a positive decimal at *p (at most 5 digits) and advances past it. */
@@ -273,28 +104,8 @@ fr_model *fr_densenet_create(const char *name, int growth, int in_channels, int 
     }
     char canonical[32];
     snprintf(canonical, sizeof canonical, "densenet-bc-%d-k%d", depth, growth);
-    fr_model *m = fr_model_alloc(canonical, in_channels, num_classes);
-    densenet *d = calloc(1, sizeof *d);
-    if (d) {
-        d->per_block = (depth - 4) / 6;
-        d->layers = calloc((size_t)(BLOCKS * d->per_block), sizeof *d->layers);
-        d->segments = calloc((size_t)(BLOCKS * d->per_block), sizeof *d->segments);
-    }
-    if (!m || !d || !d->layers || !d->segments) {
-        if (m)
-            fr_error(FR_ERR_OOM, "densenet: %s: out of memory", name);
-        densenet_free(d);
-        fr_model_free(m);
-        return NULL;
-    }
-    m->impl = d;
-    m->impl_free = densenet_free;
-    m->forward = densenet_forward;
-    fr_rng rng;
-    fr_rng_seed(&rng, seed);
-    if (densenet_build(d, m->params, growth, in_channels, num_classes, &rng) != FR_OK) {
-        fr_model_free(m);
-        return NULL;
-    }
-    return m;
+    fr_model *m = fr_model_new(canonical, in_channels, num_classes, seed);
+    if (m)
+        densenet_build(fr_model_root(m), (depth - 4) / 6, growth, in_channels, num_classes);
+    return fr_model_finish(m);
 }

@@ -24,7 +24,7 @@
  * (tests/fixtures/gen_densenet.py writes the same network in PyTorch.)
  * Convolutions have no bias; initialisation as layers.h, from `seed`.
  *
- * Memory strategies (model.h), as DenseNet reads them:
+ * Memory strategies (model.h) as the engine (nn/build.h) applies them here:
  *   plain      every layer's concatenation, its BN+ReLU output and the
  *              bottleneck's two tensors are kept: memory quadratic in depth.
  *   inplace    ReLUs written over BN outputs (less in flight, same kept).
@@ -34,12 +34,15 @@
  *              anyway, K channels per layer); the bottleneck's BN+ReLU is
  *              recomputed as in ResNets. Memory linear in depth; same loss,
  *              gradients and running statistics as plain, bit for bit.
- *   checkpoint segments of k dense layers within a block (k = ceil(sqrt(n))
- *              by default); each keeps only its input, the concatenation so
- *              far, and replays in backward. Combines with recompute.
- *   abn        rejected (FR_ERR_ARG): a layer's input, the concatenation of
- *              earlier features, is read by every later layer and cannot be
- *              overwritten in place; abn_reference likewise. */
+ *   checkpoint segments of dense layers within a block (k per segment for
+ *              checkpoint:k, else chosen from measured bytes); each keeps
+ *              only its input, the concatenation so far, and replays in
+ *              backward. The transitions and the head are segments of the
+ *              network's sequence. Combines with recompute.
+ *   abn        refused (FR_ERR_ARG) by the engine: a layer's input, the
+ *              concatenation of earlier features, is read by every later
+ *              layer and cannot be overwritten in place; abn_reference
+ *              likewise. */
 #ifndef FR_DENSENET_H
 #define FR_DENSENET_H
 

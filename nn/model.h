@@ -1,6 +1,8 @@
 /* model.h: what every model offers a training program, whatever its
  * architecture: a forward to logits, a parameter registry, a configuration
- * (the memory strategy) and a free.
+ * (the memory strategy) and a free. Models are written with the building
+ * API (nn/build.h), which applies every strategy; the built-in ones
+ * (nn/resnet.h, nn/densenet.h) are written with it too.
  *
  *     fr_model *m = fr_resnet_create("resnet20", 3, 10, 42);
  *     fr_strategy_parse("recompute+checkpoint", &m->cfg.strategy); // may change between steps
@@ -21,9 +23,9 @@ extern "C" {
 
 /* How activations are kept for backward: a set of switches that combine.
  * Every combination computes the same function and the same gradients as
- * plain (abn excepted: see below); they differ in memory and time. All the
- * places a strategy changes a block are in nn/blocks.c; checkpointing is
- * applied by the model's forward.
+ * plain (abn excepted: see below); they differ in memory and time. The
+ * engine applies them to any model built with nn/build.h: the norm layers
+ * and residual adds in nn/blocks.c, checkpoint segments in nn/segments.c.
  *   inplace    ReLU and the residual add written over BN's output
  *   recompute  fused BN+ReLU keeping only its input and batch statistics; its
  *              output is recomputed in backward for the next conv. For DenseNet
@@ -36,8 +38,9 @@ extern "C" {
  *              abn_reference, the same function computed the plain way
  *   checkpoint keep only the inputs of segments of blocks and recompute each
  *              segment in backward: k blocks per segment for "checkpoint:k";
- *              for "checkpoint" (-1) segments chosen by estimated bytes
- *              (nn/plan.h), so the large early blocks get short segments */
+ *              for "checkpoint" (-1) segments chosen from the bytes each
+ *              block was measured to keep (nn/plan.h), so the large early
+ *              blocks get short segments */
 typedef struct {
     bool inplace;
     bool recompute;
@@ -89,23 +92,30 @@ struct fr_model {
     int in_channels, num_classes;
     fr_model_cfg cfg;
     fr_params *params;     /* owned */
-    /* x (N, in_channels, H, W) borrowed -> logits (N, num_classes), a new
-     * reference; NULL with an error. After a failure the nodes recorded
-     * before it stay on the tape: fr_tape_clear() drops them. */
+    struct fr_model_build *build; /* the module tree (nn/build.h); owned */
+    /* A bare forward instead of a module tree (tests of the training loop):
+     * x (N, in_channels, H, W) borrowed -> logits (N, num_classes), a new
+     * reference; NULL with an error. Runs under the plain strategy only:
+     * fr_model_forward refuses any other. */
     fr_tensor *(*forward)(fr_model *m, fr_tensor *x, bool training);
-    void *impl;            /* architecture-specific layers; owned */
+    void *impl;            /* owned state of a bare forward */
     void (*impl_free)(void *impl);
     const fr_grad_sync *grad_sync; /* borrowed; NULL when training alone */
 };
 
-/* m->forward under the model's precision policy; the logits come back f32
- * whatever the policy (a differentiable cast of the few logits), so losses,
- * accuracy and user code never see a half tensor. */
+/* The model's forward (its module tree run by the engine under m->cfg, or
+ * its bare forward) under the model's precision policy; the logits come
+ * back f32 whatever the policy (a differentiable cast of the few logits), so
+ * losses, accuracy and user code never see a half tensor. x borrowed, a new
+ * reference out; NULL with an error (FR_ERR_ARG naming the model and the
+ * strategy for one it cannot honour). After a failure the nodes recorded
+ * before it stay on the tape: fr_tape_clear() drops them. */
 fr_tensor *fr_model_forward(fr_model *m, fr_tensor *x, bool training);
 
-/* A model with an empty registry and no forward, for constructors. */
+/* A model with an empty registry and no forward (set m->forward), for a
+ * bare-forward model; fr_model_new (build.h) is the usual way. */
 fr_model *fr_model_alloc(const char *name, int in_channels, int num_classes);
-/* Frees the layers, the registry and every tensor in it. NULL-safe. */
+/* Frees the modules, the registry and every tensor in it. NULL-safe. */
 void fr_model_free(fr_model *m);
 
 #ifdef __cplusplus

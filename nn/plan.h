@@ -12,11 +12,13 @@
  * the planner also bisects on the peak with a split that counts the inputs
  * already held, and keeps the better of the two.
  *
- * Under mixed precision the activations, and so every cost, are half size:
- * a model builds its costs from element counts times fr_plan_elem_bytes().
- * The split itself does not change when every cost scales alike (the
- * planner compares sums of costs, and a factor of 2 or 1/2 is exact in
- * floating point); the bytes it estimates do. */
+ * The costs are measured, not estimated: nn/segments.c runs each block once
+ * (a trial forward under the strategy and precision of the step) and reads
+ * the growth of the ledger's saved tag, so the planner sees what the block
+ * really keeps, whatever model it belongs to. Under mixed precision those
+ * bytes are half size; the split itself does not change when every cost
+ * scales alike (the planner compares sums of costs, and a factor of 2 or
+ * 1/2 is exact in floating point); the peak it estimates does. */
 #ifndef FR_PLAN_H
 #define FR_PLAN_H
 
@@ -28,7 +30,8 @@ extern "C" {
 
 /* Bytes of one activation element in the forward being planned: the size of
  * the autocast dtype (autograd.h) when called inside fr_model_forward, so 2
- * under f16 or bf16 and 4 under f32 or outside autocast. */
+ * under f16 or bf16 and 4 under f32 or outside autocast (for estimates
+ * made before anything runs). */
 size_t fr_plan_elem_bytes(void);
 
 /* block_cost[i]: bytes block i keeps for backward (excluding its input);

@@ -163,8 +163,9 @@ static fr_status log_ready(fr_tensor *leaf, void *ctx) {
     return FR_OK;
 }
 
+/* ctx holds a pointer to the weight (fr_checkpoint copies the ctx bytes) */
 static fr_tensor *segment(void *ctx, fr_tensor *x) {
-    fr_tensor *w = ctx;
+    fr_tensor *w = *(fr_tensor **)ctx;
     fr_tensor *a = fr_mul(x, w), *b = fr_relu(a);
     fr_release(a);
     return b;
@@ -181,7 +182,7 @@ static void check_hook(bool checkpointed) {
     hook_log h = {.leaves = {w, v, u}, .n = 3};
     fr_set_grad_ready_hook(log_ready, &h);
     fr_tensor *a = fr_mul(x, w);
-    fr_tensor *b = checkpointed ? fr_checkpoint(segment, u, a) : segment(u, a);
+    fr_tensor *b = checkpointed ? fr_checkpoint(segment, &u, sizeof u, a) : segment(&u, a);
     fr_tensor *c = fr_mul(b, v), *d = fr_mul(c, w), *l = fr_sum(d);
     CHECK_OK(fr_backward(l));
     fr_set_grad_ready_hook(NULL, NULL);

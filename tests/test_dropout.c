@@ -107,7 +107,7 @@ static void test_checkpoint_replays_the_masks(void) {
     float losses[2];
     for (int ck = 0; ck < 2; ck++) {
         fr_manual_seed(123);
-        fr_tensor *y = ck ? fr_checkpoint(segment, &s, x) : segment(&s, x);
+        fr_tensor *y = ck ? fr_checkpoint(segment, &s, sizeof s, x) : segment(&s, x);
         /* a dropout after the segment moves the stream on before backward */
         fr_tensor *z = y ? fr_dropout(y, 0.1f, true) : NULL;
         fr_tensor *loss = z ? fr_t_weighted_sum(z, 8) : NULL;

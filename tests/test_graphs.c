@@ -185,8 +185,9 @@ static fr_tensor *generator(gan *g) {
     return h ? fr_chain(h, fr_reshape(h, 4, FR_SHAPE(GN, 1, 4, 4))) : NULL;
 }
 
+/* ctx holds a pointer to the gan (fr_checkpoint copies the ctx bytes) */
 static fr_tensor *discriminator_segment(void *ctx, fr_tensor *x) {
-    gan *g = ctx;
+    gan *g = *(gan **)ctx;
     fr_tensor *h = fr_conv2d(x, g->d1, NULL, (fr_conv_params){.stride = 1, .pad = 1});
     h = h ? fr_chain(h, fr_leaky_relu(h, 0.2f)) : NULL;
     h = h ? fr_chain(h, fr_flatten(h)) : NULL;
@@ -194,8 +195,8 @@ static fr_tensor *discriminator_segment(void *ctx, fr_tensor *x) {
 }
 
 static fr_tensor *d_loss(gan *g, fr_tensor *x, fr_tensor *labels) {
-    fr_tensor *logits = g->checkpoint_d ? fr_checkpoint(discriminator_segment, g, x)
-                                        : discriminator_segment(g, x);
+    fr_tensor *logits = g->checkpoint_d ? fr_checkpoint(discriminator_segment, &g, sizeof g, x)
+                                        : discriminator_segment(&g, x);
     fr_tensor *l = logits ? fr_cross_entropy(logits, labels) : NULL;
     fr_release(logits);
     return l;

@@ -243,8 +243,8 @@ static void test_checkpoint_equals_plain_and_keeps_only_inputs(void) {
         fr_fill_(k.rvar, 1.0f);
         fr_tensor *h = fr_scale(k.x, 1.0f);
         fr_set_requires_grad(h, false);
-        fr_tensor *s1 = ck ? fr_checkpoint(segment_fn, &seg, h) : segment_fn(&seg, h);
-        fr_tensor *s2 = s1 ? (ck ? fr_checkpoint(segment_fn, &seg, s1) : segment_fn(&seg, s1)) : NULL;
+        fr_tensor *s1 = ck ? fr_checkpoint(segment_fn, &seg, sizeof seg, h) : segment_fn(&seg, h);
+        fr_tensor *s2 = s1 ? (ck ? fr_checkpoint(segment_fn, &seg, sizeof seg, s1) : segment_fn(&seg, s1)) : NULL;
         r[ck].saved = fr_mem_current(FR_CPU, FR_TAG_SAVED);
         fr_tensor *loss = s2 ? fr_t_weighted_sum(s2, 9) : NULL;
         CHECK_NOTNULL(loss);

@@ -1,0 +1,324 @@
+/* build.c: the module tree, its names, and the layers; see build.h. */
+#include "module_impl.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* ---- construction ---- */
+
+/* Whether a constructor may proceed: NULL parent or an earlier failure in
+ * the model stop it without touching the error (build.h: Conventions). */
+static bool can_build(const fr_module *parent) {
+    return parent && parent->model->build && parent->model->build->status == FR_OK &&
+           !parent->model->build->finished;
+}
+
+/* Records the first construction error of the model (the one fr_last_error
+ * holds now) and returns NULL. */
+static fr_module *fail(fr_model *m, fr_status st) {
+    if (m->build->status == FR_OK)
+        m->build->status = st;
+    return NULL;
+}
+
+static fr_module *module_new(fr_model *m, fr_module *parent, const char *name, fr_module_kind kind) {
+    fr_module *mod = calloc(1, sizeof *mod);
+    if (!mod) {
+        fr_error(FR_ERR_OOM, "%s: out of memory building module %s", m->name, name ? name : "");
+        return fail(m, FR_ERR_OOM);
+    }
+    mod->kind = kind;
+    mod->model = m;
+    mod->next = m->build->modules;
+    m->build->modules = mod;
+    const char *prefix = parent ? parent->name : "";
+    if (!name)
+        name = "";
+    if (strlen(prefix) + strlen(name) + 2 > sizeof mod->name) {
+        fr_error(FR_ERR_ARG, "%s: module name %s.%s is too long", m->name, prefix, name);
+        return fail(m, FR_ERR_ARG);
+    }
+    if (*name)
+        fr_name_join(mod->name, sizeof mod->name, prefix, name);
+    else /* an unnamed module adds no component */
+        snprintf(mod->name, sizeof mod->name, "%s", prefix);
+    if (parent) {
+        if (parent->n_children == parent->cap_children) {
+            int cap = parent->cap_children ? 2 * parent->cap_children : 4;
+            fr_module **grown = realloc(parent->children, (size_t)cap * sizeof *grown);
+            if (!grown) {
+                fr_error(FR_ERR_OOM, "%s: out of memory building %s", m->name, mod->name);
+                return fail(m, FR_ERR_OOM);
+            }
+            parent->children = grown;
+            parent->cap_children = cap;
+        }
+        parent->children[parent->n_children++] = mod;
+    }
+    return mod;
+}
+
+fr_model *fr_model_new(const char *name, int in_channels, int num_classes, uint64_t seed) {
+    if (!name || !*name || in_channels <= 0 || num_classes <= 0) {
+        fr_error(FR_ERR_ARG, "model \"%s\": needs a name and positive in_channels (%d) and "
+                 "num_classes (%d)", name ? name : "", in_channels, num_classes);
+        return NULL;
+    }
+    fr_model *m = fr_model_alloc(name, in_channels, num_classes);
+    if (!m)
+        return NULL;
+    if (!(m->build = calloc(1, sizeof *m->build))) {
+        fr_model_free(m);
+        fr_error(FR_ERR_OOM, "model %s: out of memory", name);
+        return NULL;
+    }
+    fr_rng_seed(&m->build->rng, seed);
+    m->build->root = module_new(m, NULL, "", FR_MODULE_CHAIN);
+    if (!m->build->root) {
+        fr_model_free(m);
+        return NULL;
+    }
+    return m;
+}
+
+fr_module *fr_model_root(fr_model *m) { return m && m->build ? m->build->root : NULL; }
+
+fr_model *fr_model_finish(fr_model *m) {
+    if (!m)
+        return NULL;
+    fr_status st = m->build ? m->build->status : FR_OK;
+    for (fr_module *mod = m->build ? m->build->modules : NULL; mod && st == FR_OK; mod = mod->next)
+        if (mod->kind == FR_MODULE_CHAIN)
+            st = fr_chain_prepare(mod);
+    if (st != FR_OK) {
+        /* the message of the first failure is the one fr_last_error holds */
+        fr_model_free(m);
+        return NULL;
+    }
+    if (m->build)
+        m->build->finished = true;
+    return m;
+}
+
+void fr_model_build_free(struct fr_model_build *b) {
+    if (!b)
+        return;
+    for (fr_module *mod = b->modules, *next; mod; mod = next) {
+        next = mod->next;
+        free(mod->children);
+        free(mod->state);
+        free(mod->items);
+        free(mod->step_first);
+        free(mod->step_len);
+        fr_seg_plan_free(&mod->plan);
+        free(mod);
+    }
+    free(b);
+}
+
+fr_module *fr_chain_new(fr_module *parent, const char *name) {
+    return can_build(parent) ? module_new(parent->model, parent, name, FR_MODULE_CHAIN) : NULL;
+}
+
+fr_module *fr_dense_new(fr_module *parent, const char *name) {
+    return can_build(parent) ? module_new(parent->model, parent, name, FR_MODULE_DENSE) : NULL;
+}
+
+fr_module *fr_block_new(fr_module *parent, const char *name, fr_block_fn forward, size_t state_size) {
+    if (!can_build(parent))
+        return NULL;
+    fr_model *m = parent->model;
+    if (!forward) {
+        fr_error(FR_ERR_ARG, "%s: block %s has no forward function", m->name, name ? name : "");
+        return fail(m, FR_ERR_ARG);
+    }
+    fr_module *b = module_new(m, parent, name, FR_MODULE_BLOCK);
+    if (!b)
+        return NULL;
+    b->forward = forward;
+    if (!(b->state = calloc(1, state_size ? state_size : 1))) {
+        fr_error(FR_ERR_OOM, "%s: out of memory building block %s", m->name, b->name);
+        return fail(m, FR_ERR_OOM);
+    }
+    return b;
+}
+
+void *fr_block_state(const fr_module *block) {
+    return block && block->kind == FR_MODULE_BLOCK ? block->state : NULL;
+}
+
+/* A layer module of `kind`; its fr_layer is zeroed for the caller to set. */
+static fr_module *layer_new(fr_module *parent, const char *name, fr_layer_kind kind, fr_layer **out) {
+    if (!can_build(parent))
+        return NULL;
+    fr_module *mod = module_new(parent->model, parent, name, FR_MODULE_LAYER);
+    if (!mod)
+        return NULL;
+    if (!(mod->state = calloc(1, sizeof(fr_layer)))) {
+        fr_error(FR_ERR_OOM, "%s: out of memory building %s", parent->model->name, mod->name);
+        return fail(parent->model, FR_ERR_OOM);
+    }
+    *out = mod->state;
+    (*out)->kind = kind;
+    return mod;
+}
+
+fr_module *fr_conv2d_new(fr_module *parent, const char *name, fr_conv2d_opts o) {
+    fr_layer *l;
+    fr_module *mod = layer_new(parent, name, FR_LAYER_CONV2D, &l);
+    if (!mod)
+        return NULL;
+    int kernel = o.kernel ? o.kernel : 3;
+    int pad = o.pad == FR_NO_PAD ? 0 : o.pad ? o.pad : kernel / 2;
+    fr_status st = o.pad < FR_NO_PAD
+                       ? fr_error(FR_ERR_ARG, "conv2d %s: negative padding %d", mod->name, o.pad)
+                       : fr_conv2d_layer_init(&l->conv, mod->model->params, mod->name, o.in, o.out,
+                                              kernel, o.stride ? o.stride : 1, pad, o.bias,
+                                              &mod->model->build->rng);
+    return st == FR_OK ? mod : fail(mod->model, st);
+}
+
+fr_module *fr_norm_new(fr_module *parent, const char *name, fr_norm_opts o) {
+    fr_layer *l;
+    fr_module *mod = layer_new(parent, name, FR_LAYER_NORM, &l);
+    if (!mod)
+        return NULL;
+    fr_status st = (unsigned)o.act >= FR_ACT_COUNT
+                       ? fr_error(FR_ERR_ARG, "norm %s: unknown activation %d", mod->name, (int)o.act)
+                       : fr_batchnorm2d_layer_init(&l->bn, mod->model->params, mod->name, o.channels);
+    l->act = o.act;
+    if (st != FR_OK)
+        return fail(mod->model, st);
+    mod->model->build->n_norms++;
+    return mod;
+}
+
+fr_module *fr_linear_new(fr_module *parent, const char *name, fr_linear_opts o) {
+    fr_layer *l;
+    fr_module *mod = layer_new(parent, name, FR_LAYER_LINEAR, &l);
+    if (!mod)
+        return NULL;
+    fr_status st = fr_linear_layer_init(&l->linear, mod->model->params, mod->name, o.in, o.out,
+                                        !o.no_bias, &mod->model->build->rng);
+    return st == FR_OK ? mod : fail(mod->model, st);
+}
+
+static fr_module *pool_new(fr_module *parent, const char *name, fr_layer_kind kind, fr_pool_params p) {
+    fr_layer *l;
+    fr_module *mod = layer_new(parent, name, kind, &l);
+    if (!mod)
+        return NULL;
+    if (p.kernel <= 0 || p.stride <= 0 || p.pad < 0) {
+        fr_error(FR_ERR_ARG, "pool %s: kernel %d and stride %d must be positive, padding %d not "
+                 "negative", mod->name, p.kernel, p.stride, p.pad);
+        return fail(mod->model, FR_ERR_ARG);
+    }
+    l->pool = p;
+    return mod;
+}
+
+fr_module *fr_max_pool2d_new(fr_module *parent, const char *name, fr_pool_params p) {
+    return pool_new(parent, name, FR_LAYER_MAX_POOL2D, p);
+}
+
+fr_module *fr_avg_pool2d_new(fr_module *parent, const char *name, fr_pool_params p) {
+    return pool_new(parent, name, FR_LAYER_AVG_POOL2D, p);
+}
+
+fr_module *fr_global_pool_new(fr_module *parent, const char *name) {
+    fr_layer *l;
+    return layer_new(parent, name, FR_LAYER_GLOBAL_POOL, &l);
+}
+
+fr_module *fr_flatten_new(fr_module *parent, const char *name) {
+    fr_layer *l;
+    return layer_new(parent, name, FR_LAYER_FLATTEN, &l);
+}
+
+fr_module *fr_dropout_new(fr_module *parent, const char *name, float p) {
+    fr_layer *l;
+    fr_module *mod = layer_new(parent, name, FR_LAYER_DROPOUT, &l);
+    if (!mod)
+        return NULL;
+    if (!(p >= 0.0f && p < 1.0f)) {
+        fr_error(FR_ERR_ARG, "dropout %s: probability %g is not in [0, 1)", mod->name, (double)p);
+        return fail(mod->model, FR_ERR_ARG);
+    }
+    l->p = p;
+    return mod;
+}
+
+/* ---- running ---- */
+
+static fr_tensor *layer_forward(const fr_module *m, fr_tensor *x, const fr_run *run) {
+    const fr_layer *l = m->state;
+    switch (l->kind) {
+    case FR_LAYER_CONV2D:
+        return fr_conv2d_layer_forward(&l->conv, x);
+    case FR_LAYER_NORM:
+        return fr_norm_apply(m, x, NULL, run);
+    case FR_LAYER_LINEAR:
+        return fr_linear_layer_forward(&l->linear, x);
+    case FR_LAYER_MAX_POOL2D:
+        return fr_max_pool2d(x, l->pool);
+    case FR_LAYER_AVG_POOL2D:
+        return fr_avg_pool2d(x, l->pool);
+    case FR_LAYER_GLOBAL_POOL:
+        return fr_global_avg_pool(x);
+    case FR_LAYER_FLATTEN:
+        return fr_flatten(x);
+    case FR_LAYER_DROPOUT:
+        return fr_dropout(x, l->p, run->training);
+    default:
+        FR_ASSERT(!"unknown layer kind");
+        return NULL;
+    }
+}
+
+fr_tensor *fr_forward(fr_module *m, fr_tensor *x, const fr_run *run) {
+    if (!x)
+        return NULL;
+    if (!m || !run) {
+        fr_error(FR_ERR_ARG, "forward: module or run is NULL");
+        return NULL;
+    }
+    switch (m->kind) {
+    case FR_MODULE_LAYER:
+        return layer_forward(m, x, run);
+    case FR_MODULE_CHAIN:
+        return fr_chain_forward(m, x, run);
+    case FR_MODULE_DENSE:
+        return fr_dense_forward(m, x, run);
+    case FR_MODULE_BLOCK: {
+        /* The block's input stays held for its whole forward, so that no
+         * inplace strategy inside writes over what the block still reads
+         * (an identity shortcut). */
+        fr_tensor *pin = fr_retain(x);
+        fr_tensor *y = m->forward(m, x, run);
+        fr_release(pin);
+        return y;
+    }
+    default:
+        FR_ASSERT(!"unknown module kind");
+        return NULL;
+    }
+}
+
+fr_tensor *fr_norm_add(fr_module *norm, fr_tensor *x, fr_tensor *residual, const fr_run *run) {
+    if (!x || !residual)
+        return NULL;
+    if (!norm || !run || norm->kind != FR_MODULE_LAYER ||
+        ((const fr_layer *)norm->state)->kind != FR_LAYER_NORM) {
+        fr_error(FR_ERR_ARG, "norm_add: %s is not a norm layer", norm ? norm->name : "(null)");
+        return NULL;
+    }
+    return fr_norm_apply(norm, x, residual, run);
+}
+
+fr_module_kind fr_module_kind_of(const fr_module *m) { return m->kind; }
+const char *fr_module_name(const fr_module *m) { return m->name; }
+int fr_module_children(const fr_module *m) { return m->n_children; }
+fr_module *fr_module_child(const fr_module *m, int i) {
+    return i >= 0 && i < m->n_children ? m->children[i] : NULL;
+}

@@ -1,0 +1,87 @@
+/* module_impl.h: the module record behind build.h, shared by the files of
+ * the engine (nn/build.c: construction and layers; nn/blocks.c: the norm
+ * layer under each strategy; nn/segments.c: sequences and checkpointing).
+ * Not a public header. */
+#ifndef FR_MODULE_IMPL_H
+#define FR_MODULE_IMPL_H
+
+#include "build.h"
+
+typedef enum {
+    FR_LAYER_CONV2D = 0,
+    FR_LAYER_NORM,
+    FR_LAYER_LINEAR,
+    FR_LAYER_MAX_POOL2D,
+    FR_LAYER_AVG_POOL2D,
+    FR_LAYER_GLOBAL_POOL,
+    FR_LAYER_FLATTEN,
+    FR_LAYER_DROPOUT,
+    FR_LAYER_KIND_COUNT
+} fr_layer_kind;
+
+typedef struct {
+    fr_layer_kind kind;
+    fr_conv2d_layer conv;
+    fr_batchnorm2d_layer bn;
+    fr_act act;
+    fr_linear_layer linear;
+    fr_pool_params pool;
+    float p;
+} fr_layer;
+
+/* The segments chosen for one input shape, strategy and precision. */
+typedef struct {
+    bool valid;
+    int ndim;
+    int64_t shape[FR_MAX_DIMS];
+    fr_dtype dtype, autocast;
+    fr_device device;
+    fr_strategy strategy;
+    bool training;
+    int n_groups;
+    int *group_len;    /* steps per group */
+    bool *group_ckpt;  /* whether the group runs as one checkpointed segment */
+} fr_seg_plan;
+
+struct fr_module {
+    fr_module_kind kind;
+    char name[FR_NAME_MAX];   /* full dotted name */
+    fr_model *model;
+    fr_block_fn forward;      /* blocks */
+    void *state;              /* block: the user's bytes; layer: fr_layer */
+    int n_children, cap_children;
+    fr_module **children;
+    fr_module *next;          /* every module of the model, for freeing */
+    /* chains (set by fr_model_finish): the children with nested chains
+     * expanded, cut into steps (a block, a dense module, or a run of
+     * layers): step s is items[step_first[s]] .. + step_len[s] */
+    int n_items, n_steps;
+    fr_module **items;
+    int *step_first, *step_len;
+    fr_seg_plan plan;         /* root chain and dense modules */
+};
+
+/* The build state a model carries (model.h: fr_model.build). */
+struct fr_model_build {
+    fr_rng rng;
+    fr_status status;         /* first construction error */
+    fr_module *root;
+    fr_module *modules;       /* list through ->next */
+    int n_norms;
+    bool finished;
+};
+
+/* build.c: frees the modules (fr_model_free calls it). NULL-safe. */
+void fr_model_build_free(struct fr_model_build *b);
+
+/* blocks.c: act(bn(x) + residual) under run->strategy. */
+fr_tensor *fr_norm_apply(const fr_module *m, fr_tensor *x, fr_tensor *residual, const fr_run *run);
+
+/* segments.c */
+fr_tensor *fr_chain_forward(fr_module *c, fr_tensor *x, const fr_run *run);
+fr_tensor *fr_dense_forward(fr_module *d, fr_tensor *x, const fr_run *run);
+/* The steps of chain c (items, step arrays); FR_ERR_OOM. */
+fr_status fr_chain_prepare(fr_module *c);
+void fr_seg_plan_free(fr_seg_plan *p);
+
+#endif

@@ -1,0 +1,42 @@
+/* registry.h: models by name. The built-in models are registered the same
+ * way a user's model is, and every program that takes --model (train,
+ * validate, memreport) creates its model here, so a model registered by a
+ * program that links the library runs under the library's loop the same
+ * way the built-ins do.
+ *
+ *     static fr_model *tiny_create(const char *name, int in, int classes, uint64_t seed);
+ *     fr_model_register("tiny", false, tiny_create, "tiny (a 3-layer CNN)");
+ *     fr_model *m = fr_model_create("tiny", 1, 10, 42);
+ *
+ * A family entry (family = true) takes every name that starts with its
+ * own: "resnet" builds "resnet20", "resnet56", ... and its constructor
+ * parses the rest. */
+#ifndef FR_REGISTRY_H
+#define FR_REGISTRY_H
+
+#include "model.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Builds the model `name` (the full requested name) or returns NULL with an
+ * error. */
+typedef fr_model *(*fr_model_ctor)(const char *name, int in_channels, int num_classes, uint64_t seed);
+
+/* Adds a model (or a family); `usage` is shown in the unknown-model error.
+ * The strings must outlive the registry (string literals). FR_ERR_ARG for
+ * an empty or taken name, FR_ERR_OOM past 64 entries. */
+fr_status fr_model_register(const char *name, bool family, fr_model_ctor create, const char *usage);
+/* The model registered under `name` (exact names first, then families),
+ * on the CPU with the plain strategy; NULL with FR_ERR_ARG listing every
+ * registered usage when nothing matches. */
+fr_model *fr_model_create(const char *name, int in_channels, int num_classes, uint64_t seed);
+/* The registered entries, built-ins first: how many, and the usage of i. */
+int fr_model_registry_count(void);
+const char *fr_model_registry_usage(int i);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

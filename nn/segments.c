@@ -1,0 +1,308 @@
+/* segments.c: running chains and dense modules, and cutting them into
+ * checkpointed segments (Chen et al. 2016) from measured bytes; see build.h
+ * and plan.h.
+ *
+ * A segment is described by value (which sequence, which steps, the run
+ * context) and fr_checkpoint keeps a copy, so its replay in backward runs
+ * exactly what its forward ran, whatever runs in between. */
+#include "module_impl.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "plan.h"
+
+typedef struct {
+    fr_module *seq;   /* a chain or a dense module */
+    int first, count; /* steps */
+    fr_run run;
+} segment;
+
+/* ---- chains ---- */
+
+static fr_status append_items(fr_module *c, fr_module *m, int *cap) {
+    if (m->kind == FR_MODULE_CHAIN) {
+        for (int i = 0; i < m->n_children; i++)
+            FR_TRY(append_items(c, m->children[i], cap));
+        return FR_OK;
+    }
+    if (c->n_items == *cap) {
+        *cap = *cap ? 2 * *cap : 8;
+        fr_module **grown = realloc(c->items, (size_t)*cap * sizeof *grown);
+        if (!grown)
+            return fr_error(FR_ERR_OOM, "%s: out of memory", c->model->name);
+        c->items = grown;
+    }
+    c->items[c->n_items++] = m;
+    return FR_OK;
+}
+
+fr_status fr_chain_prepare(fr_module *c) {
+    int cap = 0;
+    c->n_items = c->n_steps = 0;
+    for (int i = 0; i < c->n_children; i++)
+        FR_TRY(append_items(c, c->children[i], &cap));
+    c->step_first = malloc(((size_t)c->n_items + 1) * sizeof *c->step_first);
+    c->step_len = malloc(((size_t)c->n_items + 1) * sizeof *c->step_len);
+    if (!c->step_first || !c->step_len)
+        return fr_error(FR_ERR_OOM, "%s: out of memory", c->model->name);
+    /* a block or a dense module is a step of its own; consecutive layers
+     * make one step (a layer consumes its predecessor's output, so a
+     * segment starting at, say, a norm layer would only hold one more
+     * tensor) */
+    for (int i = 0; i < c->n_items; i++) {
+        bool layer = c->items[i]->kind == FR_MODULE_LAYER;
+        if (layer && c->n_steps && c->items[i - 1]->kind == FR_MODULE_LAYER) {
+            c->step_len[c->n_steps - 1]++;
+            continue;
+        }
+        c->step_first[c->n_steps] = i;
+        c->step_len[c->n_steps++] = 1;
+    }
+    return FR_OK;
+}
+
+static fr_tensor *run_chain(fr_module *c, int first, int count, fr_tensor *x, const fr_run *run) {
+    fr_tensor *out = fr_retain(x);
+    for (int s = first; s < first + count && out; s++)
+        for (int i = c->step_first[s]; i < c->step_first[s] + c->step_len[s] && out; i++)
+            out = fr_chain(out, fr_forward(c->items[i], out, run));
+    return out;
+}
+
+/* ---- dense modules ---- */
+
+/* The features side by side: the one feature as it is (no copy), else a new
+ * concatenation, recomputable when asked. Borrowed in, new reference out. */
+static fr_tensor *join(fr_tensor *const *f, int n, bool recomputable) {
+    if (n == 1)
+        return fr_retain(f[0]);
+    return recomputable ? fr_concat_recomputable(f, n) : fr_concat(f, n);
+}
+
+/* Children [first, first + count) over x: returns x and every new feature
+ * joined (recomputable when `recomputable`). Each child reads the join of
+ * the features so far, a recipe under recompute (Pleiss et al. 2017). */
+static fr_tensor *run_dense(fr_module *d, int first, int count, fr_tensor *x, const fr_run *run,
+                            bool recomputable) {
+    fr_tensor **f = calloc((size_t)count + 1, sizeof *f);
+    if (!f) {
+        fr_error(FR_ERR_OOM, "%s: %s: out of memory", run->model, d->name);
+        return NULL;
+    }
+    int n = 0;
+    f[n++] = fr_retain(x);
+    for (int i = first; i < first + count; i++) {
+        fr_tensor *in = join(f, n, run->strategy.recompute);
+        fr_tensor *y = fr_forward(d->children[i], in, run);
+        fr_release(in);
+        if (!y)
+            break;
+        f[n++] = y;
+    }
+    fr_tensor *out = n == count + 1 ? join(f, n, recomputable) : NULL;
+    for (int i = 0; i < n; i++)
+        fr_release(f[i]);
+    free(f);
+    return out;
+}
+
+/* ---- segments ---- */
+
+static int n_steps(const fr_module *seq) {
+    return seq->kind == FR_MODULE_DENSE ? seq->n_children : seq->n_steps;
+}
+
+/* A step that a segment of its sequence never contains: a dense module in a
+ * chain checkpoints its own children instead. */
+static bool is_barrier(const fr_module *seq, int step) {
+    return seq->kind == FR_MODULE_CHAIN && seq->items[seq->step_first[step]]->kind == FR_MODULE_DENSE;
+}
+
+static fr_tensor *segment_forward(void *ctx, fr_tensor *x) {
+    const segment *s = ctx;
+    /* a segment's output is kept by the next segment's checkpoint: a real
+     * tensor, not a recipe */
+    if (s->seq->kind == FR_MODULE_DENSE)
+        return run_dense(s->seq, s->first, s->count, x, &s->run, false);
+    return run_chain(s->seq, s->first, s->count, x, &s->run);
+}
+
+/* Bytes of t that count as saved when a checkpoint holds it: activations
+ * (transient), not data batches. */
+static double held_bytes(const fr_tensor *t) {
+    return t->storage->home_tag == FR_TAG_TRANSIENT ? (double)t->storage->nbytes : 0;
+}
+
+/* The trial: each step run once with grad on, on a tape of its own, from
+ * the previous step's output; cost[s] is the growth of saved bytes it
+ * causes (its input excluded: it is marked saved first, as the checkpoint
+ * holding it will), input[s] the bytes of its input. Barriers run under
+ * no_grad. Recompute mode keeps BN running statistics and batch counters
+ * as they are, and the random state is put back, so the trial changes
+ * nothing the real forward computes. */
+static fr_status measure(fr_module *seq, fr_tensor *x, const fr_run *run, double *cost, double *input) {
+    int n = n_steps(seq);
+    fr_device dev = fr_device_of(x);
+    uint64_t random_state = fr_random_state();
+    segment trial = {.seq = seq, .count = 1, .run = *run};
+    trial.run.in_segment = true;
+    fr_status st = FR_OK;
+    fr_tensor *cur = fr_retain(x);
+    fr_recompute_enter();
+    for (int s = 0; s < n && st == FR_OK; s++) {
+        trial.first = s;
+        input[s] = held_bytes(cur);
+        cost[s] = 0;
+        fr_tensor *next = NULL;
+        if (is_barrier(seq, s)) {
+            fr_no_grad_enter();
+            next = segment_forward(&trial, cur);
+            fr_no_grad_exit();
+        } else if ((st = fr_tape_push()) == FR_OK) {
+            fr_tensor *leaf = fr_detach(cur);
+            if (leaf) {
+                fr_set_requires_grad(leaf, true);
+                fr_storage_mark_saved(leaf->storage);
+                size_t before = fr_mem_current(dev, FR_TAG_SAVED);
+                fr_tensor *y = segment_forward(&trial, leaf);
+                size_t after = fr_mem_current(dev, FR_TAG_SAVED);
+                cost[s] = after > before ? (double)(after - before) : 0;
+                next = y ? fr_detach(y) : NULL;
+                fr_release(y);
+                fr_storage_unmark_saved(leaf->storage);
+                fr_release(leaf);
+            }
+            fr_tape_pop();
+        }
+        fr_release(cur);
+        cur = next;
+        if (st == FR_OK && !cur)
+            st = fr_last_status();
+    }
+    fr_recompute_exit();
+    fr_set_random_state(random_state);
+    fr_release(cur);
+    return st;
+}
+
+void fr_seg_plan_free(fr_seg_plan *p) {
+    free(p->group_len);
+    free(p->group_ckpt);
+    *p = (fr_seg_plan){0};
+}
+
+static bool plan_matches(const fr_seg_plan *p, const fr_tensor *x, const fr_run *run) {
+    return p->valid && p->ndim == x->ndim &&
+           !memcmp(p->shape, x->shape, (size_t)x->ndim * sizeof x->shape[0]) &&
+           p->dtype == x->dtype && p->autocast == fr_autocast_dtype() &&
+           p->device == fr_device_of(x) && fr_strategy_equal(p->strategy, run->strategy) &&
+           p->training == run->training;
+}
+
+/* Groups the steps: barriers alone and unsegmented; each run of other steps
+ * cut into segments of k steps ("checkpoint:k") or by the planner over the
+ * measured bytes ("checkpoint"). */
+static fr_status make_plan(fr_module *seq, fr_tensor *x, const fr_run *run) {
+    fr_seg_plan *p = &seq->plan;
+    fr_seg_plan_free(p);
+    int n = n_steps(seq);
+    double *cost = calloc(2 * (size_t)n + 1, sizeof *cost);
+    int *len = malloc(((size_t)n + 1) * sizeof *len);
+    p->group_len = malloc(((size_t)n + 1) * sizeof *p->group_len);
+    p->group_ckpt = malloc(((size_t)n + 1) * sizeof *p->group_ckpt);
+    fr_status st = cost && len && p->group_len && p->group_ckpt
+                       ? FR_OK
+                       : fr_error(FR_ERR_OOM, "%s: out of memory planning checkpoint segments",
+                                  run->model);
+    double *input = cost + n;
+    int k = run->strategy.checkpoint;
+    if (st == FR_OK && k < 0)
+        st = measure(seq, x, run, cost, input);
+    for (int s = 0; s < n && st == FR_OK;) {
+        if (is_barrier(seq, s)) {
+            p->group_len[p->n_groups] = 1;
+            p->group_ckpt[p->n_groups++] = false;
+            s++;
+            continue;
+        }
+        int end = s;
+        while (end < n && !is_barrier(seq, end))
+            end++;
+        int m;
+        if (k > 0) {
+            for (m = 0; s + m * k < end; m++)
+                len[m] = s + (m + 1) * k <= end ? k : end - s - m * k;
+        } else {
+            m = fr_plan_segments(cost + s, input + s, end - s, len);
+        }
+        for (int g = 0; g < m; g++) {
+            p->group_len[p->n_groups] = len[g];
+            p->group_ckpt[p->n_groups++] = true;
+        }
+        s = end;
+    }
+    free(cost);
+    free(len);
+    if (st != FR_OK) {
+        fr_seg_plan_free(p);
+        return st;
+    }
+    p->valid = true;
+    p->ndim = x->ndim;
+    memcpy(p->shape, x->shape, sizeof p->shape);
+    p->dtype = x->dtype;
+    p->autocast = fr_autocast_dtype();
+    p->device = fr_device_of(x);
+    p->strategy = run->strategy;
+    p->training = run->training;
+    return FR_OK;
+}
+
+static fr_tensor *run_steps(fr_module *seq, int first, int count, fr_tensor *x, const fr_run *run) {
+    if (seq->kind == FR_MODULE_DENSE)
+        return run_dense(seq, first, count, x, run, run->strategy.recompute);
+    return run_chain(seq, first, count, x, run);
+}
+
+/* seq under the checkpoint strategy: its groups, each a checkpointed
+ * segment or run as it is. Dense: the output of the last group is joined
+ * by its segment, so the features so far are one tensor between groups. */
+static fr_tensor *run_segmented(fr_module *seq, fr_tensor *x, const fr_run *run) {
+    if (!plan_matches(&seq->plan, x, run) && make_plan(seq, x, run) != FR_OK)
+        return NULL;
+    const fr_seg_plan *p = &seq->plan;
+    fr_tensor *out = fr_retain(x);
+    for (int g = 0, s = 0; g < p->n_groups && out; s += p->group_len[g], g++) {
+        if (!p->group_ckpt[g]) {
+            out = fr_chain(out, run_steps(seq, s, p->group_len[g], out, run));
+            continue;
+        }
+        segment seg = {.seq = seq, .first = s, .count = p->group_len[g], .run = *run};
+        seg.run.in_segment = true;
+        out = fr_chain(out, fr_checkpoint(segment_forward, &seg, sizeof seg, out));
+    }
+    return out;
+}
+
+static bool segments_apply(const fr_module *seq, const fr_run *run) {
+    return run->strategy.checkpoint && !run->in_segment && fr_grad_enabled() && n_steps(seq) > 0;
+}
+
+fr_tensor *fr_chain_forward(fr_module *c, fr_tensor *x, const fr_run *run) {
+    if (!x)
+        return NULL;
+    /* only the root's sequence is cut: a nested chain is part of it, or
+     * runs inside a block or a dense module */
+    if (c == c->model->build->root && segments_apply(c, run))
+        return run_segmented(c, x, run);
+    return run_chain(c, 0, c->n_steps, x, run);
+}
+
+fr_tensor *fr_dense_forward(fr_module *d, fr_tensor *x, const fr_run *run) {
+    if (!x)
+        return NULL;
+    if (segments_apply(d, run))
+        return run_segmented(d, x, run);
+    return run_dense(d, 0, d->n_children, x, run, run->strategy.recompute);
+}
