@@ -1,0 +1,196 @@
+/* image.c: whole-file reads and the checks in front of stb_image; see
+ * image.h. */
+#include "image.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+/* Only the formats the design names: TGA is left out on purpose, because
+ * stb's TGA probe accepts many files that are not images. */
+#define STB_IMAGE_IMPLEMENTATION
+#define STBI_ONLY_PNG
+#define STBI_ONLY_JPEG
+#define STBI_ONLY_BMP
+#define STBI_NO_HDR
+#define STBI_NO_LINEAR
+#define STBI_NO_STDIO
+#define STBI_FAILURE_USERMSG
+#define STBI_MAX_DIMENSIONS FR_IMAGE_MAX_SIDE
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wsign-compare"
+#pragma GCC diagnostic ignored "-Wunused-function"
+#pragma GCC diagnostic ignored "-Wunused-parameter"
+#pragma GCC diagnostic ignored "-Wimplicit-fallthrough"
+#pragma GCC diagnostic ignored "-Wmisleading-indentation"
+#pragma GCC diagnostic ignored "-Wtype-limits"
+#include <stb/stb_image.h>
+#pragma GCC diagnostic pop
+
+fr_status fr_read_regular_file(const char *path, size_t max, uint8_t **buf, size_t *len) {
+    *buf = NULL;
+    *len = 0;
+    /* O_NONBLOCK: opening a FIFO for reading would otherwise wait for a
+     * writer forever, before fstat could say what it is */
+    int fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+    if (fd < 0)
+        return fr_error(FR_ERR_IO, "cannot open %s: %s", path, strerror(errno));
+    struct stat sb;
+    fr_status st = FR_OK;
+    if (fstat(fd, &sb) != 0)
+        st = fr_error(FR_ERR_IO, "cannot stat %s: %s", path, strerror(errno));
+    else if (!S_ISREG(sb.st_mode))
+        st = fr_error(FR_ERR_IO, "%s is not a regular file", path);
+    else if ((uint64_t)sb.st_size > max)
+        st = fr_error(FR_ERR_FORMAT, "%s is %lld bytes, more than the %zu this reader takes", path,
+                      (long long)sb.st_size, max);
+    size_t n = st == FR_OK ? (size_t)sb.st_size : 0;
+    uint8_t *b = st == FR_OK ? malloc(n ? n : 1) : NULL;
+    if (st == FR_OK && !b)
+        st = fr_error(FR_ERR_OOM, "out of memory reading %s (%zu bytes)", path, n);
+    for (size_t done = 0; st == FR_OK && done < n;) {
+        ssize_t got = read(fd, b + done, n - done);
+        if (got < 0 && errno == EINTR)
+            continue;
+        if (got <= 0)
+            st = fr_error(FR_ERR_IO, "cannot read %s: %s", path, got < 0 ? strerror(errno) : "it shrank");
+        else
+            done += (size_t)got;
+    }
+    close(fd);
+    if (st != FR_OK) {
+        free(b);
+        return st;
+    }
+    *buf = b;
+    *len = n;
+    return FR_OK;
+}
+
+static unsigned be16(const uint8_t *p) { return (unsigned)p[0] << 8 | p[1]; }
+static uint32_t le16(const uint8_t *p) { return (uint32_t)p[0] | (uint32_t)p[1] << 8; }
+static uint32_t le32(const uint8_t *p) { return le16(p) | le16(p + 2) << 16; }
+
+/* One DHT segment's tables: each is a class/id byte, 16 code-length counts
+ * and that many symbols. stb 2.27 indexes a 257-entry array with the sum. */
+static fr_status check_dht(const uint8_t *seg, size_t n, const char *name) {
+    size_t at = 0;
+    while (at < n) {
+        if (n - at < 17)
+            return fr_error(FR_ERR_FORMAT, "%s: corrupt JPEG: a Huffman table header is cut short", name);
+        unsigned symbols = 0;
+        for (int i = 1; i <= 16; i++)
+            symbols += seg[at + i];
+        if (symbols > 256)
+            return fr_error(FR_ERR_FORMAT, "%s: corrupt JPEG: a Huffman table declares %u symbols (at most "
+                            "256)", name, symbols);
+        if (n - at - 17 < symbols)
+            return fr_error(FR_ERR_FORMAT, "%s: corrupt JPEG: a Huffman table's symbols run past its "
+                            "segment", name);
+        at += 17 + symbols;
+    }
+    return FR_OK;
+}
+
+/* Walks the marker segments (and skips entropy-coded data) to find every
+ * DHT segment, wherever it is (progressive files put them between scans). */
+static fr_status check_jpeg(const uint8_t *b, size_t len, const char *name) {
+    size_t at = 2;
+    for (;;) {
+        while (at < len && b[at] != 0xFF)
+            at++; /* entropy-coded data */
+        while (at < len && b[at] == 0xFF)
+            at++; /* fill bytes */
+        if (at >= len)
+            return fr_error(FR_ERR_FORMAT, "%s: truncated JPEG: no end-of-image marker", name);
+        uint8_t m = b[at++];
+        if (m == 0x00 || (m >= 0xD0 && m <= 0xD7) || m == 0x01)
+            continue; /* stuffed byte, restart marker, TEM: no length */
+        if (m == 0xD9)
+            return FR_OK;
+        if (len - at < 2 || be16(b + at) < 2 || be16(b + at) > len - at)
+            return fr_error(FR_ERR_FORMAT, "%s: truncated JPEG: a segment runs past the end of the file",
+                            name);
+        size_t seg = be16(b + at);
+        if (m == 0xC4)
+            FR_TRY(check_dht(b + at + 2, seg - 2, name));
+        at += seg;
+    }
+}
+
+/* The pixel array of an uncompressed BMP must lie inside the file. */
+static fr_status check_bmp(const uint8_t *b, size_t len, const char *name) {
+    if (len < 26)
+        return fr_error(FR_ERR_FORMAT, "%s: truncated BMP: %zu bytes", name, len);
+    uint32_t offset = le32(b + 10), hsize = le32(b + 14);
+    int64_t w, h;
+    uint32_t bpp, compression = 0;
+    if (hsize == 12) {
+        w = le16(b + 18);
+        h = le16(b + 20);
+        bpp = le16(b + 24);
+    } else {
+        if (len < 34)
+            return fr_error(FR_ERR_FORMAT, "%s: truncated BMP: %zu bytes", name, len);
+        w = (int32_t)le32(b + 18);
+        h = (int32_t)le32(b + 22);
+        bpp = le16(b + 28);
+        compression = le32(b + 30);
+    }
+    h = h < 0 ? -h : h;
+    if (w <= 0 || h <= 0 || w > FR_IMAGE_MAX_SIDE || h > FR_IMAGE_MAX_SIDE || bpp == 0 || bpp > 32)
+        return fr_error(FR_ERR_FORMAT, "%s: corrupt BMP: %lldx%lld pixels of %u bits", name, (long long)w,
+                        (long long)h, bpp);
+    if (compression != 0 && compression != 3)
+        return FR_OK; /* RLE and the rest: stb refuses them itself */
+    uint64_t row = ((uint64_t)w * bpp + 31) / 32 * 4;
+    if (offset < 14 + hsize || offset > len || row * (uint64_t)h > len - offset)
+        return fr_error(FR_ERR_FORMAT, "%s: truncated BMP: %lldx%lld pixels of %u bits need %llu bytes "
+                        "from offset %u, the file has %zu", name, (long long)w, (long long)h, bpp,
+                        (unsigned long long)(row * (uint64_t)h), offset, len);
+    return FR_OK;
+}
+
+fr_status fr_image_check(const uint8_t *buf, size_t len, const char *name) {
+    if (len >= 2 && buf[0] == 0xFF && buf[1] == 0xD8)
+        return check_jpeg(buf, len, name);
+    if (len >= 2 && buf[0] == 'B' && buf[1] == 'M')
+        return check_bmp(buf, len, name);
+    return FR_OK; /* PNG (stb checks its chunks against the data it inflates) or not an image */
+}
+
+fr_status fr_image_info(const uint8_t *buf, size_t len, const char *name, int *w, int *h, int *channels) {
+    FR_TRY(fr_image_check(buf, len, name));
+    int comp;
+    if (len > INT32_MAX || !stbi_info_from_memory(buf, (int)len, w, h, &comp))
+        return fr_error(FR_ERR_FORMAT, "%s is not a PNG, JPEG or BMP image (%s)", name,
+                        len > INT32_MAX ? "too large" : stbi_failure_reason());
+    if (*w < 1 || *h < 1 || *w > FR_IMAGE_MAX_SIDE || *h > FR_IMAGE_MAX_SIDE)
+        return fr_error(FR_ERR_FORMAT, "%s is %dx%d (WxH); sides must lie in [1, %d]", name, *w, *h,
+                        FR_IMAGE_MAX_SIDE);
+    *channels = comp <= 2 ? 1 : 3;
+    return FR_OK;
+}
+
+fr_status fr_image_decode(const uint8_t *buf, size_t len, const char *name, int channels, int w, int h,
+                          uint8_t *dst) {
+    FR_TRY(fr_image_check(buf, len, name));
+    int gw, gh, comp;
+    uint8_t *img = len <= INT32_MAX ? stbi_load_from_memory(buf, (int)len, &gw, &gh, &comp, channels) : NULL;
+    if (!img)
+        return fr_error(FR_ERR_FORMAT, "cannot decode %s (%s)", name,
+                        len > INT32_MAX ? "too large" : stbi_failure_reason());
+    if (gw != w || gh != h) {
+        stbi_image_free(img);
+        return fr_error(FR_ERR_FORMAT, "%s decodes to %dx%d (WxH), its header said %dx%d", name, gw, gh, w, h);
+    }
+    const int64_t plane = (int64_t)h * w;
+    for (int64_t p = 0; p < plane; p++)  // stb's interleaved (H, W, C) into (C, H, W)
+        for (int c = 0; c < channels; c++)
+            dst[c * plane + p] = img[p * channels + c];
+    stbi_image_free(img);
+    return FR_OK;
+}
