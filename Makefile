@@ -123,7 +123,7 @@ bench: deps
 FUZZ_CC ?= clang-14
 FUZZ_SECONDS ?= 120
 FUZZ_DIR := build-fuzz
-FUZZ_FLAGS := -std=c11 -D_GNU_SOURCE -fopenmp -I. -g -O1 -fno-omit-frame-pointer \
+FUZZ_FLAGS := -std=c11 -D_GNU_SOURCE -fopenmp -MMD -MP -I. -g -O1 -fno-omit-frame-pointer \
   -fsanitize=address,undefined -fno-sanitize-recover=undefined \
   $(if $(CBLAS_INC),-DFR_HAVE_CBLAS -I$(dir $(CBLAS_INC)))
 FUZZ_LIBS := -lm -lpthread -lz $(if $(CBLAS_INC),-lopenblas)
@@ -157,3 +157,4 @@ clean:
 	rm -rf build build-asan build-cuda build-fuzz
 
 -include $(shell find $(BUILD) -name '*.d' 2>/dev/null)
+-include $(shell find $(FUZZ_DIR) -name '*.d' 2>/dev/null)

@@ -74,31 +74,41 @@ static unsigned be16(const uint8_t *p) { return (unsigned)p[0] << 8 | p[1]; }
 static uint32_t le16(const uint8_t *p) { return (uint32_t)p[0] | (uint32_t)p[1] << 8; }
 static uint32_t le32(const uint8_t *p) { return le16(p) | le16(p + 2) << 16; }
 
-/* One DHT segment's tables: each is a class/id byte, 16 code-length counts
- * and that many symbols. stb 2.27 indexes a 257-entry array with the sum. */
-static fr_status check_dht(const uint8_t *seg, size_t n, const char *name) {
-    size_t at = 0;
-    while (at < n) {
-        if (n - at < 17)
-            return fr_error(FR_ERR_FORMAT, "%s: corrupt JPEG: a Huffman table header is cut short", name);
+/* stb 2.27 reads a DHT segment as: a 16-bit length L, then while L > 2
+ * tables of a class/id byte, 16 code-length counts and that many symbols,
+ * and indexes a 257-entry array with the counts' sum. It finds a segment
+ * wherever it meets the bytes FF C4 (a marker is always an FF run and the
+ * marker byte), and reads past the end of the data as zeros. So every
+ * FF C4 in the file is read here the way stb would read it, which covers
+ * every DHT stb can reach however its parse goes. A table stb itself would
+ * refuse (class > 1 or id > 3) ends the segment: stb stops there too. */
+static fr_status check_dht_at(const uint8_t *b, size_t len, size_t at, const char *name) {
+#define BYTE(i) ((i) < len ? b[i] : 0u)
+    long left = (long)(BYTE(at) << 8 | BYTE(at + 1)) - 2;
+    at += 2;
+    while (left > 0) {
+        unsigned q = BYTE(at);
+        if (q >> 4 > 1 || (q & 15) > 3)
+            return FR_OK;
         unsigned symbols = 0;
-        for (int i = 1; i <= 16; i++)
-            symbols += seg[at + i];
+        for (size_t i = 1; i <= 16; i++)
+            symbols += BYTE(at + i);
         if (symbols > 256)
             return fr_error(FR_ERR_FORMAT, "%s: corrupt JPEG: a Huffman table declares %u symbols (at most "
                             "256)", name, symbols);
-        if (n - at - 17 < symbols)
-            return fr_error(FR_ERR_FORMAT, "%s: corrupt JPEG: a Huffman table's symbols run past its "
-                            "segment", name);
         at += 17 + symbols;
+        left -= 17 + (long)symbols;
     }
     return FR_OK;
+#undef BYTE
 }
 
-/* Walks the marker segments (and skips entropy-coded data) to find every
- * DHT segment, wherever it is (progressive files put them between scans). */
-static fr_status check_jpeg(const uint8_t *b, size_t len, const char *name) {
-    size_t at = 2;
+/* The Huffman tables, then the markers walked from the start of image to
+ * its end, so that a file cut short is named as such. */
+static fr_status check_jpeg(const uint8_t *b, size_t len, size_t at, const char *name) {
+    for (size_t i = 0; i + 1 < len; i++)
+        if (b[i] == 0xFF && b[i + 1] == 0xC4)
+            FR_TRY(check_dht_at(b, len, i + 2, name));
     for (;;) {
         while (at < len && b[at] != 0xFF)
             at++; /* entropy-coded data */
@@ -114,10 +124,7 @@ static fr_status check_jpeg(const uint8_t *b, size_t len, const char *name) {
         if (len - at < 2 || be16(b + at) < 2 || be16(b + at) > len - at)
             return fr_error(FR_ERR_FORMAT, "%s: truncated JPEG: a segment runs past the end of the file",
                             name);
-        size_t seg = be16(b + at);
-        if (m == 0xC4)
-            FR_TRY(check_dht(b + at + 2, seg - 2, name));
-        at += seg;
+        at += be16(b + at);
     }
 }
 
@@ -155,8 +162,12 @@ static fr_status check_bmp(const uint8_t *b, size_t len, const char *name) {
 }
 
 fr_status fr_image_check(const uint8_t *buf, size_t len, const char *name) {
-    if (len >= 2 && buf[0] == 0xFF && buf[1] == 0xD8)
-        return check_jpeg(buf, len, name);
+    /* what stb's JPEG test takes: a run of FF bytes, then D8 */
+    size_t at = 0;
+    while (at < len && buf[at] == 0xFF)
+        at++;
+    if (at > 0 && at < len && buf[at] == 0xD8)
+        return check_jpeg(buf, len, at + 1, name);
     if (len >= 2 && buf[0] == 'B' && buf[1] == 'M')
         return check_bmp(buf, len, name);
     return FR_OK; /* PNG (stb checks its chunks against the data it inflates) or not an image */
