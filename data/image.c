@@ -161,7 +161,29 @@ static fr_status check_bmp(const uint8_t *b, size_t len, const char *name) {
     return FR_OK;
 }
 
+static uint32_t be32(const uint8_t *p) { return (uint32_t)be16(p) << 16 | be16(p + 2); }
+
+/* Every chunk inside the file, up to IEND. stb 2.27 grows its IDAT buffer to
+ * a chunk's declared length (up to 1 GiB) before reading it, so a 100-byte
+ * file could cost a gigabyte; it is refused here instead. */
+static fr_status check_png(const uint8_t *b, size_t len, const char *name) {
+    size_t at = 8;
+    for (;;) {
+        if (len - at < 12)
+            return fr_error(FR_ERR_FORMAT, "%s: truncated PNG: no IEND chunk", name);
+        uint32_t n = be32(b + at);
+        if (n > len - at - 12)
+            return fr_error(FR_ERR_FORMAT, "%s: truncated PNG: a %u-byte chunk runs past the end of the "
+                            "file", name, n);
+        if (!memcmp(b + at + 4, "IEND", 4))
+            return FR_OK;
+        at += 12 + (size_t)n;
+    }
+}
+
 fr_status fr_image_check(const uint8_t *buf, size_t len, const char *name) {
+    if (len >= 8 && !memcmp(buf, "\x89PNG\r\n\x1a\n", 8))
+        return check_png(buf, len, name);
     /* what stb's JPEG test takes: a run of FF bytes, then D8 */
     size_t at = 0;
     while (at < len && buf[at] == 0xFF)
@@ -182,6 +204,13 @@ fr_status fr_image_info(const uint8_t *buf, size_t len, const char *name, int *w
     if (*w < 1 || *h < 1 || *w > FR_IMAGE_MAX_SIDE || *h > FR_IMAGE_MAX_SIDE)
         return fr_error(FR_ERR_FORMAT, "%s is %dx%d (WxH); sides must lie in [1, %d]", name, *w, *h,
                         FR_IMAGE_MAX_SIDE);
+    /* A header cannot claim more pixels than the file could encode (deflate
+     * packs at most ~1032 bytes into one, a byte is at most 8 one-bit
+     * pixels; a JPEG block takes a few bits): a tiny file claiming a huge
+     * image would otherwise size a huge allocation before failing. */
+    if ((double)*w * (double)*h > 8.0 * 1032.0 * (double)len)
+        return fr_error(FR_ERR_FORMAT, "%s is %zu bytes but claims %dx%d pixels: corrupt or truncated", name,
+                        len, *w, *h);
     *channels = comp <= 2 ? 1 : 3;
     return FR_OK;
 }
