@@ -1,5 +1,5 @@
 # frugal build. Targets: all (library + examples), test, demo, bench, asan,
-# fixtures, clean. CUDA is built when nvcc is found; CUDA=0 forces it off.
+# fuzz, fixtures, clean. CUDA is built when nvcc is found; CUDA=0 forces it off.
 # BUILD selects the output folder so sanitizer and CUDA builds never mix.
 
 BUILD ?= build
@@ -81,7 +81,7 @@ EXAMPLE_BIN := $(EXAMPLE_SRC:examples/%.c=$(BUILD)/examples/%)
 BENCH_SRC := $(wildcard bench/*.c)
 BENCH_BIN := $(BENCH_SRC:bench/%.c=$(BUILD)/bench/%)
 
-.PHONY: all lib tests test test-only demo bench asan fixtures deps clean examples
+.PHONY: all lib tests test test-only demo bench asan fuzz fuzz-build fuzz-seeds fixtures deps clean examples
 all: lib examples
 lib: $(LIB)
 examples: $(EXAMPLE_BIN)
@@ -138,11 +138,47 @@ bench: deps
 	@$(MAKE) --no-print-directory all $(BENCH_BIN)
 	@bash bench/run.sh $(BUILD)
 
+# libFuzzer harnesses (tests/fuzz/fuzz_*.c): the library rebuilt by clang 14
+# with coverage, ASan and UBSan in build-fuzz, each harness then run for
+# FUZZ_SECONDS on a copy of its committed seed corpus (tests/fuzz/run.sh;
+# five harnesses, so the default is about ten minutes in all). Crashes, leaks
+# and hangs (an input over 10 s) fail the target and are kept under
+# build-fuzz/artifacts.
+FUZZ_CC ?= clang-14
+FUZZ_SECONDS ?= 120
+FUZZ_DIR := build-fuzz
+FUZZ_FLAGS := -std=c11 -D_GNU_SOURCE -fopenmp -MMD -MP -I. -g -O1 -fno-omit-frame-pointer \
+  -fsanitize=address,undefined -fno-sanitize-recover=undefined \
+  $(if $(CBLAS_INC),-DFR_HAVE_CBLAS -I$(dir $(CBLAS_INC)))
+FUZZ_LIBS := -lm -lpthread -lz $(if $(CBLAS_INC),-lopenblas)
+FUZZ_OBJ := $(LIB_SRC:%.c=$(FUZZ_DIR)/%.o)
+FUZZ_BIN := $(patsubst tests/fuzz/%.c,$(FUZZ_DIR)/%,$(wildcard tests/fuzz/fuzz_*.c))
+
+$(FUZZ_DIR)/%.o: %.c
+	@mkdir -p $(dir $@)
+	$(FUZZ_CC) $(FUZZ_FLAGS) -fsanitize=fuzzer-no-link -c $< -o $@
+
+$(FUZZ_DIR)/fuzz_%: tests/fuzz/fuzz_%.c tests/fuzz/fuzz_common.h $(FUZZ_OBJ)
+	$(FUZZ_CC) $(FUZZ_FLAGS) -fsanitize=fuzzer $< $(FUZZ_OBJ) $(FUZZ_LIBS) -o $@
+
+# the objects are kept between runs (make would delete them as intermediates)
+.SECONDARY: $(FUZZ_OBJ)
+fuzz-build: $(FUZZ_BIN)
+
+fuzz: fuzz-build
+	@bash tests/fuzz/run.sh $(FUZZ_DIR) $(FUZZ_SECONDS)
+
+# Rewrites the committed seed corpora (tests/fuzz/corpus) from gen_seeds.c.
+fuzz-seeds: lib
+	$(CC) $(CFLAGS) tests/fuzz/gen_seeds.c $(LIB) $(LDLIBS) -o $(BUILD)/gen_seeds
+	$(BUILD)/gen_seeds
+
 # Regenerates the committed PyTorch fixtures (needs Debian's python3-torch).
 fixtures:
 	@for g in tests/fixtures/gen_*.py; do echo "$$g"; /usr/bin/python3 $$g || exit 1; done
 
 clean:
-	rm -rf build build-asan build-cuda
+	rm -rf build build-asan build-cuda build-fuzz
 
 -include $(shell find $(BUILD) -name '*.d' 2>/dev/null)
+-include $(shell find $(FUZZ_DIR) -name '*.d' 2>/dev/null)

@@ -49,6 +49,13 @@ static void scale_c(float *c, int ldc, int m, int n, float beta) {
 static pthread_once_t blas_once = PTHREAD_ONCE_INIT;
 static void blas_single_thread(void) { openblas_set_num_threads(1); }
 
+/* OpenBLAS 0.3.21 takes a 128 MiB work buffer (plus a page) per calling
+ * thread on that thread's first call, and retries forever when the system
+ * refuses it: so each thread first checks that the space is there and turns
+ * a refusal into the ledger's out-of-memory error. */
+#define BLAS_BUFFER_BYTES (((size_t)128 << 20) + ((size_t)1 << 20))
+static _Thread_local bool blas_buffer_checked;
+
 fr_status fr_cpu_gemm_serial(float *c, int ldc, const float *a, int lda, const float *b, int ldb,
                              int m, int n, int k, bool trans_a, bool trans_b, float alpha,
                              float beta) {
@@ -58,6 +65,10 @@ fr_status fr_cpu_gemm_serial(float *c, int ldc, const float *a, int lda, const f
     if (k <= 0) { /* BLAS rejects a zero leading dimension; the product is empty */
         scale_c(c, ldc, m, n, beta);
         return FR_OK;
+    }
+    if (!blas_buffer_checked) {
+        FR_TRY(fr_mem_probe_host(BLAS_BUFFER_BYTES, "OpenBLAS's per-thread buffer"));
+        blas_buffer_checked = true;
     }
     cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans,
                 trans_b ? CblasTrans : CblasNoTrans, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);

@@ -71,6 +71,17 @@ fr_dataset *fr_dataset_from_host(const char *name, int64_t n, int64_t c, int64_t
     return ds;
 }
 
+fr_status fr_dataset_check_dir(const char *what, const char *dir) {
+    struct stat sb;
+    if (!dir || !*dir)
+        return fr_error(FR_ERR_ARG, "%s: no data folder given", what);
+    if (stat(dir, &sb) != 0)
+        return fr_error(FR_ERR_IO, "%s: data folder %s is missing (%s)", what, dir, strerror(errno));
+    if (!S_ISDIR(sb.st_mode))
+        return fr_error(FR_ERR_IO, "%s: data folder %s is not a folder", what, dir);
+    return FR_OK;
+}
+
 static void base_name(char *out, size_t len, const char *path) {
     const char *slash = strrchr(path, '/');
     snprintf(out, len, "%s", slash ? slash + 1 : path);
@@ -179,8 +190,13 @@ static void idx_close(idx_file *f) {
 }
 
 fr_dataset *fr_dataset_load_idx(const char *images_path, const char *labels_path) {
-    if (!images_path || !labels_path) {
-        fr_error(FR_ERR_ARG, "idx: images_path or labels_path is NULL");
+    return fr_dataset_load_idx_classes(images_path, labels_path, FR_IDX_MNIST_CLASSES);
+}
+
+fr_dataset *fr_dataset_load_idx_classes(const char *images_path, const char *labels_path, int num_classes) {
+    if (!images_path || !labels_path || num_classes < 1 || num_classes > 256) {
+        fr_error(FR_ERR_ARG, "idx: images_path or labels_path is NULL, or num_classes %d is outside "
+                 "[1, 256]", num_classes);
         return NULL;
     }
     idx_file im, lb;
@@ -196,7 +212,7 @@ fr_dataset *fr_dataset_load_idx(const char *images_path, const char *labels_path
     }
     char name[64];
     base_name(name, sizeof name, images_path);
-    ds = fr_dataset_new(name, im.dims[0], 1, im.dims[1], im.dims[2], 1);
+    ds = fr_dataset_new(name, im.dims[0], 1, im.dims[1], im.dims[2], num_classes);
     if (!ds)
         goto done;
     int32_t *labels = fr_data(ds->labels);
@@ -207,14 +223,22 @@ fr_dataset *fr_dataset_load_idx(const char *images_path, const char *labels_path
         goto done;
     }
     /* The u8 labels were read into the front of the i32 buffer; widen them
-     * from the back so no byte is overwritten before it is read. */
+     * from the back so no byte is overwritten before it is read. The class
+     * count is the dataset's definition, never the largest label seen: a
+     * stray 255 must not make a 256-class model. */
     const uint8_t *raw = (const uint8_t *)labels;
-    int max = -1;
+    int64_t bad = -1;
     for (int64_t i = ds->n - 1; i >= 0; i--) {
         labels[i] = raw[i];
-        max = labels[i] > max ? labels[i] : max;
+        if (labels[i] >= num_classes)
+            bad = i;
     }
-    ds->num_classes = max + 1 > 0 ? max + 1 : 1;
+    if (bad >= 0) {
+        fr_error(FR_ERR_FORMAT, "idx: %s: record %lld: label %d is outside [0, %d)", labels_path,
+                 (long long)bad, labels[bad], num_classes);
+        fr_dataset_free(ds);
+        ds = NULL;
+    }
 done:
     idx_close(&im);
     idx_close(&lb);
@@ -237,6 +261,8 @@ static fr_dataset *cifar_load(const cifar_spec *sp, const char *dir, bool train)
         fr_error(FR_ERR_ARG, "%s: dir is NULL", sp->tag);
         return NULL;
     }
+    if (fr_dataset_check_dir(sp->tag, dir) != FR_OK)
+        return NULL;
     const int64_t rec = sp->label_bytes + FR_CIFAR_PIXELS;
     char paths[5][1024];
     int64_t counts[5], total = 0;

@@ -9,13 +9,16 @@
  * Readers:
  *  - IDX (MNIST, Fashion-MNIST, EMNIST...): an images file (magic 0x00000803,
  *    u8, N x H x W) and a labels file (0x00000801, u8, N), plain or gzip
- *    (zlib reads both); C = 1, num_classes = largest label + 1.
+ *    (zlib reads both); C = 1. The class count is the dataset's definition
+ *    (10 for MNIST and Fashion-MNIST, given for other sets), never derived
+ *    from the labels: a label outside it is an error naming the record.
  *  - CIFAR-10 binary: data_batch_1..5.bin (train) or test_batch.bin, records
  *    of 1 label byte + 3072 pixel bytes (planes R, G, B of 32 x 32).
  *  - CIFAR-100 binary: train.bin or test.bin, records of coarse label, fine
  *    label, 3072 pixel bytes; the fine label (100 classes) is used.
  *  - image folders: one sub-folder per class, classes numbered in name order;
- *    PNG, JPEG or BMP files of one common size, decoded by stb_image.
+ *    PNG, JPEG or BMP files of one common size, decoded by stb_image after
+ *    the checks of data/image.h (truncated files, corrupt JPEG tables).
  *
  * Every error (missing file, truncated or oversized data, wrong magic,
  * image/label count mismatch, label out of range, mixed image sizes, a file
@@ -42,11 +45,16 @@ typedef struct fr_dataset {
     char **class_names;  /* image folders only (num_classes names), else NULL */
 } fr_dataset;
 
+#define FR_IDX_MNIST_CLASSES 10
+/* MNIST / Fashion-MNIST: FR_IDX_MNIST_CLASSES classes. */
 fr_dataset *fr_dataset_load_idx(const char *images_path, const char *labels_path);
+/* Any IDX set: labels must lie in [0, num_classes), num_classes in [1, 256]. */
+fr_dataset *fr_dataset_load_idx_classes(const char *images_path, const char *labels_path, int num_classes);
 fr_dataset *fr_dataset_load_cifar10(const char *dir, bool train);
 fr_dataset *fr_dataset_load_cifar100(const char *dir, bool train);
-/* channels: 1 (grey), 3 (RGB), or 0 for the channel count of the first
- * image; other images are converted to it. */
+/* channels: 1 (grey) or 3 (RGB), every image converted to it; or 0 for 3
+ * when any image of the folder has colour, else 1 (decided from every file,
+ * so the order of names cannot change it). Errors name the file. */
 fr_dataset *fr_dataset_load_folder(const char *dir, int channels);
 
 /* An empty dataset to fill in place: images and labels allocated, contents
@@ -59,6 +67,10 @@ fr_dataset *fr_dataset_from_host(const char *name, int64_t n, int64_t c, int64_t
                                  const uint8_t *images, const int32_t *labels, int num_classes);
 
 void fr_dataset_free(fr_dataset *ds);
+
+/* FR_OK when `dir` is a folder; else an error saying that the data folder
+ * is missing (or is not a folder), prefixed by `what`. */
+fr_status fr_dataset_check_dir(const char *what, const char *dir);
 
 /* The pixels of image i, (C, H, W). */
 static inline const uint8_t *fr_dataset_image(const fr_dataset *ds, int64_t i) {

@@ -1,10 +1,13 @@
 /* image_folder.c: datasets from a folder of class sub-folders of images,
  * decoded with stb_image. See dataset.h.
  *
- * Two passes: the first reads only each file's header (stbi_info) to check
- * that every file is an image of the common size and to count them; the
- * second decodes straight into the dataset's pixel tensor. So a bad file is
- * reported before any pixel memory is taken, and pixels are held once. */
+ * Two passes: the first reads each file's header (after the checks of
+ * image.h) to check that every file is an image of the common size, to count
+ * them and to see their channels; the second decodes straight into the
+ * dataset's pixel tensor. So a bad file is reported before any pixel memory
+ * is taken, and pixels are held once. The channel count is the caller's, or
+ * else decided from every file (colour if any file is), never from the
+ * first one alone. */
 #include "dataset.h"
 
 #include <dirent.h>
@@ -13,24 +16,7 @@
 #include <string.h>
 #include <sys/stat.h>
 
-/* Only the formats the design names: TGA is left out on purpose, because
- * stb's TGA probe accepts many files that are not images. */
-#define STB_IMAGE_IMPLEMENTATION
-#define STBI_ONLY_PNG
-#define STBI_ONLY_JPEG
-#define STBI_ONLY_BMP
-#define STBI_NO_HDR
-#define STBI_NO_LINEAR
-#define STBI_FAILURE_USERMSG
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wsign-compare"
-#pragma GCC diagnostic ignored "-Wunused-function"
-#pragma GCC diagnostic ignored "-Wunused-parameter"
-#pragma GCC diagnostic ignored "-Wimplicit-fallthrough"
-#pragma GCC diagnostic ignored "-Wmisleading-indentation"
-#pragma GCC diagnostic ignored "-Wtype-limits"
-#include <stb/stb_image.h>
-#pragma GCC diagnostic pop
+#include "image.h"
 
 typedef struct {
     char **items;
@@ -87,8 +73,6 @@ static fr_status list_dir(name_list *out, const char *dir, bool want_dirs) {
     return st;
 }
 
-static int channels_of(int comp) { return comp <= 2 ? 1 : 3; }
-
 fr_dataset *fr_dataset_load_folder(const char *dir, int channels) {
     if (!dir || (channels != 0 && channels != 1 && channels != 3)) {
         fr_error(FR_ERR_ARG, "image folder: dir must be given and channels be 0, 1 or 3 (got %d)",
@@ -99,7 +83,7 @@ fr_dataset *fr_dataset_load_folder(const char *dir, int channels) {
     int *labels = NULL, w0 = 0, h0 = 0;
     fr_dataset *ds = NULL;
     char path[4096];
-    if (list_dir(&classes, dir, true) != FR_OK)
+    if (fr_dataset_check_dir("image folder", dir) != FR_OK || list_dir(&classes, dir, true) != FR_OK)
         goto done;
     if (classes.n == 0) {
         fr_error(FR_ERR_FORMAT, "image folder: %s has no class sub-folders", dir);
@@ -126,24 +110,33 @@ fr_dataset *fr_dataset_load_folder(const char *dir, int channels) {
         if (st != FR_OK)
             goto done;
     }
+    int widest = 0;
     for (int i = 0; i < files.n; i++) {
         int w, h, comp;
-        if (!stbi_info(files.items[i], &w, &h, &comp)) {
-            fr_error(FR_ERR_FORMAT, "image folder: %s is not a PNG, JPEG or BMP image (%s)",
-                     files.items[i], stbi_failure_reason());
+        uint8_t *buf;
+        size_t len;
+        fr_status st = fr_read_regular_file(files.items[i], FR_IMAGE_MAX_FILE, &buf, &len);
+        if (st == FR_OK)
+            st = fr_image_info(buf, len, files.items[i], &w, &h, &comp);
+        free(buf);
+        if (st != FR_OK) {
+            char why[1024];
+            snprintf(why, sizeof why, "%s", fr_last_error());
+            fr_error(st, "image folder: %s", why);
             goto done;
         }
+        widest = comp > widest ? comp : widest;
         if (i == 0) {
             w0 = w;
             h0 = h;
-            if (!channels)
-                channels = channels_of(comp);
         } else if (w != w0 || h != h0) {
             fr_error(FR_ERR_FORMAT, "image folder: %s is %dx%d (WxH) but %s is %dx%d; all images must "
                      "have one size", files.items[i], w, h, files.items[0], w0, h0);
             goto done;
         }
     }
+    if (!channels)
+        channels = widest;
     const char *slash = strrchr(dir, '/');
     ds = fr_dataset_new(slash && slash[1] ? slash + 1 : dir, files.n, channels, h0, w0, classes.n);
     if (!ds)
@@ -153,21 +146,21 @@ fr_dataset *fr_dataset_load_folder(const char *dir, int channels) {
     int32_t *lab = fr_data(ds->labels);
     const int64_t plane = (int64_t)h0 * w0;
     for (int i = 0; i < files.n; i++) {
-        int w, h, comp;
-        uint8_t *img = stbi_load(files.items[i], &w, &h, &comp, channels);
-        if (!img || w != w0 || h != h0) {
-            fr_error(FR_ERR_FORMAT, "image folder: cannot decode %s (%s)", files.items[i],
-                     img ? "its size changed while loading" : stbi_failure_reason());
-            stbi_image_free(img);
+        uint8_t *buf;
+        size_t len;
+        fr_status st = fr_read_regular_file(files.items[i], FR_IMAGE_MAX_FILE, &buf, &len);
+        if (st == FR_OK)
+            st = fr_image_decode(buf, len, files.items[i], channels, w0, h0,
+                                 px + (int64_t)i * channels * plane);
+        free(buf);
+        if (st != FR_OK) {
+            char why[1024];
+            snprintf(why, sizeof why, "%s", fr_last_error());
+            fr_error(st, "image folder: %s", why);
             fr_dataset_free(ds);
             ds = NULL;
             goto done;
         }
-        uint8_t *dst = px + (int64_t)i * channels * plane;  // (C, H, W)
-        for (int64_t p = 0; p < plane; p++)
-            for (int c = 0; c < channels; c++)
-                dst[c * plane + p] = img[p * channels + c];
-        stbi_image_free(img);
         lab[i] = labels[i];
     }
     ds->class_names = calloc((size_t)classes.n, sizeof *ds->class_names);

@@ -28,6 +28,7 @@
 
 #include "cuda/fr_cuda.h"
 #include "frugal.h"
+#include "nn/cli.h"
 #include "nn/densenet.h"
 #include "nn/layers.h"
 #include "nn/optim.h"
@@ -53,6 +54,7 @@ typedef struct {
     bool svg_time;  /* x axis in milliseconds instead of ledger events */
     uint64_t seed;
     fr_dtype precision;  /* f32: one row per strategy; f16 / bf16: f32 and this */
+    size_t memory_limit; /* --memory-limit: ledger cap per device, 0 = none */
 } options;
 
 /* ---- the trace: filled from the ledger's observer, which runs with the
@@ -485,7 +487,9 @@ static void usage(FILE *out) {
             "  --steps N           timed steps per strategy after one warm-up (default 1)\n"
             "  --svg FILE          write memory over one step, all strategies, as SVG\n"
             "  --svg-x events|time the plot's x axis (default events)\n"
-            "  --seed N            weights and data (default 1)\n",
+            "  --seed N            weights and data (default 1)\n"
+            "  --memory-limit SIZE cap the memory ledger of each device (K, M or G suffix): a\n"
+            "                      strategy that needs more fails with an out-of-memory error\n",
             DEFAULT_STRATEGIES);
 }
 
@@ -557,6 +561,11 @@ static int parse_args(int argc, char **argv, options *o) {
                         "bf16)\n", v);
                 return -1;
             }
+        } else if (!strcmp(a, "--memory-limit")) {
+            if (fr_cli_size(a, v, &o->memory_limit) != FR_OK) {
+                fprintf(stderr, "memreport: %s\n", fr_last_error());
+                return -1;
+            }
         } else if (!strcmp(a, "--svg-x")) {
             if (strcmp(v, "events") && strcmp(v, "time")) {
                 fprintf(stderr, "memreport: --svg-x is events or time, got \"%s\"\n", v);
@@ -594,7 +603,7 @@ static bool parse_strategies(const char *list, fr_dtype precision, row *rows, in
         row *r = &rows[(*n)++];
         memset(r, 0, sizeof *r);
         if (fr_strategy_parse(word, &r->strategy) != FR_OK) {
-            fprintf(stderr, "memreport: %s\n", fr_last_error());
+            fprintf(stderr, "memreport: --strategies: %s\n", fr_last_error());
             return false;
         }
         fr_strategy_format(r->strategy, r->name, sizeof r->name);
@@ -626,6 +635,8 @@ int main(int argc, char **argv) {
         return args > 0 ? 0 : 2;
     if (!parse_strategies(o.strategies, o.precision, rows, &n_rows))
         return 2;
+    for (int d = 0; d < FR_DEVICE_COUNT; d++)
+        fr_mem_set_limit((fr_device)d, o.memory_limit);
     if (o.device == FR_CUDA && fr_cuda_device_count() == 0) {
         fprintf(stderr, "memreport: --device cuda, but %s\n",
 #ifdef FR_WITH_CUDA

@@ -9,6 +9,7 @@
  * Each epoch ends with a test pass (eval mode, no_grad) and, with --save, a
  * training checkpoint (nn/checkpoint.h). docs/TRAINING.md describes the flags
  * and what the output means. */
+#include <math.h>
 #include <omp.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -38,6 +39,7 @@ typedef struct {
     bool precision_given;
     int optimizer, schedule, device;
     int augment; /* -1: the dataset's default */
+    size_t memory_limit; /* --memory-limit: ledger cap per device, 0 = none */
     /* flags that decide the run's trajectory, given on the command line:
      * with --resume they come from the checkpoint instead */
     const char *trajectory_flag;
@@ -75,6 +77,8 @@ static void usage(FILE *out) {
             "  --threads N           CPU threads (default: OpenMP's)\n"
             "  --device D            cpu (default) or cuda\n"
             "  --log-every N         when the output is not a terminal, a line every N steps (50)\n"
+            "  --memory-limit SIZE   cap the memory ledger of each device (K, M or G suffix): a\n"
+            "                        bigger request fails with an out-of-memory error\n"
             "data parallel (docs/DISTRIBUTED.md): launch with mpirun -np P train ...; --batch is then\n"
             "per process (P x N images a step), and each process trains on its shard of every batch\n"
             "  --dist                require MPI (implied when started by mpirun)\n"
@@ -88,7 +92,7 @@ static bool is_value_flag(const char *a) {
         "--model", "--data", "--strategy", "--save", "--resume", "--threads", "--limit-test",
         "--log-every", "--stop-after", "--device", "--batch", "--accum", "--epochs", "--warmup", "--seed",
         "--limit-train", "--lr", "--momentum", "--wd", "--optimizer", "--schedule", "--precision",
-        "--bucket-mb"};
+        "--bucket-mb", "--memory-limit"};
     for (size_t i = 0; i < sizeof flags / sizeof *flags; i++)
         if (!strcmp(a, flags[i]))
             return true;
@@ -124,7 +128,7 @@ static fr_status parse_args(int argc, char **argv, options *o) {
                 o->data = v;
             } else if (!strcmp(a, "--strategy")) {
                 o->strategy = v;
-                FR_TRY(fr_strategy_parse(v, &o->strat));
+                FR_TRY(fr_cli_strategy(a, v, &o->strat));
             } else if (!strcmp(a, "--precision")) {
                 /* decides the trajectory, but may repeat a resumed run's own
                  * precision: setup compares it with the checkpoint's */
@@ -142,6 +146,8 @@ static fr_status parse_args(int argc, char **argv, options *o) {
                 FR_TRY(fr_cli_int(a, v, 1, INT32_MAX, &o->stop_after));
             } else if (!strcmp(a, "--log-every")) {
                 FR_TRY(fr_cli_int(a, v, 1, INT32_MAX, &o->log_every));
+            } else if (!strcmp(a, "--memory-limit")) {
+                FR_TRY(fr_cli_size(a, v, &o->memory_limit));
             } else if (!strcmp(a, "--device")) {
                 FR_TRY(fr_cli_choice(a, v, device_names, 2, &o->device));
             } else if (!strcmp(a, "--bucket-mb")) {
@@ -188,6 +194,15 @@ static fr_status parse_args(int argc, char **argv, options *o) {
     if (o->resume && o->trajectory_flag)
         return fr_error(FR_ERR_ARG, "%s cannot be combined with --resume: a resumed run keeps the "
                         "settings saved in its checkpoint", o->trajectory_flag);
+    /* every flag error before any data is read or any step is taken */
+    if (!o->resume)
+        FR_TRY(fr_cli_model_check("--model", o->model));
+    if (o->save)
+        FR_TRY(fr_cli_check_save_path(o->save == o->resume ? "--resume" : "--save", o->save));
+    if (o->data) {
+        fr_data_spec spec;
+        FR_TRY(fr_data_spec_parse(o->data, &spec));
+    }
     return FR_OK;
 }
 
@@ -222,6 +237,7 @@ static fr_status settings(const options *o, run *r, fr_ckpt_info *info) {
         if (!info->is_training)
             return fr_error(FR_ERR_FORMAT, "--resume %s: not a training checkpoint (a weights file: "
                             "use it with validate)", o->resume);
+        FR_TRY(fr_cli_model_check("--resume: the checkpoint's model", info->model));
         *st = info->state;
         return FR_OK;
     }
@@ -275,8 +291,10 @@ static fr_status setup(const options *o, run *r) {
     r->kind = spec.kind;
     if (o->augment < 0 && !o->resume)
         st->augment = fr_data_augment_default(spec.kind);
-    if (!(r->train_ds = fr_data_open(&spec, true, st->limit_train)) ||
-        !(r->test_ds = fr_data_open(&spec, false, o->limit_test)))
+    if (!(r->train_ds = fr_data_open(&spec, true, st->limit_train)))
+        return fr_last_status();
+    spec.channels = (int)r->train_ds->c; /* a folder's test split takes the training split's */
+    if (!(r->test_ds = fr_data_open(&spec, false, o->limit_test)))
         return fr_last_status();
     if (r->test_ds->num_classes > r->train_ds->num_classes || r->test_ds->c != r->train_ds->c)
         return fr_error(FR_ERR_FORMAT, "--data %s: the test split (%d classes, %lld channels) does not "
@@ -335,6 +353,12 @@ static fr_status setup(const options *o, run *r) {
         FR_TRY(fr_ckpt_load(o->resume, r->model, r->opt, &r->scaler, st));
         if (o->data)
             snprintf(st->data, sizeof st->data, "%s", o->data);
+        /* the position must be one this data gives: no step count from
+         * another run, no overflow of the counters ahead */
+        if (st->batch >= per_epoch || st->step != st->epoch * per_epoch + st->batch)
+            return fr_error(FR_ERR_FORMAT, "--resume %s: epoch %lld, batch %lld, step %lld do not fit "
+                            "%lld steps per epoch of --data %s", o->resume, (long long)st->epoch,
+                            (long long)st->batch, (long long)st->step, (long long)per_epoch, st->data);
         return FR_OK;
     }
 
@@ -395,11 +419,20 @@ static fr_status train_epoch(run *r, fr_progress *pg, double *loss, double *acc,
         r->opt->lr = fr_schedule_lr(&st->schedule, st->step);
         double l = 0;
         int64_t c = 0;
-        fr_status s = fr_train_step(r->model, r->opt, &r->scaler, x, y, st->accum, &l, &c, NULL);
+        bool stepped = false;
+        fr_status s = fr_train_step(r->model, r->opt, &r->scaler, x, y, st->accum, &l, &c, &stepped);
         int64_t b = x->shape[0];
         fr_release(x);
         fr_release(y);
         FR_TRY(s);
+        /* f16's loss scaler skips overflowing steps by design; anywhere else
+         * a non-finite loss or gradient means the run has diverged */
+        if (!isfinite(l) || (!stepped && r->scaler.dtype != FR_F16))
+            return fr_error(FR_ERR_ARG, "step %lld (epoch %lld, batch %lld): the %s is %s in %s training: "
+                            "stopping (lower --lr?); no checkpoint is written from this state",
+                            (long long)st->step + 1, (long long)st->epoch + 1, (long long)st->batch + 1,
+                            isfinite(l) ? "gradient" : "loss", isfinite(l) ? "not finite" : isnan(l) ? "NaN" : "inf",
+                            fr_dtype_name(r->scaler.dtype));
         st->batch++;
         st->step++;
         steps++;
@@ -434,9 +467,11 @@ static fr_status train(run *r, const options *o) {
     fr_progress_init(&pg, stdout, o->device ? FR_CUDA : FR_CPU, per_epoch * last - st->step, st->epochs,
                      (int)o->log_every);
     pg.scaler = &r->scaler;
+    if (st->epoch >= last)
+        printf("nothing left to train: the run has done all %d epochs\n", st->epochs);
     fr_mem_reset_peak();
     for (; st->epoch < last; st->epoch++, st->batch = 0) {
-        double loss, acc, secs, test_loss, test_acc;
+        double loss = 0, acc = 0, secs = 0, test_loss, test_acc;
         int64_t n_test;
         FR_TRY(train_epoch(r, &pg, &loss, &acc, &secs));
         fr_progress_break(&pg);
@@ -522,6 +557,8 @@ int main(int argc, char **argv) {
     fr_status s = parse_args(argc, argv, &o);
     if (s == FR_OK && o.threads)
         omp_set_num_threads((int)o.threads);
+    for (int d = 0; s == FR_OK && d < FR_DEVICE_COUNT; d++)
+        fr_mem_set_limit((fr_device)d, o.memory_limit);
     if (s == FR_OK)
         s = start_dist(&o, &r);
     if (s == FR_OK)

@@ -28,6 +28,8 @@ typedef struct {
     int device;
     fr_dtype precision;
     bool precision_given;
+    fr_strategy strat;   /* parsed --strategy */
+    size_t memory_limit; /* --memory-limit: ledger cap per device, 0 = none */
 } options;
 
 static void usage(FILE *out) {
@@ -44,7 +46,8 @@ static void usage(FILE *out) {
             "                      checkpoint's, else f32)\n"
             "  --limit-test N      only the first N test images (0 = all)\n"
             "  --threads N         CPU threads\n"
-            "  --device D          cpu (default) or cuda\n");
+            "  --device D          cpu (default) or cuda\n"
+            "  --memory-limit SIZE cap the memory ledger of each device (K, M or G suffix)\n");
 }
 
 static fr_status parse_args(int argc, char **argv, options *o) {
@@ -53,7 +56,7 @@ static fr_status parse_args(int argc, char **argv, options *o) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         static const char *const known[] = {"--checkpoint", "--model", "--data", "--strategy",
                                             "--batch", "--limit-test", "--threads", "--device",
-                                            "--precision"};
+                                            "--precision", "--memory-limit"};
         bool ok = false;
         for (size_t k = 0; k < sizeof known / sizeof *known; k++)
             ok |= !strcmp(a, known[k]);
@@ -66,8 +69,11 @@ static fr_status parse_args(int argc, char **argv, options *o) {
             o->model = v;
         else if (!strcmp(a, "--data"))
             o->data = v;
-        else if (!strcmp(a, "--strategy"))
+        else if (!strcmp(a, "--strategy")) {
             o->strategy = v;
+            FR_TRY(fr_cli_strategy(a, v, &o->strat));
+        } else if (!strcmp(a, "--memory-limit"))
+            FR_TRY(fr_cli_size(a, v, &o->memory_limit));
         else if (!strcmp(a, "--batch"))
             FR_TRY(fr_cli_int(a, v, 1, INT32_MAX, &o->batch));
         else if (!strcmp(a, "--limit-test"))
@@ -84,6 +90,12 @@ static fr_status parse_args(int argc, char **argv, options *o) {
     }
     if (!o->checkpoint)
         return fr_error(FR_ERR_ARG, "--checkpoint PATH is required (see validate --help)");
+    if (o->model)
+        FR_TRY(fr_cli_model_check("--model", o->model));
+    if (o->data) {
+        fr_data_spec spec;
+        FR_TRY(fr_data_spec_parse(o->data, &spec));
+    }
     return FR_OK;
 }
 
@@ -107,9 +119,13 @@ static fr_status setup(const options *o, run *r) {
     if (!name)
         return fr_error(FR_ERR_ARG, "%s has no frugal metadata naming its model: give --model",
                         o->checkpoint);
+    if (!o->model)
+        FR_TRY(fr_cli_model_check("--checkpoint: the checkpoint's model", name));
     fr_data_spec spec;
     FR_TRY(fr_data_spec_parse(o->data ? o->data : info.is_training ? info.state.data : "fashion-mnist",
                               &spec));
+    if (!spec.channels && info.in_channels)
+        spec.channels = info.in_channels == 1 ? 1 : 3; /* a folder's images, as the model takes them */
     if (!(r->ds = fr_data_open(&spec, false, o->limit_test)))
         return fr_last_status();
     int classes = info.num_classes ? info.num_classes : r->ds->num_classes;
@@ -117,7 +133,7 @@ static fr_status setup(const options *o, run *r) {
         return fr_last_status();
     r->model->cfg.strategy = info.strategy;
     if (o->strategy)
-        FR_TRY(fr_strategy_parse(o->strategy, &r->model->cfg.strategy));
+        r->model->cfg.strategy = o->strat;
     /* any precision evaluates any weights: they stay f32 */
     r->model->cfg.precision = o->precision_given ? o->precision : info.state.precision;
     r->dev = o->device ? FR_CUDA : FR_CPU;
@@ -219,6 +235,8 @@ int main(int argc, char **argv) {
     fr_status s = parse_args(argc, argv, &o);
     if (s == FR_OK && o.threads)
         omp_set_num_threads((int)o.threads);
+    for (int d = 0; s == FR_OK && d < FR_DEVICE_COUNT; d++)
+        fr_mem_set_limit((fr_device)d, o.memory_limit);
     if (s == FR_OK)
         s = setup(&o, &r);
     if (s == FR_OK)

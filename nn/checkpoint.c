@@ -20,6 +20,11 @@
 #define AMP_SCALE "amp.scale"
 #define AMP_TRACKER "amp.growth_tracker"
 #define AMP_SKIPPED "amp.skipped"
+/* Counters stay below 2^53: exact as doubles (the schedule's arithmetic) and
+ * far from overflowing as the run goes on. */
+#define MAX_COUNT ((int64_t)1 << 53)
+/* Hyperparameters a file may hold: finite and within these. */
+#define MAX_RATE 1e6
 
 static const char *const optim_kind_names[FR_OPTIM_KIND_COUNT] = {"sgd", "adam", "adamw"};
 static const char *const sched_kind_names[FR_SCHED_KIND_COUNT] = {"constant", "step", "cosine"};
@@ -167,10 +172,42 @@ static fr_status fill_writer(fr_st_writer *w, const fr_model *m, const fr_optim 
     return put_schedule(w, &st->schedule);
 }
 
+/* Whether every value of a float tensor is finite; the error names it. */
+static fr_status check_finite(const char *path, const char *what, const char *name, const fr_tensor *t) {
+    if (!t || t->dtype != FR_F32)
+        return FR_OK;
+    size_t n = (size_t)fr_numel(t);
+    float *host = malloc((n ? n : 1) * sizeof *host);
+    if (!host)
+        return fr_error(FR_ERR_OOM, "checkpoint save %s: out of memory checking %s", path, name);
+    fr_status st = fr_read_f32(t, host, n);
+    size_t i = 0;
+    while (st == FR_OK && i < n && isfinite(host[i]))
+        i++;
+    if (st == FR_OK && i < n)
+        st = fr_error(FR_ERR_ARG, "checkpoint save %s: %s %s holds %s at element %zu: refusing to replace "
+                      "the file with non-finite weights (it is left as it was)", path, what, name,
+                      isnan(host[i]) ? "NaN" : "inf", i);
+    free(host);
+    return st;
+}
+
+/* A run that has diverged must not overwrite the last good checkpoint. */
+static fr_status check_all_finite(const char *path, const fr_model *m, const fr_optim *opt) {
+    for (int i = 0; i < m->params->count; i++)
+        FR_TRY(check_finite(path, "tensor", m->params->items[i].name, m->params->items[i].tensor));
+    for (int i = 0; opt && i < opt->n; i++)
+        for (int slot = 0; slot < 2; slot++)
+            FR_TRY(check_finite(path, "optimizer state of", opt->params->items[i].name,
+                                opt->state[slot][i]));
+    return FR_OK;
+}
+
 fr_status fr_ckpt_save(const char *path, const fr_model *m, const fr_optim *opt,
                        const fr_loss_scaler *scaler, const fr_train_state *st) {
     if (!path || !m)
         return fr_error(FR_ERR_ARG, "checkpoint save: path or model is NULL");
+    FR_TRY(check_all_finite(path, m, opt));
     fr_st_writer *w = fr_st_writer_new();
     if (!w)
         return fr_last_status();
@@ -213,7 +250,8 @@ static fr_status get_int(meta_src m, const char *key, int64_t lo, int64_t hi, in
     return FR_OK;
 }
 
-static fr_status get_double(meta_src m, const char *key, double *out) {
+/* A number (inf allowed, NaN not). */
+static fr_status get_number(meta_src m, const char *key, double *out) {
     const char *s;
     FR_TRY(get_str(m, key, &s));
     char *end;
@@ -222,6 +260,18 @@ static fr_status get_double(meta_src m, const char *key, double *out) {
     if (end == s || *end || errno || v != v)
         return fr_error(FR_ERR_FORMAT, "checkpoint %s: metadata field \"%s\" is \"%s\", expected a "
                         "number", m.path, key, s);
+    *out = v;
+    return FR_OK;
+}
+
+/* A finite number in [lo, hi] (lo excluded when open_lo). */
+static fr_status get_double(meta_src m, const char *key, double lo, double hi, bool open_lo, double *out) {
+    double v;
+    FR_TRY(get_number(m, key, &v));
+    if (!isfinite(v) || v < lo || v > hi || (open_lo && v == lo))
+        return fr_error(FR_ERR_FORMAT, "checkpoint %s: metadata field \"%s\" is \"%s\", expected a "
+                        "finite number in %s%g, %g]", m.path, key, fr_st_metadata(m.f, key),
+                        open_lo ? "(" : "[", lo, hi);
     *out = v;
     return FR_OK;
 }
@@ -244,19 +294,20 @@ static fr_status get_schedule(meta_src m, fr_schedule *out) {
     int64_t total, warmup, milestones[FR_SCHED_MAX_MILESTONES];
     const char *list;
     FR_TRY(get_choice(m, "schedule", sched_kind_names, FR_SCHED_KIND_COUNT, &kind));
-    FR_TRY(get_double(m, "schedule.base_lr", &base_lr));
-    FR_TRY(get_double(m, "schedule.gamma", &gamma));
-    FR_TRY(get_double(m, "schedule.eta_min", &eta_min));
-    FR_TRY(get_double(m, "schedule.warmup_start_factor", &factor));
-    FR_TRY(get_int(m, "schedule.total_steps", 0, INT64_MAX, &total));
-    FR_TRY(get_int(m, "schedule.warmup_steps", 0, INT64_MAX, &warmup));
+    FR_TRY(get_double(m, "schedule.base_lr", 0, MAX_RATE, false, &base_lr));
+    FR_TRY(get_double(m, "schedule.gamma", 0, MAX_RATE, false, &gamma));
+    FR_TRY(get_double(m, "schedule.eta_min", 0, MAX_RATE, false, &eta_min));
+    FR_TRY(get_double(m, "schedule.warmup_start_factor", 0, 1, false, &factor));
+    FR_TRY(get_int(m, "schedule.total_steps", 0, MAX_COUNT, &total));
+    FR_TRY(get_int(m, "schedule.warmup_steps", 0, MAX_COUNT, &warmup));
     FR_TRY(get_str(m, "schedule.milestones", &list));
     int n = 0;
     for (const char *p = list; *p;) {
         char *end;
         errno = 0;
         long long v = strtoll(p, &end, 10);
-        if (end == p || errno || n == FR_SCHED_MAX_MILESTONES || (*end && *end != ','))
+        if (end == p || errno || n == FR_SCHED_MAX_MILESTONES || (*end && *end != ',') || v < 0 ||
+            v > MAX_COUNT)
             return fr_error(FR_ERR_FORMAT, "checkpoint %s: metadata field \"schedule.milestones\" is "
                             "\"%s\", expected up to %d comma-separated integers", m.path, list,
                             FR_SCHED_MAX_MILESTONES);
@@ -290,27 +341,30 @@ static fr_status get_optim(meta_src m, fr_ckpt_info *info) {
     info->optim_kind = (fr_optim_kind)kind;
     if (kind == FR_OPTIM_SGD) {
         int64_t nesterov;
-        FR_TRY(get_double(m, "optimizer.lr", &info->sgd.lr));
-        FR_TRY(get_double(m, "optimizer.momentum", &info->sgd.momentum));
-        FR_TRY(get_double(m, "optimizer.dampening", &info->sgd.dampening));
-        FR_TRY(get_double(m, "optimizer.weight_decay", &info->sgd.weight_decay));
+        FR_TRY(get_double(m, "optimizer.lr", 0, MAX_RATE, false, &info->sgd.lr));
+        FR_TRY(get_double(m, "optimizer.momentum", 0, 1, false, &info->sgd.momentum));
+        FR_TRY(get_double(m, "optimizer.dampening", 0, 1, false, &info->sgd.dampening));
+        FR_TRY(get_double(m, "optimizer.weight_decay", 0, MAX_RATE, false, &info->sgd.weight_decay));
         FR_TRY(get_int(m, "optimizer.nesterov", 0, 1, &nesterov));
         info->sgd.nesterov = nesterov;
         return FR_OK;
     }
-    FR_TRY(get_double(m, "optimizer.lr", &info->adam.lr));
-    FR_TRY(get_double(m, "optimizer.beta1", &info->adam.beta1));
-    FR_TRY(get_double(m, "optimizer.beta2", &info->adam.beta2));
-    FR_TRY(get_double(m, "optimizer.eps", &info->adam.eps));
-    return get_double(m, "optimizer.weight_decay", &info->adam.weight_decay);
+    FR_TRY(get_double(m, "optimizer.lr", 0, MAX_RATE, false, &info->adam.lr));
+    FR_TRY(get_double(m, "optimizer.beta1", 0, 1, false, &info->adam.beta1));
+    FR_TRY(get_double(m, "optimizer.beta2", 0, 1, false, &info->adam.beta2));
+    FR_TRY(get_double(m, "optimizer.eps", 0, 1, true, &info->adam.eps));
+    if (info->adam.beta1 >= 1 || info->adam.beta2 >= 1)
+        return fr_error(FR_ERR_FORMAT, "checkpoint %s: metadata fields optimizer.beta1 and beta2 must be "
+                        "below 1", m.path);
+    return get_double(m, "optimizer.weight_decay", 0, MAX_RATE, false, &info->adam.weight_decay);
 }
 
 static fr_status get_state(meta_src m, fr_train_state *st) {
     int64_t v;
     const char *s;
-    FR_TRY(get_int(m, "epoch", 0, INT64_MAX, &st->epoch));
-    FR_TRY(get_int(m, "batch", 0, INT64_MAX, &st->batch));
-    FR_TRY(get_int(m, "step", 0, INT64_MAX, &st->step));
+    FR_TRY(get_int(m, "epoch", 0, INT32_MAX, &st->epoch));
+    FR_TRY(get_int(m, "batch", 0, MAX_COUNT, &st->batch));
+    FR_TRY(get_int(m, "step", 0, MAX_COUNT, &st->step));
     FR_TRY(get_str(m, "seed", &s));
     char *end;
     errno = 0;
@@ -325,10 +379,16 @@ static fr_status get_state(meta_src m, fr_train_state *st) {
     st->accum = (int)v;
     FR_TRY(get_int(m, "epochs", 0, INT32_MAX, &v));
     st->epochs = (int)v;
+    if (st->epoch > st->epochs || (st->epoch == st->epochs && st->batch > 0))
+        return fr_error(FR_ERR_FORMAT, "checkpoint %s: metadata field \"epoch\" is %" PRId64 " (batch %"
+                        PRId64 "), past the run's %d epochs", m.path, st->epoch, st->batch, st->epochs);
     FR_TRY(get_int(m, "augment", 0, 1, &v));
     st->augment = v;
     FR_TRY(get_int(m, "limit_train", 0, INT64_MAX, &st->limit_train));
     FR_TRY(get_str(m, "data", &s));
+    if (strlen(s) >= sizeof st->data)
+        return fr_error(FR_ERR_FORMAT, "checkpoint %s: metadata field \"data\" is longer than %zu bytes",
+                        m.path, sizeof st->data - 1);
     snprintf(st->data, sizeof st->data, "%s", s);
     st->world_size = 1;
     st->sync_bn = false;
@@ -363,7 +423,7 @@ static fr_status get_amp(meta_src m, fr_train_state *st) {
                         "\"" AMP_PRECISION "\"", m.path);
     double scale;
     int64_t tracker, skipped;
-    FR_TRY(get_double(m, AMP_SCALE, &scale));
+    FR_TRY(get_number(m, AMP_SCALE, &scale));
     /* as an f32 (what the scaler holds): not 0 after rounding, not inf */
     if (!(scale > 0 && scale <= FLT_MAX && (float)scale > 0))
         return fr_error(FR_ERR_FORMAT, "checkpoint %s: metadata field \"" AMP_SCALE "\" is \"%s\", "
@@ -400,9 +460,20 @@ static fr_status read_info(const fr_st_file *f, const char *path, fr_ckpt_info *
         return fr_error(FR_ERR_FORMAT, "checkpoint %s: metadata field \"model\" (\"%s\") is empty or "
                         "too long", path, s);
     snprintf(info->model, sizeof info->model, "%s", s);
-    FR_TRY(get_int(m, "in_channels", 1, INT32_MAX, &v));
+    /* The model these describe is made before its tensors can be compared
+     * with the file's: bound them by the file first, so a corrupt count
+     * cannot become a huge allocation. Each is a dimension of some tensor
+     * (first conv, classifier), so neither exceeds the largest one's size. */
+    int64_t largest = 1;
+    for (int j = 0; j < fr_st_count(f); j++) {
+        int64_t numel = 1;
+        for (int d = 0; d < fr_st_ndim(f, j); d++)
+            numel *= fr_st_shape(f, j)[d];
+        largest = numel > largest ? numel : largest;
+    }
+    FR_TRY(get_int(m, "in_channels", 1, largest < INT32_MAX ? largest : INT32_MAX, &v));
     info->in_channels = (int)v;
-    FR_TRY(get_int(m, "num_classes", 1, INT32_MAX, &v));
+    FR_TRY(get_int(m, "num_classes", 1, largest < INT32_MAX ? largest : INT32_MAX, &v));
     info->num_classes = (int)v;
     FR_TRY(get_str(m, "strategy", &s));
     if (fr_strategy_parse(s, &info->strategy) != FR_OK) {
@@ -412,8 +483,12 @@ static fr_status read_info(const fr_st_file *f, const char *path, fr_ckpt_info *
     }
     FR_TRY(get_amp(m, &info->state));
     FR_TRY(get_optim(m, info));
-    if (!fr_st_metadata(f, "training"))
+    const char *training = fr_st_metadata(f, "training");
+    if (!training)
         return FR_OK; /* weights with model metadata */
+    if (strcmp(training, "1"))
+        return fr_error(FR_ERR_FORMAT, "checkpoint %s: metadata field \"training\" is \"%s\", expected \"1\" "
+                        "(or no such field, for a weights file)", path, training);
     info->is_training = true;
     return get_state(m, &info->state);
 }

@@ -58,6 +58,55 @@ fr_status fr_cli_precision(const char *flag, const char *text, fr_dtype *out) {
                     text ? text : "");
 }
 
+fr_status fr_cli_size(const char *flag, const char *text, size_t *out) {
+    char *end = (char *)text;
+    errno = 0;
+    unsigned long long v = text && *text != '-' ? strtoull(text, &end, 10) : 0;
+    int shift = 0;
+    if (text && end != text && !errno) {
+        switch (*end) {
+        case 'K': case 'k': shift = 10; end++; break;
+        case 'M': case 'm': shift = 20; end++; break;
+        case 'G': case 'g': shift = 30; end++; break;
+        default: break;
+        }
+    }
+    if (!text || end == text || *end || errno || v == 0 || v > (SIZE_MAX >> shift))
+        return fr_error(FR_ERR_ARG, "%s: \"%s\" is not a size (a whole number > 0 of bytes, with an "
+                        "optional K, M or G suffix)", flag, text ? text : "");
+    *out = (size_t)v << shift;
+    return FR_OK;
+}
+
+fr_status fr_cli_strategy(const char *flag, const char *text, fr_strategy *out) {
+    if (fr_strategy_parse(text, out) == FR_OK)
+        return FR_OK;
+    char why[512];
+    snprintf(why, sizeof why, "%s", fr_last_error());
+    return fr_error(FR_ERR_ARG, "%s: %s", flag, why);
+}
+
+fr_status fr_cli_check_save_path(const char *flag, const char *path) {
+    if (!path || !*path)
+        return fr_error(FR_ERR_ARG, "%s: the path is empty", flag);
+    struct stat sb;
+    if (stat(path, &sb) == 0 && !S_ISREG(sb.st_mode))
+        return fr_error(FR_ERR_ARG, "%s %s: not a regular file (a folder, FIFO or device)", flag, path);
+    char dir[1100];
+    const char *slash = strrchr(path, '/');
+    if (!slash)
+        snprintf(dir, sizeof dir, ".");
+    else
+        snprintf(dir, sizeof dir, "%.*s", slash == path ? 1 : (int)(slash - path), path);
+    if (slash && !slash[1])
+        return fr_error(FR_ERR_ARG, "%s %s: names a folder, not a file", flag, path);
+    if (stat(dir, &sb) != 0 || !S_ISDIR(sb.st_mode))
+        return fr_error(FR_ERR_IO, "%s %s: folder %s does not exist", flag, path, dir);
+    if (access(dir, W_OK | X_OK) != 0)
+        return fr_error(FR_ERR_IO, "%s %s: folder %s is not writable: %s", flag, path, dir, strerror(errno));
+    return FR_OK;
+}
+
 /* ---- program skeleton ---- */
 
 bool fr_cli_wants_help(int argc, char *const *argv) {
@@ -93,6 +142,19 @@ fr_model *fr_cli_model_create(const char *name, int in_channels, int num_classes
     return m;
 }
 
+fr_status fr_cli_model_check(const char *flag, const char *name) {
+    fr_model *m = fr_cli_model_create(name, 1, 2, 0);
+    if (m) {
+        fr_model_free(m);
+        return FR_OK;
+    }
+    char why[512];
+    snprintf(why, sizeof why, "%s", fr_last_error());
+    if (!strncmp(why, flag, strlen(flag)))
+        return fr_last_status();
+    return fr_error(fr_last_status(), "%s %s: %s", flag, name ? name : "", why);
+}
+
 /* ---- datasets ---- */
 
 static const char *const data_kind_names[FR_DATA_KIND_COUNT] = {"fashion-mnist", "mnist", "cifar10",
@@ -104,11 +166,35 @@ fr_status fr_data_spec_parse(const char *text, fr_data_spec *out) {
         "fashion-mnist[:DIR], mnist:DIR, cifar10:DIR, cifar100:DIR or folder:DIR";
     if (!text || !*text)
         return fr_error(FR_ERR_ARG, "--data: empty (use %s)", forms);
-    size_t len = strcspn(text, ":");
-    const char *dir = text[len] ? text + len + 1 : NULL;
+    /* ",classes=K" / ",channels=C" at the end (folder names may hold commas) */
+    char body[1100];
+    snprintf(body, sizeof body, "%s", text);
+    out->num_classes = 0;
+    out->channels = 0;
+    for (char *comma; (comma = strrchr(body, ','));) {
+        int64_t v;
+        if (!strncmp(comma, ",classes=", 9)) {
+            FR_TRY(fr_cli_int("--data ...,classes=", comma + 9, 1, 256, &v));
+            out->num_classes = (int)v;
+        } else if (!strncmp(comma, ",channels=", 10)) {
+            FR_TRY(fr_cli_int("--data ...,channels=", comma + 10, 1, 3, &v));
+            if (v == 2)
+                return fr_error(FR_ERR_ARG, "--data %s: channels must be 1 or 3", text);
+            out->channels = (int)v;
+        } else {
+            break;
+        }
+        *comma = '\0';
+    }
+    size_t len = strcspn(body, ":");
+    const char *dir = body[len] ? body + len + 1 : NULL;
     for (int k = 0; k < FR_DATA_KIND_COUNT; k++) {
-        if (strlen(data_kind_names[k]) != len || strncmp(text, data_kind_names[k], len))
+        if (strlen(data_kind_names[k]) != len || strncmp(body, data_kind_names[k], len))
             continue;
+        bool idx = k == FR_DATA_FASHION_MNIST || k == FR_DATA_MNIST;
+        if ((out->num_classes && !idx) || (out->channels && k != FR_DATA_FOLDER))
+            return fr_error(FR_ERR_ARG, "--data %s: classes= applies to IDX sets (mnist, fashion-mnist) "
+                            "and channels= to folders only", text);
         if (!dir && k == FR_DATA_FASHION_MNIST)
             dir = FR_FASHION_MNIST_DIR;
         if (!dir || !*dir)
@@ -119,7 +205,7 @@ fr_status fr_data_spec_parse(const char *text, fr_data_spec *out) {
         snprintf(out->dir, sizeof out->dir, "%s", dir);
         return FR_OK;
     }
-    return fr_error(FR_ERR_ARG, "--data: unknown dataset \"%.*s\" in \"%s\" (use %s)", (int)len, text, text,
+    return fr_error(FR_ERR_ARG, "--data: unknown dataset \"%.*s\" in \"%s\" (use %s)", (int)len, body, text,
                     forms);
 }
 
@@ -160,11 +246,13 @@ fr_dataset *fr_data_open(const fr_data_spec *spec, bool train, int64_t limit) {
     switch (spec->kind) {
     case FR_DATA_FASHION_MNIST:
     case FR_DATA_MNIST:
-        if (find_idx(images, sizeof images, spec->dir,
+        if (fr_dataset_check_dir(what, spec->dir) == FR_OK &&
+            find_idx(images, sizeof images, spec->dir,
                      train ? "train-images-idx3-ubyte" : "t10k-images-idx3-ubyte", what) &&
             find_idx(labels, sizeof labels, spec->dir,
                      train ? "train-labels-idx1-ubyte" : "t10k-labels-idx1-ubyte", what))
-            ds = fr_dataset_load_idx(images, labels);
+            ds = fr_dataset_load_idx_classes(images, labels,
+                                             spec->num_classes ? spec->num_classes : FR_IDX_MNIST_CLASSES);
         break;
     case FR_DATA_CIFAR10:
         ds = fr_dataset_load_cifar10(spec->dir, train);
@@ -174,7 +262,8 @@ fr_dataset *fr_data_open(const fr_data_spec *spec, bool train, int64_t limit) {
         break;
     case FR_DATA_FOLDER:
         snprintf(sub, sizeof sub, "%s/%s", spec->dir, train ? "train" : "test");
-        ds = fr_dataset_load_folder(sub, 0);
+        if (fr_dataset_check_dir(what, spec->dir) == FR_OK)
+            ds = fr_dataset_load_folder(sub, spec->channels);
         break;
     default:
         fr_error(FR_ERR_ARG, "data: unknown kind %d", (int)spec->kind);

@@ -29,6 +29,15 @@ fr_status fr_cli_double(const char *flag, const char *text, double lo, double hi
 fr_status fr_cli_choice(const char *flag, const char *text, const char *const *choices, int n, int *out);
 /* A precision (fr_precision_parse: f32, f16, bf16 and their long names). */
 fr_status fr_cli_precision(const char *flag, const char *text, fr_dtype *out);
+/* A byte count: digits with an optional K, M or G suffix (powers of 1024),
+ * greater than 0. */
+fr_status fr_cli_size(const char *flag, const char *text, size_t *out);
+/* A memory strategy (fr_strategy_parse), the error naming the flag. */
+fr_status fr_cli_strategy(const char *flag, const char *text, fr_strategy *out);
+/* Whether `path` can be written as a checkpoint, found before any work is
+ * done: not empty, not a folder or other non-regular file, and its folder
+ * exists and is writable. */
+fr_status fr_cli_check_save_path(const char *flag, const char *path);
 
 /* ---- program skeleton ---- */
 /* Whether argv holds --help or -h (anywhere: the usage wins over errors). */
@@ -45,6 +54,9 @@ int fr_cli_exit_status(const char *prog, fr_status s);
  * densenet-bc-<L>[-k<K>] and whatever the program registered), on the CPU
  * with the plain strategy; an unknown name is an FR_ERR_ARG about --model. */
 fr_model *fr_cli_model_create(const char *name, int in_channels, int num_classes, uint64_t seed);
+/* Whether `name` is a model fr_cli_model_create makes (checked by making a
+ * one-channel, two-class copy and freeing it), the error naming `flag`. */
+fr_status fr_cli_model_check(const char *flag, const char *name);
 
 /* ---- datasets ---- */
 typedef enum {
@@ -61,10 +73,13 @@ typedef enum {
 typedef struct {
     fr_data_kind kind;
     char dir[1024];
+    int num_classes; /* IDX: the class count (10 unless ",classes=K" says otherwise) */
+    int channels;    /* folder: 1 or 3, or 0 to decide from the training split's files */
 } fr_data_spec;
 
 /* "fashion-mnist[:DIR]", "mnist:DIR", "cifar10:DIR", "cifar100:DIR",
- * "folder:DIR". */
+ * "folder:DIR", each optionally followed by ",classes=K" (IDX sets: labels
+ * in [0, K)) or ",channels=C" (folders: convert every image to C = 1 or 3). */
 fr_status fr_data_spec_parse(const char *text, fr_data_spec *out);
 /* The training or test split, keeping the first `limit` images when
  * limit > 0. IDX files are looked up as <name>.gz, then <name>. */

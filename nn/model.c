@@ -24,6 +24,15 @@ fr_status fr_strategy_parse(const char *text, fr_strategy *out) {
             memcpy(word, p, len);
             word[len] = '\0';
             char *end;
+            /* each switch once: "abn+abn" or a trailing '+' is a typo, not a strategy */
+            const char *rest = p + len;
+            size_t wlen = strcspn(word, ":");
+            for (const char *q = text; q < p; q += strcspn(q, "+") + 1)
+                if (!strncmp(q, word, wlen) && (q[wlen] == '+' || q[wlen] == ':'))
+                    return fr_error(FR_ERR_ARG, "memory strategy \"%s\": \"%.*s\" is given twice", text,
+                                    (int)wlen, word);
+            if (*rest == '+' && !rest[1])
+                return fr_error(FR_ERR_ARG, "memory strategy \"%s\" ends with '+'", text);
             if (!strcmp(word, "inplace"))
                 s.inplace = true;
             else if (!strcmp(word, "recompute") || !strcmp(word, "efficient"))

@@ -8,7 +8,9 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <dirent.h>
 #include <libgen.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -284,13 +286,17 @@ fr_st_file *fr_st_open(const char *path) {
     char *header = NULL;
     unsigned char lenbuf[8];
     uint64_t hlen = 0;
-    f->fp = fopen(path, "rb");
-    if (!f->fp) {
+    /* O_NONBLOCK, so that a FIFO is refused by fstat instead of blocking
+     * the open until some writer appears; regular files ignore the flag. */
+    int fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+    if (fd < 0) {
         fr_error(FR_ERR_IO, "safetensors: cannot open %s: %s", path, strerror(errno));
         goto fail;
     }
-    if (fstat(fileno(f->fp), &sb) != 0 || !S_ISREG(sb.st_mode)) {
-        fr_error(FR_ERR_IO, "safetensors: %s is not a readable regular file", path);
+    if (fstat(fd, &sb) != 0 || !S_ISREG(sb.st_mode) || !(f->fp = fdopen(fd, "rb"))) {
+        close(fd);
+        fr_error(FR_ERR_IO, "safetensors: %s is not a readable regular file (a FIFO, device or folder "
+                 "is refused)", path);
         goto fail;
     }
     uint64_t size = (uint64_t)sb.st_size;
@@ -708,6 +714,67 @@ static void st_sync_dir(const char *path) {
     free(copy);
 }
 
+/* Removes "<base>.tmp.<pid>" files beside `path` whose writer process is
+ * gone (a save killed before its rename); a live process's file is left
+ * alone, whoever it is. Best effort: a folder that cannot be read is skipped. */
+static void st_remove_dead_temps(const char *path) {
+    char *copy = strdup(path), *copy2 = strdup(path);
+    DIR *d = copy && copy2 ? opendir(dirname(copy)) : NULL;
+    if (d) {
+        const char *base = basename(copy2);
+        size_t blen = strlen(base);
+        for (struct dirent *e; (e = readdir(d));) {
+            const char *n = e->d_name;
+            if (strncmp(n, base, blen) || strncmp(n + blen, ".tmp.", 5))
+                continue;
+            char *end;
+            errno = 0;
+            long pid = strtol(n + blen + 5, &end, 10);
+            if (errno || *end || end == n + blen + 5 || pid <= 0 || pid == (long)getpid())
+                continue;
+            if (kill((pid_t)pid, 0) == 0 || errno != ESRCH)
+                continue; /* alive (or not ours to ask): never touched */
+            (void)unlinkat(dirfd(d), n, 0);
+        }
+        closedir(d);
+    }
+    free(copy);
+    free(copy2);
+}
+
+/* The file being written: unnamed (O_TMPFILE) where the filesystem allows,
+ * so a writer killed at any moment before it links the data under its temp
+ * name leaves nothing behind; else created under the temp name. */
+static FILE *st_create_temp(const char *path, const char *tmp, bool *unnamed) {
+    char *copy = strdup(path);
+    int fd = -1;
+    *unnamed = false;
+#ifdef O_TMPFILE
+    if (copy && (fd = open(dirname(copy), O_TMPFILE | O_WRONLY | O_CLOEXEC, 0666)) >= 0)
+        *unnamed = true;
+#endif
+    free(copy);
+    if (fd < 0) {
+        (void)unlink(tmp); /* ours: the pid is this process's */
+        fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
+    }
+    FILE *fp = fd >= 0 ? fdopen(fd, "wb") : NULL;
+    if (fd >= 0 && !fp) {
+        close(fd);
+        if (!*unnamed)
+            unlink(tmp);
+    }
+    return fp;
+}
+
+/* Gives an unnamed temp file its temp name, ready for the rename. */
+static int st_link_temp(FILE *fp, const char *tmp) {
+    char proc[64];
+    snprintf(proc, sizeof proc, "/proc/self/fd/%d", fileno(fp));
+    (void)unlink(tmp);
+    return linkat(AT_FDCWD, proc, AT_FDCWD, tmp, AT_SYMLINK_FOLLOW);
+}
+
 fr_status fr_st_writer_save(fr_st_writer *w, const char *path) {
     if (!w || !path)
         return fr_error(FR_ERR_ARG, "safetensors: save: writer or path is NULL");
@@ -724,7 +791,9 @@ fr_status fr_st_writer_save(fr_st_writer *w, const char *path) {
     snprintf(tmp, tlen, "%s.tmp.%ld", path, (long)getpid());
     fr_status st = FR_OK;
     char why[768] = "";
-    FILE *fp = fopen(tmp, "wb");
+    st_remove_dead_temps(path);
+    bool unnamed;
+    FILE *fp = st_create_temp(path, tmp, &unnamed);
     if (!fp) {
         st = fr_error(FR_ERR_IO, "safetensors: cannot create %s: %s", tmp, strerror(errno));
         free(tmp);
@@ -745,6 +814,8 @@ fr_status fr_st_writer_save(fr_st_writer *w, const char *path) {
     }
     if (st == FR_OK && (fflush(fp) != 0 || fsync(fileno(fp)) != 0))
         st = fr_error(FR_ERR_IO, "flush failed: %s", strerror(errno));
+    if (st == FR_OK && unnamed && st_link_temp(fp, tmp) != 0)
+        st = fr_error(FR_ERR_IO, "cannot link the written data as %s: %s", tmp, strerror(errno));
     if (fclose(fp) != 0 && st == FR_OK)
         st = fr_error(FR_ERR_IO, "close failed: %s", strerror(errno));
     if (st == FR_OK && rename(tmp, path) != 0)

@@ -4,6 +4,8 @@
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <sys/resource.h>
 
 #include "../cuda/fr_cuda.h"
 
@@ -171,6 +173,22 @@ void fr_mem_set_limit(fr_device dev, size_t max_bytes) {
 }
 
 void fr_mem_empty_cache(void) { fr_cuda_empty_cache(); }
+
+fr_status fr_mem_probe_host(size_t nbytes, const char *what) {
+    void *p = mmap(NULL, nbytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p != MAP_FAILED) {
+        munmap(p, nbytes);
+        return FR_OK;
+    }
+    char want[32], used[32], cap[48] = "none";
+    struct rlimit rl;
+    if (getrlimit(RLIMIT_AS, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY)
+        fr_mem_format_bytes((size_t)rl.rlim_cur, cap, sizeof cap);
+    return fr_error(FR_ERR_OOM, "out of memory on cpu: %s needs %s of address space outside the ledger "
+                    "(%s in use in it) and the system refused (address-space limit, ulimit -v: %s)", what,
+                    fr_mem_format_bytes(nbytes, want, sizeof want),
+                    fr_mem_format_bytes(fr_mem_total_current(FR_CPU), used, sizeof used), cap);
+}
 
 void fr_mem_set_trace(fr_mem_trace_fn fn, void *user) {
     pthread_mutex_lock(&ledger_lock);

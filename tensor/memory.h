@@ -66,6 +66,12 @@ void fr_mem_reset_peak(void);
 /* A cap on total bytes in use on `dev` (0 = none); used to test and to
  * simulate small devices. */
 void fr_mem_set_limit(fr_device dev, size_t max_bytes);
+/* Whether the system would give this process `nbytes` more of host
+ * address space now (mapped and unmapped at once, never touched): for
+ * libraries that allocate outside the ledger and cannot fail cleanly
+ * (OpenBLAS 0.3.21 retries a refused buffer forever). FR_ERR_OOM naming
+ * `what`, the bytes, what the ledger holds and RLIMIT_AS when refused. */
+fr_status fr_mem_probe_host(size_t nbytes, const char *what);
 /* Writes a human-readable table of the ledger for every device in use. */
 void fr_mem_report(FILE *out);
 /* CUDA: returns every cached, unused block to the driver. No-op on CPU. */

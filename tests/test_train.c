@@ -591,7 +591,7 @@ static void test_programs(void) {
 
     /* errors: the library's message, non-zero exit */
     expect_output("train", "--data fashion-mnist:/nonexistent/fm --epochs 1", 1,
-                  "no train-images-idx3-ubyte or train-images-idx3-ubyte.gz in /nonexistent/fm");
+                  "data folder /nonexistent/fm is missing");
     expect_output("train", "--data cifar10:/nonexistent/c10", 1, "/nonexistent/c10");
     expect_output("train", "--batch many", 1, "--batch: \"many\" is not an integer");
     expect_output("train", "--lr -1", 1, "--lr: \"-1\" is not a number");
@@ -609,7 +609,7 @@ static void test_programs(void) {
     expect_output("train", args, 1, "--lr cannot be combined with --resume");
     snprintf(args, sizeof args, "--checkpoint %s/run.safetensors --data mnist:/nonexistent/m", dir);
     expect_output("validate", args, 1,
-                  "no t10k-images-idx3-ubyte or t10k-images-idx3-ubyte.gz in /nonexistent/m");
+                  "data folder /nonexistent/m is missing");
     snprintf(args, sizeof args, "--checkpoint %s/run.safetensors --batch 0", dir);
     expect_output("validate", args, 1, "--batch: \"0\" is not an integer in [1,");
     snprintf(args, sizeof args, "--checkpoint %s/missing.safetensors", dir);
