@@ -22,9 +22,14 @@ else ifeq ($(CUDA),1)
   $(error CUDA=1 but nvcc was not found (looked on PATH and in /usr/local/cuda/bin))
 endif
 
-# -march=native only when the compiler accepts it for this machine; the
-# reference path never uses -ffast-math (results must match PyTorch).
-MARCH := $(shell $(CC) -march=native -E -x c /dev/null >/dev/null 2>&1 && echo -march=native)
+# Portable code by default (what make install ships; cpu/cast.c picks its
+# AVX2 loops at run time). NATIVE=1 tunes for this machine's CPU with
+# -march=native, when the compiler accepts it: a local option, the objects
+# then run only on CPUs like this one. The reference path never uses
+# -ffast-math (results must match PyTorch).
+ifeq ($(NATIVE),1)
+  MARCH := $(shell $(CC) -march=native -E -x c /dev/null >/dev/null 2>&1 && echo -march=native)
+endif
 OPT ?= -O2 $(MARCH)
 # -fPIC: the same objects make libfrugal.a and libfrugal.so.
 CFLAGS_BASE := -std=c11 -D_GNU_SOURCE -Wall -Wextra -Werror -fopenmp -fPIC -MMD -MP -I. \
@@ -101,7 +106,9 @@ $(CONFIG_H): FORCE
 	  $(if $(findstring -lopenblas,$(LDLIBS)),1,0) $(if $(findstring -ldnnl,$(LDLIBS)),1,0) \
 	  $(if $(findstring -march=native,$(CFLAGS)),1,0) $(CUDA_BACKEND_FILE)
 
-$(BUILD)/%.o: %.c | $(CONFIG_H)
+# Every object depends on config.h, which changes with the options (NATIVE,
+# CUDA, BLAS): switching one rebuilds everything.
+$(BUILD)/%.o: %.c $(CONFIG_H)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -c $< -o $@
 
