@@ -1,11 +1,18 @@
 # frugal build. Targets: all (library + examples), test, demo, bench, asan,
-# fuzz, fixtures, clean. CUDA is built when nvcc is found; CUDA=0 forces it off.
-# BUILD selects the output folder so sanitizer and CUDA builds never mix.
+# fuzz, fixtures, install, uninstall, check-install, clean. CUDA is built when
+# nvcc is found; CUDA=0 forces it off. BUILD selects the output folder so
+# sanitizer and CUDA builds never mix. docs/INSTALL.md describes install.
 
 BUILD ?= build
 CC ?= cc
 NVCC ?= $(shell command -v nvcc 2>/dev/null || (test -x /usr/local/cuda/bin/nvcc && echo /usr/local/cuda/bin/nvcc))
 CUDA_HOME ?= /usr/local/cuda
+VERSION := 0.1.0
+VERSION_MAJOR := $(firstword $(subst ., ,$(VERSION)))
+PREFIX ?= /usr/local
+BINDIR ?= $(PREFIX)/bin
+LIBDIR ?= $(PREFIX)/lib
+INCLUDEDIR ?= $(PREFIX)/include
 
 ifeq ($(CUDA),0)
   HAVE_CUDA :=
@@ -15,12 +22,22 @@ else ifeq ($(CUDA),1)
   $(error CUDA=1 but nvcc was not found (looked on PATH and in /usr/local/cuda/bin))
 endif
 
-# -march=native only when the compiler accepts it for this machine; the
-# reference path never uses -ffast-math (results must match PyTorch).
-MARCH := $(shell $(CC) -march=native -E -x c /dev/null >/dev/null 2>&1 && echo -march=native)
+# Portable code by default (what make install ships; cpu/cast.c picks its
+# AVX2 loops at run time). NATIVE=1 tunes for this machine's CPU with
+# -march=native, when the compiler accepts it: a local option, the objects
+# then run only on CPUs like this one. The reference path never uses
+# -ffast-math (results must match PyTorch).
+ifeq ($(NATIVE),1)
+  MARCH := $(shell $(CC) -march=native -E -x c /dev/null >/dev/null 2>&1 && echo -march=native)
+endif
 OPT ?= -O2 $(MARCH)
-CFLAGS_BASE := -std=c11 -D_GNU_SOURCE -Wall -Wextra -Werror -fopenmp -MMD -MP -I. $(OPT)
-LDLIBS := -lm -lpthread -lz -fopenmp
+# -fPIC: the same objects make libfrugal.a and libfrugal.so.
+CFLAGS_BASE := -std=c11 -D_GNU_SOURCE -Wall -Wextra -Werror -fopenmp -fPIC -MMD -MP -I. \
+  -I$(BUILD)/include/frugal $(OPT)
+LDLIBS := -lm -lpthread -lz -fopenmp -ldl
+# Programs linked with libfrugal.a export its symbols, which the CUDA backend
+# (opened at run time) calls back into (cuda/fr_cuda.h).
+PROG_LDFLAGS := -rdynamic
 
 # OpenBLAS for CPU GEMM when its cblas header is present; else the built-in GEMM.
 CBLAS_INC := $(firstword $(wildcard /usr/include/x86_64-linux-gnu/openblas-pthread/cblas.h /usr/include/openblas/cblas.h /usr/include/cblas.h /usr/include/x86_64-linux-gnu/cblas.h))
@@ -35,13 +52,16 @@ ifeq ($(SAN),1)
   OPT := -O1
 endif
 
-NVCCFLAGS := -O3 -std=c++17 -I. -DFR_WITH_CUDA --expt-relaxed-constexpr \
+NVCCFLAGS := -O3 -std=c++17 -I. --expt-relaxed-constexpr \
   -gencode arch=compute_90,code=sm_90 -gencode arch=compute_80,code=compute_80 \
   -Xcompiler -Wall,-Wextra,-Werror,-fPIC -Xcudafe --diag_suppress=177
+# The CUDA kernels build into their own shared object, which the core opens
+# at run time (tensor/cuda_backend.c): no program or libfrugal.so links CUDA.
+CUDA_BACKEND_FILE := libfrugal_cuda.so.$(VERSION_MAJOR)
 ifeq ($(HAVE_CUDA),1)
-  CFLAGS_BASE += -DFR_WITH_CUDA -I$(CUDA_HOME)/include
-  LDLIBS += -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcudnn -lcublas -lcudart -lstdc++
   CU_SRC := $(wildcard cuda/*.cu)
+  CUDA_LIB := $(BUILD)/$(CUDA_BACKEND_FILE)
+  CUDA_LDLIBS := -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcudnn -lcublas -lcudart
 endif
 # MPI for data parallelism (dist/) when Open MPI's mpicc is found, like
 # OpenBLAS above; MPI=0 forces it off. Without it dist/none.c answers that
@@ -57,11 +77,14 @@ ifneq ($(MPI_LIBS),)
   CFLAGS_BASE += -DFR_HAVE_MPI $(MPI_CFLAGS)
   LDLIBS += $(MPI_LIBS)
   DIST_SRC := dist/comm.c dist/ddp.c dist/launch.c
+  # dist/nccl.c is compiled in a CUDA build (NCCL_CHECK_OBJ, so CI sees it
+  # build) but not linked: the core library links no CUDA library since the
+  # CUDA backend became a shared object opened at run time, and NCCL has not
+  # moved into that object yet. Until then a CUDA model under --dist gets
+  # "built without NCCL" (dist/internal.h).
   ifeq ($(HAVE_CUDA),1)
     ifneq ($(wildcard $(CUDA_HOME)/include/nccl.h),)
-      CFLAGS_BASE += -DFR_HAVE_NCCL
-      LDLIBS += -lnccl
-      DIST_SRC += dist/nccl.c
+      NCCL_CHECK_OBJ := $(BUILD)/dist/nccl.o
     endif
   endif
 else
@@ -70,8 +93,25 @@ endif
 CFLAGS := $(CFLAGS_BASE) $(EXTRA_CFLAGS)
 
 LIB_SRC := $(wildcard tensor/*.c cpu/*.c autograd/*.c nn/*.c data/*.c) $(DIST_SRC)
-LIB_OBJ := $(LIB_SRC:%.c=$(BUILD)/%.o) $(CU_SRC:%.cu=$(BUILD)/%.cu.o)
+LIB_OBJ := $(LIB_SRC:%.c=$(BUILD)/%.o)
+CU_OBJ := $(CU_SRC:%.cu=$(BUILD)/%.cu.o)
 LIB := $(BUILD)/libfrugal.a
+SHLIB := $(BUILD)/libfrugal.so.$(VERSION)
+CONFIG_H := $(BUILD)/include/frugal/config.h
+
+# What `make install` puts under include/frugal/ (sub-folders kept): the
+# public headers. Everything else (tensor/kernels.h, kernels.def, staging.h,
+# cuda/, nn/json.h) is internal; scripts/check-headers.sh refuses a public
+# header that includes a header not in this list.
+PUBLIC_HEADERS := frugal.h tensor/fr_base.h tensor/shapes.h tensor/tensor.h tensor/memory.h \
+  tensor/ops.h tensor/cuda.h autograd/autograd.h autograd/functions.h \
+  nn/amp.h nn/blocks.h nn/checkpoint.h nn/cli.h nn/densenet.h nn/layers.h nn/model.h \
+  nn/optim.h nn/params.h nn/plan.h nn/resnet.h nn/safetensors.h nn/schedule.h \
+  data/augment.h data/dataset.h data/loader.h data/rng.h
+# The programs, installed as frugal-train, frugal-validate, frugal-memreport
+# and linked against libfrugal.so (docs/INSTALL.md says why three programs).
+PROGRAMS := train validate memreport
+INSTALL_BIN := $(PROGRAMS:%=$(BUILD)/bin/frugal-%)
 
 TEST_SRC := $(wildcard tests/test_*.c)
 TEST_BIN := $(TEST_SRC:tests/%.c=$(BUILD)/tests/%)
@@ -81,13 +121,25 @@ EXAMPLE_BIN := $(EXAMPLE_SRC:examples/%.c=$(BUILD)/examples/%)
 BENCH_SRC := $(wildcard bench/*.c)
 BENCH_BIN := $(BENCH_SRC:bench/%.c=$(BUILD)/bench/%)
 
-.PHONY: all lib tests test test-only demo bench asan fuzz fuzz-build fuzz-seeds fixtures deps clean examples
+.PHONY: all lib tests test test-only demo bench asan fuzz fuzz-build fuzz-seeds fixtures deps clean examples \
+  install uninstall check-install check-headers FORCE
 all: lib examples
-lib: $(LIB)
+lib: $(LIB) $(SHLIB) $(CUDA_LIB)
 examples: $(EXAMPLE_BIN)
-tests: $(TEST_BIN)
+tests: $(TEST_BIN) $(CUDA_LIB) $(NCCL_CHECK_OBJ)
 
-$(BUILD)/%.o: %.c
+$(BUILD)/dist/nccl.o: dist/nccl.c $(CONFIG_H)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -DFR_HAVE_NCCL -I$(CUDA_HOME)/include -c $< -o $@
+
+$(CONFIG_H): FORCE
+	@bash scripts/gen-config.sh $@ $(VERSION) $(if $(HAVE_CUDA),1,0) \
+	  $(if $(findstring -lopenblas,$(LDLIBS)),1,0) $(if $(findstring -ldnnl,$(LDLIBS)),1,0) \
+	  $(if $(findstring -march=native,$(CFLAGS)),1,0) $(CUDA_BACKEND_FILE)
+
+# Every object depends on config.h, which changes with the options (NATIVE,
+# CUDA, BLAS): switching one rebuilds everything.
+$(BUILD)/%.o: %.c $(CONFIG_H)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -c $< -o $@
 
@@ -100,21 +152,73 @@ $(LIB): $(LIB_OBJ)
 	rm -f $@
 	ar rcs $@ $^
 
+# RUNPATH $ORIGIN: the core finds the CUDA backend beside itself.
+$(SHLIB): $(LIB_OBJ)
+	$(CC) -shared -Wl,-soname,libfrugal.so.$(VERSION_MAJOR) -Wl,-rpath,'$$ORIGIN' $^ $(LDLIBS) -o $@
+	ln -sf $(notdir $@) $(BUILD)/libfrugal.so.$(VERSION_MAJOR)
+	ln -sf libfrugal.so.$(VERSION_MAJOR) $(BUILD)/libfrugal.so
+
+# -Bsymbolic: the backend's own calls to its fr_cuda_* stay inside it (the
+# core has forwarders of the same names); cuda/exports.map exports only those.
+$(CUDA_LIB): $(CU_OBJ) cuda/exports.map
+	$(CXX) -shared -Wl,-soname,$(CUDA_BACKEND_FILE) -Wl,-Bsymbolic -Wl,--version-script,cuda/exports.map \
+	  $(CU_OBJ) $(CUDA_LDLIBS) -o $@
+
 $(BUILD)/tests/%: tests/%.c $(TESTLIB_OBJ) $(LIB)
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) $< $(TESTLIB_OBJ) $(LIB) $(LDLIBS) -o $@
+	$(CC) $(CFLAGS) $< $(TESTLIB_OBJ) $(LIB) $(LDLIBS) $(PROG_LDFLAGS) -o $@
 
-$(BUILD)/tests/testlib.o: tests/testlib.c
+$(BUILD)/tests/testlib.o: tests/testlib.c | $(CONFIG_H)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -c $< -o $@
 
 $(BUILD)/examples/%: examples/%.c $(LIB)
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) $< $(LIB) $(LDLIBS) -o $@
+	$(CC) $(CFLAGS) $< $(LIB) $(LDLIBS) $(PROG_LDFLAGS) -o $@
 
 $(BUILD)/bench/%: bench/%.c $(LIB)
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) $< $(LIB) $(LDLIBS) -o $@
+	$(CC) $(CFLAGS) $< $(LIB) $(LDLIBS) $(PROG_LDFLAGS) -o $@
+
+# The installed programs: against libfrugal.so, found in ../lib when
+# installed and in .. inside the build folder.
+$(BUILD)/bin/frugal-%: examples/%.c $(SHLIB)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) $< -L$(BUILD) -lfrugal -lm -Wl,-rpath,'$$ORIGIN/../lib:$$ORIGIN/..' -o $@
+
+$(BUILD)/frugal.pc: FORCE
+	@printf '%s\n' 'prefix=$(PREFIX)' 'libdir=$(LIBDIR)' 'includedir=$(INCLUDEDIR)' '' \
+	  'Name: frugal' 'Description: memory-frugal deep learning in C (tensors, autograd, nn, data)' \
+	  'Version: $(VERSION)' 'Cflags: -I$${includedir}' \
+	  'Libs: -L$${libdir} -Wl,-rpath,$${libdir} -lfrugal' \
+	  'Libs.private: $(LDLIBS) $(PROG_LDFLAGS)' >$@
+
+check-headers:
+	@bash scripts/check-headers.sh $(PUBLIC_HEADERS)
+
+INSTALLED_LIBS := libfrugal.a libfrugal.so libfrugal.so.$(VERSION_MAJOR) libfrugal.so.$(VERSION) \
+  $(CUDA_BACKEND_FILE)
+install: check-headers all $(INSTALL_BIN) $(BUILD)/frugal.pc
+	install -d $(DESTDIR)$(BINDIR) $(DESTDIR)$(LIBDIR)/pkgconfig $(DESTDIR)$(INCLUDEDIR)/frugal
+	for h in $(PUBLIC_HEADERS); do install -D -m 644 $$h $(DESTDIR)$(INCLUDEDIR)/frugal/$$h || exit 1; done
+	install -m 644 $(CONFIG_H) $(DESTDIR)$(INCLUDEDIR)/frugal/config.h
+	install -m 644 $(LIB) $(DESTDIR)$(LIBDIR)/libfrugal.a
+	install -m 755 $(SHLIB) $(DESTDIR)$(LIBDIR)/
+	ln -sf libfrugal.so.$(VERSION) $(DESTDIR)$(LIBDIR)/libfrugal.so.$(VERSION_MAJOR)
+	ln -sf libfrugal.so.$(VERSION_MAJOR) $(DESTDIR)$(LIBDIR)/libfrugal.so
+	$(if $(CUDA_LIB),install -m 755 $(CUDA_LIB) $(DESTDIR)$(LIBDIR)/)
+	install -m 644 $(BUILD)/frugal.pc $(DESTDIR)$(LIBDIR)/pkgconfig/frugal.pc
+	install -m 755 $(INSTALL_BIN) $(DESTDIR)$(BINDIR)/
+
+uninstall:
+	rm -f $(PROGRAMS:%=$(DESTDIR)$(BINDIR)/frugal-%) $(INSTALLED_LIBS:%=$(DESTDIR)$(LIBDIR)/%) \
+	  $(DESTDIR)$(LIBDIR)/pkgconfig/frugal.pc
+	rm -rf $(DESTDIR)$(INCLUDEDIR)/frugal
+
+# Installs into a temporary prefix and builds, trains and validates a
+# program of its own from there with pkg-config alone (tests/install_test.sh).
+check-install:
+	@bash tests/install_test.sh $(BUILD) $(if $(CUDA),CUDA=$(CUDA))
 
 deps:
 	@bash scripts/install-deps.sh

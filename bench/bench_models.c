@@ -54,7 +54,6 @@
 #include <omp.h>
 #endif
 
-#include "cuda/fr_cuda.h"
 #include "frugal.h"
 #include "nn/amp.h"
 #include "nn/densenet.h"
@@ -208,13 +207,7 @@ static fr_status run_strategy(trainer *tr, const char *model, const char *text, 
 
 /* Why the GPU section cannot run here, or NULL when it can. */
 static const char *gpu_unavailable(void) {
-#ifdef FR_WITH_CUDA
-    if (fr_cuda_device_count() == 0)
-        return "no CUDA device is visible (fr_cuda_device_count() is 0)";
-    return NULL;
-#else
-    return "frugal was built without CUDA (CUDA=0 or no nvcc)";
-#endif
+    return fr_cuda_device_count() > 0 ? NULL : fr_cuda_unavailable_reason();
 }
 
 static void gpu_rate(const char *model, const char *strategy, const char *metric, double value) {

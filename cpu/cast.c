@@ -3,9 +3,20 @@
 
 #include "../tensor/kernels.h"
 
-#if defined(__AVX2__) && defined(__F16C__)
+/* The eight-lane loops are compiled for AVX2 + F16C whatever the build's
+ * flags and chosen at run time (__builtin_cpu_supports), so the installed,
+ * portable library (no -march=native) keeps them on CPUs that have them. */
+#if defined(__x86_64__) && defined(__GNUC__)
 #include <immintrin.h>
 #define FR_CAST_SIMD 1
+#define FR_CAST_TARGET __attribute__((target("avx2,f16c")))
+
+static bool cast_simd_usable(void) {
+    static int usable = -1; /* benign race: every thread computes the same value */
+    if (usable < 0)
+        usable = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c");
+    return usable;
+}
 #endif
 
 /* Below this many elements a parallel region costs more than it saves. */
@@ -48,9 +59,10 @@ static void store_from_f32(void *dst, fr_dtype t, size_t i, float v) {
  * correct subnormals and overflow to inf) and the bf16 rounding in integer
  * lanes; eight lanes holding a NaN go through the scalar functions, which
  * fix the NaN's bits the way the CUDA kernels do. */
-static void narrow_chunk(uint16_t *d, const float *s, size_t n, bool f16) {
-    size_t i = 0;
 #ifdef FR_CAST_SIMD
+/* The leading elements done eight at a time: a multiple of 8, <= n. */
+FR_CAST_TARGET static size_t narrow_simd(uint16_t *d, const float *s, size_t n, bool f16) {
+    size_t i = 0;
     const __m256i bias = _mm256_set1_epi32(0x7fff), one = _mm256_set1_epi32(1);
     for (; i + 8 <= n; i += 8) {
         __m256 v = _mm256_loadu_ps(s + i);
@@ -69,16 +81,11 @@ static void narrow_chunk(uint16_t *d, const float *s, size_t n, bool f16) {
         packed = _mm256_permute4x64_epi64(packed, 0x08);
         _mm_storeu_si128((__m128i *)(d + i), _mm256_castsi256_si128(packed));
     }
-#endif
-    for (; i < n; i++)
-        d[i] = f16 ? fr_f32_to_f16(s[i]) : fr_f32_to_bf16(s[i]);
+    return i;
 }
 
-/* f16 / bf16 -> f32, exact. F16C's widening quiets signalling NaNs, so eight
- * lanes holding any NaN go through fr_f16_to_f32, which keeps every bit. */
-static void widen_chunk(float *d, const uint16_t *s, size_t n, bool f16) {
+FR_CAST_TARGET static size_t widen_simd(float *d, const uint16_t *s, size_t n, bool f16) {
     size_t i = 0;
-#ifdef FR_CAST_SIMD
     const __m128i abs_mask = _mm_set1_epi16(0x7fff), f16_inf = _mm_set1_epi16(0x7c00);
     for (; i + 8 <= n; i += 8) {
         __m128i h = _mm_loadu_si128((const __m128i *)(s + i));
@@ -91,6 +98,27 @@ static void widen_chunk(float *d, const uint16_t *s, size_t n, bool f16) {
             _mm256_storeu_si256((__m256i *)(d + i), w);
         }
     }
+    return i;
+}
+#endif
+
+static void narrow_chunk(uint16_t *d, const float *s, size_t n, bool f16) {
+    size_t i = 0;
+#ifdef FR_CAST_SIMD
+    if (cast_simd_usable())
+        i = narrow_simd(d, s, n, f16);
+#endif
+    for (; i < n; i++)
+        d[i] = f16 ? fr_f32_to_f16(s[i]) : fr_f32_to_bf16(s[i]);
+}
+
+/* f16 / bf16 -> f32, exact. F16C's widening quiets signalling NaNs, so eight
+ * lanes holding any NaN go through fr_f16_to_f32, which keeps every bit. */
+static void widen_chunk(float *d, const uint16_t *s, size_t n, bool f16) {
+    size_t i = 0;
+#ifdef FR_CAST_SIMD
+    if (cast_simd_usable())
+        i = widen_simd(d, s, n, f16);
 #endif
     for (; i < n; i++)
         d[i] = f16 ? fr_f16_to_f32(s[i]) : fr_bf16_to_f32(s[i]);

@@ -1,6 +1,7 @@
 /* device.cu: device discovery, copies, events, synchronisation, pinned host
  * memory and the shared cuBLAS and cuDNN handles. */
 #include <pthread.h>
+#include <stdio.h>
 #include <stdlib.h>
 
 #include "internal.h"
@@ -26,6 +27,30 @@ static void count_devices(void) {
 extern "C" int fr_cuda_device_count(void) {
     pthread_once(&count_once, count_devices);
     return device_count;
+}
+
+/* ---- what the core's loader checks (tensor/cuda_backend.c) ---- */
+
+extern "C" const int fr_cuda_backend_abi = FR_CUDA_BACKEND_ABI;
+
+/* Every kernel's name and parameter list, as the core computes it. */
+#define FR_KERNEL(name, params) #name #params "\n"
+extern "C" const char fr_cuda_backend_kernels[] =
+#include "../tensor/kernels.def"
+    "";
+#undef FR_KERNEL
+
+extern "C" int fr_cuda_backend_probe(char *why, size_t len) {
+    int n = 0;
+    cudaError_t e = cudaGetDeviceCount(&n);
+    if (e != cudaSuccess) {
+        (void)cudaGetLastError();
+        snprintf(why, len, "cudaGetDeviceCount: %s", cudaGetErrorString(e));
+        return 0;
+    }
+    if (n == 0)
+        snprintf(why, len, "the driver reports no GPU (CUDA_VISIBLE_DEVICES?)");
+    return n;
 }
 
 /* ---- copies and synchronisation ---- */

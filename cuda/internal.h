@@ -5,7 +5,7 @@
 #ifndef FR_CUDA_INTERNAL_H
 #define FR_CUDA_INTERNAL_H
 
-#include "../tensor/kernels.h"
+#include "fr_cuda.h"
 #include "../tensor/memory.h"
 #include "check.h"
 

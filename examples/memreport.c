@@ -26,7 +26,6 @@
 #include <string.h>
 #include <time.h>
 
-#include "cuda/fr_cuda.h"
 #include "frugal.h"
 #include "nn/cli.h"
 #include "nn/densenet.h"
@@ -638,13 +637,7 @@ int main(int argc, char **argv) {
     for (int d = 0; d < FR_DEVICE_COUNT; d++)
         fr_mem_set_limit((fr_device)d, o.memory_limit);
     if (o.device == FR_CUDA && fr_cuda_device_count() == 0) {
-        fprintf(stderr, "memreport: --device cuda, but %s\n",
-#ifdef FR_WITH_CUDA
-                "no GPU is visible"
-#else
-                "frugal was built without CUDA (CUDA=0 or no nvcc)"
-#endif
-        );
+        fprintf(stderr, "memreport: --device cuda, but %s\n", fr_cuda_unavailable_reason());
         return 1;
     }
     trace_buf trace = {.cap = TRACE_CAP, .device = o.device};

@@ -10,7 +10,9 @@
  * in flight. The training step (forward + backward on one batch, with the
  * checkpoint's memory strategy, no optimizer) shows what training the same
  * model at the same batch size costs. Both run under --precision (default: the
- * precision the checkpoint records, else f32). */
+ * precision the checkpoint records, else f32). --save-logits FILE writes the
+ * eval pass's logits, labels and predictions, in dataset order, as
+ * safetensors (docs/INSTALL.md reads them from Python). */
 #include <omp.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -23,7 +25,7 @@
 static const char *const device_names[] = {"cpu", "cuda"};
 
 typedef struct {
-    const char *checkpoint, *model, *data, *strategy;
+    const char *checkpoint, *model, *data, *strategy, *save_logits;
     int64_t batch, limit_test, threads;
     int device;
     fr_dtype precision;
@@ -47,7 +49,9 @@ static void usage(FILE *out) {
             "  --limit-test N      only the first N test images (0 = all)\n"
             "  --threads N         CPU threads\n"
             "  --device D          cpu (default) or cuda\n"
-            "  --memory-limit SIZE cap the memory ledger of each device (K, M or G suffix)\n");
+            "  --memory-limit SIZE cap the memory ledger of each device (K, M or G suffix)\n"
+            "  --save-logits FILE  write logits (N, classes) f32, labels and predictions (N) i32\n"
+            "                      of the test images, in order, as safetensors\n");
 }
 
 static fr_status parse_args(int argc, char **argv, options *o) {
@@ -56,7 +60,8 @@ static fr_status parse_args(int argc, char **argv, options *o) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         static const char *const known[] = {"--checkpoint", "--model", "--data", "--strategy",
                                             "--batch", "--limit-test", "--threads", "--device",
-                                            "--precision", "--memory-limit"};
+                                            "--precision", "--memory-limit",
+                                            "--save-logits"};
         bool ok = false;
         for (size_t k = 0; k < sizeof known / sizeof *known; k++)
             ok |= !strcmp(a, known[k]);
@@ -74,6 +79,8 @@ static fr_status parse_args(int argc, char **argv, options *o) {
             FR_TRY(fr_cli_strategy(a, v, &o->strat));
         } else if (!strcmp(a, "--memory-limit"))
             FR_TRY(fr_cli_size(a, v, &o->memory_limit));
+        else if (!strcmp(a, "--save-logits"))
+            o->save_logits = v;
         else if (!strcmp(a, "--batch"))
             FR_TRY(fr_cli_int(a, v, 1, INT32_MAX, &o->batch));
         else if (!strcmp(a, "--limit-test"))
@@ -192,6 +199,74 @@ static fr_status measure_train_step(run *r, size_t *peak) {
     return st;
 }
 
+/* The logits of every test image in order, under no_grad in eval mode, with
+ * the labels and top-1 predictions (the first maximum, as torch.argmax). */
+static fr_status save_logits(run *r, const options *o) {
+    int64_t n = r->ds->n, k = r->model->num_classes;
+    fr_tensor *logits = fr_empty(FR_CPU, FR_F32, 2, FR_SHAPE(n, k), FR_TAG_DATA);
+    fr_tensor *labels = fr_empty(FR_CPU, FR_I32, 1, FR_SHAPE(n), FR_TAG_DATA);
+    fr_tensor *preds = fr_empty(FR_CPU, FR_I32, 1, FR_SHAPE(n), FR_TAG_DATA);
+    fr_status st = logits && labels && preds ? fr_loader_seek(r->ld, 0, 0) : fr_last_status();
+    int64_t at = 0;
+    fr_no_grad_enter();
+    while (st == FR_OK) {
+        fr_tensor *x = NULL, *y = NULL, *out = NULL, *host = NULL, *yhost = NULL;
+        st = fr_loader_next(r->ld, &x, &y);
+        if (st != FR_OK || !x)
+            break;
+        int64_t b = x->shape[0];
+        out = fr_model_forward(r->model, x, false);
+        host = out ? fr_to_device(out, FR_CPU, FR_TAG_TRANSIENT) : NULL;
+        yhost = host ? fr_to_device(y, FR_CPU, FR_TAG_TRANSIENT) : NULL;
+        if (!yhost || at + b > n)
+            st = yhost ? fr_error(FR_ERR_ARG, "validate: more test images than the data set holds")
+                       : fr_last_status();
+        for (int64_t i = 0; st == FR_OK && i < b; i++) {
+            const float *row = fr_data_f32(host) + i * k;
+            int32_t best = 0;
+            for (int32_t c = 1; c < k; c++)
+                if (row[c] > row[best])
+                    best = c;
+            memcpy(fr_data_f32(logits) + (at + i) * k, row, (size_t)k * sizeof *row);
+            ((int32_t *)fr_data(labels))[at + i] = ((const int32_t *)fr_data(yhost))[i];
+            ((int32_t *)fr_data(preds))[at + i] = best;
+        }
+        at += b;
+        fr_release(yhost);
+        fr_release(host);
+        fr_release(out);
+        fr_release(x);
+        fr_release(y);
+    }
+    fr_no_grad_exit();
+    fr_tape_clear();
+    if (st == FR_OK && at != n)
+        st = fr_error(FR_ERR_ARG, "validate: the pass saw %lld of %lld test images", (long long)at,
+                      (long long)n);
+    fr_st_writer *w = st == FR_OK ? fr_st_writer_new() : NULL;
+    if (st == FR_OK && !w)
+        st = fr_last_status();
+    if (st == FR_OK)
+        st = fr_st_writer_add(w, "logits", logits);
+    if (st == FR_OK)
+        st = fr_st_writer_add(w, "labels", labels);
+    if (st == FR_OK)
+        st = fr_st_writer_add(w, "predictions", preds);
+    if (st == FR_OK)
+        st = fr_st_writer_add_metadata(w, "model", r->model->name);
+    if (st == FR_OK)
+        st = fr_st_writer_add_metadata(w, "checkpoint", o->checkpoint);
+    if (st == FR_OK)
+        st = fr_st_writer_save(w, o->save_logits);
+    if (st == FR_OK)
+        printf("logits of %lld images written to %s\n", (long long)n, o->save_logits);
+    fr_st_writer_free(w);
+    fr_release(logits);
+    fr_release(labels);
+    fr_release(preds);
+    return st;
+}
+
 static fr_status validate(run *r, const options *o) {
     char strat[96], b1[32], b2[32], b3[32];
     printf("model %s (%s): %lld parameters, %s\n", r->model->name, o->checkpoint,
@@ -222,7 +297,7 @@ static fr_status validate(run *r, const options *o) {
              fr_dtype_name(r->model->cfg.precision));
     printf("  %-40s %12s  (%.1fx the eval pass)\n", label, fr_mem_format_bytes(train_peak, b3, sizeof b3),
            eval_peak ? (double)train_peak / (double)eval_peak : 0);
-    return FR_OK;
+    return o->save_logits ? save_logits(r, o) : FR_OK;
 }
 
 int main(int argc, char **argv) {

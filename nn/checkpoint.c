@@ -532,7 +532,9 @@ static fr_status check_entry(const fr_st_file *f, const char *path, const char *
     int j = fr_st_find(f, name);
     if (j < 0)
         return fr_error(FR_ERR_FORMAT, "checkpoint %s: tensor %s is missing", path, name);
-    if (fr_st_dtype(f, j) != dtype)
+    if (dtype == FR_I32 && fr_st_is_i64(f, j))
+        FR_TRY(fr_st_check_i64_fits_i32(f, j)); /* PyTorch's int64 counters */
+    else if (fr_st_dtype(f, j) != dtype)
         return fr_error(FR_ERR_DTYPE, "checkpoint %s: tensor %s has dtype %s, expected %s", path, name,
                         fr_st_dtype(f, j) == FR_DTYPE_COUNT ? "(one frugal cannot hold)"
                                                             : fr_dtype_name(fr_st_dtype(f, j)),

@@ -193,7 +193,9 @@ static fr_status check_file(const fr_params *p, const fr_st_file *f, const char 
             continue;
         }
         fr_dtype dt = fr_st_dtype(f, j);
-        if (dt != e->tensor->dtype)
+        if (fr_st_is_i64(f, j) && e->tensor->dtype == FR_I32)
+            FR_TRY(fr_st_check_i64_fits_i32(f, j)); /* PyTorch's int64 counters */
+        else if (dt != e->tensor->dtype)
             return fr_error(FR_ERR_DTYPE, "load %s: tensor %s has dtype %s in the file, the model expects %s",
                             path, name, dt == FR_DTYPE_COUNT ? "(one frugal cannot hold, e.g. i64)"
                                                              : fr_dtype_name(dt),

@@ -13,7 +13,8 @@
  *    running_mean / running_var, f32, FR_TAG_PARAM, no grad). BatchNorm's
  *    num_batches_tracked is a buffer too, registered so that the names equal
  *    PyTorch's state_dict keys; PyTorch keeps it as int64, frugal as a 0-d i32
- *    (frugal has no 64-bit integer dtype) that stays on the CPU even when the
+ *    (frugal has no 64-bit integer dtype; PyTorch's int64 loads after a range
+ *    check, fr_st_is_i64) that stays on the CPU even when the
  *    model moves to CUDA: it is a counter the host bumps, never an operand.
  *
  * Ownership: the registry owns one reference to every tensor in it. Tensors

@@ -386,6 +386,40 @@ const char *fr_st_metadata(const fr_st_file *f, const char *key) {
     return NULL;
 }
 
+bool fr_st_is_i64(const fr_st_file *f, int i) {
+    FR_ASSERT(f && i >= 0 && i < f->n);
+    return !strcmp(f->e[i].dt->name, "I64");
+}
+
+static fr_status st_pread(const fr_st_file *f, const st_entry *e, void *dst, uint64_t off, size_t n);
+
+/* Reads I64 entry e as i32 into out (NULL: only check), every value range
+ * checked: a counter PyTorch keeps in 64 bits fits frugal's 32 unless it is
+ * past 2^31 - 1, which is then an error, never a wrapped value. */
+static fr_status st_read_i64_as_i32(const fr_st_file *f, const st_entry *e, int32_t *out) {
+    size_t n = (size_t)(e->end - e->begin) / 8;
+    int64_t *v = malloc(n ? n * 8 : 1);
+    if (!v)
+        return fr_error(FR_ERR_OOM, "safetensors: %s: out of memory reading tensor '%s'", f->path,
+                        e->name);
+    fr_status st = st_pread(f, e, v, 0, n * 8);
+    for (size_t k = 0; k < n && st == FR_OK; k++) {
+        if (v[k] < INT32_MIN || v[k] > INT32_MAX)
+            st = fr_error(FR_ERR_FORMAT, "safetensors: %s: tensor '%s' (I64) holds %lld at element %zu, "
+                          "outside the i32 range frugal keeps it in", f->path, e->name,
+                          (long long)v[k], k);
+        else if (out)
+            out[k] = (int32_t)v[k];
+    }
+    free(v);
+    return st;
+}
+
+fr_status fr_st_check_i64_fits_i32(const fr_st_file *f, int i) {
+    FR_ASSERT(fr_st_is_i64(f, i));
+    return st_read_i64_as_i32(f, &f->e[i], NULL);
+}
+
 /* The entry for `name` if frugal can hold its dtype; else NULL with an error. */
 static const st_entry *st_lookup(const fr_st_file *f, const char *name, const char *op) {
     if (!f || !name) {
@@ -467,6 +501,18 @@ static char *st_shape_str(int ndim, const int64_t *shape, char *buf, size_t len)
 fr_status fr_st_read_into(const fr_st_file *f, const char *name, fr_tensor *dst) {
     char a[96], b[96];
     FR_TRY(fr_check_defined("safetensors read_into", "dst", dst));
+    int i64 = f ? fr_st_find(f, name) : -1;
+    if (i64 >= 0 && fr_st_is_i64(f, i64) && dst->dtype == FR_I32) {
+        const st_entry *e = &f->e[i64];
+        if (e->ndim != dst->ndim || memcmp(e->shape, dst->shape, sizeof(int64_t) * (size_t)e->ndim) ||
+            fr_device_of(dst) != FR_CPU || !fr_is_contiguous(dst))
+            return fr_error(FR_ERR_SHAPE, "safetensors: read_into: %s: I64 tensor '%s' has shape %s; it "
+                            "reads only into a contiguous CPU i32 tensor of that shape, not %s", f->path,
+                            name, st_shape_str(e->ndim, e->shape, a, sizeof a), fr_shape_str(dst, b, sizeof b));
+        FR_TRY(st_read_i64_as_i32(f, e, fr_data(dst)));
+        fr_bump_version(dst, "st_read_into");
+        return FR_OK;
+    }
     const st_entry *e = st_lookup(f, name, "read_into");
     if (!e)
         return fr_last_status();

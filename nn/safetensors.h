@@ -36,6 +36,13 @@ int fr_st_find(const fr_st_file *f, const char *name);
 fr_dtype fr_st_dtype(const fr_st_file *f, int i);
 int fr_st_ndim(const fr_st_file *f, int i);
 const int64_t *fr_st_shape(const fr_st_file *f, int i);
+/* Whether entry i is I64, PyTorch's default integer dtype (BatchNorm's
+ * num_batches_tracked): fr_st_read_into reads it into an i32 tensor of the
+ * same shape when every value fits, else fails naming the value. */
+bool fr_st_is_i64(const fr_st_file *f, int i);
+/* FR_OK when every value of entry i (I64) fits in i32; FR_ERR_FORMAT naming
+ * the file, the tensor, the element and its value otherwise. */
+fr_status fr_st_check_i64_fits_i32(const fr_st_file *f, int i);
 /* A metadata value, or NULL. */
 const char *fr_st_metadata(const fr_st_file *f, const char *key);
 

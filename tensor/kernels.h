@@ -1,28 +1,16 @@
-/* kernels.h: declarations of the CPU kernels (fr_cpu_*) from kernels.def, the
- * shape records they take, and FR_CALL_KERNEL, the one place that picks a
+/* kernels.h: declarations of the CPU kernels (fr_cpu_*) from kernels.def,
+ * the table of the CUDA ones, and FR_CALL_KERNEL, the one place that picks a
  * backend. tensor/ops_*.c check tensors and call kernels; kernels trust their
- * arguments. */
+ * arguments. Internal: not installed (the shape records are in shapes.h). */
 #ifndef FR_KERNELS_H
 #define FR_KERNELS_H
 
 #include "fr_base.h"
+#include "shapes.h"
 
 #ifdef __cplusplus
 extern "C" {
 #endif
-
-typedef struct {
-    int n, c, h, w;   /* input (N,C,H,W) */
-    int k, r, s;      /* weight (K,C,R,S) */
-    int oh, ow;       /* output (N,K,OH,OW) */
-    int stride, pad;  /* same along both axes */
-} fr_conv_shape;
-
-typedef struct {
-    int n, c, h, w;    /* input */
-    int oh, ow;        /* output */
-    int kernel, stride, pad;
-} fr_pool_shape;
 
 /* Adam's per-step scalars, rounded to f32 from the double values PyTorch's
  * Python side holds (tensor/ops_optim.c computes them once for both
@@ -70,21 +58,28 @@ fr_status fr_cpu_gemm_serial(float *c, int ldc, const float *a, int lda, const f
                              int m, int n, int k, bool trans_a, bool trans_b, float alpha,
                              float beta);
 
+/* The CUDA kernels, one function pointer per line of kernels.def, filled
+ * by name (fr_cuda_<name>) from libfrugal_cuda.so when it is opened
+ * (tensor/cuda_backend.c). NULL while no backend is open: then no tensor
+ * can live on FR_CUDA. */
+typedef struct {
+#define FR_KERNEL(name, params) fr_status(*name) params;
+#include "kernels.def"
+#undef FR_KERNEL
+} fr_cuda_kernel_table;
+extern const fr_cuda_kernel_table *fr_cuda_kernels;
+
+/* FR_ERR_DEVICE naming the kernel and why no CUDA backend is usable. */
+fr_status fr_no_cuda(const char *what);
+
 #ifdef __cplusplus
 }
 #endif
 
-#include "../cuda/fr_cuda.h"
-
-/* FR_CALL_KERNEL(dev, name, args...) runs fr_cpu_<name> or fr_cuda_<name>. In
- * a build without CUDA no tensor can live on FR_CUDA, so that branch only
- * reports the missing backend. */
-#ifdef FR_WITH_CUDA
-#define FR_CALL_KERNEL(dev, name, ...) \
-    ((dev) == FR_CUDA ? fr_cuda_##name(__VA_ARGS__) : fr_cpu_##name(__VA_ARGS__))
-#else
-#define FR_CALL_KERNEL(dev, name, ...) \
-    ((dev) == FR_CUDA ? fr_no_cuda(#name) : fr_cpu_##name(__VA_ARGS__))
-#endif
+/* FR_CALL_KERNEL(dev, name, args...) runs fr_cpu_<name>, or the backend's
+ * fr_cuda_<name> through the table. */
+#define FR_CALL_KERNEL(dev, name, ...)                                                   \
+    ((dev) == FR_CUDA ? (fr_cuda_kernels ? fr_cuda_kernels->name(__VA_ARGS__) : fr_no_cuda(#name)) \
+                      : fr_cpu_##name(__VA_ARGS__))
 
 #endif

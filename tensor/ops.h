@@ -10,7 +10,7 @@
 #ifndef FR_OPS_H
 #define FR_OPS_H
 
-#include "kernels.h"
+#include "shapes.h"
 #include "tensor.h"
 
 #ifdef __cplusplus

@@ -1,4 +1,5 @@
 /* ops_amp.c: checked gradient checks of dynamic loss scaling (see ops.h). */
+#include "kernels.h"
 #include "ops.h"
 
 fr_status fr_nonfinite_count_(fr_tensor *count, const fr_tensor *x) {

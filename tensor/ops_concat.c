@@ -9,6 +9,7 @@
 #include <limits.h>
 #include <stdio.h>
 
+#include "kernels.h"
 #include "ops.h"
 
 /* How the kernel addresses a (N, C, ...) tensor: the first element, and the

@@ -2,6 +2,7 @@
  * are computed here, once, so the CPU and CUDA kernels round alike. */
 #include <math.h>
 
+#include "kernels.h"
 #include "ops.h"
 
 /* w, each non-NULL state tensor and g: f32, contiguous, same shape and

@@ -21,6 +21,7 @@
 #ifndef FR_STAGING_H
 #define FR_STAGING_H
 
+#include "kernels.h"
 #include "tensor.h"
 
 typedef struct {

@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "cuda.h"
 #include "kernels.h"
 
 static atomic_long live_tensors;
@@ -17,7 +18,7 @@ long fr_live_storages(void) { return atomic_load(&live_storages); }
 
 static fr_storage *storage_new(fr_device dev, size_t nbytes, fr_mem_tag tag) {
     if (dev == FR_CUDA && fr_cuda_device_count() == 0) {
-        fr_error(FR_ERR_DEVICE, "cannot allocate on cuda: no CUDA device is available");
+        fr_error(FR_ERR_DEVICE, "cannot allocate on cuda: %s", fr_cuda_unavailable_reason());
         return NULL;
     }
     fr_storage *s = calloc(1, sizeof *s);

@@ -16,7 +16,7 @@
  * CPU batches. Convolutions here (the network) run on cuDNN, or on im2col
  * when the environment says FR_CUDNN=0.
  *
- * Without a GPU (or in a CUDA=0 build) every test but the first skips. */
+ * Without a GPU (or in a CUDA=0 build) every test but the first two skips. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -58,6 +58,26 @@ static void test_no_device_fails(void) {
     fr_tensor *c = fr_zeros(FR_CPU, FR_F32, 1, FR_SHAPE(4), FR_TAG_TRANSIENT);
     CHECK_ERR(fr_t_status_of(fr_to_device(c, FR_CUDA, FR_TAG_TRANSIENT)), FR_ERR_DEVICE, "cuda");
     fr_release(c);
+}
+
+/* Without a usable GPU the loader says why (no driver, no device, no
+ * backend file, a build without CUDA), and a CUDA tensor's error says it too. */
+static void test_unavailable_reason(void) {
+    const char *why = fr_cuda_unavailable_reason();
+    if (fr_t_have_cuda()) {
+        CHECK(why[0] == '\0');
+        return;
+    }
+    CHECK(strlen(why) > 10);
+    printf("     CUDA unavailable: %s\n", why);
+    CHECK_ERR(fr_t_status_of(fr_empty(FR_CUDA, FR_F32, 1, FR_SHAPE(4), FR_TAG_TRANSIENT)),
+              FR_ERR_DEVICE, why);
+    /* the device API is harmless without a backend */
+    size_t reserved = 1, mallocs = 1;
+    fr_cuda_cache_stats(&reserved, &mallocs);
+    CHECK(reserved == 0 && mallocs == 0);
+    CHECK(!fr_cuda_cudnn_enabled());
+    CHECK(fr_cuda_memcpy(NULL, NULL, 4, FR_COPY_H2D) == FR_ERR_DEVICE);
 }
 
 /* ---- elementwise and sum ---- */
@@ -752,6 +772,7 @@ static void test_loader_cuda_batches(void) {
 
 int main(void) {
     RUN(test_no_device_fails);
+    RUN(test_unavailable_reason);
     RUN(test_elementwise);
     RUN(test_sum_of_zeros_and_ones);
     RUN(test_activation);

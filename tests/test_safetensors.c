@@ -323,7 +323,53 @@ static void test_unsupported_dtype(void) {
         fr_tensor *b = fr_st_get(f, "b", FR_CPU, FR_TAG_DATA);
         CHECK(b && fr_numel(b) == 2);
         fr_release(b);
+        /* ... but it reads into an i32 tensor of its shape, and only that */
+        CHECK(fr_st_is_i64(f, 0) && !fr_st_is_i64(f, 1));
+        fr_tensor *a = fr_zeros(FR_CPU, FR_I32, 1, FR_SHAPE(1), FR_TAG_DATA);
+        CHECK_OK(fr_st_read_into(f, "a", a));
+        CHECK(*(int32_t *)fr_data(a) == 7);
+        fr_tensor *a2 = fr_zeros(FR_CPU, FR_I32, 1, FR_SHAPE(2), FR_TAG_DATA);
+        CHECK_ERR(fr_st_read_into(f, "a", a2), FR_ERR_SHAPE, "'a'");
+        fr_tensor *af = fr_zeros(FR_CPU, FR_F32, 1, FR_SHAPE(1), FR_TAG_DATA);
+        CHECK_ERR(fr_st_read_into(f, "a", af), FR_ERR_DTYPE, "unsupported dtype I64");
+        fr_release(a);
+        fr_release(a2);
+        fr_release(af);
         fr_st_close(f);
+    }
+    remove_tmpdir();
+}
+
+/* PyTorch's int64 num_batches_tracked loads into frugal's i32 counter, with a
+ * range check that fails before anything is copied. */
+static void test_i64_counter_range(void) {
+    char path[512];
+    make_tmpdir();
+    tmp_path(path, sizeof path, "counter.safetensors");
+    const char *hdr = "{\"bn.num_batches_tracked\":{\"dtype\":\"I64\",\"shape\":[],\"data_offsets\":[0,8]},"
+                      "\"bn.w\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[8,12]}}";
+    int64_t values[] = {2147483647, (int64_t)1 << 40, -2147483648LL, -2147483649LL};
+    for (int v = 0; v < 4; v++) {
+        unsigned char data[12] = {0};
+        memcpy(data, &values[v], 8);
+        float w = 1.5f;
+        memcpy(data + 8, &w, 4);
+        write_st(path, strlen(hdr), hdr, data, 12);
+        fr_params *p = fr_params_new();
+        fr_tensor *count = fr_params_new_tensor(p, "bn.num_batches_tracked", FR_BUFFER, FR_I32, 0, NULL);
+        fr_tensor *wt = fr_params_new_tensor(p, "bn.w", FR_PARAMETER, FR_F32, 1, FR_SHAPE(1));
+        bool fits = values[v] >= INT32_MIN && values[v] <= INT32_MAX;
+        if (fits) {
+            CHECK_OK(fr_params_load(p, path));
+            CHECK(*(int32_t *)fr_data(count) == (int32_t)values[v] && fr_data_f32(wt)[0] == 1.5f);
+        } else {
+            char want[32];
+            snprintf(want, sizeof want, "holds %lld", (long long)values[v]);
+            CHECK_ERR(fr_params_load(p, path), FR_ERR_FORMAT, want);
+            CHECK(strstr(fr_last_error(), "bn.num_batches_tracked") != NULL);
+            CHECK(*(int32_t *)fr_data(count) == 0 && fr_data_f32(wt)[0] == 0); /* nothing copied */
+        }
+        fr_params_free(p);
     }
     remove_tmpdir();
 }
@@ -653,11 +699,16 @@ static void test_safetensors_package(void) {
     fr_tensor *bias = fr_zeros(FR_CPU, FR_F32, 1, FR_SHAPE(2), FR_TAG_PARAM);
     CHECK_OK(fr_st_read_into(f, "fc.bias", bias));
     fr_release(bias);
-    /* BatchNorm's int64 counter opens but frugal cannot hold it */
+    /* BatchNorm's int64 counter: no i64 tensor in frugal, but it reads into
+     * the i32 counter frugal keeps (7 batches, from package_written()) */
     int k = fr_st_find(f, "bn.num_batches_tracked");
     CHECK(k >= 0 && fr_st_dtype(f, k) == FR_DTYPE_COUNT && fr_st_ndim(f, k) == 0);
     CHECK(fr_st_get(f, "bn.num_batches_tracked", FR_CPU, FR_TAG_DATA) == NULL);
     CHECK_ERR(fr_last_status(), FR_ERR_DTYPE, "I64");
+    fr_tensor *count = fr_zeros(FR_CPU, FR_I32, 0, NULL, FR_TAG_DATA);
+    CHECK_OK(fr_st_read_into(f, "bn.num_batches_tracked", count));
+    CHECK(*(int32_t *)fr_data(count) == 7);
+    fr_release(count);
     fr_st_close(f);
     remove_tmpdir();
 }
@@ -691,6 +742,7 @@ int main(void) {
     RUN(test_read_into);
     RUN(test_malformed);
     RUN(test_unsupported_dtype);
+    RUN(test_i64_counter_range);
     RUN(test_atomic_save);
     RUN(test_pytorch_interop);
     RUN(test_safetensors_package);

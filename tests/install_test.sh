@@ -1,0 +1,86 @@
+#!/usr/bin/env bash
+# The installed library as a user meets it: `make install PREFIX=$tmp`, then
+# an out-of-tree program (tests/install/small_cnn.c) built with nothing but
+# `pkg-config --cflags --libs frugal` that trains a few steps and validates;
+# then the installed frugal-train / frugal-validate on a tiny run, ldd of the
+# installed programs and libraries (no CUDA library may appear), and that
+# <frugal/frugal.h> compiles alone, in C and in C++. `make uninstall` must
+# leave the prefix empty.
+#   tests/install_test.sh [BUILD [MAKE_ARGS...]]   (make check-install)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+build=${1:-build}
+shift || true
+data=${FR_TEST_DATA:-/usr/share/datasets/fashion-mnist}
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+prefix="$tmp/prefix"
+fail() { echo "install_test: FAILED: $*"; exit 1; }
+
+echo "== make install PREFIX=$prefix"
+make --no-print-directory -j2 BUILD="$build" PREFIX="$prefix" "$@" install >"$tmp/install.log" 2>&1 ||
+    { tail -20 "$tmp/install.log"; fail "make install"; }
+for f in lib/libfrugal.a lib/libfrugal.so lib/pkgconfig/frugal.pc include/frugal/frugal.h \
+    include/frugal/config.h bin/frugal-train bin/frugal-validate bin/frugal-memreport; do
+    [ -e "$prefix/$f" ] || fail "$f was not installed"
+done
+soname=$(readelf -d "$prefix/lib/libfrugal.so" | sed -n 's/.*(SONAME).*\[\(.*\)\]/\1/p')
+[[ "$soname" == libfrugal.so.[0-9]* ]] || fail "libfrugal.so has soname '$soname'"
+echo "soname $soname"
+for h in tensor/kernels.h tensor/kernels.def tensor/staging.h cuda/fr_cuda.h nn/json.h; do
+    [ ! -e "$prefix/include/frugal/$h" ] || fail "internal header $h was installed"
+done
+
+echo "== ldd: no CUDA library in the installed programs and libfrugal.so"
+for f in "$prefix"/bin/frugal-* "$prefix/lib/libfrugal.so"; do
+    libs=$(ldd "$f")
+    if grep -E 'libcud|libcublas|libcudnn' <<<"$libs"; then fail "$f links a CUDA library"; fi
+    grep 'not found' <<<"$libs" && fail "$f has a missing library"
+done
+echo "none"
+
+export PKG_CONFIG_PATH="$prefix/lib/pkgconfig"
+flags=$(pkg-config --cflags --libs frugal)
+echo "pkg-config --cflags --libs frugal: $flags"
+
+echo "== <frugal/frugal.h> alone, C11 and C++17"
+printf '#include <frugal/frugal.h>\nint main(void) { return fr_dtype_size(FR_F32) == 4 ? 0 : 1; }\n' >"$tmp/only.c"
+cc -std=c11 -Wall -Wextra -Werror "$tmp/only.c" $flags -o "$tmp/only_c" || fail "C program"
+"$tmp/only_c" || fail "C program did not run"
+cp "$tmp/only.c" "$tmp/only.cpp"
+c++ -std=c++17 -Wall -Wextra -Werror "$tmp/only.cpp" $flags -o "$tmp/only_cpp" || fail "C++ program"
+"$tmp/only_cpp" || fail "C++ program did not run"
+echo "ok"
+
+if [ ! -e "$data/t10k-images-idx3-ubyte.gz" ] && [ ! -e "$data/t10k-images-idx3-ubyte" ]; then
+    echo "install_test: skipped the training runs: no Fashion-MNIST at $data"
+else
+    echo "== an out-of-tree program: cc tests/install/small_cnn.c \$(pkg-config --cflags --libs frugal)"
+    mkdir "$tmp/user" && cp tests/install/small_cnn.c "$tmp/user/"
+    (cd "$tmp/user" && cc -std=c11 -O2 -Wall -Wextra -Werror small_cnn.c $flags -o small_cnn) ||
+        fail "small_cnn did not build"
+    (cd "$tmp/user" && ./small_cnn "$data" weights.safetensors) || fail "small_cnn"
+
+    echo "== the same program linked statically (pkg-config --static, libfrugal.a)"
+    static=$(pkg-config --cflags --libs --static frugal | sed 's/-lfrugal/-l:libfrugal.a/')
+    (cd "$tmp/user" && cc -std=c11 -O2 small_cnn.c $static -o small_cnn_static && ./small_cnn_static "$data" w2.safetensors) ||
+        fail "small_cnn linked statically"
+
+    echo "== frugal-train and frugal-validate"
+    "$prefix/bin/frugal-train" --model resnet8 --epochs 1 --batch 32 --limit-train 128 --limit-test 64 \
+        --threads 2 --save "$tmp/r8.safetensors" --data "fashion-mnist:$data" || fail "frugal-train"
+    "$prefix/bin/frugal-validate" --checkpoint "$tmp/r8.safetensors" --limit-test 64 --batch 32 \
+        --data "fashion-mnist:$data" | tee "$tmp/validate.txt" || fail "frugal-validate"
+    grep -q '^accuracy ' "$tmp/validate.txt" || fail "frugal-validate printed no accuracy"
+fi
+
+echo "== the CUDA loader, from the installed library"
+printf '%s\n' '#include <frugal/frugal.h>' '#include <stdio.h>' \
+    'int main(void) { int n = fr_cuda_device_count(); printf("%d GPU(s) %s\n", n, fr_cuda_unavailable_reason()); return n > 0 || fr_cuda_unavailable_reason()[0] ? 0 : 1; }' >"$tmp/why.c"
+cc "$tmp/why.c" $flags -o "$tmp/why" && "$tmp/why" || fail "fr_cuda_unavailable_reason"
+
+echo "== make uninstall"
+make --no-print-directory BUILD="$build" PREFIX="$prefix" "$@" uninstall >/dev/null
+left=$(find "$prefix" -type f -o -type l)
+[ -z "$left" ] || fail "uninstall left: $left"
+echo "install_test: ok"
