@@ -105,8 +105,9 @@ CONFIG_H := $(BUILD)/include/frugal/config.h
 # header that includes a header not in this list.
 PUBLIC_HEADERS := frugal.h tensor/fr_base.h tensor/shapes.h tensor/tensor.h tensor/memory.h \
   tensor/ops.h tensor/cuda.h autograd/autograd.h autograd/functions.h \
-  nn/amp.h nn/blocks.h nn/checkpoint.h nn/cli.h nn/densenet.h nn/layers.h nn/model.h \
-  nn/optim.h nn/params.h nn/plan.h nn/resnet.h nn/safetensors.h nn/schedule.h \
+  nn/amp.h nn/blocks.h nn/build.h nn/checkpoint.h nn/cli.h nn/densenet.h nn/layers.h nn/model.h \
+  nn/optim.h nn/params.h nn/plan.h nn/registry.h nn/resnet.h nn/safetensors.h nn/schedule.h \
+  nn/train.h dist/dist.h \
   data/augment.h data/dataset.h data/loader.h data/rng.h
 # The programs, installed as frugal-train, frugal-validate, frugal-memreport
 # and linked against libfrugal.so (docs/INSTALL.md says why three programs).
@@ -251,14 +252,15 @@ bench: deps
 FUZZ_CC ?= clang-14
 FUZZ_SECONDS ?= 120
 FUZZ_DIR := build-fuzz
-FUZZ_FLAGS := -std=c11 -D_GNU_SOURCE -fopenmp -MMD -MP -I. -g -O1 -fno-omit-frame-pointer \
-  -fsanitize=address,undefined -fno-sanitize-recover=undefined \
-  $(if $(CBLAS_INC),-DFR_HAVE_CBLAS -I$(dir $(CBLAS_INC)))
-FUZZ_LIBS := -lm -lpthread -lz $(if $(CBLAS_INC),-lopenblas)
+FUZZ_FLAGS := -std=c11 -D_GNU_SOURCE -fopenmp -MMD -MP -I. -I$(BUILD)/include/frugal -g -O1 \
+  -fno-omit-frame-pointer -fsanitize=address,undefined -fno-sanitize-recover=undefined \
+  $(if $(CBLAS_INC),-DFR_HAVE_CBLAS -I$(dir $(CBLAS_INC))) \
+  $(if $(MPI_LIBS),-DFR_HAVE_MPI $(MPI_CFLAGS))
+FUZZ_LIBS := -lm -lpthread -lz -ldl $(if $(CBLAS_INC),-lopenblas) $(MPI_LIBS)
 FUZZ_OBJ := $(LIB_SRC:%.c=$(FUZZ_DIR)/%.o)
 FUZZ_BIN := $(patsubst tests/fuzz/%.c,$(FUZZ_DIR)/%,$(wildcard tests/fuzz/fuzz_*.c))
 
-$(FUZZ_DIR)/%.o: %.c
+$(FUZZ_DIR)/%.o: %.c $(CONFIG_H)
 	@mkdir -p $(dir $@)
 	$(FUZZ_CC) $(FUZZ_FLAGS) -fsanitize=fuzzer-no-link -c $< -o $@
 

@@ -15,6 +15,7 @@
 #include "autograd/autograd.h"
 #include "autograd/functions.h"
 #include "data/loader.h"
+#include "dist/dist.h"
 #include "nn/amp.h"
 #include "nn/build.h"
 #include "nn/checkpoint.h"

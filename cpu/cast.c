@@ -7,14 +7,22 @@
  * flags and chosen at run time (__builtin_cpu_supports), so the installed,
  * portable library (no -march=native) keeps them on CPUs that have them. */
 #if defined(__x86_64__) && defined(__GNUC__)
+#include <cpuid.h>
 #include <immintrin.h>
 #define FR_CAST_SIMD 1
 #define FR_CAST_TARGET __attribute__((target("avx2,f16c")))
 
+/* F16C from CPUID leaf 1 (ECX bit 29): clang 14's __builtin_cpu_supports
+ * has no "f16c". The avx2 check above it covers the OS saving YMM state. */
+static bool cpu_has_f16c(void) {
+    unsigned a, b, c, d;
+    return __get_cpuid(1, &a, &b, &c, &d) && (c & (1u << 29));
+}
+
 static bool cast_simd_usable(void) {
     static int usable = -1; /* benign race: every thread computes the same value */
     if (usable < 0)
-        usable = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c");
+        usable = __builtin_cpu_supports("avx2") && cpu_has_f16c();
     return usable;
 }
 #endif
