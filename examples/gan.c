@@ -15,15 +15,16 @@
  * (fr_matmul, differentiable; it saves no activation), followed by 3x3
  * convolutions, and bounds its output with a hardtanh made of ReLUs (frugal
  * has no tanh). Losses are two-class cross-entropy (equal to BCE with logits
- * on the logit difference). --strategy applies to both models' blocks;
- * checkpoint puts each stage of each model in a segment of its own. */
+ * on the logit difference). Both models are written with nn/build.h and
+ * hold no strategy code: --strategy is set on both and the engine applies
+ * it (norm layers for inplace/recompute/abn, segments of the root's
+ * sequence for checkpoint; docs/MODELS.md). */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "frugal.h"
-#include "nn/blocks.h"
 #include "nn/cli.h"
 
 #define STB_IMAGE_WRITE_IMPLEMENTATION
@@ -44,25 +45,17 @@ typedef struct {
     double lr;
 } options;
 
-/* G: z (N, 32) -> linear -> (N, 16, 7, 7) -> BN-ReLU -> up -> conv-BN-ReLU
- * (16, 14, 14) -> up -> conv (1, 28, 28). D: conv 4x4/2 (16, 14, 14) ->
- * leaky ReLU -> conv-BN-ReLU 4x4/2 (32, 7, 7) -> linear -> 2 logits. */
+/* G: z (N, 32) -> fc -> (N, 16, 7, 7) -> bn0 (BN-ReLU) -> up7 ->
+ * conv1 -> bn1 (BN-ReLU) (16, 14, 14) -> up14 -> conv2 (1, 28, 28) ->
+ * hardtanh. D: conv1 4x4/2 (16, 14, 14) -> leaky ReLU 0.2 -> conv2 4x4/2 ->
+ * bn2 (BN-ReLU) (32, 7, 7) -> flatten -> fc -> 2 logits. Each is an
+ * fr_model (nn/build.h); the pieces that are not layers are blocks without
+ * layers of their own, so they are steps of the root's sequence that the
+ * engine can put in checkpoint segments like any other. */
 typedef struct {
-    fr_params *params;
-    fr_model_cfg cfg;
-    fr_linear_layer fc;
-    fr_batchnorm2d_layer bn0, bn1;
-    fr_conv2d_layer c1, c2;
-    fr_tensor *up7, *up14; /* (49, 196), (196, 784) nearest-neighbour maps */
-} generator;
-
-typedef struct {
-    fr_params *params;
-    fr_model_cfg cfg;
-    fr_conv2d_layer c1, c2;
-    fr_batchnorm2d_layer bn2;
-    fr_linear_layer fc;
-} discriminator;
+    fr_model *g, *d;
+    fr_tensor *up7, *up14; /* (49, 196), (196, 784) nearest-neighbour maps; owned here */
+} models;
 
 /* The 0/1 matrix (s*s, 4*s*s) mapping an s x s map to its 2s x 2s
  * nearest-neighbour enlargement: out = in U. */
@@ -81,10 +74,16 @@ static fr_tensor *upsample_matrix(int s) {
     return t;
 }
 
+/* The state of the upsampling block: its matrix, borrowed from `models`
+ * (which outlives the model's forwards and their replays). */
+typedef struct {
+    fr_tensor *u;
+} upsample_block;
+
 /* (N, C, s, s) -> (N, C, 2s, 2s) */
-static fr_tensor *upsample(fr_tensor *x, fr_tensor *u) {
-    if (!x)
-        return NULL;
+static fr_tensor *upsample_forward(fr_module *self, fr_tensor *x, const fr_run *run) {
+    (void)run;
+    fr_tensor *u = ((upsample_block *)fr_block_state(self))->u;
     int64_t n = x->shape[0], c = x->shape[1], s = x->shape[2];
     fr_tensor *flat = fr_reshape(x, 2, FR_SHAPE(n * c, s * s));
     fr_tensor *y = flat ? fr_matmul(flat, u) : NULL;
@@ -92,11 +91,42 @@ static fr_tensor *upsample(fr_tensor *x, fr_tensor *u) {
     return y ? fr_chain(y, fr_reshape(y, 4, FR_SHAPE(n, c, 2 * s, 2 * s))) : NULL;
 }
 
+static void upsample_new(fr_module *parent, const char *name, fr_tensor *u) {
+    upsample_block *b = fr_block_state(fr_block_new(parent, name, upsample_forward, sizeof *b));
+    if (b)
+        b->u = u;
+}
+
+/* The generator's stem: z -> fc -> (N, 16, 7, 7) -> bn0 (BN-ReLU). One block
+ * rather than fc, a reshape block and bn0 in the sequence, so that bn0's
+ * input is a tensor of the block's own and never the input of a checkpoint
+ * segment, which the engine holds and abn could not write over. */
+typedef struct {
+    fr_module *fc, *bn0;
+} stem_block;
+
+static fr_tensor *stem_forward(fr_module *self, fr_tensor *z, const fr_run *run) {
+    stem_block *b = fr_block_state(self);
+    fr_tensor *h = fr_forward(b->fc, z, run);
+    h = h ? fr_chain(h, fr_reshape(h, 4, FR_SHAPE(z->shape[0], 16, 7, 7))) : NULL;
+    return fr_chain(h, fr_forward(b->bn0, h, run));
+}
+
+/* Named "" so that its layers are "fc" and "bn0", not "stem.fc". */
+static void stem_new(fr_module *parent) {
+    fr_module *blk = fr_block_new(parent, "", stem_forward, sizeof(stem_block));
+    stem_block *b = fr_block_state(blk);
+    if (!b)
+        return;
+    b->fc = fr_linear_new(blk, "fc", (fr_linear_opts){.in = ZDIM, .out = 16 * 7 * 7});
+    b->bn0 = fr_norm_new(blk, "bn0", (fr_norm_opts){.channels = 16, .act = FR_ACT_RELU});
+}
+
 /* hardtanh(x) = relu(x + 1) - relu(x - 1) - 1 from existing ops: keeps the
  * generator's pixels in [-1, 1], where the data are (frugal has no tanh). */
-static fr_tensor *hardtanh(fr_tensor *x) {
-    if (!x)
-        return NULL;
+static fr_tensor *hardtanh_forward(fr_module *self, fr_tensor *x, const fr_run *run) {
+    (void)self;
+    (void)run;
     fr_tensor *one = fr_empty_like(x, FR_TAG_DATA), *minus = fr_empty_like(x, FR_TAG_DATA);
     fr_tensor *r1 = NULL, *r2 = NULL, *d = NULL, *y = NULL;
     if (one && minus && fr_fill_(one, 1.0f) == FR_OK && fr_fill_(minus, -1.0f) == FR_OK) {
@@ -114,79 +144,54 @@ static fr_tensor *hardtanh(fr_tensor *x) {
     return y;
 }
 
-static fr_tensor *g_stage0(void *ctx, fr_tensor *z) {
-    generator *g = ctx;
-    fr_tensor *h = fr_linear_layer_forward(&g->fc, z);
-    h = h ? fr_chain(h, fr_reshape(h, 4, FR_SHAPE(z->shape[0], 16, 7, 7))) : NULL;
-    return h ? fr_chain(h, fr_bn_relu(&g->bn0, h, true, &g->cfg)) : NULL;
+/* The DCGAN discriminator's leaky ReLU (slope 0.2; the norm layers only
+ * have ReLU). */
+static fr_tensor *leaky_forward(fr_module *self, fr_tensor *x, const fr_run *run) {
+    (void)self;
+    (void)run;
+    return fr_leaky_relu(x, 0.2f);
 }
 
-static fr_tensor *g_stage1(void *ctx, fr_tensor *x) {
-    generator *g = ctx;
-    fr_tensor *h = upsample(x, g->up7);
-    h = h ? fr_chain(h, fr_conv_bn_relu(&g->c1, &g->bn1, h, true, &g->cfg)) : NULL;
-    h = h ? fr_chain(h, upsample(h, g->up14)) : NULL;
-    h = h ? fr_chain(h, fr_conv2d_layer_forward(&g->c2, h)) : NULL;
-    return fr_chain(h, hardtanh(h));
+static fr_model *generator_new(fr_tensor *up7, fr_tensor *up14, uint64_t seed) {
+    /* "in channels" and "classes" are only recorded: z's features, one grey channel out */
+    fr_model *m = fr_model_new("gan_g", ZDIM, 1, seed);
+    fr_module *net = fr_model_root(m);
+    stem_new(net);
+    upsample_new(net, "up7", up7);
+    fr_conv2d_new(net, "conv1", (fr_conv2d_opts){.in = 16, .out = 16});
+    fr_norm_new(net, "bn1", (fr_norm_opts){.channels = 16, .act = FR_ACT_RELU});
+    upsample_new(net, "up14", up14);
+    fr_conv2d_new(net, "conv2", (fr_conv2d_opts){.in = 16, .out = 1, .bias = true});
+    fr_block_new(net, "hardtanh", hardtanh_forward, 0);
+    return fr_model_finish(m);
 }
 
-static fr_tensor *d_stage0(void *ctx, fr_tensor *x) {
-    discriminator *d = ctx;
-    fr_tensor *h = fr_conv2d_layer_forward(&d->c1, x);
-    return h ? fr_chain(h, fr_leaky_relu(h, 0.2f)) : NULL;
+static fr_model *discriminator_new(uint64_t seed) {
+    fr_model *m = fr_model_new("gan_d", 1, 2, seed);
+    fr_module *net = fr_model_root(m);
+    fr_conv2d_new(net, "conv1", (fr_conv2d_opts){.in = 1, .out = 16, .kernel = 4, .stride = 2, .pad = 1,
+                                                  .bias = true});
+    fr_block_new(net, "leaky", leaky_forward, 0);
+    fr_conv2d_new(net, "conv2", (fr_conv2d_opts){.in = 16, .out = 32, .kernel = 4, .stride = 2, .pad = 1});
+    fr_norm_new(net, "bn2", (fr_norm_opts){.channels = 32, .act = FR_ACT_RELU});
+    fr_flatten_new(net, "flatten");
+    fr_linear_new(net, "fc", (fr_linear_opts){.in = 32 * 7 * 7, .out = 2});
+    return fr_model_finish(m);
 }
 
-static fr_tensor *d_stage1(void *ctx, fr_tensor *x) {
-    discriminator *d = ctx;
-    fr_tensor *h = fr_conv_bn_relu(&d->c2, &d->bn2, x, true, &d->cfg);
-    h = h ? fr_chain(h, fr_flatten(h)) : NULL;
-    return h ? fr_chain(h, fr_linear_layer_forward(&d->fc, h)) : NULL;
-}
-
-/* Runs the stages in order, each as a checkpointed segment under
- * checkpoint. Takes x borrowed. */
-static fr_tensor *run_stages(fr_segment_fn const *stages, int n, void *ctx, const fr_model_cfg *cfg,
-                             fr_tensor *x) {
-    fr_tensor *h = fr_retain(x);
-    for (int i = 0; i < n && h; i++)
-        h = fr_chain(h, cfg->strategy.checkpoint ? fr_checkpoint(stages[i], ctx, h) : stages[i](ctx, h));
-    return h;
-}
-
-static fr_tensor *g_forward(generator *g, fr_tensor *z) {
-    static fr_segment_fn const stages[2] = {g_stage0, g_stage1};
-    return run_stages(stages, 2, g, &g->cfg, z);
-}
-
-static fr_tensor *d_forward(discriminator *d, fr_tensor *x) {
-    static fr_segment_fn const stages[2] = {d_stage0, d_stage1};
-    return run_stages(stages, 2, d, &d->cfg, x);
-}
-
-static fr_status models_init(generator *g, discriminator *d, fr_strategy s, uint64_t seed) {
-    fr_rng rng;
-    fr_rng_seed(&rng, seed);
-    g->cfg = d->cfg = (fr_model_cfg){.strategy = s};
-    if (!(g->params = fr_params_new()) || !(d->params = fr_params_new()))
+static fr_status models_init(models *ms, fr_strategy s, uint64_t seed) {
+    if (!(ms->up7 = upsample_matrix(7)) || !(ms->up14 = upsample_matrix(14)) ||
+        !(ms->g = generator_new(ms->up7, ms->up14, seed)) || !(ms->d = discriminator_new(seed + 1)))
         return fr_last_status();
-    FR_TRY(fr_linear_layer_init(&g->fc, g->params, "fc", ZDIM, 16 * 7 * 7, true, &rng));
-    FR_TRY(fr_batchnorm2d_layer_init(&g->bn0, g->params, "bn0", 16));
-    FR_TRY(fr_conv2d_layer_init(&g->c1, g->params, "conv1", 16, 16, 3, 1, 1, false, &rng));
-    FR_TRY(fr_batchnorm2d_layer_init(&g->bn1, g->params, "bn1", 16));
-    FR_TRY(fr_conv2d_layer_init(&g->c2, g->params, "conv2", 16, 1, 3, 1, 1, true, &rng));
-    if (!(g->up7 = upsample_matrix(7)) || !(g->up14 = upsample_matrix(14)))
-        return fr_last_status();
-    FR_TRY(fr_conv2d_layer_init(&d->c1, d->params, "conv1", 1, 16, 4, 2, 1, true, &rng));
-    FR_TRY(fr_conv2d_layer_init(&d->c2, d->params, "conv2", 16, 32, 4, 2, 1, false, &rng));
-    FR_TRY(fr_batchnorm2d_layer_init(&d->bn2, d->params, "bn2", 32));
-    return fr_linear_layer_init(&d->fc, d->params, "fc", 32 * 7 * 7, 2, true, &rng);
+    ms->g->cfg.strategy = ms->d->cfg.strategy = s;
+    return FR_OK;
 }
 
-static void models_free(generator *g, discriminator *d) {
-    fr_params_free(g->params);
-    fr_params_free(d->params);
-    fr_release(g->up7);
-    fr_release(g->up14);
+static void models_free(models *ms) {
+    fr_model_free(ms->g);
+    fr_model_free(ms->d);
+    fr_release(ms->up7);
+    fr_release(ms->up14);
 }
 
 static fr_tensor *noise(int64_t n, fr_rng *rng) {
@@ -215,16 +220,16 @@ static fr_tensor *labels(int64_t n, int32_t value) {
     return t;
 }
 
-static fr_tensor *d_loss(discriminator *d, fr_tensor *x, fr_tensor *target) {
-    fr_tensor *logits = d_forward(d, x);
+static fr_tensor *d_loss(fr_model *d, fr_tensor *x, fr_tensor *target) {
+    fr_tensor *logits = fr_model_forward(d, x, true);
     return logits ? fr_chain(logits, fr_cross_entropy(logits, target)) : NULL;
 }
 
 /* One alternating step; *ld, *lg get the two losses. */
-static fr_status gan_step(generator *g, discriminator *d, fr_optim *gopt, fr_optim *dopt,
+static fr_status gan_step(fr_model *g, fr_model *d, fr_optim *gopt, fr_optim *dopt,
                           fr_tensor *const *g_inputs, int n_g_inputs, fr_tensor *real, fr_tensor *z,
                           fr_tensor *ones, fr_tensor *zeros, double *ld, double *lg) {
-    fr_tensor *fake = g_forward(g, z);
+    fr_tensor *fake = fr_model_forward(g, z, true);
     fr_tensor *detached = fake ? fr_detach(fake) : NULL;
     fr_tensor *l_real = detached ? d_loss(d, real, ones) : NULL;
     fr_tensor *l_fake = l_real ? d_loss(d, detached, zeros) : NULL;
@@ -259,10 +264,10 @@ static fr_status gan_step(generator *g, discriminator *d, fr_optim *gopt, fr_opt
 }
 
 /* GRID x GRID samples of G (batch statistics, no_grad) as a grey PNG. */
-static fr_status write_grid(generator *g, const char *path, fr_rng *rng) {
+static fr_status write_grid(fr_model *g, const char *path, fr_rng *rng) {
     fr_tensor *z = noise(GRID * GRID, rng);
     fr_no_grad_enter();
-    fr_tensor *img = z ? g_forward(g, z) : NULL;
+    fr_tensor *img = z ? fr_model_forward(g, z, true) : NULL;
     fr_no_grad_exit();
     fr_release(z);
     if (!img)
@@ -337,8 +342,7 @@ static void usage(FILE *out) {
 }
 
 typedef struct {
-    generator g;
-    discriminator d;
+    models m;
     fr_dataset *ds;
     fr_loader *ld;
     fr_optim *gopt, *dopt;
@@ -351,7 +355,7 @@ static fr_status train(const options *o, run *r) {
     fr_strategy strategy;
     FR_TRY(fr_data_spec_parse(o->data, &spec));
     FR_TRY(fr_strategy_parse(o->strategy, &strategy));
-    FR_TRY(models_init(&r->g, &r->d, strategy, (uint64_t)o->seed));
+    FR_TRY(models_init(&r->m, strategy, (uint64_t)o->seed));
     if (!(r->ds = fr_data_open(&spec, true, o->limit)))
         return fr_last_status();
     if (r->ds->c != 1 || r->ds->h != 28 || r->ds->w != 28 || r->ds->n < o->batch)
@@ -365,15 +369,16 @@ static fr_status train(const options *o, run *r) {
         return fr_last_status();
     fr_adam_options ao = fr_adam_defaults(o->lr, 0);
     ao.beta1 = 0.5;
-    if (!(r->gopt = fr_adam_new(r->g.params, ao)) || !(r->dopt = fr_adam_new(r->d.params, ao)) ||
+    if (!(r->gopt = fr_adam_new(r->m.g->params, ao)) || !(r->dopt = fr_adam_new(r->m.d->params, ao)) ||
         !(r->ones = labels(o->batch, 1)) || !(r->zeros = labels(o->batch, 0)))
         return fr_last_status();
     int n_g = 0;
-    if (!(r->g_inputs = calloc((size_t)r->g.params->count, sizeof *r->g_inputs)))
+    const fr_params *gp = r->m.g->params;
+    if (!(r->g_inputs = calloc((size_t)gp->count, sizeof *r->g_inputs)))
         return fr_error(FR_ERR_OOM, "gan: out of memory");
-    for (int i = 0; i < r->g.params->count; i++)
-        if (r->g.params->items[i].kind == FR_PARAMETER)
-            r->g_inputs[n_g++] = r->g.params->items[i].tensor;
+    for (int i = 0; i < gp->count; i++)
+        if (gp->items[i].kind == FR_PARAMETER)
+            r->g_inputs[n_g++] = gp->items[i].tensor;
     char buf[64];
     printf("gan: %lld steps of batch %lld on %s, strategy %s\n", (long long)o->steps,
            (long long)o->batch, o->data, fr_strategy_format(strategy, buf, sizeof buf));
@@ -390,7 +395,7 @@ static fr_status train(const options *o, run *r) {
         fr_release(y);
         fr_tensor *z = noise(o->batch, &rng);
         double ld = 0, lg = 0;
-        fr_status st = z ? gan_step(&r->g, &r->d, r->gopt, r->dopt, r->g_inputs, n_g, real, z,
+        fr_status st = z ? gan_step(r->m.g, r->m.d, r->gopt, r->dopt, r->g_inputs, n_g, real, z,
                                     r->ones, r->zeros, &ld, &lg)
                          : fr_last_status();
         fr_release(real);
@@ -404,7 +409,7 @@ static fr_status train(const options *o, run *r) {
         fflush(stdout);
     }
     printf("trained in %.1f s\n", fr_cli_now() - t0);
-    FR_TRY(write_grid(&r->g, o->out, &rng));
+    FR_TRY(write_grid(r->m.g, o->out, &rng));
     printf("wrote %s (%dx%d samples)\nmemory ledger (peaks over training):\n", o->out, GRID, GRID);
     fr_mem_report(stdout);
     return FR_OK;
@@ -418,7 +423,7 @@ static void run_free(run *r) {
     fr_optim_free(r->dopt);
     fr_loader_free(r->ld);
     fr_dataset_free(r->ds);
-    models_free(&r->g, &r->d);
+    models_free(&r->m);
 }
 
 int main(int argc, char **argv) {
