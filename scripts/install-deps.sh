@@ -6,7 +6,7 @@ cd "$(dirname "$0")/.."
 
 need=()
 have_pkg() { dpkg-query -W -f='${Status}' "$1" 2>/dev/null | grep -q "install ok installed"; }
-for p in build-essential libopenblas-dev zlib1g-dev libstb-dev dataset-fashion-mnist python3-torch python3-numpy python3-pip; do
+for p in build-essential libopenblas-dev libdnnl-dev zlib1g-dev libstb-dev dataset-fashion-mnist python3-torch python3-numpy python3-pip; do
     have_pkg "$p" || need+=("$p")
 done
 if [ ${#need[@]} -gt 0 ]; then
