@@ -20,6 +20,12 @@
 #define STBI_NO_STDIO
 #define STBI_FAILURE_USERMSG
 #define STBI_MAX_DIMENSIONS FR_IMAGE_MAX_SIDE
+/* stb_image 2.27 asserts (abort) on some malformed JPEG entropy data, e.g.
+ * a Huffman code whose length disagrees with its table (found by
+ * tests/fuzz/fuzz_image_folder). A library must not abort on a bad file: a
+ * failed check is noted instead and the decode reported as an error. */
+static _Thread_local int stb_check_failed;
+#define STBI_ASSERT(x) ((x) ? (void)0 : (void)(stb_check_failed = 1))
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wsign-compare"
 #pragma GCC diagnostic ignored "-Wunused-function"
@@ -219,7 +225,13 @@ fr_status fr_image_decode(const uint8_t *buf, size_t len, const char *name, int 
                           uint8_t *dst) {
     FR_TRY(fr_image_check(buf, len, name));
     int gw, gh, comp;
+    stb_check_failed = 0;
     uint8_t *img = len <= INT32_MAX ? stbi_load_from_memory(buf, (int)len, &gw, &gh, &comp, channels) : NULL;
+    if (img && stb_check_failed) {
+        stbi_image_free(img);
+        return fr_error(FR_ERR_FORMAT, "cannot decode %s (corrupt: the decoder's consistency check "
+                        "failed)", name);
+    }
     if (!img)
         return fr_error(FR_ERR_FORMAT, "cannot decode %s (%s)", name,
                         len > INT32_MAX ? "too large" : stbi_failure_reason());
