@@ -534,15 +534,22 @@ typedef struct {
     int n;
 } ready_list;
 
+/* The node at tape index i if this backward (run id) reaches it, else NULL. */
+static const fr_node *reached_at(int i, uint64_t id) {
+    const fr_node *n = tape.nodes[i];
+    return n && n->mark == id ? n : NULL;
+}
+
 static fr_status ready_plan(ready_list *r, uint64_t id) {
     *r = (ready_list){.fn = ready_fn, .ctx = ready_ctx};
     if (!r->fn)
         return FR_OK;
     size_t edges = 0, cap = 16;
-    for (int i = 0; i < tape.len; i++)
-        if (tape.nodes[i] && tape.nodes[i]->mark == id)
-            for (int j = 0; j < tape.nodes[i]->n_inputs; j++)
-                edges += tape.nodes[i]->inputs[j].kind == FR_EDGE_LEAF;
+    for (int i = 0; i < tape.len; i++) {
+        const fr_node *n = reached_at(i, id);
+        for (int j = 0; n && j < n->n_inputs; j++)
+            edges += n->inputs[j].kind == FR_EDGE_LEAF;
+    }
     if (!edges)
         return FR_OK;
     while (cap < 2 * edges)
@@ -555,11 +562,12 @@ static fr_status ready_plan(ready_list *r, uint64_t id) {
         r->entries = NULL;
         return fr_error(FR_ERR_OOM, "backward: out of memory planning the gradient-ready calls");
     }
-    for (int i = 0; i < tape.len; i++)
-        for (int j = 0; tape.nodes[i] && tape.nodes[i]->mark == id && j < tape.nodes[i]->n_inputs; j++) {
-            if (tape.nodes[i]->inputs[j].kind != FR_EDGE_LEAF)
+    for (int i = 0; i < tape.len; i++) {
+        const fr_node *n = reached_at(i, id);
+        for (int j = 0; n && j < n->n_inputs; j++) {
+            if (n->inputs[j].kind != FR_EDGE_LEAF)
                 continue;
-            fr_tensor *leaf = tape.nodes[i]->inputs[j].leaf;
+            fr_tensor *leaf = n->inputs[j].leaf;
             size_t h = (size_t)(((uintptr_t)leaf >> 4) * 0x9E3779B97F4A7C15ull) & (cap - 1);
             while (seen[h] && seen[h] != leaf)
                 h = (h + 1) & (cap - 1);
@@ -568,6 +576,7 @@ static fr_status ready_plan(ready_list *r, uint64_t id) {
             seen[h] = leaf;
             r->entries[r->n++] = (ready_entry){.node = i, .leaf = leaf};
         }
+    }
     free(seen);
     return FR_OK;
 }
