@@ -34,7 +34,7 @@ OPT ?= -O2 $(MARCH)
 # -fPIC: the same objects make libfrugal.a and libfrugal.so.
 CFLAGS_BASE := -std=c11 -D_GNU_SOURCE -Wall -Wextra -Werror -fopenmp -fPIC -MMD -MP -I. \
   -I$(BUILD)/include/frugal $(OPT)
-LDLIBS := -lm -lpthread -lz -fopenmp -ldl
+LDLIBS := -lm -lpthread -lz -lpng16 -lturbojpeg -fopenmp -ldl
 # Programs linked with libfrugal.a export its symbols, which the CUDA backend
 # (opened at run time) calls back into (cuda/fr_cuda.h).
 PROG_LDFLAGS := -rdynamic
@@ -256,7 +256,7 @@ FUZZ_FLAGS := -std=c11 -D_GNU_SOURCE -fopenmp -MMD -MP -I. -I$(BUILD)/include/fr
   -fno-omit-frame-pointer -fsanitize=address,undefined -fno-sanitize-recover=undefined \
   $(if $(CBLAS_INC),-DFR_HAVE_CBLAS -I$(dir $(CBLAS_INC))) \
   $(if $(MPI_LIBS),-DFR_HAVE_MPI $(MPI_CFLAGS))
-FUZZ_LIBS := -lm -lpthread -lz -ldl $(if $(CBLAS_INC),-lopenblas) $(MPI_LIBS)
+FUZZ_LIBS := -lm -lpthread -lz -lpng16 -lturbojpeg -ldl $(if $(CBLAS_INC),-lopenblas) $(MPI_LIBS)
 FUZZ_OBJ := $(LIB_SRC:%.c=$(FUZZ_DIR)/%.o)
 FUZZ_BIN := $(patsubst tests/fuzz/%.c,$(FUZZ_DIR)/%,$(wildcard tests/fuzz/fuzz_*.c))
 

@@ -17,8 +17,8 @@
  *  - CIFAR-100 binary: train.bin or test.bin, records of coarse label, fine
  *    label, 3072 pixel bytes; the fine label (100 classes) is used.
  *  - image folders: one sub-folder per class, classes numbered in name order;
- *    PNG, JPEG or BMP files of one common size, decoded by stb_image after
- *    the checks of data/image.h (truncated files, corrupt JPEG tables).
+ *    PNG, JPEG or BMP files of one common size, decoded by libpng,
+ *    libjpeg-turbo or data/image_bmp.c after the checks of data/image.h.
  *
  * Every error (missing file, truncated or oversized data, wrong magic,
  * image/label count mismatch, label out of range, mixed image sizes, a file

@@ -1,13 +1,14 @@
 /* image.h (internal to data/): reading image files safely for the image
- * folder reader, and the checks that stand in front of stb_image.
+ * folder reader.
  *
- * Debian's stb_image (v2.27) trusts two things a crafted file controls: the
- * symbol counts of a JPEG Huffman table (their sum indexes a 257-entry array:
- * an out-of-bounds write when it passes 256) and the pixel data size of a
- * BMP (a truncated file decodes silently, its missing rows read as zeros).
- * fr_image_check refuses both before stb sees the bytes; the decoders are
- * then only ever handed whole, checked files held in memory. Every error
- * names the file. */
+ * Files are read whole into memory (regular files only, bounded size), then
+ * checked for structure (a PNG's chunks and a JPEG's segments lie inside
+ * the file, so a cut file is named as truncated), then decoded by a reader
+ * made for the format: libpng and libjpeg-turbo, both fuzzed continuously
+ * upstream, and a small BMP reader of our own (data/image_bmp.c). Debian's
+ * stb_image 2.27 was used before and dropped: fuzz_image_folder kept finding
+ * out-of-bounds reads and writes and aborts in its JPEG decoder. Every
+ * error names the file. */
 #ifndef FR_DATA_IMAGE_H
 #define FR_DATA_IMAGE_H
 
@@ -27,7 +28,8 @@
  * blocking (the file is opened O_NONBLOCK and checked with fstat first). */
 fr_status fr_read_regular_file(const char *path, size_t max, uint8_t **buf, size_t *len);
 
-/* The structural checks above, for a PNG, JPEG or BMP held in buf. */
+/* The structural checks above, for a PNG, JPEG or BMP held in buf; anything
+ * else is an error saying it is not one of them. */
 fr_status fr_image_check(const uint8_t *buf, size_t len, const char *name);
 
 /* Checks, then reads the header: width, height, and 1 (grey, grey+alpha)

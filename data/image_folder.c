@@ -1,5 +1,6 @@
 /* image_folder.c: datasets from a folder of class sub-folders of images,
- * decoded with stb_image. See dataset.h.
+ * decoded by data/image.c (libpng, libjpeg-turbo, its own BMP reader). See
+ * dataset.h.
  *
  * Two passes: the first reads each file's header (after the checks of
  * image.h) to check that every file is an image of the common size, to count
@@ -141,7 +142,7 @@ fr_dataset *fr_dataset_load_folder(const char *dir, int channels) {
     ds = fr_dataset_new(slash && slash[1] ? slash + 1 : dir, files.n, channels, h0, w0, classes.n);
     if (!ds)
         goto done;
-    /* pass 2: decode into (N, C, H, W), converting stb's interleaved HWC */
+    /* pass 2: decode into (N, C, H, W), converted from the files' HWC */
     uint8_t *px = fr_data(ds->images);
     int32_t *lab = fr_data(ds->labels);
     const int64_t plane = (int64_t)h0 * w0;

@@ -3,7 +3,8 @@
 # when there is one) on a GPU machine that has nvcc but no package manager.
 #
 #   bash scripts/device-check.sh --prepare   # HERE, before sending the tree:
-#       copies the headers that machine lacks (stb, zlib) into .carry/include
+#       copies the headers that machine lacks (stb, zlib, libpng, TurboJPEG)
+#       into .carry/include and the libpng / TurboJPEG libraries into .carry/lib
 #   bash scripts/device-check.sh             # THERE (with .carry carried):
 #       writes preflight.log, build.log, tests.log, tests-im2col.log (the
 #       CUDA tests with FR_CUDNN=0), bench-gpu.md (the bench's GPU section:
@@ -31,9 +32,18 @@ if [ "${1:-}" = "--prepare" ]; then
         cp "/usr/include/stb/$h" "$carry_inc/stb/" ||
             { echo "prepare: /usr/include/stb/$h is missing" >&2; exit 1; }
     done
-    for h in zlib.h zconf.h; do
+    for h in zlib.h zconf.h png.h pngconf.h pnglibconf.h turbojpeg.h; do
         f=$(echo "#include <$h>" | cc -E -H -x c - 2>&1 >/dev/null | awk '/^\. /{print $2; exit}')
         [ -n "$f" ] && cp "$f" "$carry_inc/"
+    done
+    # the image decoders' shared libraries (an image without them has no apt)
+    mkdir -p .carry/lib
+    for l in png16 turbojpeg; do
+        # under its soname (libpng16.so.16), the name the loader looks for
+        f=$(readlink -f "/usr/lib/x86_64-linux-gnu/lib$l.so") &&
+            so=$(objdump -p "$f" | awk '/SONAME/{print $2}') && [ -n "$so" ] &&
+            cp "$f" ".carry/lib/$so" ||
+            { echo "prepare: lib$l.so is missing (scripts/install-deps.sh installs it)" >&2; exit 1; }
     done
     echo "prepare: $(find "$carry_inc" -type f | wc -l) headers under $carry_inc; carry .carry"
     exit 0
@@ -74,7 +84,7 @@ find_header() { # name -> the folder holding it, or nothing
 find_lib() { # stem -> libstem.so or libstem.so.N, or nothing
     local d f
     for d in /usr/local/cuda/lib64 /usr/local/cuda/targets/x86_64-linux/lib \
-        /usr/lib/x86_64-linux-gnu /lib/x86_64-linux-gnu /usr/lib64 $lib_dirs; do
+        /usr/lib/x86_64-linux-gnu /lib/x86_64-linux-gnu /usr/lib64 $lib_dirs "$root/.carry/lib"; do
         for f in "$d/lib$1.so" "$d"/lib"$1".so.[0-9]*; do
             [ -f "$f" ] && { echo "$f"; return; }
         done
@@ -89,7 +99,7 @@ preflight() {
     echo "cc: $(cc --version 2>&1 | head -n 1)"
     [ -f "$carry_inc/stb/stb_image.h" ] || [ -f /usr/include/stb/stb_image.h ] ||
         echo "WARNING: no stb headers (run scripts/device-check.sh --prepare first, carry .carry)"
-    for h in cuda_runtime.h cublas_v2.h cudnn.h zlib.h; do
+    for h in cuda_runtime.h cublas_v2.h cudnn.h zlib.h png.h turbojpeg.h; do
         d=$(find_header "$h")
         echo "header $h: ${d:-MISSING}"
         case "$d" in
@@ -97,7 +107,7 @@ preflight() {
         *) CPATH="$d${CPATH:+:$CPATH}" ;;
         esac
     done
-    for l in cudart cublas cublasLt cudnn z; do
+    for l in cudart cublas cublasLt cudnn z png16 turbojpeg; do
         f=$(find_lib "$l")
         echo "library $l: ${f:-MISSING}"
         [ -n "$f" ] || continue

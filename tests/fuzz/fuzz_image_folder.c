@@ -1,5 +1,5 @@
-/* fuzz_image_folder.c: image decoding (data/image.c, stb_image behind its
- * checks) and the folder reader (data/image_folder.c). The input is one
+/* fuzz_image_folder.c: image decoding (data/image.c: its checks, libpng,
+ * libjpeg-turbo, its own BMP reader) and the folder reader (data/image_folder.c). The input is one
  * image file: decoded from memory in both channel counts, then loaded as
  * the only file of a one-class folder. Images over 2^20 pixels are only
  * probed (a real, huge image is not a bug, and would pass the fuzzer's
