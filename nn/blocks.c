@@ -32,8 +32,10 @@ static fr_tensor *plain_bn(const fr_batchnorm2d_layer *bn, fr_tensor *x, const f
 }
 
 fr_tensor *fr_norm_apply(const fr_module *m, fr_tensor *x, fr_tensor *residual, const fr_run *run) {
-    if (!x)
+    if (!x) {
+        fr_error_null("norm", "x");
         return NULL;
+    }
     const fr_layer *l = m->state;
     const fr_batchnorm2d_layer *bn = &l->bn;
     fr_act act = l->act;

@@ -277,8 +277,10 @@ static fr_tensor *layer_forward(const fr_module *m, fr_tensor *x, const fr_run *
 }
 
 fr_tensor *fr_forward(fr_module *m, fr_tensor *x, const fr_run *run) {
-    if (!x)
+    if (!x) {
+        fr_error_null(m && m->name[0] ? m->name : "forward", "x");
         return NULL;
+    }
     if (!m || !run) {
         fr_error(FR_ERR_ARG, "forward: module or run is NULL");
         return NULL;

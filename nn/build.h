@@ -55,9 +55,10 @@
  * alone, when `parent` is NULL or an earlier construction in the model
  * failed; the first failure is kept and fr_model_finish returns it. Forwards
  * take their input borrowed and return a NEW reference; a NULL input gives
- * NULL without touching the error (so `y = fr_chain(y, fr_forward(l, y, run))`
- * keeps the first error); any other failure returns NULL with fr_last_error()
- * set. Module pointers stay valid until the model is freed, which must not
+ * NULL under the one NULL convention of every function (fr_error_null in
+ * tensor/fr_base.h: the pending first error is kept, so
+ * `y = fr_chain(y, fr_forward(l, y, run))` reports what failed first); any
+ * other failure returns NULL with fr_last_error() set. Module pointers stay valid until the model is freed, which must not
  * happen between a forward and its backward. */
 #ifndef FR_BUILD_H
 #define FR_BUILD_H

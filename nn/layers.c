@@ -42,8 +42,10 @@ fr_status fr_conv2d_layer_init(fr_conv2d_layer *l, fr_params *params, const char
 }
 
 fr_tensor *fr_conv2d_layer_forward(const fr_conv2d_layer *l, fr_tensor *x) {
-    if (!x)
+    if (!l || !x) {
+        fr_error_null("conv2d layer", !l ? "layer" : "x");
         return NULL;
+    }
     return fr_conv2d(x, l->weight, l->bias, l->p);
 }
 
@@ -80,8 +82,10 @@ fr_bn_state fr_batchnorm2d_layer_state(const fr_batchnorm2d_layer *l, bool train
 }
 
 fr_tensor *fr_batchnorm2d_layer_forward(const fr_batchnorm2d_layer *l, fr_tensor *x, bool training) {
-    if (!x)
+    if (!l || !x) {
+        fr_error_null("batch_norm layer", !l ? "layer" : "x");
         return NULL;
+    }
     fr_tensor *y = fr_batch_norm(x, l->weight, l->bias, l->running_mean, l->running_var, training,
                                  l->momentum, l->eps);
     if (y && training)
@@ -111,7 +115,9 @@ fr_status fr_linear_layer_init(fr_linear_layer *l, fr_params *params, const char
 }
 
 fr_tensor *fr_linear_layer_forward(const fr_linear_layer *l, fr_tensor *x) {
-    if (!x)
+    if (!l || !x) {
+        fr_error_null("linear layer", !l ? "layer" : "x");
         return NULL;
+    }
     return fr_linear(x, l->weight, l->bias);
 }

@@ -6,9 +6,11 @@
  * `_free`: the registry owns the tensors. `_forward` takes its input borrowed
  * and returns a NEW reference (or NULL with fr_last_error() set).
  *
- * NULL in, NULL out: every forward here returns NULL, without touching the
- * error, when its input is NULL. With fr_chain this keeps model code short and
- * leak-free while the first error (the one that matters) survives:
+ * NULL in, NULL out: a forward given NULL returns NULL under the one NULL
+ * convention of every function and layer (fr_error_null in tensor/fr_base.h):
+ * the pending first error is kept, its status unchanged, its message inside
+ * the new one. With fr_chain this keeps model code short and leak-free while
+ * the first error (the one that matters) survives:
  *
  *     fr_tensor *y = fr_conv2d_layer_forward(&l->conv, x);
  *     y = fr_chain(y, fr_batchnorm2d_layer_forward(&l->bn, y, training));

@@ -290,8 +290,10 @@ static bool segments_apply(const fr_module *seq, const fr_run *run) {
 }
 
 fr_tensor *fr_chain_forward(fr_module *c, fr_tensor *x, const fr_run *run) {
-    if (!x)
+    if (!x) {
+        fr_error_null("chain", "x");
         return NULL;
+    }
     /* only the root's sequence is cut: a nested chain is part of it, or
      * runs inside a block or a dense module */
     if (c == c->model->build->root && segments_apply(c, run))

@@ -4,6 +4,7 @@
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 /* Thread-local so the prefetch thread's errors never overwrite the trainer's. */
 static _Thread_local char last_message[1024];
@@ -36,6 +37,18 @@ fr_status fr_error(fr_status code, const char *fmt, ...) {
     va_end(ap);
     last_code = code;
     return code;
+}
+
+#define NULL_AFTER " is NULL, the result of an earlier failure: "
+
+fr_status fr_error_null(const char *op, const char *arg) {
+    if (last_code == FR_OK)
+        return fr_error(FR_ERR_ARG, "%s: %s is NULL", op, arg);
+    /* a chain of NULLs names the latest op and the first cause, unnested */
+    const char *first = strstr(last_message, NULL_AFTER);
+    char cause[sizeof last_message];
+    snprintf(cause, sizeof cause, "%s", first ? first + strlen(NULL_AFTER) : last_message);
+    return fr_error(last_code, "%s: %s" NULL_AFTER "%s", op, arg, cause);
 }
 
 void fr_assert_fail(const char *cond, const char *file, int line) {

@@ -45,6 +45,15 @@ fr_status fr_error(fr_status code, const char *fmt, ...)
     __attribute__((format(printf, 2, 3)));
 void fr_clear_error(void);
 const char *fr_status_name(fr_status s);
+/* The one NULL convention of every function and layer that takes a tensor
+ * (see docs/ARCHITECTURE.md, "Errors"): a NULL argument is an error naming
+ * `op` and `arg`. When an error is pending (fr_last_status() != FR_OK) the
+ * NULL is taken to be that failure's result, so its status is kept and its
+ * message is kept inside the new one: the first error always survives a
+ * chain `y = fr_chain(y, f(y))`, however long, wrapped once (the message
+ * names the latest op that met the NULL and the first cause). After
+ * handling an error, fr_clear_error() makes the next NULL its own error. */
+fr_status fr_error_null(const char *op, const char *arg);
 
 /* Propagates a non-OK status from an expression. */
 #define FR_TRY(expr)                       \

@@ -479,9 +479,7 @@ void fr_bump_version(fr_tensor *t, const char *op) {
 /* ---- argument checks ---- */
 
 fr_status fr_check_defined(const char *op, const char *arg, const fr_tensor *t) {
-    if (!t)
-        return fr_error(FR_ERR_ARG, "%s: %s is NULL", op, arg);
-    return FR_OK;
+    return t ? FR_OK : fr_error_null(op, arg);
 }
 
 fr_status fr_check_dtype(const char *op, const char *arg, const fr_tensor *t, fr_dtype want) {

@@ -358,6 +358,7 @@ static void test_bad_arguments(void) {
               "gamma has shape (4,), expected (3)");
     CHECK_ERR(fr_t_status_of(fr_batch_norm(x, c3, c4, m, v, false, MOMENTUM, EPS)), FR_ERR_SHAPE,
               "beta has shape (4,), expected (3)");
+    fr_clear_error(); /* none pending: the NULL itself is the error (docs/ARCHITECTURE.md, "Errors") */
     CHECK_ERR(fr_t_status_of(fr_batch_norm(x, NULL, c3, m, v, true, MOMENTUM, EPS)), FR_ERR_ARG,
               "batch_norm: gamma is NULL");
     CHECK_ERR(fr_t_status_of(fr_batch_norm(x, c3, NULL, m, v, true, MOMENTUM, EPS)), FR_ERR_ARG,

@@ -308,6 +308,7 @@ static void test_bad_arguments(void) {
     CHECK_ERR(fr_t_status_of(fr_conv2d(x, w, NULL, (fr_conv_params){0, 1})), FR_ERR_ARG,
               "stride must be >= 1");
     CHECK_ERR(fr_t_status_of(fr_conv2d(x, w, b5, p)), FR_ERR_SHAPE, "b has shape (5,), expected (4)");
+    fr_clear_error(); /* none pending: the NULL itself is the error (docs/ARCHITECTURE.md, "Errors") */
     CHECK_ERR(fr_t_status_of(fr_conv2d(NULL, w, NULL, p)), FR_ERR_ARG, "conv2d: x is NULL");
     /* the tensor-level ops check their outputs too */
     fr_tensor *ybad = fr_empty(FR_CPU, FR_F32, 4, FR_SHAPE(2, 4, 7, 7), FR_TAG_TRANSIENT);

@@ -612,10 +612,19 @@ static void test_densenet_half_efficient_matches_plain(void) {
 }
 
 /* The issue's ledger target: saved-for-backward bytes of ResNet-56 at batch
- * 64 (32x32x3) in bf16 at most 0.52x those in f32, under each strategy. */
+ * 64 (32x32x3) in bf16 at most 0.52x those in f32, under each strategy.
+ * Under the sanitizers the batch is 8: ten ResNet-56 steps at batch 64 can
+ * pass the runner's 600 s on a loaded machine there, and every saved
+ * tensor's size is proportional to the batch, so the ratio is the same
+ * check (the plain build runs the issue's batch). */
+#if defined(__SANITIZE_ADDRESS__)
+enum { RESNET56_BATCH = 8 };
+#else
+enum { RESNET56_BATCH = 64 };
+#endif
 static void test_resnet56_bf16_saved_bytes(void) {
     fr_model *m = fr_resnet_create("resnet56", 3, 10, 1);
-    fr_tensor *labels, *x = batch(64, 3, 32, 9, &labels);
+    fr_tensor *labels, *x = batch(RESNET56_BATCH, 3, 32, 9, &labels);
     const char *strategies[] = {"plain", "recompute", "abn", "checkpoint", "abn+checkpoint"};
     for (int s = 0; s < 5; s++) {
         size_t saved[2];
@@ -626,7 +635,7 @@ static void test_resnet56_bf16_saved_bytes(void) {
             fr_t_step_free(&r, m->params->count);
         }
         double ratio = (double)saved[1] / (double)saved[0];
-        fprintf(stderr, "    resnet56 b64 %-16s saved f32 %9zu  bf16 %9zu  ratio %.4f\n",
+        fprintf(stderr, "    resnet56 b%d %-16s saved f32 %9zu  bf16 %9zu  ratio %.4f\n", RESNET56_BATCH,
                 strategies[s], saved[0], saved[1], ratio);
         CHECK(saved[0] > 0 && ratio <= 0.52);
     }

@@ -139,7 +139,18 @@ static void test_bad_arguments(void) {
     CHECK_ERR(fr_copy_(b, a), FR_ERR_SHAPE, "differ in size");
     CHECK_ERR(fr_check_shape("conv2d", "weight", b, 2, FR_SHAPE(4, -1)), FR_ERR_SHAPE,
               "conv2d: weight has shape (4,), expected (4, *)");
+    /* a NULL with that error pending is its result: status and first
+     * message kept (docs/ARCHITECTURE.md, "Errors"), wrapped once */
+    CHECK_ERR(fr_fill_(NULL, 1.0f), FR_ERR_SHAPE,
+              "fill: input is NULL, the result of an earlier failure: conv2d: weight has shape (4,)");
+    CHECK_ERR(fr_t_status_of(fr_relu(NULL)), FR_ERR_SHAPE,
+              "relu: x is NULL, the result of an earlier failure: conv2d: weight has shape (4,)");
+    const char *wrap = strstr(fr_last_error(), "earlier failure");
+    CHECK(wrap && !strstr(wrap + 1, "earlier failure")); /* wrapped once */
+    /* with none pending, the NULL itself is the error */
+    fr_clear_error();
     CHECK_ERR(fr_fill_(NULL, 1.0f), FR_ERR_ARG, "fill: input is NULL");
+    CHECK(!strstr(fr_last_error(), "earlier failure"));
     float host[3];
     CHECK_ERR(fr_read_f32(b, host, 3), FR_ERR_SHAPE, "buffer holds 3");
     fr_release(a);
