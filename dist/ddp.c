@@ -172,7 +172,9 @@ static fr_status sync_finish(void *ctx) {
     } else if (st == FR_OK) {
         st = fr_cuda_nccl_wait(d->nccl);
     }
-    d->stats.wait_seconds += MPI_Wtime() - t0;
+    d->stats.backward_end = t0;
+    d->stats.reduced_end = MPI_Wtime();
+    d->stats.wait_seconds += d->stats.reduced_end - t0;
     fr_params *p = d->model->params;
     float inv = 1.0f / (float)d->world;
     for (int j = 0; j < d->n_order && st == FR_OK; j++) {

@@ -75,6 +75,13 @@ typedef struct {
     size_t bytes;              /* gradient bytes all-reduced per step */
     double wait_seconds;       /* spent waiting for all-reduces before the optimizer step */
     double started_early;      /* share of bucket bytes started during backward */
+    /* The last step, as MPI_Wtime on this process: when its backward ended
+     * (the wait began), and when its all-reduces were done (the wait ended;
+     * on CUDA the host does not wait for NCCL, so both are about equal).
+     * On one machine every process reads the same clock, so the latest
+     * backward end and the latest all-reduce end over processes say how
+     * long communication held up the step (bench/bench_dist.c). */
+    double backward_end, reduced_end;
 } fr_dist_stats;
 
 /* Whether this build has MPI. */
