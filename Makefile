@@ -62,10 +62,21 @@ ifeq ($(HAVE_CUDA),1)
   CU_SRC := $(wildcard cuda/*.cu)
   CUDA_LIB := $(BUILD)/$(CUDA_BACKEND_FILE)
   CUDA_LDLIBS := -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcudnn -lcublas -lcudart
+  # NCCL (data parallelism on GPUs, cuda/nccl.cu) joins the backend when the
+  # toolkit has it; without it the backend lacks the fr_cuda_nccl_* entry
+  # points and the core says so (docs/DISTRIBUTED.md). Tests also get a copy
+  # of the backend linked without nccl.o, to check that message.
+  ifneq ($(wildcard $(CUDA_HOME)/include/nccl.h),)
+    HAVE_NCCL := 1
+    CUDA_LDLIBS += -lnccl
+    NO_NCCL_LIB := $(BUILD)/tests/no-nccl/$(CUDA_BACKEND_FILE)
+  else
+    CU_SRC := $(filter-out cuda/nccl.cu,$(CU_SRC))
+  endif
 endif
 # MPI for data parallelism (dist/) when Open MPI's mpicc is found, like
 # OpenBLAS above; MPI=0 forces it off. Without it dist/none.c answers that
-# distributed training was not built in. NCCL joins a CUDA build that has it.
+# distributed training was not built in. NCCL is in the CUDA backend (above).
 ifneq ($(MPI),0)
   MPICC := $(shell command -v mpicc 2>/dev/null)
   ifneq ($(MPICC),)
@@ -77,16 +88,6 @@ ifneq ($(MPI_LIBS),)
   CFLAGS_BASE += -DFR_HAVE_MPI $(MPI_CFLAGS)
   LDLIBS += $(MPI_LIBS)
   DIST_SRC := dist/comm.c dist/ddp.c dist/launch.c
-  # dist/nccl.c is compiled in a CUDA build (NCCL_CHECK_OBJ, so CI sees it
-  # build) but not linked: the core library links no CUDA library since the
-  # CUDA backend became a shared object opened at run time, and NCCL has not
-  # moved into that object yet. Until then a CUDA model under --dist gets
-  # "built without NCCL" (dist/internal.h).
-  ifeq ($(HAVE_CUDA),1)
-    ifneq ($(wildcard $(CUDA_HOME)/include/nccl.h),)
-      NCCL_CHECK_OBJ := $(BUILD)/dist/nccl.o
-    endif
-  endif
 else
   DIST_SRC := dist/none.c dist/launch.c
 endif
@@ -127,16 +128,12 @@ BENCH_BIN := $(BENCH_SRC:bench/%.c=$(BUILD)/bench/%)
 all: lib examples
 lib: $(LIB) $(SHLIB) $(CUDA_LIB)
 examples: $(EXAMPLE_BIN)
-tests: $(TEST_BIN) $(CUDA_LIB) $(NCCL_CHECK_OBJ)
-
-$(BUILD)/dist/nccl.o: dist/nccl.c $(CONFIG_H)
-	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) -DFR_HAVE_NCCL -I$(CUDA_HOME)/include -c $< -o $@
+tests: $(TEST_BIN) $(CUDA_LIB) $(NO_NCCL_LIB)
 
 $(CONFIG_H): FORCE
 	@bash scripts/gen-config.sh $@ $(VERSION) $(if $(HAVE_CUDA),1,0) \
 	  $(if $(findstring -lopenblas,$(LDLIBS)),1,0) $(if $(findstring -ldnnl,$(LDLIBS)),1,0) \
-	  $(if $(findstring -march=native,$(CFLAGS)),1,0) $(CUDA_BACKEND_FILE)
+	  $(if $(findstring -march=native,$(CFLAGS)),1,0) $(CUDA_BACKEND_FILE) $(if $(HAVE_NCCL),1,0)
 
 # Every object depends on config.h, which changes with the options (NATIVE,
 # CUDA, BLAS): switching one rebuilds everything.
@@ -164,6 +161,11 @@ $(SHLIB): $(LIB_OBJ)
 $(CUDA_LIB): $(CU_OBJ) cuda/exports.map
 	$(CXX) -shared -Wl,-soname,$(CUDA_BACKEND_FILE) -Wl,-Bsymbolic -Wl,--version-script,cuda/exports.map \
 	  $(CU_OBJ) $(CUDA_LDLIBS) -o $@
+
+$(NO_NCCL_LIB): $(CU_OBJ) cuda/exports.map
+	@mkdir -p $(dir $@)
+	$(CXX) -shared -Wl,-soname,$(CUDA_BACKEND_FILE) -Wl,-Bsymbolic -Wl,--version-script,cuda/exports.map \
+	  $(filter-out $(BUILD)/cuda/nccl.cu.o,$(CU_OBJ)) $(filter-out -lnccl,$(CUDA_LDLIBS)) -o $@
 
 $(BUILD)/tests/%: tests/%.c $(TESTLIB_OBJ) $(LIB)
 	@mkdir -p $(dir $@)

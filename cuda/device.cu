@@ -53,6 +53,16 @@ extern "C" int fr_cuda_backend_probe(char *why, size_t len) {
     return n;
 }
 
+extern "C" fr_status fr_cuda_select_device(int local_rank, int *chosen) {
+    int n = fr_cuda_device_count();
+    if (n <= 0)
+        return fr_error(FR_ERR_DEVICE, "cuda: no GPU for local rank %d", local_rank);
+    int dev = (local_rank < 0 ? 0 : local_rank) % n;
+    FR_CUDA_CHECK(cudaSetDevice(dev));
+    *chosen = dev;
+    return FR_OK;
+}
+
 /* ---- copies and synchronisation ---- */
 
 extern "C" fr_status fr_cuda_memcpy(void *dst, const void *src, size_t nbytes, fr_copy_kind kind) {

@@ -3,6 +3,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "../tensor/memory.h"
 #include "internal.h"
 
 bool fr_dist_built(void) { return true; }
@@ -64,14 +65,51 @@ void fr_dist_free(fr_dist *d) {
 int fr_dist_rank(const fr_dist *d) { return d ? d->rank : 0; }
 int fr_dist_world(const fr_dist *d) { return d ? d->world : 1; }
 
+/* GPUs go through NCCL, which this checks first: a build without it stops
+ * here, before the model is made, with a message that says so. */
 fr_status fr_dist_select_gpu(fr_dist *d) {
-    (void)d;
+    FR_TRY(fr_cuda_nccl_ready("dist: CUDA training across processes needs NCCL"));
     const char *v = getenv("OMPI_COMM_WORLD_LOCAL_RANK");
     if (!v)
         v = getenv("MPI_LOCALRANKID");
     if (!v)
         v = getenv("SLURM_LOCALID");
-    return fr_nccl_select_device(v ? atoi(v) : 0);
+    int chosen = 0;
+    (void)d;
+    return fr_cuda_select_device(v ? atoi(v) : 0, &chosen);
+}
+
+fr_status fr_dist_nccl_connect(fr_dist *d) {
+    unsigned char id[FR_CUDA_NCCL_ID_BYTES] = {0};
+    fr_status local = fr_cuda_nccl_ready("dist");
+    if (local == FR_OK && d->rank == 0)
+        local = fr_cuda_nccl_unique_id(id);
+    int ok = local == FR_OK, all = 0;
+    MPI_TRY(MPI_Allreduce(&ok, &all, 1, MPI_INT, MPI_MIN, d->ctl), "MPI_Allreduce (NCCL readiness)");
+    if (!all)
+        return local != FR_OK ? local
+                              : fr_error(FR_ERR_DEVICE, "dist: another process cannot use NCCL (its own "
+                                         "message says why), so no process starts it");
+    MPI_TRY(MPI_Bcast(id, (int)sizeof id, MPI_BYTE, 0, d->ctl), "MPI_Bcast (NCCL id)");
+    return fr_cuda_nccl_new(&d->nccl, id, d->rank, d->world);
+}
+
+/* values (host) summed over processes through NCCL: a device copy, the
+ * all-reduce on the side stream, and back (the copy back waits for it). */
+static fr_status nccl_sum_host(fr_dist *d, double *values, int n) {
+    size_t bytes = (size_t)n * sizeof *values;
+    double *dev = fr_mem_alloc(FR_CUDA, bytes, FR_TAG_WORKSPACE); // (n)
+    if (!dev)
+        return fr_last_status();
+    fr_status st = fr_cuda_memcpy(dev, values, bytes, FR_COPY_H2D);
+    if (st == FR_OK)
+        st = fr_cuda_nccl_sum_start(d->nccl, dev, (size_t)n, true);
+    if (st == FR_OK)
+        st = fr_cuda_nccl_wait(d->nccl);
+    if (st == FR_OK)
+        st = fr_cuda_memcpy(values, dev, bytes, FR_COPY_D2H);
+    fr_mem_free(FR_CUDA, dev, bytes, FR_TAG_WORKSPACE);
+    return st;
 }
 
 fr_status fr_dist_sum(fr_dist *d, double *values, int n) {
@@ -79,14 +117,24 @@ fr_status fr_dist_sum(fr_dist *d, double *values, int n) {
     return FR_OK;
 }
 
-/* The BN sums go on their own communicator (tensor/ops.h's hook). */
+/* The BN sums go on their own communicator (tensor/ops.h's hook), or on
+ * NCCL for a CUDA model (in the order of its gradient all-reduces, which
+ * every process issues alike). */
 fr_status fr_dist_bn_sum(double *values, int n, void *ctx) {
     fr_dist *d = ctx;
+    if (d->nccl)
+        return nccl_sum_host(d, values, n);
     MPI_TRY(MPI_Allreduce(MPI_IN_PLACE, values, n, MPI_DOUBLE, MPI_SUM, d->bn), "MPI_Allreduce (batch norm)");
     return FR_OK;
 }
 
 fr_status fr_dist_any(fr_dist *d, bool *flag) {
+    if (d->nccl) {
+        double v = *flag;
+        FR_TRY(nccl_sum_host(d, &v, 1));
+        *flag = v > 0;
+        return FR_OK;
+    }
     int v = *flag;
     MPI_TRY(MPI_Allreduce(MPI_IN_PLACE, &v, 1, MPI_INT, MPI_LOR, d->ctl), "MPI_Allreduce (flag)");
     *flag = v != 0;

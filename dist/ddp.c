@@ -27,41 +27,49 @@ static fr_status mpi_fail(const char *what, int rc) {
     return fr_error(FR_ERR_IO, "dist: %s failed: %s", what, fr_dist_mpi_error(rc, msg, (int)sizeof msg));
 }
 
-/* Rank 0's bytes of t on every process (CUDA tensors through the host). */
-static fr_status bcast_tensor(fr_dist *d, fr_tensor *t) {
-    size_t bytes = fr_nbytes(t);
-    if (bytes > (size_t)INT32_MAX)
-        return fr_error(FR_ERR_ARG, "dist: a %zu-byte tensor is too large to broadcast in one message", bytes);
-    if (fr_device_of(t) == FR_CPU) {
-        int rc = MPI_Bcast(fr_data(t), (int)bytes, MPI_BYTE, 0, d->ctl);
-        return rc == MPI_SUCCESS ? FR_OK : mpi_fail("MPI_Bcast", rc);
-    }
-    void *host = malloc(bytes ? bytes : 1);
-    if (!host)
-        return fr_error(FR_ERR_OOM, "dist: out of memory broadcasting a tensor");
-    fr_status st = d->rank == 0 ? fr_cuda_memcpy(host, fr_data(t), bytes, FR_COPY_D2H) : FR_OK;
-    int rc = st == FR_OK ? MPI_Bcast(host, (int)bytes, MPI_BYTE, 0, d->ctl) : MPI_SUCCESS;
-    if (rc != MPI_SUCCESS)
-        st = mpi_fail("MPI_Bcast", rc);
-    if (st == FR_OK && d->rank != 0)
-        st = fr_cuda_memcpy(fr_data(t), host, bytes, FR_COPY_H2D);
-    free(host);
-    return st;
-}
-
+/* Rank 0's registry entries (all, or the buffers) on every process: CPU
+ * tensors over MPI, CUDA tensors in one NCCL group on the device (the main
+ * stream waits for it; the host does not). */
 static fr_status bcast_entries(fr_dist *d, bool buffers_only) {
     fr_params *p = d->model->params;
-    for (int i = 0; i < p->count; i++)
-        if (!buffers_only || p->items[i].kind == FR_BUFFER)
-            FR_TRY(bcast_tensor(d, p->items[i].tensor));
-    return FR_OK;
+    void **bufs = malloc((size_t)p->count * sizeof *bufs);
+    size_t *bytes = malloc((size_t)p->count * sizeof *bytes);
+    fr_status st = bufs && bytes ? FR_OK : fr_error(FR_ERR_OOM, "dist: out of memory broadcasting the model");
+    int on_gpu = 0;
+    for (int i = 0; i < p->count && st == FR_OK; i++) {
+        fr_tensor *t = p->items[i].tensor;
+        size_t n = fr_nbytes(t);
+        if (buffers_only && p->items[i].kind != FR_BUFFER)
+            continue;
+        if (fr_device_of(t) != FR_CPU) {
+            if (!d->nccl)
+                st = fr_error(FR_ERR_DEVICE, "dist: %s is on the GPU but the model's parameters are not",
+                              p->items[i].name);
+            bufs[on_gpu] = fr_data(t);
+            bytes[on_gpu++] = n;
+        } else if (n > (size_t)INT32_MAX) {
+            st = fr_error(FR_ERR_ARG, "dist: %s (%zu bytes) is too large to broadcast in one message",
+                          p->items[i].name, n);
+        } else {
+            int rc = MPI_Bcast(fr_data(t), (int)n, MPI_BYTE, 0, d->ctl);
+            if (rc != MPI_SUCCESS)
+                st = mpi_fail("MPI_Bcast", rc);
+        }
+    }
+    if (st == FR_OK && on_gpu)
+        st = fr_cuda_nccl_broadcast_start(d->nccl, bufs, bytes, on_gpu, 0);
+    if (st == FR_OK && on_gpu)
+        st = fr_cuda_nccl_wait(d->nccl);
+    free(bufs);
+    free(bytes);
+    return st;
 }
 
 static fr_status start_bucket(fr_dist *d, fr_bucket *b) {
     b->started = true;
     b->early = d->armed;
     if (d->dev != FR_CPU)
-        return fr_nccl_allreduce_start(d->nccl, b->buf, b->numel);
+        return fr_cuda_nccl_sum_start(d->nccl, b->buf, b->numel, false);
     int rc = MPI_Iallreduce(MPI_IN_PLACE, b->buf, (int)b->numel, MPI_FLOAT, MPI_SUM, d->grads, &b->req);
     return rc == MPI_SUCCESS ? FR_OK : mpi_fail("MPI_Iallreduce", rc);
 }
@@ -162,9 +170,11 @@ static fr_status sync_finish(void *ctx) {
                 st = mpi_fail("MPI_Wait", rc);
         }
     } else if (st == FR_OK) {
-        st = fr_nccl_wait(d->nccl);
+        st = fr_cuda_nccl_wait(d->nccl);
     }
-    d->stats.wait_seconds += MPI_Wtime() - t0;
+    d->stats.backward_end = t0;
+    d->stats.reduced_end = MPI_Wtime();
+    d->stats.wait_seconds += d->stats.reduced_end - t0;
     fr_params *p = d->model->params;
     float inv = 1.0f / (float)d->world;
     for (int j = 0; j < d->n_order && st == FR_OK; j++) {
@@ -246,7 +256,7 @@ fr_status fr_dist_attach(fr_dist *d, fr_model *m, const fr_dist_options *o) {
     d->dev = fr_device_of(m->params->items[0].tensor);
     d->stats = (fr_dist_stats){0};
     d->early_bytes = d->all_bytes = 0;
-    fr_status st = d->dev != FR_CPU ? fr_nccl_new(&d->nccl, d->ctl, d->rank, d->world) : FR_OK;
+    fr_status st = d->dev != FR_CPU ? fr_dist_nccl_connect(d) : FR_OK;
     if (st == FR_OK)
         st = build_buckets(d);
     if (st == FR_OK)
@@ -269,10 +279,11 @@ void fr_dist_detach(fr_dist *d) {
         fr_set_grad_ready_hook(NULL, NULL);
     }
     fr_batchnorm_set_sync(NULL, NULL);
+    /* first: it waits for any collective still reading a bucket (a failed step) */
+    fr_cuda_nccl_free(d->nccl);
     for (int k = 0; d->buckets && k < d->n_buckets; k++)
         if (d->buckets[k].buf)
             fr_mem_free(d->dev, d->buckets[k].buf, d->buckets[k].numel * sizeof(float), FR_TAG_GRAD);
-    fr_nccl_free(d->nccl);
     free(d->buckets);
     free(d->order);
     free(d->bucket_of);

@@ -42,8 +42,14 @@
  *
  * Built only when MPI is found (Makefile: mpicc --showme); without it every
  * function below fails with FR_ERR_ARG "frugal was built without MPI", and
- * fr_dist_built() is false. NCCL is used for CUDA tensors when the build
- * found nccl.h; without it CUDA models are refused. */
+ * fr_dist_built() is false. CUDA models go through NCCL, which lives in the
+ * CUDA backend (cuda/fr_cuda.h: fr_cuda_nccl_*; built when the toolkit has
+ * nccl.h): their gradient buckets, their synchronised-BN sums and the
+ * found-inf flag are all-reduced, and their parameters and buffers
+ * broadcast, by NCCL; CPU tensors (a CUDA model's num_batches_tracked, the
+ * programs' fr_dist_sum) stay on MPI. A backend without NCCL, or no GPU,
+ * makes fr_dist_select_gpu and fr_dist_attach of a CUDA model fail saying
+ * which. */
 #ifndef FR_DIST_H
 #define FR_DIST_H
 
@@ -69,6 +75,13 @@ typedef struct {
     size_t bytes;              /* gradient bytes all-reduced per step */
     double wait_seconds;       /* spent waiting for all-reduces before the optimizer step */
     double started_early;      /* share of bucket bytes started during backward */
+    /* The last step, as MPI_Wtime on this process: when its backward ended
+     * (the wait began), and when its all-reduces were done (the wait ended;
+     * on CUDA the host does not wait for NCCL, so both are about equal).
+     * On one machine every process reads the same clock, so the latest
+     * backward end and the latest all-reduce end over processes say how
+     * long communication held up the step (bench/bench_dist.c). */
+    double backward_end, reduced_end;
 } fr_dist_stats;
 
 /* Whether this build has MPI. */
@@ -85,7 +98,8 @@ fr_status fr_dist_init(fr_dist **out);
 void fr_dist_free(fr_dist *d);
 int fr_dist_rank(const fr_dist *d);
 int fr_dist_world(const fr_dist *d);
-/* For CUDA training: selects GPU (local rank mod the GPUs of the machine),
+/* For CUDA training: checks that NCCL can run (the backend has it, there is
+ * a GPU), then selects GPU (local rank mod the GPUs of the machine). Call
  * before any CUDA work. */
 fr_status fr_dist_select_gpu(fr_dist *d);
 

@@ -4,6 +4,7 @@
 
 #include <mpi.h>
 
+#include "../cuda/fr_cuda.h"
 #include "dist.h"
 
 /* A run of parameters whose gradients are all-reduced together. */
@@ -17,12 +18,10 @@ typedef struct {
     MPI_Request req;    /* CPU: the MPI_Iallreduce */
 } fr_bucket;
 
-typedef struct fr_nccl fr_nccl;
-
 struct fr_dist {
     int rank, world;
     MPI_Comm grads, ctl, bn; /* duplicates of MPI_COMM_WORLD: one per kind of traffic */
-    fr_nccl *nccl;           /* CUDA models */
+    fr_cuda_nccl *nccl;      /* CUDA models: gradients, BN sums, flags, broadcasts */
     /* the attached model */
     fr_model *model;
     fr_dist_options opt;
@@ -50,42 +49,9 @@ fr_status fr_dist_bn_sum(double *values, int n, void *ctx);
 /* MPI's message for code, for errors. */
 const char *fr_dist_mpi_error(int code, char *buf, int len);
 
-/* ---- NCCL (dist/nccl.c), for CUDA models ---- */
-#ifdef FR_HAVE_NCCL
-/* One communicator over MPI_COMM_WORLD's ranks (the unique id broadcast from
- * rank 0 through `comm`) and a non-blocking side stream. */
-fr_status fr_nccl_new(fr_nccl **out, MPI_Comm comm, int rank, int world);
-void fr_nccl_free(fr_nccl *n);
-/* Sums buf (count floats, device) over ranks on the side stream, after the
- * work queued so far on the main stream (which wrote buf). */
-fr_status fr_nccl_allreduce_start(fr_nccl *n, float *buf, size_t count);
-/* Makes the main stream wait for every all-reduce started; the host does
- * not wait. */
-fr_status fr_nccl_wait(fr_nccl *n);
-/* cudaSetDevice(local_rank % devices). */
-fr_status fr_nccl_select_device(int local_rank);
-#else
-static inline fr_status fr_no_nccl(void) {
-    return fr_error(FR_ERR_DEVICE, "dist: this frugal was built without NCCL (nccl.h not found), so "
-                    "CUDA models cannot train data-parallel; rebuild with the CUDA toolkit's NCCL");
-}
-static inline fr_status fr_nccl_new(fr_nccl **out, MPI_Comm comm, int rank, int world) {
-    (void)out, (void)comm, (void)rank, (void)world;
-    return fr_no_nccl();
-}
-static inline void fr_nccl_free(fr_nccl *n) { (void)n; }
-static inline fr_status fr_nccl_allreduce_start(fr_nccl *n, float *buf, size_t count) {
-    (void)n, (void)buf, (void)count;
-    return fr_no_nccl();
-}
-static inline fr_status fr_nccl_wait(fr_nccl *n) {
-    (void)n;
-    return fr_no_nccl();
-}
-static inline fr_status fr_nccl_select_device(int local_rank) {
-    (void)local_rank;
-    return FR_OK;
-}
-#endif
+/* For a CUDA model: d->nccl, a communicator over the same ranks, its unique
+ * id broadcast from rank 0 over MPI; every rank first learns whether all
+ * can take part, so none waits in NCCL's set-up for one that cannot. */
+fr_status fr_dist_nccl_connect(fr_dist *d);
 
 #endif

@@ -159,19 +159,31 @@ done
 FR_CUDNN=0 bash tests/run_tests.sh "$fallback" 2>&1 | tee "$OUT/tests-im2col.log" || rc=1
 rm -rf "$fallback"
 
-# ---- data parallel on NCCL (dist/nccl.c), when this machine has MPI: a
-# short CUDA run under mpirun, one process per GPU; nccl.log ----
-if command -v mpirun >/dev/null && nm "$build/libfrugal.a" 2>/dev/null | grep -q ' T fr_nccl_new' &&
-    make BUILD=$build EXTRA_CFLAGS="$extra" -j"$jobs" all >"$OUT/nccl-build.log" 2>&1; then
+# ---- data parallel on NCCL (cuda/nccl.cu, in the CUDA backend), when this
+# machine has MPI: a short CUDA run of train under mpirun, one process per
+# GPU (one GPU: a one-rank communicator, which still runs every NCCL call);
+# nccl.log. test_nccl (tests.log) checks the backend's NCCL calls without
+# MPI; test_dist's GPU cases compare with gradient accumulation when there
+# are 2 GPUs and MPI. ----
+fmnist=/usr/share/datasets/fashion-mnist
+if ! command -v mpirun >/dev/null; then
+    echo "device-check: no mpirun on this machine: the NCCL run of train is skipped" | tee "$OUT/nccl.log"
+elif ! nm -D "$build/libfrugal_cuda.so.0" 2>/dev/null | grep -q ' T fr_cuda_nccl_new'; then
+    echo "device-check: the CUDA backend was built without NCCL (no nccl.h): the NCCL run is skipped" |
+        tee "$OUT/nccl.log"
+elif [ ! -d "$fmnist" ]; then
+    echo "device-check: no Fashion-MNIST in $fmnist: the NCCL run of train is skipped" | tee "$OUT/nccl.log"
+elif make BUILD=$build EXTRA_CFLAGS="$extra" -j"$jobs" all >"$OUT/nccl-build.log" 2>&1; then
     gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU')
     [ "$gpus" -ge 1 ] || gpus=1
     root_flag=""
     [ "$(id -u)" -eq 0 ] && root_flag=--allow-run-as-root
-    timeout 300 mpirun -np "$gpus" --oversubscribe $root_flag "$build/examples/train" --device cuda \
+    timeout 300 mpirun -np "$gpus" $root_flag "$build/examples/train" --device cuda \
         --model resnet8 --limit-train 512 --limit-test 128 --batch 32 --epochs 1 2>&1 |
         tee "$OUT/nccl.log" || { echo "device-check: the NCCL run failed" | tee -a "$OUT/nccl.log"; rc=1; }
 else
-    echo "device-check: no mpirun, or the build has no NCCL: the NCCL run is skipped" | tee "$OUT/nccl.log"
+    echo "device-check: the build for the NCCL run failed (nccl-build.log)" | tee "$OUT/nccl.log"
+    rc=1
 fi
 
 # ---- bench: what `make bench` does, minus its apt-based deps step ----

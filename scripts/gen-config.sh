@@ -2,9 +2,9 @@
 # Writes frugal's config.h (the options of one build) to OUT, touching OUT
 # only when its text changes, so a rebuild recompiles nothing for an
 # unchanged configuration.
-#   gen-config.sh OUT VERSION CUDA CBLAS DNNL NATIVE BACKEND_FILE
+#   gen-config.sh OUT VERSION CUDA CBLAS DNNL NATIVE BACKEND_FILE NCCL
 set -euo pipefail
-out=$1 version=$2 cuda=$3 cblas=$4 dnnl=$5 native=$6 backend=$7
+out=$1 version=$2 cuda=$3 cblas=$4 dnnl=$5 native=$6 backend=$7 nccl=${8:-0}
 IFS=. read -r major minor patch <<<"$version"
 mkdir -p "$(dirname "$out")"
 tmp="$out.tmp.$$"
@@ -23,6 +23,8 @@ cat >"$tmp" <<EOT
  * see tensor/cuda.h) was built with this library. */
 #define FR_CONFIG_CUDA $cuda
 #define FR_CONFIG_CUDA_BACKEND "$backend"
+/* 1 when that backend was built with NCCL (data parallelism on GPUs). */
+#define FR_CONFIG_NCCL $nccl
 /* CPU GEMM through OpenBLAS's cblas (else the built-in GEMM). */
 #define FR_CONFIG_CBLAS $cblas
 /* CPU kernels through oneDNN. */

@@ -34,9 +34,24 @@ typedef struct {
     size_t (*workspace_budget)(void);
     void (*conv_counts)(size_t *, size_t *);
     int (*probe)(char *, size_t);
+    fr_status (*select_device)(int, int *);
 } device_api;
 
+/* The NCCL entry points: optional (a backend built without nccl.h lacks
+ * them). */
+typedef struct {
+    fr_status (*unique_id)(unsigned char *);
+    fr_status (*new_comm)(fr_cuda_nccl **, const unsigned char *, int, int);
+    void (*free_comm)(fr_cuda_nccl *);
+    fr_status (*sum_start)(fr_cuda_nccl *, void *, size_t, bool);
+    fr_status (*broadcast_start)(fr_cuda_nccl *, void *const *, const size_t *, int, int);
+    fr_status (*wait)(fr_cuda_nccl *);
+} nccl_api;
+
 static device_api api;
+static nccl_api nccl;
+static bool have_nccl;
+static bool backend_loaded; /* opened and its entry points found (a GPU or not) */
 static fr_cuda_kernel_table kernels;
 const fr_cuda_kernel_table *fr_cuda_kernels;
 
@@ -65,10 +80,21 @@ static const symbol symbols[] = {
     {"fr_cuda_workspace_budget", &api.workspace_budget},
     {"fr_cuda_conv_counts", &api.conv_counts},
     {"fr_cuda_backend_probe", &api.probe},
+    {"fr_cuda_select_device", &api.select_device},
 #define FR_KERNEL(name, params) {"fr_cuda_" #name, &kernels.name},
 #include "kernels.def"
 #undef FR_KERNEL
 };
+static const symbol nccl_symbols[] = {
+    {"fr_cuda_nccl_unique_id", &nccl.unique_id},
+    {"fr_cuda_nccl_new", &nccl.new_comm},
+    {"fr_cuda_nccl_free", &nccl.free_comm},
+    {"fr_cuda_nccl_sum_start", &nccl.sum_start},
+    {"fr_cuda_nccl_broadcast_start", &nccl.broadcast_start},
+    {"fr_cuda_nccl_wait", &nccl.wait},
+};
+FR_STATIC_ASSERT(sizeof nccl_symbols / sizeof *nccl_symbols == sizeof(nccl_api) / sizeof(void *),
+                 "one NCCL symbol per slot");
 FR_STATIC_ASSERT(sizeof(void (*)(void)) == sizeof(void *),
                  "dlsym hands out functions as object pointers");
 
@@ -164,6 +190,19 @@ static bool find_symbols(void *h, char *why, size_t len) {
         }
         memcpy(symbols[i].slot, &f, sizeof f);
     }
+    /* All of NCCL's or none: a backend built without nccl.h has none. */
+    size_t found = 0, n_nccl = sizeof nccl_symbols / sizeof *nccl_symbols;
+    for (size_t i = 0; i < n_nccl; i++) {
+        void *f = dlsym(h, nccl_symbols[i].name);
+        found += f != NULL;
+        memcpy(nccl_symbols[i].slot, &f, sizeof f);
+    }
+    if (found != 0 && found != n_nccl) {
+        snprintf(why, len, "the CUDA backend has only %zu of the %zu NCCL entry points: rebuild it", found,
+                 n_nccl);
+        return false;
+    }
+    have_nccl = found == n_nccl;
     return true;
 }
 
@@ -184,9 +223,11 @@ static void open_cuda(void) {
     if (!find_symbols(h, why, sizeof why)) {
         snprintf(reason, sizeof reason, "%s", why);
         memset(&api, 0, sizeof api);
+        memset(&nccl, 0, sizeof nccl);
         memset(&kernels, 0, sizeof kernels);
         return; /* the handle stays open: CUDA libraries do not like being unloaded */
     }
+    backend_loaded = true;
     /* The runtime reports a missing driver as "insufficient driver"; naming
      * libcuda says what to install. */
     void *driver = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
@@ -290,4 +331,56 @@ void fr_cuda_conv_counts(size_t *cudnn_calls, size_t *im2col_calls) {
     *cudnn_calls = *im2col_calls = 0;
     if (usable())
         api.conv_counts(cudnn_calls, im2col_calls);
+}
+
+fr_status fr_cuda_select_device(int local_rank, int *chosen) {
+    *chosen = 0;
+    return usable() ? api.select_device(local_rank, chosen) : fr_no_cuda("cuda select device");
+}
+
+/* ---- NCCL, forwarded (cuda/fr_cuda.h) ---- */
+
+bool fr_cuda_backend_has_nccl(void) {
+    pthread_once(&open_once, open_cuda);
+    return have_nccl;
+}
+
+fr_status fr_cuda_nccl_ready(const char *what) {
+    pthread_once(&open_once, open_cuda);
+    if (!backend_loaded)
+        return fr_error(FR_ERR_DEVICE, "%s: NCCL is part of the CUDA backend, which is not available: %s",
+                        what, fr_cuda_unavailable_reason());
+    if (!have_nccl)
+        return fr_error(FR_ERR_DEVICE, "%s: the CUDA backend was built without NCCL (no nccl.h in the CUDA "
+                        "toolkit at build time), so CUDA models cannot train data-parallel; rebuild with a "
+                        "toolkit that has NCCL (the Makefile looks for $CUDA_HOME/include/nccl.h)", what);
+    return usable() ? FR_OK : fr_no_cuda(what);
+}
+
+fr_status fr_cuda_nccl_unique_id(unsigned char id[FR_CUDA_NCCL_ID_BYTES]) {
+    FR_TRY(fr_cuda_nccl_ready("nccl unique id"));
+    return nccl.unique_id(id);
+}
+fr_status fr_cuda_nccl_new(fr_cuda_nccl **out, const unsigned char id[FR_CUDA_NCCL_ID_BYTES], int rank,
+                           int world) {
+    *out = NULL;
+    FR_TRY(fr_cuda_nccl_ready("nccl communicator"));
+    return nccl.new_comm(out, id, rank, world);
+}
+void fr_cuda_nccl_free(fr_cuda_nccl *n) {
+    if (n && have_nccl)
+        nccl.free_comm(n);
+}
+fr_status fr_cuda_nccl_sum_start(fr_cuda_nccl *n, void *buf, size_t count, bool f64) {
+    FR_TRY(fr_cuda_nccl_ready("nccl all-reduce"));
+    return nccl.sum_start(n, buf, count, f64);
+}
+fr_status fr_cuda_nccl_broadcast_start(fr_cuda_nccl *n, void *const *bufs, const size_t *bytes, int count,
+                                       int root) {
+    FR_TRY(fr_cuda_nccl_ready("nccl broadcast"));
+    return nccl.broadcast_start(n, bufs, bytes, count, root);
+}
+fr_status fr_cuda_nccl_wait(fr_cuda_nccl *n) {
+    FR_TRY(fr_cuda_nccl_ready("nccl wait"));
+    return nccl.wait(n);
 }

@@ -37,7 +37,16 @@
  *  - die: rank 1 is killed (SIGKILL) while rank 0 waits in a step's
  *    all-reduce: the job must exit non-zero within 60 s;
  *  - error: rank 1 hits a user error, prints it and calls fr_dist_abort: the
- *    job exits non-zero within 60 s and the message is in its output. */
+ *    job exits non-zero within 60 s and the message is in its output;
+ *  - on GPUs, through NCCL (cuda/nccl.cu), one GPU per process: exact-cuda,
+ *    sync-bn-cuda and f16-skip-cuda as above on 2 GPUs (tolerance 1e-5 for
+ *    exact-cuda: each process benchmarks its own cuDNN algorithms, so rank
+ *    1's gradient may round differently from the reference's second
+ *    micro-batch), and cuda-one-rank, one process on 1 GPU against the same
+ *    training without dist, bit for bit. They skip without the GPUs.
+ * Without a GPU, `mpirun -np 2 train --device cuda` must stop every rank
+ * with a message saying NCCL (or the GPU it needs) is missing, also with
+ * the backend copy built without NCCL (FR_CUDA_BACKEND), never hang. */
 #include <signal.h>
 #include <stdlib.h>
 #include <string.h>
@@ -46,7 +55,9 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "config.h"
 #include "testlib.h"
+#include "cuda/fr_cuda.h"
 #include "dist/dist.h"
 #include "nn/checkpoint.h"
 #include "nn/cli.h"
@@ -226,6 +237,7 @@ typedef struct {
     const char *strategy;
     fr_dtype precision;
     bool sync_bn;
+    fr_device device;
 } run_cfg;
 
 /* One replica and what trains it. */
@@ -239,12 +251,13 @@ typedef struct {
 static void replica_new(replica *r, const fr_dataset *ds, run_cfg c, uint64_t seed, int batch, int shards) {
     r->m = fr_resnet_create("resnet8", 1, 2, seed);
     CHECK_NOTNULL(r->m);
+    CHECK_OK(fr_params_to_device(r->m->params, c.device));
     CHECK_OK(fr_strategy_parse(c.strategy, &r->m->cfg.strategy));
     r->m->cfg.precision = c.precision;
     CHECK_OK(fr_loss_scaler_init(&r->sc, c.precision));
     r->opt = fr_sgd_new(r->m->params, (fr_sgd_options){.lr = 0.05, .momentum = 0.9, .weight_decay = 5e-4});
     fr_loader_config lc = {.batch_size = batch, .shuffle = true, .drop_last = true, .seed = 1,
-                           .aug = {.mean = {0.5f}, .std = {0.25f}}, .shards = shards,
+                           .aug = {.mean = {0.5f}, .std = {0.25f}}, .shards = shards, .device = c.device,
                            .shard = shards > 1 ? fr_dist_rank(dist) : 0};
     r->ld = fr_loader_new(ds, &lc);
     CHECK_NOTNULL(r->ld);
@@ -275,12 +288,17 @@ static void compare_models(const fr_model *a, const fr_model *b, double rtol, bo
         const fr_param *pa = &a->params->items[i], *pb = &b->params->items[i];
         if (pa->tensor->dtype != FR_F32 || (pa->kind == FR_BUFFER && !buffers))
             continue;
-        const float *x = fr_data_f32(pa->tensor), *y = fr_data_f32(pb->tensor);
+        size_t n = (size_t)fr_numel(pa->tensor);
+        float *x = malloc(n * sizeof *x), *y = malloc(n * sizeof *y);
+        CHECK_OK(fr_read_f32(pa->tensor, x, n));
+        CHECK_OK(fr_read_f32(pb->tensor, y, n));
         double scale = 0, diff = 0;
-        for (int64_t j = 0; j < fr_numel(pa->tensor); j++) {
+        for (size_t j = 0; j < n; j++) {
             scale = fmax(scale, fabs(y[j]));
             diff = fmax(diff, fabs((double)x[j] - y[j]));
         }
+        free(x);
+        free(y);
         double rel = scale > 0 ? diff / scale : diff;
         if (rel > worst || (rel == worst && !*where)) {
             worst = rel;
@@ -297,6 +315,8 @@ static void compare_models(const fr_model *a, const fr_model *b, double rtol, bo
 static void exact_case(run_cfg c, int ref_accum, double rtol, const char *what) {
     fr_dataset *ds = separable();
     int rank = fr_dist_rank(dist), world = fr_dist_world(dist);
+    if (c.device == FR_CUDA)
+        CHECK_OK(fr_dist_select_gpu(dist));
     replica dp, ref;
     replica_new(&dp, ds, c, rank == 0 ? 3 : 77, 16, world);
     CHECK_OK(fr_dist_attach(dist, dp.m, &(fr_dist_options){.sync_bn = c.sync_bn, .first_bucket_bytes = 4096,
@@ -320,25 +340,35 @@ static void exact_case(run_cfg c, int ref_accum, double rtol, const char *what) 
     fr_dataset_free(ds);
 }
 
-static void case_exact(void) { exact_case((run_cfg){"plain", FR_F32, false}, 2, 0, "plain f32"); }
-static void case_exact_recompute(void) {
-    exact_case((run_cfg){"recompute+checkpoint:1", FR_F32, false}, 2, 0, "recompute+checkpoint:1");
+static void case_exact(void) { exact_case((run_cfg){"plain", FR_F32, false, FR_CPU}, 2, 0, "plain f32"); }
+static void case_exact_cuda(void) {
+    exact_case((run_cfg){"plain", FR_F32, false, FR_CUDA}, 2, 1e-5, "NCCL: plain f32");
 }
-static void case_exact_bf16(void) { exact_case((run_cfg){"plain", FR_BF16, false}, 2, 0, "bf16"); }
-static void case_sync_bn(void) { exact_case((run_cfg){"plain", FR_F32, true}, 1, 1e-4, "sync BN vs batch 32"); }
+static void case_sync_bn_cuda(void) {
+    exact_case((run_cfg){"plain", FR_F32, true, FR_CUDA}, 1, 1e-4, "NCCL: sync BN vs batch 32");
+}
+/* one process: the NCCL path (a one-rank communicator) changes nothing */
+static void case_cuda_one_rank(void) {
+    exact_case((run_cfg){"plain", FR_F32, false, FR_CUDA}, 1, 0, "NCCL, one rank: plain f32");
+}
+static void case_exact_recompute(void) {
+    exact_case((run_cfg){"recompute+checkpoint:1", FR_F32, false, FR_CPU}, 2, 0, "recompute+checkpoint:1");
+}
+static void case_exact_bf16(void) { exact_case((run_cfg){"plain", FR_BF16, false, FR_CPU}, 2, 0, "bf16"); }
+static void case_sync_bn(void) { exact_case((run_cfg){"plain", FR_F32, true, FR_CPU}, 1, 1e-4, "sync BN vs batch 32"); }
 static void case_sync_bn_abn(void) {
-    exact_case((run_cfg){"abn+recompute", FR_F32, true}, 1, 1e-4, "sync BN (abn+recompute) vs batch 32");
+    exact_case((run_cfg){"abn+recompute", FR_F32, true, FR_CPU}, 1, 1e-4, "sync BN (abn+recompute) vs batch 32");
 }
 
 static void case_sync_bn_checkpoint(void) {
-    exact_case((run_cfg){"recompute+checkpoint:1", FR_F32, true}, 1, 1e-4,
+    exact_case((run_cfg){"recompute+checkpoint:1", FR_F32, true, FR_CPU}, 1, 1e-4,
                "sync BN (recompute+checkpoint:1) vs batch 32");
 }
 
 static void case_resume(void) {
     fr_dataset *ds = separable();
     int rank = fr_dist_rank(dist), world = fr_dist_world(dist);
-    run_cfg c = {"plain", FR_F32, false};
+    run_cfg c = {"plain", FR_F32, false, FR_CPU};
     replica whole, first, second;
     replica_new(&whole, ds, c, 3, 16, world);
     CHECK_OK(fr_dist_attach(dist, whole.m, NULL));
@@ -374,17 +404,21 @@ static void case_resume(void) {
     fr_dataset_free(ds);
 }
 
-static void case_f16_skip(void) {
+static void f16_skip_case(fr_device device) {
     fr_dataset *ds = separable();
     int rank = fr_dist_rank(dist), world = fr_dist_world(dist);
+    if (device == FR_CUDA)
+        CHECK_OK(fr_dist_select_gpu(dist));
     replica r;
-    replica_new(&r, ds, (run_cfg){"plain", FR_F16, false}, 3, 16, world);
+    replica_new(&r, ds, (run_cfg){"plain", FR_F16, false, device}, 3, 16, world);
     CHECK_OK(fr_dist_attach(dist, r.m, NULL));
     for (int s = 0; s < 3; s++) {
         fr_tensor *x, *y;
         CHECK_OK(fr_loader_next(r.ld, &x, &y));
-        if (s == 1 && rank == 1)
+        if (s == 1 && rank == 1 && device == FR_CPU)
             fr_data_f32(x)[5] = INFINITY;
+        if (s == 1 && rank == 1 && device == FR_CUDA)
+            CHECK_OK(fr_cuda_memcpy(fr_data_f32(x) + 5, &(float){INFINITY}, sizeof(float), FR_COPY_H2D));
         bool stepped = true;
         CHECK_OK(fr_train_step(r.m, r.opt, &r.sc, x, y, 1, NULL, NULL, &stepped));
         CHECK(stepped == (s != 1));
@@ -395,9 +429,15 @@ static void case_f16_skip(void) {
     /* the same parameters on every rank: the sum of squared differences from rank 0's */
     fr_params *p = r.m->params;
     double *sum = calloc((size_t)p->count, sizeof *sum), *sq = calloc((size_t)p->count, sizeof *sq);
-    for (int i = 0; i < p->count; i++)
-        for (int64_t j = 0; p->items[i].tensor->dtype == FR_F32 && j < fr_numel(p->items[i].tensor); j++)
-            sum[i] += fr_data_f32(p->items[i].tensor)[j] * (double)(j + 1);
+    for (int i = 0; i < p->count; i++) {
+        fr_tensor *t = p->items[i].tensor;
+        size_t n = t->dtype == FR_F32 ? (size_t)fr_numel(t) : 0;
+        float *h = malloc((n ? n : 1) * sizeof *h);
+        CHECK_OK(n ? fr_read_f32(t, h, n) : FR_OK);
+        for (size_t j = 0; j < n; j++)
+            sum[i] += h[j] * (double)(j + 1);
+        free(h);
+    }
     for (int i = 0; i < p->count; i++)
         sq[i] = sum[i] * sum[i];
     CHECK_OK(fr_dist_sum(dist, sum, p->count));
@@ -411,11 +451,14 @@ static void case_f16_skip(void) {
     fr_dataset_free(ds);
 }
 
+static void case_f16_skip(void) { f16_skip_case(FR_CPU); }
+static void case_f16_skip_cuda(void) { f16_skip_case(FR_CUDA); }
+
 /* A step that rank 1 never joins: it dies, or fails and aborts the job. */
 static void doomed_case(bool die) {
     fr_dataset *ds = separable();
     replica r;
-    replica_new(&r, ds, (run_cfg){"plain", FR_F32, false}, 3, 16, fr_dist_world(dist));
+    replica_new(&r, ds, (run_cfg){"plain", FR_F32, false, FR_CPU}, 3, 16, fr_dist_world(dist));
     CHECK_OK(fr_dist_attach(dist, r.m, NULL));
     fr_tensor *x, *y;
     CHECK_OK(fr_loader_next(r.ld, &x, &y));
@@ -451,6 +494,8 @@ static const struct {
     {"resume", case_resume},
     {"f16-skip", case_f16_skip}, {"die", case_die},
     {"error", case_error},
+    {"exact-cuda", case_exact_cuda}, {"sync-bn-cuda", case_sync_bn_cuda},
+    {"f16-skip-cuda", case_f16_skip_cuda}, {"cuda-one-rank", case_cuda_one_rank},
 };
 
 /* ---- the driver's launches ---- */
@@ -460,7 +505,7 @@ static char dir[600];
 
 /* mpirun -np 2 ... followed by `program` (NULL-terminated argv); the exit
  * status (-1: killed after `limit` seconds), its output in out. */
-static int launch(const char *const *program, int limit, char *out, size_t out_len, double *secs) {
+static int launch(int np, const char *const *program, int limit, char *out, size_t out_len, double *secs) {
     char log[700];
     snprintf(log, sizeof log, "%s/launch.log", dir);
     struct timespec t0, t1;
@@ -483,8 +528,10 @@ static int launch(const char *const *program, int limit, char *out, size_t out_l
         const char *argv[64];
         int a = 0;
         argv[a++] = "mpirun";
+        char np_text[16];
+        snprintf(np_text, sizeof np_text, "%d", np);
         argv[a++] = "-np";
-        argv[a++] = "2";
+        argv[a++] = np_text;
         argv[a++] = "--oversubscribe";
         if (geteuid() == 0)
             argv[a++] = "--allow-run-as-root";
@@ -492,6 +539,10 @@ static int launch(const char *const *program, int limit, char *out, size_t out_l
         argv[a++] = "OMP_NUM_THREADS";
         argv[a++] = "-x";
         argv[a++] = "ASAN_OPTIONS";
+        if (getenv("FR_CUDA_BACKEND")) {
+            argv[a++] = "-x";
+            argv[a++] = "FR_CUDA_BACKEND";
+        }
         for (int k = 0; program[k] && a < 63; k++)
             argv[a++] = program[k];
         argv[a] = NULL;
@@ -532,7 +583,7 @@ static bool can_launch(void) {
 
 static char output[1 << 16];
 
-static void run_case(const char *name, bool must_fail, const char *needle) {
+static void run_case_np(int np, const char *name, bool must_fail, const char *needle) {
     if (!fr_dist_built())
         SKIP("frugal was built without MPI");
     if (!can_launch())
@@ -540,7 +591,7 @@ static void run_case(const char *name, bool must_fail, const char *needle) {
     double secs = 0;
     int limit = must_fail ? 60 : 300;
     const char *program[] = {self, "--case", name, "--dir", dir, NULL};
-    int rc = launch(program, limit, output, sizeof output, &secs);
+    int rc = launch(np, program, limit, output, sizeof output, &secs);
     bool ok = must_fail ? rc > 0 : rc == 0;
     if (needle && !strstr(output, needle))
         ok = false;
@@ -552,7 +603,28 @@ static void run_case(const char *name, bool must_fail, const char *needle) {
     CHECK(ok);
 }
 
+static void run_case(const char *name, bool must_fail, const char *needle) {
+    run_case_np(2, name, must_fail, needle);
+}
+
+/* The NCCL cases: one process per GPU, and an NCCL in the backend. */
+static void run_gpu_case(int gpus, const char *name) {
+    if (!fr_cuda_backend_has_nccl() || fr_cuda_device_count() < gpus) {
+        static char why[200];
+        snprintf(why, sizeof why, "needs %d GPU%s and NCCL in the CUDA backend; here %d GPU%s, NCCL %s%s", gpus,
+                 gpus > 1 ? "s" : "", fr_cuda_device_count(), fr_cuda_device_count() == 1 ? "" : "s",
+                 fr_cuda_backend_has_nccl() ? "in" : "not in",
+                 gpus > 1 ? " (NCCL refuses two processes on one GPU)" : "");
+        SKIP(why);
+    }
+    run_case_np(gpus, name, false, NULL);
+}
+
 static void test_exact(void) { run_case("exact", false, NULL); }
+static void test_exact_cuda(void) { run_gpu_case(2, "exact-cuda"); }
+static void test_sync_bn_cuda(void) { run_gpu_case(2, "sync-bn-cuda"); }
+static void test_f16_skip_cuda(void) { run_gpu_case(2, "f16-skip-cuda"); }
+static void test_cuda_one_rank(void) { run_gpu_case(1, "cuda-one-rank"); }
 static void test_exact_recompute_checkpoint(void) { run_case("exact-recompute", false, NULL); }
 static void test_exact_bf16(void) { run_case("exact-bf16", false, NULL); }
 static void test_sync_bn(void) { run_case("sync-bn", false, NULL); }
@@ -563,18 +635,56 @@ static void test_f16_skip_together(void) { run_case("f16-skip", false, NULL); }
 static void test_dead_rank_ends_job(void) { run_case("die", true, NULL); }
 static void test_error_aborts_job(void) { run_case("error", true, "rank 1: train step: 3 labels for 16 images"); }
 
+/* Beside this program: build/tests/../<rel>. */
+static void beside_self(char *out, size_t len, const char *rel) {
+    snprintf(out, len, "%s", self);
+    char *slash = strrchr(out, '/');
+    snprintf(slash ? slash : out, len - (size_t)(slash ? slash - out : 0), "/../%s", rel);
+}
+
+/* Skips unless mpirun and examples/train are there. */
+#define NEED_TRAIN_UNDER_MPIRUN(train)                                                            \
+    do {                                                                                          \
+        if (!can_launch())                                                                        \
+            SKIP(fr_dist_built() ? "no mpirun on PATH" : "frugal was built without MPI");         \
+        beside_self(train, sizeof train, "examples/train");                                       \
+        if (access(train, X_OK) != 0)                                                             \
+            SKIP("examples/train is not built");                                                  \
+    } while (0)
+
+/* `mpirun -np 2 train --device cuda` where NCCL cannot run: every rank
+ * stops, before any data is read, with a message that names what is
+ * missing; again with the backend copy that lacks NCCL. */
+static void test_train_cuda_refused(void) {
+    char train[1100];
+    NEED_TRAIN_UNDER_MPIRUN(train);
+    if (fr_cuda_device_count() > 0 && fr_cuda_backend_has_nccl())
+        SKIP("NCCL can run here (the GPU cases train on it)");
+    const char *program[] = {train, "--device", "cuda", "--model", "resnet8", "--batch", "16", "--epochs", "1", NULL};
+    double secs = 0;
+    int rc = launch(2, program, 60, output, sizeof output, &secs);
+    printf("    train --device cuda under mpirun: exit %d after %.1f s\n", rc, secs);
+    /* the first rank to fail aborts the job: its message is there (maybe only its) */
+    CHECK(rc > 0 && strstr(output, " of 2: dist: CUDA training across processes needs NCCL"));
+    if (!FR_CONFIG_NCCL)
+        return;
+    char backend[1200];
+    beside_self(backend, sizeof backend, "tests/no-nccl/" FR_CONFIG_CUDA_BACKEND);
+    setenv("FR_CUDA_BACKEND", backend, 1);
+    rc = launch(2, program, 60, output, sizeof output, &secs);
+    unsetenv("FR_CUDA_BACKEND");
+    printf("    the same with the backend built without NCCL: exit %d after %.1f s\n", rc, secs);
+    CHECK(rc > 0 && strstr(output, "the CUDA backend was built without NCCL"));
+    if (rc <= 0 || !strstr(output, "without NCCL"))
+        printf("%s\n", output);
+}
+
 /* `mpirun -np 2 train` saving after each of 2 epochs, against the same run
  * stopped after one epoch and resumed by a second launch: the two final
  * checkpoints are the same file, byte for byte. */
 static void test_train_program_resume(void) {
-    if (!can_launch())
-        SKIP(fr_dist_built() ? "no mpirun on PATH" : "frugal was built without MPI");
     char train[1100];
-    snprintf(train, sizeof train, "%s", self);
-    char *slash = strrchr(train, '/');
-    snprintf(slash ? slash : train, sizeof train - (size_t)(slash ? slash - train : 0), "/../examples/train");
-    if (access(train, X_OK) != 0)
-        SKIP("examples/train is not built");
+    NEED_TRAIN_UNDER_MPIRUN(train);
     if (access(FR_FASHION_MNIST_DIR, R_OK) != 0)
         SKIP("no Fashion-MNIST in " FR_FASHION_MNIST_DIR);
     char whole[700], part[700];
@@ -588,7 +698,7 @@ static void test_train_program_resume(void) {
 #undef TRAIN_ARGS
     for (int k = 0; k < 3; k++) {
         double secs = 0;
-        int rc = launch(runs[k], 300, output, sizeof output, &secs);
+        int rc = launch(2, runs[k], 300, output, sizeof output, &secs);
         printf("    train run %d: exit %d after %.1f s\n", k + 1, rc, secs);
         if (rc != 0)
             printf("%s\n", output);
@@ -650,6 +760,11 @@ int main(int argc, char **argv) {
     RUN(test_dead_rank_ends_job);
     RUN(test_error_aborts_job);
     RUN(test_train_program_resume);
+    RUN(test_train_cuda_refused);
+    RUN(test_exact_cuda);
+    RUN(test_sync_bn_cuda);
+    RUN(test_f16_skip_cuda);
+    RUN(test_cuda_one_rank);
     fr_t_remove_tmpdir(dir);
     return TEST_SUMMARY();
 }
