@@ -19,6 +19,7 @@
 
 #include "../tensor/kernels.h"
 #include "../tensor/memory.h"
+#include "threads.h"
 
 #ifdef FR_HAVE_CBLAS
 #include <cblas.h>
@@ -218,14 +219,14 @@ fr_status fr_cpu_gemm_serial(float *c, int ldc, const float *a, int lda, const f
 /* Splits C into one slab per thread along its longer side (slab edges on
  * multiples of 16 so each slab keeps whole register tiles), each slab a
  * serial GEMM over the matching rows of op(A) or columns of op(B). */
-fr_status fr_cpu_gemm(float *c, const float *a, const float *b, int m, int n, int k, bool trans_a,
-                      bool trans_b, float alpha, float beta) {
+fr_status fr_cpu_gemm_reference(float *c, const float *a, const float *b, int m, int n, int k,
+                                bool trans_a, bool trans_b, float alpha, float beta) {
     int lda = trans_a ? m : k, ldb = trans_b ? k : n;
     if (lda < 1)
         lda = 1;
     if (ldb < 1)
         ldb = 1;
-    int threads = omp_in_parallel() ? 1 : omp_get_max_threads();
+    int threads = fr_cpu_threads();
     if (threads <= 1 || m <= 0 || n <= 0 || (size_t)m * n * (k > 0 ? k : 1) < GEMM_PARALLEL_MIN)
         return fr_cpu_gemm_serial(c, n, a, lda, b, ldb, m, n, k, trans_a, trans_b, alpha, beta);
     bool split_n = n >= m;

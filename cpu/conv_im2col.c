@@ -1,5 +1,8 @@
-/* cpu/conv.c: 2-d convolution (groups = 1) on the host, forward and both
- * backward passes, as column matrices and GEMM.
+/* cpu/conv_im2col.c: the reference 2-d convolution (groups = 1) on the host,
+ * forward and both backward passes, as column matrices and GEMM. It runs
+ * when frugal is built without oneDNN, for shapes oneDNN has no kernel for,
+ * and under fr_cpu_conv_set_backend(FR_CPU_CONV_IM2COL); tests/test_conv.c
+ * checks the oneDNN path (cpu/conv_dnnl.c) against it.
  *
  * A column matrix unrolls every receptive field of a band of output rows of
  * one image into a column: col (C*R*S, P), P = rows * OW. Then
@@ -26,6 +29,8 @@
 
 #include "../tensor/kernels.h"
 #include "../tensor/memory.h"
+#include "conv.h"
+#include "threads.h"
 
 typedef float fr_v8 __attribute__((vector_size(32)));
 
@@ -57,7 +62,7 @@ typedef struct {
  * bands writes the same input rows). */
 static conv_plan plan_bands(const fr_conv_shape *s, bool split_for_threads, size_t max_cols) {
     conv_plan p;
-    p.threads = omp_in_parallel() ? 1 : omp_get_max_threads();
+    p.threads = fr_cpu_threads();
     size_t per_row = (size_t)s->c * s->r * s->s * s->ow * sizeof(float);
     size_t budget = CONV_WS_TOTAL / (size_t)p.threads;
     if (budget > CONV_COL_BUDGET)
@@ -289,7 +294,7 @@ static fr_status worker_failed(fr_status st, const char *what, const fr_conv_sha
                     what, fr_status_name(st), s->n, s->c, s->h, s->w, s->k, s->c, s->r, s->s);
 }
 
-fr_status fr_cpu_conv2d_fwd(float *y, const float *x, const float *w, const fr_conv_shape *s) {
+fr_status fr_cpu_conv2d_fwd_im2col(float *y, const float *x, const float *w, const fr_conv_shape *s) {
     int crs = s->c * s->r * s->s, ohw = s->oh * s->ow;
     size_t x_img = (size_t)s->c * s->h * s->w, y_img = (size_t)s->k * ohw;
     fr_status failed = FR_OK;
@@ -361,12 +366,12 @@ static fr_status bwd_data_as_forward(float *dx, const float *dy, const float *w,
     fr_conv_shape t = *s;
     t.c = s->k;
     t.k = s->c;
-    fr_status st = fr_cpu_conv2d_fwd(dx, dy, wt, &t);
+    fr_status st = fr_cpu_conv2d_fwd_im2col(dx, dy, wt, &t);
     fr_mem_free(FR_CPU, wt, bytes, FR_TAG_WORKSPACE);
     return st;
 }
 
-fr_status fr_cpu_conv2d_bwd_data(float *dx, const float *dy, const float *w, const fr_conv_shape *s) {
+fr_status fr_cpu_conv2d_bwd_data_im2col(float *dx, const float *dy, const float *w, const fr_conv_shape *s) {
     int crs = s->c * s->r * s->s, ohw = s->oh * s->ow;
     size_t x_img = (size_t)s->c * s->h * s->w, y_img = (size_t)s->k * ohw;
     fr_status failed = FR_OK;
@@ -420,7 +425,7 @@ fr_status fr_cpu_conv2d_bwd_data(float *dx, const float *dy, const float *w, con
  * dw = dy col^T when K is 16, and no slower otherwise. The partials are
  * summed (in thread order, so the result is deterministic) and transposed
  * into dw at the end. */
-fr_status fr_cpu_conv2d_bwd_weight(float *dw, const float *dy, const float *x, const fr_conv_shape *s) {
+fr_status fr_cpu_conv2d_bwd_weight_im2col(float *dw, const float *dy, const float *x, const fr_conv_shape *s) {
     int crs = s->c * s->r * s->s, ohw = s->oh * s->ow;
     size_t x_img = (size_t)s->c * s->h * s->w, y_img = (size_t)s->k * ohw;
     size_t dw_len = (size_t)s->k * crs;
