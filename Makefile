@@ -46,8 +46,8 @@ ifneq ($(CBLAS_INC),)
   LDLIBS += -lopenblas
 endif
 
-# oneDNN (libdnnl-dev) for CPU convolutions and matrix products when its
-# header is present, unless DNNL=0; without it the im2col + GEMM reference runs.
+# oneDNN (libdnnl-dev) for CPU convolutions when its header is present,
+# unless DNNL=0; without it the im2col + GEMM reference runs.
 DNNL_INC := $(if $(filter 0,$(DNNL)),,$(wildcard /usr/include/dnnl.h))
 ifneq ($(DNNL_INC),)
   CFLAGS_BASE += -DFR_HAVE_DNNL

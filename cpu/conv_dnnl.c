@@ -8,11 +8,11 @@
  * Activations stay NCHW between ops; each oneDNN call reorders its operands
  * to the layout oneDNN prefers and back (docs/ARCHITECTURE.md, "CPU
  * convolution", has the measurements behind that choice). Which path a
- * shape takes is measured on its first call (choice_of, autotune) and kept;
- * each (shape, direction, layout, thread count) gets one plan (fr_dnnl.h),
- * built on first use and kept. So within a process a shape always runs the
- * same kernel, and every memory strategy stays bit for bit equal to plain. */
-#include <omp.h>
+ * shape takes is a fixed rule over the shape (dnnl_wins), never a timing,
+ * and each (shape, direction, layout, thread count) gets one plan
+ * (fr_dnnl.h), built on first use and kept. So a shape always runs the same
+ * kernel, in every process: every memory strategy stays bit for bit equal
+ * to plain, and data-parallel ranks agree with one process. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -46,19 +46,14 @@ enum { DIR_FWD = 0, DIR_BWD_DATA, DIR_BWD_WEIGHT };
 
 enum { LAYOUT_PLAIN = 0, LAYOUT_BLOCKED };
 
+/* The AUTO backend's rule (dnnl_wins) */
+#define DNNL_MAX_IN_CHANNELS 64
+#define DNNL_MIN_OUT_CHANNELS 16
+
 typedef struct {
     fr_conv_shape s;
     int dir, layout, threads;
 } conv_key;
-
-/* LAYOUT_CHOICE keys hold no primitive: their plan's `choice` records which
- * path the AUTO backend measured faster for the shape and direction. */
-enum { LAYOUT_CHOICE = 2 };
-enum { CHOICE_UNKNOWN = 0, CHOICE_IM2COL, CHOICE_DNNL };
-
-/* Below this many multiply-adds a call is too short to time reliably and
- * the reference runs (a millisecond or less either way). */
-#define AUTOTUNE_MIN_MACS ((double)(1 << 22))
 
 static void init_md(dnnl_memory_desc_t *md, int a, int b, int c, int d, dnnl_format_tag_t tag) {
     dnnl_dims_t dims = {a, b, c, d};
@@ -145,38 +140,23 @@ static const fr_dnnl_plan *plan_of(const fr_conv_shape *s, int dir, int layout, 
     return p && p->prim ? p : NULL;
 }
 
-static fr_status build_choice(fr_dnnl_plan *plan, const void *key) {
-    (void)key;
-    memset(plan, 0, sizeof *plan);
-    plan->choice = CHOICE_UNKNOWN;
-    return FR_OK;
-}
-
-static fr_dnnl_plan *choice_plan(const fr_conv_shape *s, int dir) {
-    conv_key key;
-    memset(&key, 0, sizeof key);
-    key.s = *s;
-    key.dir = dir;
-    key.layout = LAYOUT_CHOICE;
-    key.threads = fr_dnnl_threads();
-    return (fr_dnnl_plan *)fr_dnnl_cached_plan(&key, sizeof key, build_choice);
-}
-
-/* The AUTO backend's path for a shape and direction:
- * - backward (weight) always takes the reference. oneDNN's AVX2 kernel sums
+/* The AUTO backend's path for a shape and direction: a fixed rule over the
+ * shape, so every process, rank and run takes the same path (and gets the
+ * same bits), and over the shape of one image only, so an image's result
+ * does not depend on the batch it is in (docs/ARCHITECTURE.md, "CPU
+ * convolution", has the measurements behind the rule):
+ * - forward and backward (data) run oneDNN for C <= 64 input and K >= 16
+ *   output channels, where oneDNN's blocked kernels measured 10-40% faster
+ *   (every CIFAR ResNet layer, DenseNet's stem); DenseNet's wide-input 1x1
+ *   bottlenecks (C up to 342) and 12-channel growth layers measured up to
+ *   3x slower on oneDNN and take the reference;
+ * - backward (weight) always takes the reference: oneDNN's AVX2 kernel sums
  *   each weight gradient in one f32 chain over N*OH*OW products; against a
  *   double reference its error was 20x the blocked GEMM's (1.5e-3 vs 7e-5
  *   absolute on a 40-image 16->8 3x3 layer at 32x32), for a speed-up of
- *   0-20% where it won at all (docs/ARCHITECTURE.md, "CPU convolution").
- * - small calls take the reference (AUTOTUNE_MIN_MACS);
- * - otherwise the first call times both paths (autotune) and the faster one
- *   is kept for the life of the process, as cuDNN's Find is on CUDA. */
-static int choice_of(const fr_conv_shape *s, int dir) {
-    double macs = (double)s->n * s->k * s->oh * s->ow * s->c * s->r * s->s;
-    if (dir == DIR_BWD_WEIGHT || macs < AUTOTUNE_MIN_MACS)
-        return CHOICE_IM2COL;
-    fr_dnnl_plan *c = choice_plan(s, dir);
-    return c ? __atomic_load_n(&c->choice, __ATOMIC_ACQUIRE) : CHOICE_IM2COL;
+ *   0-20% where it won at all. */
+static bool dnnl_wins(const fr_conv_shape *s, int dir) {
+    return dir != DIR_BWD_WEIGHT && s->c <= DNNL_MAX_IN_CHANNELS && s->k >= DNNL_MIN_OUT_CHANNELS;
 }
 
 /* One call of either path on the caller's buffers, in the kernels' order
@@ -199,38 +179,6 @@ static fr_status run_path(const fr_dnnl_plan *p, const fr_conv_shape *s, int dir
     return fr_cpu_conv2d_bwd_weight_im2col(a->out, a->in0, a->in1, s);
 }
 
-/* Runs both paths twice, alternately (so a burst of load on a shared
- * machine hits both), keeps the faster by its best time, and leaves the
- * output as that path computes it: every call of the shape, this one
- * included, then gives the same bits. */
-static fr_status autotune(const fr_conv_shape *s, int dir, const conv_args *a) {
-    fr_status failed;
-    const fr_dnnl_plan *p = plan_of(s, dir, LAYOUT_BLOCKED, &failed);
-    if (failed != FR_OK)
-        return failed;
-    int choice = CHOICE_IM2COL;
-    if (p) {
-        double best[2] = {1e30, 1e30};
-        for (int round = 0; round < 4; round++) {
-            int path = round % 2;
-            double t0 = omp_get_wtime();
-            FR_TRY(run_path(path ? p : NULL, s, dir, a));
-            double t = omp_get_wtime() - t0;
-            if (t < best[path])
-                best[path] = t;
-        }
-        choice = best[1] < best[0] ? CHOICE_DNNL : CHOICE_IM2COL;
-        if (choice == CHOICE_IM2COL)
-            FR_TRY(run_path(NULL, s, dir, a));
-    } else {
-        FR_TRY(run_path(NULL, s, dir, a));
-    }
-    fr_dnnl_plan *c = choice_plan(s, dir);
-    if (c)
-        __atomic_store_n(&c->choice, choice, __ATOMIC_RELEASE);
-    return FR_OK;
-}
-
 static fr_status run(const fr_conv_shape *s, int dir, const conv_args *a) {
     fr_status failed;
     const fr_dnnl_plan *p = NULL;
@@ -242,10 +190,7 @@ static fr_status run(const fr_conv_shape *s, int dir, const conv_args *a) {
                     &failed);
         return failed != FR_OK ? failed : run_path(p, s, dir, a);
     }
-    int choice = choice_of(s, dir);
-    if (choice == CHOICE_UNKNOWN)
-        return autotune(s, dir, a);
-    if (choice == CHOICE_DNNL) {
+    if (dnnl_wins(s, dir)) {
         p = plan_of(s, dir, LAYOUT_BLOCKED, &failed);
         if (failed != FR_OK)
             return failed;
@@ -256,7 +201,7 @@ static fr_status run(const fr_conv_shape *s, int dir, const conv_args *a) {
 const char *fr_cpu_conv_impl(const fr_conv_shape *s, int direction) {
     fr_status failed;
     if (backend == FR_CPU_CONV_IM2COL ||
-        (backend == FR_CPU_CONV_AUTO && choice_of(s, direction) != CHOICE_DNNL))
+        (backend == FR_CPU_CONV_AUTO && !dnnl_wins(s, direction)))
         return "im2col";
     const fr_dnnl_plan *p =
         plan_of(s, direction, backend == FR_CPU_CONV_DNNL_PLAIN ? LAYOUT_PLAIN : LAYOUT_BLOCKED,

@@ -12,8 +12,8 @@
  * where y / dy are the image's (K, OH*OW) block read or written in place
  * (row stride OH*OW), so nothing is gathered or scattered.
  *
- * Parallelism is over images (or bands, when there are fewer images than
- * threads): each OpenMP thread unrolls its own band into its own column
+ * Parallelism is over images and bands (bwd_weight cuts more bands when
+ * there are fewer images than threads): each OpenMP thread unrolls its own band into its own column
  * buffer and runs a single-threaded GEMM on it (fr_cpu_gemm_serial). The
  * buffer is written and read back by the same core while it sits in that
  * core's cache (a CIFAR image's columns are at most 576 KiB), there is no
@@ -56,10 +56,10 @@ typedef struct {
     int threads;   /* upper bound on the team size */
 } conv_plan;
 
-/* split_for_threads: fwd and bwd_weight may hand bands of one image to
- * different threads, so with fewer images than threads the images are cut
- * into more bands; bwd_data keeps an image on one thread (col2im of adjacent
- * bands writes the same input rows). */
+/* split_for_threads: bwd_weight may hand bands of one image to different
+ * threads, so with fewer images than threads the images are cut into more
+ * bands (its sum over the batch depends on the batch anyway); fwd and
+ * bwd_data cut an image the same way whatever the batch size. */
 static conv_plan plan_bands(const fr_conv_shape *s, bool split_for_threads, size_t max_cols) {
     conv_plan p;
     p.threads = fr_cpu_threads();
@@ -310,7 +310,11 @@ fr_status fr_cpu_conv2d_fwd_im2col(float *y, const float *x, const float *w, con
         }
         return failed == FR_OK ? FR_OK : worker_failed(failed, "forward", s);
     }
-    conv_plan p = plan_bands(s, true, CONV_MAX_COLS);
+    /* bands never depend on the batch size, so an image's output is the
+     * same whatever batch it is in (a rank's share of a batch against the
+     * whole, tests/test_cpu_backends.c); with fewer images than threads some
+     * threads then wait */
+    conv_plan p = plan_bands(s, false, CONV_MAX_COLS);
     size_t ws_bytes;
     float *ws = ws_alloc(s, &p, 0, &ws_bytes);
     if (!ws)

@@ -1,6 +1,5 @@
 /* cpu/dnnl_common.c: the oneDNN engine, plans (a primitive plus the reorders
- * around it) and the plan cache shared by cpu/conv_dnnl.c and
- * cpu/gemm_dnnl.c (see fr_dnnl.h). */
+ * around it) and the plan cache of cpu/conv_dnnl.c (see fr_dnnl.h). */
 #include "fr_dnnl.h"
 
 #ifdef FR_HAVE_DNNL

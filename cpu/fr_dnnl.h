@@ -39,7 +39,6 @@ typedef struct {
     size_t scratch_bytes;       /* oneDNN's scratchpad, at offset 0 of the workspace */
     size_t ws_bytes;            /* scratchpad + reordered copies */
     char impl[48];              /* oneDNN's implementation name, for benchmarks */
-    int choice;                 /* for keys that name a measured choice, not a primitive */
 } fr_dnnl_plan;
 
 /* The process-wide CPU engine and stream (created on first use). */
