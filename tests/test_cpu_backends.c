@@ -6,6 +6,7 @@
  * or without oneDNN, a sample's result from GEMM or convolution does not
  * depend on the batch it is computed in. The oneDNN checks skip when the
  * build has no oneDNN. */
+#include <omp.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -194,7 +195,7 @@ static void check_images(const conv_case *cc, int part) {
         fr_release(all[i]);
 }
 
-static void test_samples_do_not_depend_on_batch(void) {
+static void samples_do_not_depend_on_batch(void) {
     /* linear forward (b, out, in) and input gradient (b, in, out) */
     static const int lin[][3] = {{32, 2, 64}, {128, 10, 64}, {64, 10, 342}, {256, 100, 64}};
     for (size_t i = 0; i < sizeof lin / sizeof *lin; i++)
@@ -214,8 +215,77 @@ static void test_samples_do_not_depend_on_batch(void) {
         check_images(&cases[i], cases[i].n / 2 > 0 ? cases[i].n / 2 : 1);
 }
 
+/* on one thread and on more threads than some parts have images */
+static void test_samples_do_not_depend_on_batch(void) {
+    int team = omp_get_max_threads();
+    omp_set_num_threads(1);
+    samples_do_not_depend_on_batch();
+    omp_set_num_threads(3);
+    samples_do_not_depend_on_batch();
+    omp_set_num_threads(team);
+}
+
+/* Nor on the team size: cpu/threads.c sizes the team by the load average
+ * when the process starts, so two runs of one training on a shared machine
+ * get different thread counts. The im2col weight gradient summed one
+ * partial per thread, and 5 steps of tests/test_dist.c's ResNet-8 ended
+ * 1.1% apart (layer3.0.bn1.bias) between 1 and 2 threads. */
+static void test_results_do_not_depend_on_threads(void) {
+    int team = omp_get_max_threads();
+    static const conv_case convs[] = {{32, 16, 8, 16, 3, 1, 1}, {8, 16, 32, 32, 3, 2, 1},
+                                      {3, 64, 8, 64, 3, 1, 1},  {4, 128, 16, 12, 3, 1, 1},
+                                      {5, 24, 16, 48, 1, 1, 0}, {2, 9, 11, 6, 5, 2, 2}};
+    for (size_t i = 0; i < sizeof convs / sizeof *convs; i++) {
+        const conv_case *cc = &convs[i];
+        fr_tensor *x = fr_t_rand(FR_CPU, 4, FR_SHAPE(cc->n, cc->c, cc->h, cc->h), 91);
+        fr_tensor *w = fr_t_rand(FR_CPU, 4, FR_SHAPE(cc->k, cc->c, cc->r, cc->r), 92);
+        fr_conv_shape s;
+        CHECK_OK(fr_conv2d_shape(x, w, (fr_conv_params){cc->stride, cc->pad}, &s));
+        fr_tensor *dy = fr_t_rand(FR_CPU, 4, FR_SHAPE(s.n, s.k, s.oh, s.ow), 93);
+        conv_out one = {NULL, NULL, NULL};
+        for (int threads = 1; threads <= 3; threads++) {
+            omp_set_num_threads(threads);
+            conv_out o = run_case(cc, FR_CPU_CONV_AUTO, x, w, dy);
+            if (threads == 1) {
+                one = o;
+                continue;
+            }
+            bool same = same_bits(o.y, one.y) && same_bits(o.dx, one.dx) && same_bits(o.dw, one.dw);
+            if (!same)
+                fprintf(stderr, "    conv %d->%d %dx%d /%d @%d, batch %d: %d threads differ from 1 (y %d dx %d dw %d)\n",
+                        cc->c, cc->k, cc->r, cc->r, cc->stride, cc->h, cc->n, threads,
+                        !same_bits(o.y, one.y), !same_bits(o.dx, one.dx), !same_bits(o.dw, one.dw));
+            CHECK(same);
+            release_out(&o);
+        }
+        release_out(&one);
+        fr_release(dy);
+        fr_release(w);
+        fr_release(x);
+    }
+    static const int prods[][3] = {{128, 10, 64}, {10, 64, 128}, {300, 200, 100}};
+    for (size_t i = 0; i < sizeof prods / sizeof *prods; i++) {
+        int m = prods[i][0], n = prods[i][1], k = prods[i][2];
+        fr_tensor *a = fr_t_rand(FR_CPU, 2, FR_SHAPE(m, k), 94), *b = fr_t_rand(FR_CPU, 2, FR_SHAPE(k, n), 95);
+        fr_tensor *c[3];
+        for (int t = 0; t < 3; t++) {
+            omp_set_num_threads(t + 1);
+            c[t] = fr_empty(FR_CPU, FR_F32, 2, FR_SHAPE(m, n), FR_TAG_TRANSIENT);
+            CHECK_OK(fr_cpu_gemm(fr_data_f32(c[t]), fr_data_f32(a), fr_data_f32(b), m, n, k, false, false,
+                                 1.0f, 0.0f));
+        }
+        CHECK(same_bits(c[0], c[1]) && same_bits(c[0], c[2]));
+        for (int t = 0; t < 3; t++)
+            fr_release(c[t]);
+        fr_release(a);
+        fr_release(b);
+    }
+    omp_set_num_threads(team);
+}
+
 int main(void) {
     RUN(test_samples_do_not_depend_on_batch);
+    RUN(test_results_do_not_depend_on_threads);
     RUN(test_dnnl_matches_im2col);
     RUN(test_dnnl_is_used);
     RUN(test_backend_switch);
