@@ -17,8 +17,9 @@ static int chosen;
  * load average 10-14: tests/test_mixed 360 s wall with 2 spinning threads,
  * 66 s with OMP_WAIT_POLICY=passive, 54 s with 1 thread). So the team is
  * sized once, on first use, to the cores the load average leaves free
- * (all of them on a quiet machine), and never changed afterwards: a
- * process keeps one thread count, which keeps its results reproducible. A
+ * (all of them on a quiet machine), and never changed afterwards (the
+ * CPU kernels give the same bits at any team size, so a run on a busier
+ * machine still reproduces one on a quiet one: docs/ARCHITECTURE.md). A
  * user's OMP_NUM_THREADS, or a program's omp_set_num_threads before the
  * first kernel, is left alone. */
 static void choose(void) {
