@@ -46,6 +46,14 @@ ifneq ($(CBLAS_INC),)
   LDLIBS += -lopenblas
 endif
 
+# oneDNN (libdnnl-dev) for CPU convolutions when its header is present,
+# unless DNNL=0; without it the im2col + GEMM reference runs.
+DNNL_INC := $(if $(filter 0,$(DNNL)),,$(wildcard /usr/include/dnnl.h))
+ifneq ($(DNNL_INC),)
+  CFLAGS_BASE += -DFR_HAVE_DNNL
+  LDLIBS += -ldnnl
+endif
+
 ifeq ($(SAN),1)
   CFLAGS_BASE += -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined -g
   LDLIBS += -fsanitize=address,undefined

@@ -186,11 +186,18 @@ static fr_status run_strategy(trainer *tr, const char *model, const char *text, 
     fr_mem_reset_peak();
     double ms[MAX_STEPS];
     size_t held = 0;
+    fr_mem_stats before, after;
+    fr_mem_get_stats(FR_CPU, &before);
     for (int i = 0; i < steps; i++) {
         double t0 = now_ms();
         FR_TRY(train_step(tr, i == 0 ? &held : NULL));
         ms[i] = now_ms() - t0;
     }
+    /* the CPU caching allocator's system allocations in the timed steps */
+    fr_mem_get_stats(FR_CPU, &after);
+    printf("# frugal: %s / %s: %zu system allocations in %d timed steps, %.1f MiB reserved\n",
+           model, name, after.device_mallocs - before.device_mallocs, steps,
+           after.reserved / 1048576.0);
     size_t saved = fr_mem_peak(FR_CPU, FR_TAG_SAVED);
     qsort(ms, (size_t)steps, sizeof ms[0], cmp_double);
     double median = steps % 2 ? ms[steps / 2] : 0.5 * (ms[steps / 2 - 1] + ms[steps / 2]);

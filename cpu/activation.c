@@ -3,14 +3,21 @@
  * Backward reads the output y rather than the input: y > 0 exactly when
  * x > 0 (for leaky ReLU because the slope is positive), so an inplace forward
  * that overwrote x loses nothing the gradient needs. Every loop reads element
- * i before writing element i, which makes y == x and dx == dy safe. */
+ * i before writing element i, which makes y == x and dx == dy safe (also
+ * vectorised: a vector's elements are all read before any is written).
+ *
+ * The loops are `simd`: -O2 leaves them scalar, and the scalar select
+ * compiles to a branch on the sign, which a random sign mispredicts half the
+ * time (relu forward + backward were 17% of a ResNet-20 training step at
+ * one thread, perf, 2026-12-01). The vector form is a compare and a blend,
+ * the same function bit for bit (-0 and NaN give 0, as before). */
 #include "../tensor/kernels.h"
 
 /* Below this many elements a parallel region costs more than it saves. */
 #define FR_ACT_PAR_MIN 32768
 
 fr_status fr_cpu_relu_fwd(float *y, const float *x, size_t n) {
-#pragma omp parallel for if (n > FR_ACT_PAR_MIN) schedule(static)
+#pragma omp parallel for simd if (n > FR_ACT_PAR_MIN) schedule(static)
     for (size_t i = 0; i < n; i++)
         y[i] = x[i] > 0.0f ? x[i] : 0.0f;
     return FR_OK;
@@ -19,22 +26,28 @@ fr_status fr_cpu_relu_fwd(float *y, const float *x, size_t n) {
 fr_status fr_cpu_relu_bwd(float *dx, const float *dy, const float *y, size_t n) {
     /* PyTorch's gradient at x == 0 is 0; y == 0 there, so the test y > 0
      * gives the same. */
-#pragma omp parallel for if (n > FR_ACT_PAR_MIN) schedule(static)
-    for (size_t i = 0; i < n; i++)
-        dx[i] = y[i] > 0.0f ? dy[i] : 0.0f;
+#pragma omp parallel for simd if (n > FR_ACT_PAR_MIN) schedule(static)
+    for (size_t i = 0; i < n; i++) {
+        float g = dy[i];
+        dx[i] = y[i] > 0.0f ? g : 0.0f;
+    }
     return FR_OK;
 }
 
 fr_status fr_cpu_leaky_relu_fwd(float *y, const float *x, float slope, size_t n) {
-#pragma omp parallel for if (n > FR_ACT_PAR_MIN) schedule(static)
-    for (size_t i = 0; i < n; i++)
-        y[i] = x[i] > 0.0f ? x[i] : x[i] * slope;
+#pragma omp parallel for simd if (n > FR_ACT_PAR_MIN) schedule(static)
+    for (size_t i = 0; i < n; i++) {
+        float v = x[i], leak = v * slope;
+        y[i] = v > 0.0f ? v : leak;
+    }
     return FR_OK;
 }
 
 fr_status fr_cpu_leaky_relu_bwd(float *dx, const float *dy, const float *y, float slope, size_t n) {
-#pragma omp parallel for if (n > FR_ACT_PAR_MIN) schedule(static)
-    for (size_t i = 0; i < n; i++)
-        dx[i] = y[i] > 0.0f ? dy[i] : dy[i] * slope;
+#pragma omp parallel for simd if (n > FR_ACT_PAR_MIN) schedule(static)
+    for (size_t i = 0; i < n; i++) {
+        float g = dy[i], leak = g * slope;
+        dx[i] = y[i] > 0.0f ? g : leak;
+    }
     return FR_OK;
 }

@@ -1,24 +1,32 @@
 /* cpu/gemm.c: row-major single-precision GEMM on the host, and the
  * per-channel bias kernels that go with linear and convolution layers.
  *
- * Threading: OpenMP is frugal's only thread pool on the CPU. OpenBLAS (when
- * FR_HAVE_CBLAS) is switched to one thread on first use, and fr_cpu_gemm
- * splits a large product into column or row slabs that OpenMP threads hand to
- * single-threaded sgemm calls. Two pools would fight: OpenBLAS's threads
- * busy-wait after each call while the OpenMP threads of the im2col around it
- * want the same cores, which measured 5-10x slower on the two cores here.
+ * Two GEMMs. fr_cpu_gemm_serial, which the im2col convolutions call on one
+ * thread per band, is OpenBLAS's sgemm when the build has it (FR_HAVE_CBLAS).
+ * fr_cpu_gemm, the kernel table's GEMM (linear layers), is always the
+ * built-in one below, because its rows do not depend on how many there are:
+ * an image's logits and input gradient are the same bits in any batch
+ * (docs/ARCHITECTURE.md, "CPU convolution and GEMM"), which OpenBLAS's
+ * sgemm and oneDNN's matmul do not give.
  *
- * Without OpenBLAS a built-in GEMM runs: the classic blocking (K panels,
- * packed strips of A and B so the innermost loop streams contiguous memory,
- * and a 6x16 register tile written with GCC vector extensions, so it becomes
- * AVX/FMA under -march=native and plain SSE elsewhere). Slower than
- * OpenBLAS, but never naive-slow. */
+ * Threading: OpenMP is frugal's only thread pool on the CPU. OpenBLAS is
+ * switched to one thread on first use, and fr_cpu_gemm splits a large
+ * product into column or row slabs, one serial built-in GEMM per OpenMP
+ * thread. Two pools would fight: OpenBLAS's threads busy-wait after each
+ * call while the OpenMP threads of the im2col around it want the same
+ * cores, which measured 5-10x slower on the two cores here.
+ *
+ * The built-in GEMM is the classic blocking (K panels, packed strips of A
+ * and B so the innermost loop streams contiguous memory, and a 6x16
+ * register tile written with GCC vector extensions, with an FMA copy chosen
+ * at load time). Slower than OpenBLAS on large products, never naive-slow. */
 #include <omp.h>
 #include <pthread.h>
 #include <string.h>
 
 #include "../tensor/kernels.h"
 #include "../tensor/memory.h"
+#include "threads.h"
 
 #ifdef FR_HAVE_CBLAS
 #include <cblas.h>
@@ -75,7 +83,9 @@ fr_status fr_cpu_gemm_serial(float *c, int ldc, const float *a, int lda, const f
     return FR_OK;
 }
 
-#else /* built-in GEMM */
+#endif
+
+/* ---- the built-in GEMM ---- */
 
 enum {
     GEMM_MR = 6,    /* rows of the register tile */
@@ -87,11 +97,9 @@ enum {
 
 typedef float fr_v8 __attribute__((vector_size(32)));
 
-static inline fr_v8 load_v8(const float *p) {
-    fr_v8 v;
-    memcpy(&v, p, sizeof v);
-    return v;
-}
+/* A macro, not a function: an 8-float vector returned from a function
+ * built for another target (the micro-kernel's FMA copy) changes the ABI. */
+#define LOAD_V8(v, p) memcpy(&(v), (p), sizeof(fr_v8))
 
 /* Packs rows [i0, i0+mc) and depth [p0, p0+kc) of op(A) into strips of MR
  * rows, each stored depth-major: strip[p * MR + i]. Rows past mc are zero,
@@ -142,7 +150,17 @@ static void pack_b(float *dst, const float *b, int ldb, bool trans_b, int j0, in
 /* c(mr, nr) += alpha * strip_a * strip_b over depth kc. The twelve
  * accumulators are named variables so they stay in registers. Contraction
  * into FMA is allowed here (the -std=c11 default forbids it): it only drops
- * an intermediate rounding, as every BLAS does. */
+ * an intermediate rounding, as every BLAS does. Portable builds get an FMA
+ * copy chosen at load time on CPUs that have FMA (without it, 8-float
+ * vectors on SSE ran at 1 GFLOP/s here, against 8-60 with it). Every
+ * element of C is the same chain of operations over k, whatever its row,
+ * column or the product's size: that is what makes fr_cpu_gemm's rows
+ * independent of the batch. */
+#ifdef __clang__
+#define GEMM_KERNEL_ATTRS __attribute__((target_clones("fma", "default")))
+#else
+#define GEMM_KERNEL_ATTRS __attribute__((optimize("fp-contract=fast"), target_clones("fma", "default")))
+#endif
 #define GEMM_ROW(i)                          \
     do {                                     \
         float a_ = pa[p * GEMM_MR + (i)];    \
@@ -150,13 +168,17 @@ static void pack_b(float *dst, const float *b, int ldb, bool trans_b, int j0, in
         acc##i##1 += a_ * b1;                \
     } while (0)
 
-__attribute__((optimize("fp-contract=fast"))) static void
-micro_kernel(int kc, const float *pa, const float *pb, float *c, int ldc, int mr, int nr,
-             float alpha) {
+GEMM_KERNEL_ATTRS static void micro_kernel(int kc, const float *pa, const float *pb, float *c,
+                                           int ldc, int mr, int nr, float alpha) {
+#ifdef __clang__
+#pragma clang fp contract(fast)
+#endif
     fr_v8 acc00 = {0}, acc01 = {0}, acc10 = {0}, acc11 = {0}, acc20 = {0}, acc21 = {0};
     fr_v8 acc30 = {0}, acc31 = {0}, acc40 = {0}, acc41 = {0}, acc50 = {0}, acc51 = {0};
     for (int p = 0; p < kc; p++) {
-        fr_v8 b0 = load_v8(pb + p * GEMM_NR), b1 = load_v8(pb + p * GEMM_NR + 8);
+        fr_v8 b0, b1;
+        LOAD_V8(b0, pb + p * GEMM_NR);
+        LOAD_V8(b1, pb + p * GEMM_NR + 8);
         GEMM_ROW(0);
         GEMM_ROW(1);
         GEMM_ROW(2);
@@ -173,9 +195,9 @@ micro_kernel(int kc, const float *pa, const float *pb, float *c, int ldc, int mr
             c[(size_t)i * ldc + j] += alpha * tile[i][j];
 }
 
-fr_status fr_cpu_gemm_serial(float *c, int ldc, const float *a, int lda, const float *b, int ldb,
-                             int m, int n, int k, bool trans_a, bool trans_b, float alpha,
-                             float beta) {
+static fr_status builtin_serial(float *c, int ldc, const float *a, int lda, const float *b, int ldb,
+                                int m, int n, int k, bool trans_a, bool trans_b, float alpha,
+                                float beta) {
     if (m <= 0 || n <= 0)
         return FR_OK;
     scale_c(c, ldc, m, n, beta);
@@ -213,6 +235,12 @@ fr_status fr_cpu_gemm_serial(float *c, int ldc, const float *a, int lda, const f
     return FR_OK;
 }
 
+#ifndef FR_HAVE_CBLAS
+fr_status fr_cpu_gemm_serial(float *c, int ldc, const float *a, int lda, const float *b, int ldb,
+                             int m, int n, int k, bool trans_a, bool trans_b, float alpha,
+                             float beta) {
+    return builtin_serial(c, ldc, a, lda, b, ldb, m, n, k, trans_a, trans_b, alpha, beta);
+}
 #endif
 
 /* Splits C into one slab per thread along its longer side (slab edges on
@@ -225,9 +253,9 @@ fr_status fr_cpu_gemm(float *c, const float *a, const float *b, int m, int n, in
         lda = 1;
     if (ldb < 1)
         ldb = 1;
-    int threads = omp_in_parallel() ? 1 : omp_get_max_threads();
+    int threads = fr_cpu_threads();
     if (threads <= 1 || m <= 0 || n <= 0 || (size_t)m * n * (k > 0 ? k : 1) < GEMM_PARALLEL_MIN)
-        return fr_cpu_gemm_serial(c, n, a, lda, b, ldb, m, n, k, trans_a, trans_b, alpha, beta);
+        return builtin_serial(c, n, a, lda, b, ldb, m, n, k, trans_a, trans_b, alpha, beta);
     bool split_n = n >= m;
     int len = split_n ? n : m;
     int slab = (len + threads - 1) / threads;
@@ -239,10 +267,10 @@ fr_status fr_cpu_gemm(float *c, const float *a, const float *b, int m, int n, in
         int start = t * slab, size = len - start < slab ? len - start : slab;
         fr_status st;
         if (split_n)
-            st = fr_cpu_gemm_serial(c + start, n, a, lda, trans_b ? b + (size_t)start * ldb : b + start,
+            st = builtin_serial(c + start, n, a, lda, trans_b ? b + (size_t)start * ldb : b + start,
                                     ldb, m, size, k, trans_a, trans_b, alpha, beta);
         else
-            st = fr_cpu_gemm_serial(c + (size_t)start * n, n,
+            st = builtin_serial(c + (size_t)start * n, n,
                                     trans_a ? a + start : a + (size_t)start * lda, lda, b, ldb, size,
                                     n, k, trans_a, trans_b, alpha, beta);
         if (st != FR_OK) {

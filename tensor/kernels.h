@@ -51,9 +51,9 @@ static inline uint64_t fr_dropout_seed_at(uint64_t seed, uint64_t off) {
 #include "kernels.def"
 #undef FR_KERNEL
 
-/* fr_cpu_gemm on the calling thread only, with row strides (lda, ldb, ldc)
- * for sub-blocks: for CPU kernels that parallelise over their own work items
- * (cpu/conv.c runs one per image per thread). */
+/* fr_cpu_gemm on the calling thread only, with row strides (lda,
+ * ldb, ldc) for sub-blocks: for CPU kernels that parallelise over their own
+ * work items (cpu/conv_im2col.c runs one per image per thread). */
 fr_status fr_cpu_gemm_serial(float *c, int ldc, const float *a, int lda, const float *b, int ldb,
                              int m, int n, int k, bool trans_a, bool trans_b, float alpha,
                              float beta);

@@ -7,6 +7,7 @@
 #include <sys/mman.h>
 #include <sys/resource.h>
 
+#include "../cpu/allocator.h"
 #include "../cuda/fr_cuda.h"
 
 static const char *const tag_names[] = {
@@ -79,10 +80,9 @@ void *fr_mem_alloc(fr_device dev, size_t nbytes, fr_mem_tag tag) {
     void *p = NULL;
     if (dev == FR_CPU) {
         /* 64-byte alignment suits AVX-512 loads and keeps rows off shared
-         * cache lines; a 0-byte request still gets a unique pointer. */
-        size_t rounded = (nbytes + 63) & ~(size_t)63;
-        if (posix_memalign(&p, 64, rounded ? rounded : 64) != 0)
-            p = NULL;
+         * cache lines; a 0-byte request still gets a unique pointer. The
+         * caching allocator keeps freed blocks for reuse (cpu/allocator.c). */
+        p = fr_cpu_alloc(nbytes);
         if (!p) {
             oom(dev, nbytes, tag, "the system refused");
             return NULL;
@@ -103,7 +103,7 @@ void fr_mem_free(fr_device dev, void *ptr, size_t nbytes, fr_mem_tag tag) {
     if (!ptr)
         return;
     if (dev == FR_CPU)
-        free(ptr);
+        fr_cpu_free(ptr, nbytes);
     else
         fr_cuda_free(ptr);
     pthread_mutex_lock(&ledger_lock);
@@ -131,7 +131,7 @@ void fr_mem_get_stats(fr_device dev, fr_mem_stats *out) {
     if (dev == FR_CUDA)
         fr_cuda_cache_stats(&out->reserved, &out->device_mallocs);
     else
-        out->reserved = out->total_current;
+        fr_cpu_cache_stats(&out->reserved, &out->device_mallocs);
 }
 
 size_t fr_mem_current(fr_device dev, fr_mem_tag tag) {
@@ -172,7 +172,10 @@ void fr_mem_set_limit(fr_device dev, size_t max_bytes) {
     pthread_mutex_unlock(&ledger_lock);
 }
 
-void fr_mem_empty_cache(void) { fr_cuda_empty_cache(); }
+void fr_mem_empty_cache(void) {
+    fr_cpu_empty_cache();
+    fr_cuda_empty_cache();
+}
 
 fr_status fr_mem_probe_host(size_t nbytes, const char *what) {
     void *p = mmap(NULL, nbytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
@@ -222,9 +225,8 @@ void fr_mem_report(FILE *out) {
         fprintf(out, "memory on %s: %s in use, peak %s", fr_device_name((fr_device)d),
                 fr_mem_format_bytes(s.total_current, a, sizeof a),
                 fr_mem_format_bytes(s.total_peak, b, sizeof b));
-        if (d == FR_CUDA)
-            fprintf(out, ", reserved %s, %zu cudaMalloc calls",
-                    fr_mem_format_bytes(s.reserved, c, sizeof c), s.device_mallocs);
+        fprintf(out, ", reserved %s, %zu %s calls", fr_mem_format_bytes(s.reserved, c, sizeof c),
+                s.device_mallocs, d == FR_CUDA ? "cudaMalloc" : "system allocation");
         fprintf(out, "\n  %-11s %14s %14s %14s\n", "tag", "current", "peak", "at peak");
         for (int t = 0; t < FR_TAG_COUNT; t++)
             fprintf(out, "  %-11s %14s %14s %14s\n", tag_names[t],

@@ -4,9 +4,9 @@
  * keeps, per device and per tag, the bytes in use now and the most ever in use
  * since the last fr_mem_reset_peak(); plus the total and a snapshot of the
  * per-tag bytes at the moment the total peaked, so a report can say where a
- * peak comes from. Counts are of requested bytes (exact); on CUDA the caching
- * allocator's reserved bytes (blocks held from the driver) are reported beside
- * them. All functions are thread-safe (the data loader allocates on its own
+ * peak comes from. Counts are of requested bytes (exact); the caching
+ * allocators' reserved bytes (blocks held from the driver, or on the CPU from
+ * the system) are reported beside them. All functions are thread-safe (the data loader allocates on its own
  * thread). */
 #ifndef FR_MEMORY_H
 #define FR_MEMORY_H
@@ -40,8 +40,9 @@ typedef struct {
     size_t total_peak;
     size_t live_blocks;            /* allocations not yet freed */
     size_t n_allocs;               /* allocations since program start */
-    size_t reserved;               /* CUDA: bytes the caching allocator holds */
-    size_t device_mallocs;         /* CUDA: cudaMalloc calls since start */
+    size_t reserved;               /* bytes the caching allocator holds (in use + cached) */
+    size_t device_mallocs;         /* system allocations since start (cudaMalloc on CUDA,
+                                      posix_memalign on the CPU) */
 } fr_mem_stats;
 
 /* Allocates `nbytes` (64-byte aligned on the CPU) on `dev`, counted under
@@ -74,7 +75,7 @@ void fr_mem_set_limit(fr_device dev, size_t max_bytes);
 fr_status fr_mem_probe_host(size_t nbytes, const char *what);
 /* Writes a human-readable table of the ledger for every device in use. */
 void fr_mem_report(FILE *out);
-/* CUDA: returns every cached, unused block to the driver. No-op on CPU. */
+/* Returns every cached, unused block to the system, on both devices. */
 void fr_mem_empty_cache(void);
 
 /* Optional observer called after every change of the ledger, for plots of

@@ -1,5 +1,8 @@
-/* cpu/conv.c: 2-d convolution (groups = 1) on the host, forward and both
- * backward passes, as column matrices and GEMM.
+/* cpu/conv_im2col.c: the reference 2-d convolution (groups = 1) on the host,
+ * forward and both backward passes, as column matrices and GEMM. It runs
+ * when frugal is built without oneDNN, for shapes oneDNN has no kernel for,
+ * and under fr_cpu_conv_set_backend(FR_CPU_CONV_IM2COL); tests/test_conv.c
+ * checks the oneDNN path (cpu/conv_dnnl.c) against it.
  *
  * A column matrix unrolls every receptive field of a band of output rows of
  * one image into a column: col (C*R*S, P), P = rows * OW. Then
@@ -9,14 +12,14 @@
  * where y / dy are the image's (K, OH*OW) block read or written in place
  * (row stride OH*OW), so nothing is gathered or scattered.
  *
- * Parallelism is over images (or bands, when there are fewer images than
- * threads): each OpenMP thread unrolls its own band into its own column
- * buffer and runs a single-threaded GEMM on it (fr_cpu_gemm_serial). The
+ * Parallelism is over images and bands (bwd_weight: over fixed groups of
+ * them, BWD_WEIGHT_GROUPS): each OpenMP thread unrolls its own band into its
+ * own column buffer and runs a single-threaded GEMM on it (fr_cpu_gemm_serial). The
  * buffer is written and read back by the same core while it sits in that
  * core's cache (a CIFAR image's columns are at most 576 KiB), there is no
  * barrier between unrolling and multiplying, and no second thread pool
- * competes for the cores. bwd_weight sums per-thread partial gradients in a
- * fixed order, so results do not depend on scheduling.
+ * competes for the cores. No result depends on the scheduling or the team
+ * size, and fwd / bwd_data results of an image not on the batch size.
  *
  * A 1x1 stride-1 unpadded convolution needs no column matrix: an image's
  * (C, H*W) block already is one. A size-keeping stride-1 convolution (3x3
@@ -26,6 +29,8 @@
 
 #include "../tensor/kernels.h"
 #include "../tensor/memory.h"
+#include "conv.h"
+#include "threads.h"
 
 typedef float fr_v8 __attribute__((vector_size(32)));
 
@@ -51,13 +56,13 @@ typedef struct {
     int threads;   /* upper bound on the team size */
 } conv_plan;
 
-/* split_for_threads: fwd and bwd_weight may hand bands of one image to
- * different threads, so with fewer images than threads the images are cut
- * into more bands; bwd_data keeps an image on one thread (col2im of adjacent
- * bands writes the same input rows). */
-static conv_plan plan_bands(const fr_conv_shape *s, bool split_for_threads, size_t max_cols) {
+/* An image is cut into the same bands whatever the batch size and, up to
+ * CONV_WS_TOTAL / CONV_COL_BUDGET = 16 threads, whatever the team size, so
+ * its results do not depend on either (docs/ARCHITECTURE.md, "CPU
+ * convolution and GEMM"); with fewer images than threads some threads wait. */
+static conv_plan plan_bands(const fr_conv_shape *s, size_t max_cols) {
     conv_plan p;
-    p.threads = omp_in_parallel() ? 1 : omp_get_max_threads();
+    p.threads = fr_cpu_threads();
     size_t per_row = (size_t)s->c * s->r * s->s * s->ow * sizeof(float);
     size_t budget = CONV_WS_TOTAL / (size_t)p.threads;
     if (budget > CONV_COL_BUDGET)
@@ -70,12 +75,6 @@ static conv_plan plan_bands(const fr_conv_shape *s, bool split_for_threads, size
     if (rows > (size_t)s->oh)
         rows = (size_t)(s->oh > 0 ? s->oh : 1);
     int bands = s->oh > 0 ? (s->oh + (int)rows - 1) / (int)rows : 1;
-    if (split_for_threads && s->n > 0 && s->n * bands < p.threads) {
-        int want = (p.threads + s->n - 1) / s->n;
-        bands = want < s->oh ? want : (s->oh > 0 ? s->oh : 1);
-        rows = (size_t)((s->oh + bands - 1) / bands);
-        bands = s->oh > 0 ? (s->oh + (int)rows - 1) / (int)rows : 1;
-    }
     p.rows = (int)rows;
     p.bands = bands;
     p.cols = rows * (size_t)s->ow;
@@ -289,7 +288,7 @@ static fr_status worker_failed(fr_status st, const char *what, const fr_conv_sha
                     what, fr_status_name(st), s->n, s->c, s->h, s->w, s->k, s->c, s->r, s->s);
 }
 
-fr_status fr_cpu_conv2d_fwd(float *y, const float *x, const float *w, const fr_conv_shape *s) {
+fr_status fr_cpu_conv2d_fwd_im2col(float *y, const float *x, const float *w, const fr_conv_shape *s) {
     int crs = s->c * s->r * s->s, ohw = s->oh * s->ow;
     size_t x_img = (size_t)s->c * s->h * s->w, y_img = (size_t)s->k * ohw;
     fr_status failed = FR_OK;
@@ -305,7 +304,7 @@ fr_status fr_cpu_conv2d_fwd(float *y, const float *x, const float *w, const fr_c
         }
         return failed == FR_OK ? FR_OK : worker_failed(failed, "forward", s);
     }
-    conv_plan p = plan_bands(s, true, CONV_MAX_COLS);
+    conv_plan p = plan_bands(s, CONV_MAX_COLS);
     size_t ws_bytes;
     float *ws = ws_alloc(s, &p, 0, &ws_bytes);
     if (!ws)
@@ -361,12 +360,12 @@ static fr_status bwd_data_as_forward(float *dx, const float *dy, const float *w,
     fr_conv_shape t = *s;
     t.c = s->k;
     t.k = s->c;
-    fr_status st = fr_cpu_conv2d_fwd(dx, dy, wt, &t);
+    fr_status st = fr_cpu_conv2d_fwd_im2col(dx, dy, wt, &t);
     fr_mem_free(FR_CPU, wt, bytes, FR_TAG_WORKSPACE);
     return st;
 }
 
-fr_status fr_cpu_conv2d_bwd_data(float *dx, const float *dy, const float *w, const fr_conv_shape *s) {
+fr_status fr_cpu_conv2d_bwd_data_im2col(float *dx, const float *dy, const float *w, const fr_conv_shape *s) {
     int crs = s->c * s->r * s->s, ohw = s->oh * s->ow;
     size_t x_img = (size_t)s->c * s->h * s->w, y_img = (size_t)s->k * ohw;
     fr_status failed = FR_OK;
@@ -384,7 +383,7 @@ fr_status fr_cpu_conv2d_bwd_data(float *dx, const float *dy, const float *w, con
     }
     if (is_flippable(s))
         return bwd_data_as_forward(dx, dy, w, s);
-    conv_plan p = plan_bands(s, false, CONV_MAX_COLS);
+    conv_plan p = plan_bands(s, CONV_MAX_COLS);
     size_t ws_bytes;
     float *ws = ws_alloc(s, &p, 0, &ws_bytes);
     if (!ws)
@@ -415,52 +414,62 @@ fr_status fr_cpu_conv2d_bwd_data(float *dx, const float *dy, const float *w, con
     return failed == FR_OK ? FR_OK : worker_failed(failed, "backward (data)", s);
 }
 
-/* Each thread accumulates dw^T (CRS, K) = col (CRS, P) dy^T (P, K) over its
- * images: OpenBLAS runs this tall-and-narrow product about twice as fast as
+/* The batch's (image, band) units are cut into at most this many groups,
+ * each summed in unit order into its own partial dw^T, and the partials are
+ * added in group order: the same additions whatever the team size, so a
+ * run's weight gradients do not depend on how many cores it got (the team
+ * follows the load average, cpu/threads.c). A team larger than this leaves
+ * threads idle here. */
+#define BWD_WEIGHT_GROUPS 16
+
+/* Each group accumulates dw^T (CRS, K) = col (CRS, P) dy^T (P, K) over its
+ * units: OpenBLAS runs this tall-and-narrow product about twice as fast as
  * dw = dy col^T when K is 16, and no slower otherwise. The partials are
- * summed (in thread order, so the result is deterministic) and transposed
- * into dw at the end. */
-fr_status fr_cpu_conv2d_bwd_weight(float *dw, const float *dy, const float *x, const fr_conv_shape *s) {
+ * summed and transposed into dw at the end. */
+fr_status fr_cpu_conv2d_bwd_weight_im2col(float *dw, const float *dy, const float *x, const fr_conv_shape *s) {
     int crs = s->c * s->r * s->s, ohw = s->oh * s->ow;
     size_t x_img = (size_t)s->c * s->h * s->w, y_img = (size_t)s->k * ohw;
     size_t dw_len = (size_t)s->k * crs;
     bool pointwise = is_pointwise(s);
-    conv_plan p = plan_bands(s, true, SIZE_MAX);
+    conv_plan p = plan_bands(s, SIZE_MAX);
     if (pointwise) { /* no columns: the image is used in place, one band */
         p.cols = 0;
         p.bands = 1;
         p.rows = s->oh;
     }
-    size_t ws_bytes;
-    /* Per thread: its columns, then its partial dw^T (CRS, K). */
-    float *ws = ws_alloc(s, &p, dw_len, &ws_bytes);
+    int units = s->n * p.bands;
+    int groups = units < BWD_WEIGHT_GROUPS ? units : BWD_WEIGHT_GROUPS;
+    /* Per thread its columns, then per group its partial dw^T (CRS, K). */
+    size_t col_len = (size_t)crs * p.cols;
+    size_t ws_bytes = (col_len * (size_t)p.threads + dw_len * (size_t)groups) * sizeof(float);
+    float *ws = fr_mem_alloc(FR_CPU, ws_bytes, FR_TAG_WORKSPACE);
     if (!ws)
         return fr_last_status();
-    size_t per_thread = (size_t)crs * p.cols + dw_len;
-    int units = s->n * p.bands, team = 1;
+    float *parts = ws + col_len * (size_t)p.threads; // (groups, CRS, K)
     fr_status failed = FR_OK;
 #pragma omp parallel num_threads(p.threads)
     {
-#pragma omp single
-        team = omp_get_num_threads();
-        float *col = ws + (size_t)omp_get_thread_num() * per_thread; // (CRS, P)
-        float *part = col + (size_t)crs * p.cols;                     // (CRS, K)
-        memset(part, 0, dw_len * sizeof *part);
+        float *col = ws + (size_t)omp_get_thread_num() * col_len; // (CRS, P)
 #pragma omp for schedule(static)
-        for (int u = 0; u < units; u++) {
-            int n = u / p.bands, oh0 = u % p.bands * p.rows;
-            int rows = s->oh - oh0 < p.rows ? s->oh - oh0 : p.rows;
-            const float *cols = x + n * x_img; // (C, H*W) for a pointwise conv
-            if (!pointwise) {
-                im2col(col, x + n * x_img, s, oh0, rows);
-                cols = col;
-            }
-            fr_status st = fr_cpu_gemm_serial(part, s->k, cols, pointwise ? ohw : rows * s->ow,
-                                              dy + n * y_img + (size_t)oh0 * s->ow, ohw, crs, s->k,
-                                              rows * s->ow, false, true, 1.0f, 1.0f);
-            if (st != FR_OK) {
+        for (int g = 0; g < groups; g++) {
+            float *part = parts + (size_t)g * dw_len; // (CRS, K)
+            memset(part, 0, dw_len * sizeof *part);
+            int u_end = (int)((long long)units * (g + 1) / groups);
+            for (int u = (int)((long long)units * g / groups); u < u_end; u++) {
+                int n = u / p.bands, oh0 = u % p.bands * p.rows;
+                int rows = s->oh - oh0 < p.rows ? s->oh - oh0 : p.rows;
+                const float *cols = x + n * x_img; // (C, H*W) for a pointwise conv
+                if (!pointwise) {
+                    im2col(col, x + n * x_img, s, oh0, rows);
+                    cols = col;
+                }
+                fr_status st = fr_cpu_gemm_serial(part, s->k, cols, pointwise ? ohw : rows * s->ow,
+                                                  dy + n * y_img + (size_t)oh0 * s->ow, ohw, crs,
+                                                  s->k, rows * s->ow, false, true, 1.0f, 1.0f);
+                if (st != FR_OK) {
 #pragma omp atomic write
-                failed = st;
+                    failed = st;
+                }
             }
         }
         /* The implicit barrier above: every partial is complete. */
@@ -468,8 +477,8 @@ fr_status fr_cpu_conv2d_bwd_weight(float *dw, const float *dy, const float *x, c
         for (int k = 0; k < s->k; k++)
             for (int i = 0; i < crs; i++) {
                 float total = 0.0f;
-                for (int t = 0; t < team; t++)
-                    total += ws[(size_t)t * per_thread + (size_t)crs * p.cols + (size_t)i * s->k + k];
+                for (int g = 0; g < groups; g++)
+                    total += parts[(size_t)g * dw_len + (size_t)i * s->k + k];
                 dw[(size_t)k * crs + i] = total;
             }
     }

@@ -1,0 +1,37 @@
+/* cpu/conv.h: the two CPU convolution paths behind fr_cpu_conv2d_* (the
+ * kernel table's entries, in cpu/conv_dnnl.c), and the switch between them
+ * for tests and benchmarks. Internal: not part of frugal.h. */
+#ifndef FR_CPU_CONV_H
+#define FR_CPU_CONV_H
+
+#include "../tensor/kernels.h"
+
+/* The reference: im2col + GEMM (cpu/conv_im2col.c). Same contract as the
+ * kernel-table entries. */
+fr_status fr_cpu_conv2d_fwd_im2col(float *y, const float *x, const float *w, const fr_conv_shape *s);
+fr_status fr_cpu_conv2d_bwd_data_im2col(float *dx, const float *dy, const float *w,
+                                        const fr_conv_shape *s);
+fr_status fr_cpu_conv2d_bwd_weight_im2col(float *dw, const float *dy, const float *x,
+                                          const fr_conv_shape *s);
+
+typedef enum {
+    FR_CPU_CONV_AUTO = 0,   /* oneDNN when built with it (the default), else im2col */
+    FR_CPU_CONV_IM2COL,     /* the reference path only */
+    FR_CPU_CONV_DNNL_PLAIN, /* oneDNN on NCHW buffers as they are (for measurements) */
+    FR_CPU_CONV_DNNL_BLOCKED, /* oneDNN in its preferred layout, reorders around (measurements) */
+    FR_CPU_CONV_BACKEND_COUNT
+} fr_cpu_conv_backend;
+
+/* Selects the path for later calls (process-wide; not for use while convs
+ * run on other threads). FR_ERR_ARG for a oneDNN backend in a build without
+ * oneDNN. */
+fr_status fr_cpu_conv_set_backend(fr_cpu_conv_backend b);
+fr_cpu_conv_backend fr_cpu_conv_get_backend(void);
+/* True when this build has oneDNN. */
+bool fr_cpu_have_dnnl(void);
+/* oneDNN's implementation name for a shape and direction (0 fwd, 1
+ * bwd_data, 2 bwd_weight) under the current backend, "im2col" when the
+ * reference runs; for benchmarks. */
+const char *fr_cpu_conv_impl(const fr_conv_shape *s, int direction);
+
+#endif

@@ -1,0 +1,293 @@
+/* test_cpu_backends.c: the CPU kernels' oneDNN paths against the reference
+ * paths. Convolution on oneDNN (cpu/conv_dnnl.c, in both of its layouts)
+ * must match the im2col reference (cpu/conv_im2col.c) within 1e-5 of the
+ * largest reference value, and give the same bits when a call is repeated;
+ * the path the default backend picks for a shape is a fixed rule; and with
+ * or without oneDNN, a sample's result from GEMM or convolution does not
+ * depend on the batch it is computed in. The oneDNN checks skip when the
+ * build has no oneDNN. */
+#include <omp.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "testlib.h"
+#include "cpu/conv.h"
+#include "tensor/kernels.h"
+#include "tensor/ops.h"
+
+typedef struct {
+    int n, c, h, k, r, stride, pad;
+} conv_case;
+
+/* CIFAR ResNet and DenseNet layers (3 -> 16 stem, 3x3 at every width,
+ * stride-2 3x3 and 1x1 shortcuts, DenseNet's 1x1 bottleneck and 3x3 growth
+ * layer), plus odd sizes, no padding and a rounded-down output size. */
+static const conv_case cases[] = {
+    {8, 3, 32, 16, 3, 1, 1},  {8, 16, 32, 16, 3, 1, 1}, {8, 16, 32, 32, 3, 2, 1},
+    {8, 32, 16, 32, 1, 2, 0}, {8, 64, 8, 64, 3, 1, 1},  {4, 24, 16, 48, 1, 1, 0},
+    {4, 48, 16, 12, 3, 1, 1}, {3, 5, 13, 7, 3, 2, 0},   {2, 9, 11, 6, 5, 2, 2},
+};
+
+/* max |a - b| over max |ref|: the error relative to the tensor's scale, the
+ * measure that stays meaningful for gradients that are sums of thousands of
+ * products (an element near 0 can lose every digit to round-off). */
+static double scaled_diff(const fr_tensor *a, const fr_tensor *ref) {
+    const float *pa = fr_data_f32(a), *pr = fr_data_f32(ref);
+    double worst = 0.0, scale = 0.0;
+    for (int64_t i = 0; i < fr_numel(ref); i++) {
+        double d = fabs((double)pa[i] - pr[i]);
+        worst = d > worst || d != d ? d : worst;
+        scale = fabs(pr[i]) > scale ? fabs(pr[i]) : scale;
+    }
+    return scale > 0.0 ? worst / scale : worst;
+}
+
+static bool same_bits(const fr_tensor *a, const fr_tensor *b) {
+    return memcmp(fr_data(a), fr_data(b), (size_t)fr_numel(a) * sizeof(float)) == 0;
+}
+
+typedef struct {
+    fr_tensor *y, *dx, *dw;
+} conv_out;
+
+static conv_out run_case(const conv_case *cc, fr_cpu_conv_backend b, const fr_tensor *x,
+                         const fr_tensor *w, const fr_tensor *dy) {
+    fr_conv_params p = {cc->stride, cc->pad};
+    conv_out o = {fr_empty_like(dy, FR_TAG_TRANSIENT), fr_empty_like(x, FR_TAG_TRANSIENT),
+                  fr_empty_like(w, FR_TAG_TRANSIENT)};
+    /* NaN-filled first: a path that leaves an element unwritten fails */
+    CHECK_OK(fr_fill_(o.y, NAN));
+    CHECK_OK(fr_fill_(o.dx, NAN));
+    CHECK_OK(fr_fill_(o.dw, NAN));
+    CHECK_OK(fr_cpu_conv_set_backend(b));
+    CHECK_OK(fr_conv2d_forward(o.y, x, w, NULL, p));
+    CHECK_OK(fr_conv2d_backward(o.dx, o.dw, NULL, dy, x, w, p));
+    CHECK_OK(fr_cpu_conv_set_backend(FR_CPU_CONV_AUTO));
+    return o;
+}
+
+static void release_out(conv_out *o) {
+    fr_release(o->y);
+    fr_release(o->dx);
+    fr_release(o->dw);
+}
+
+static void test_dnnl_matches_im2col(void) {
+    if (!fr_cpu_have_dnnl())
+        SKIP("built without oneDNN");
+    static const fr_cpu_conv_backend paths[] = {FR_CPU_CONV_DNNL_PLAIN, FR_CPU_CONV_DNNL_BLOCKED,
+                                                FR_CPU_CONV_AUTO};
+    static const char *const names[] = {"oneDNN plain", "oneDNN blocked", "auto"};
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        const conv_case *cc = &cases[i];
+        fr_tensor *x = fr_t_rand(FR_CPU, 4, FR_SHAPE(cc->n, cc->c, cc->h, cc->h), 31 + (int)i);
+        fr_tensor *w = fr_t_rand(FR_CPU, 4, FR_SHAPE(cc->k, cc->c, cc->r, cc->r), 41 + (int)i);
+        fr_conv_shape s;
+        CHECK_OK(fr_conv2d_shape(x, w, (fr_conv_params){cc->stride, cc->pad}, &s));
+        fr_tensor *dy = fr_t_rand(FR_CPU, 4, FR_SHAPE(s.n, s.k, s.oh, s.ow), 51 + (int)i);
+        conv_out ref = run_case(cc, FR_CPU_CONV_IM2COL, x, w, dy);
+        for (size_t b = 0; b < sizeof paths / sizeof *paths; b++) {
+            conv_out got = run_case(cc, paths[b], x, w, dy), again = run_case(cc, paths[b], x, w, dy);
+            double ey = scaled_diff(got.y, ref.y), edx = scaled_diff(got.dx, ref.dx),
+                   edw = scaled_diff(got.dw, ref.dw);
+            if (!(ey <= 1e-5 && edx <= 1e-5 && edw <= 1e-5))
+                fprintf(stderr, "    case %zu (%s, %s / %s / %s): y %.2e dx %.2e dw %.2e\n", i,
+                        names[b], fr_cpu_conv_impl(&s, 0), fr_cpu_conv_impl(&s, 1),
+                        fr_cpu_conv_impl(&s, 2), ey, edx, edw);
+            CHECK(ey <= 1e-5);
+            CHECK(edx <= 1e-5);
+            CHECK(edw <= 1e-5);
+            /* the same call twice: the same bits (a plan is fixed per shape) */
+            CHECK(same_bits(got.y, again.y));
+            CHECK(same_bits(got.dx, again.dx));
+            CHECK(same_bits(got.dw, again.dw));
+            release_out(&got);
+            release_out(&again);
+        }
+        release_out(&ref);
+        fr_release(dy);
+        fr_release(w);
+        fr_release(x);
+    }
+}
+
+/* The oneDNN path is really taken for the CIFAR shapes (so the test above
+ * compares two different computations, not im2col with itself). */
+static void test_dnnl_is_used(void) {
+    if (!fr_cpu_have_dnnl())
+        SKIP("built without oneDNN");
+    fr_conv_shape s = {.n = 8, .c = 16, .h = 32, .w = 32, .k = 16, .r = 3, .s = 3,
+                       .oh = 32, .ow = 32, .stride = 1, .pad = 1};
+    CHECK_OK(fr_cpu_conv_set_backend(FR_CPU_CONV_DNNL_BLOCKED));
+    for (int d = 0; d < 3; d++)
+        CHECK(strcmp(fr_cpu_conv_impl(&s, d), "im2col") != 0);
+    CHECK_OK(fr_cpu_conv_set_backend(FR_CPU_CONV_IM2COL));
+    CHECK(strcmp(fr_cpu_conv_impl(&s, 0), "im2col") == 0);
+    CHECK_OK(fr_cpu_conv_set_backend(FR_CPU_CONV_AUTO));
+}
+
+static void test_backend_switch(void) {
+    CHECK_ERR(fr_cpu_conv_set_backend(FR_CPU_CONV_BACKEND_COUNT), FR_ERR_ARG, "unknown");
+    if (!fr_cpu_have_dnnl())
+        CHECK_ERR(fr_cpu_conv_set_backend(FR_CPU_CONV_DNNL_BLOCKED), FR_ERR_ARG, "oneDNN");
+    CHECK(fr_cpu_conv_get_backend() == FR_CPU_CONV_AUTO);
+}
+
+/* A sample's result must not depend on the batch it is computed in: the
+ * rows of linear's forward (x w^T) and input gradient (dy w), and each
+ * image of a convolution's forward and input gradient, come out bit for bit
+ * the same in a batch of `n` as in its parts. Data parallelism relies on it
+ * (2 ranks x 16 images against one process x 32, tests/test_dist.c): with
+ * oneDNN's matmul a row at m = 32 rounded differently from the same row at
+ * m = 16 (k = 2, the input gradient of a 2-class linear layer), and a step
+ * later that last bit put a ReLU input of layer3.0 on the other side of
+ * zero (-1.6e-7 against +8e-7), which moved the trained biases by 1.9%.
+ * OpenBLAS's sgemm rounds rows differently by row count too (128x10x64). */
+static void check_rows(const char *what, int m, int n, int k, bool tb, int part) {
+    fr_tensor *a = fr_t_rand(FR_CPU, 2, FR_SHAPE(m, k), 71);
+    fr_tensor *b = fr_t_rand(FR_CPU, 2, tb ? FR_SHAPE(n, k) : FR_SHAPE(k, n), 72);
+    fr_tensor *whole = fr_t_rand(FR_CPU, 2, FR_SHAPE(m, n), 73);
+    fr_tensor *parts = fr_t_rand(FR_CPU, 2, FR_SHAPE(m, n), 74);
+    float *pa = fr_data_f32(a), *pb = fr_data_f32(b), *pw = fr_data_f32(whole), *pp = fr_data_f32(parts);
+    CHECK_OK(fr_cpu_gemm(pw, pa, pb, m, n, k, false, tb, 1.0f, 0.0f));
+    for (int lo = 0; lo < m; lo += part) {
+        int rows = m - lo < part ? m - lo : part;
+        CHECK_OK(fr_cpu_gemm(pp + (size_t)lo * n, pa + (size_t)lo * k, pb, rows, n, k, false, tb,
+                             1.0f, 0.0f));
+    }
+    if (!same_bits(whole, parts))
+        fprintf(stderr, "    %s %dx%dx%d: rows differ between m = %d and parts of %d (%.2e)\n",
+                what, m, n, k, m, part, scaled_diff(parts, whole));
+    CHECK(same_bits(whole, parts));
+    fr_tensor *all[] = {a, b, whole, parts};
+    for (int i = 0; i < 4; i++)
+        fr_release(all[i]);
+}
+
+static void check_images(const conv_case *cc, int part) {
+    fr_tensor *x = fr_t_rand(FR_CPU, 4, FR_SHAPE(cc->n, cc->c, cc->h, cc->h), 81);
+    fr_tensor *w = fr_t_rand(FR_CPU, 4, FR_SHAPE(cc->k, cc->c, cc->r, cc->r), 82);
+    fr_conv_shape s;
+    CHECK_OK(fr_conv2d_shape(x, w, (fr_conv_params){cc->stride, cc->pad}, &s));
+    fr_tensor *dy = fr_t_rand(FR_CPU, 4, FR_SHAPE(s.n, s.k, s.oh, s.ow), 83);
+    fr_tensor *y[2] = {fr_empty_like(dy, FR_TAG_TRANSIENT), fr_empty_like(dy, FR_TAG_TRANSIENT)};
+    fr_tensor *dx[2] = {fr_empty_like(x, FR_TAG_TRANSIENT), fr_empty_like(x, FR_TAG_TRANSIENT)};
+    CHECK_OK(fr_cpu_conv2d_fwd(fr_data_f32(y[0]), fr_data_f32(x), fr_data_f32(w), &s));
+    CHECK_OK(fr_cpu_conv2d_bwd_data(fr_data_f32(dx[0]), fr_data_f32(dy), fr_data_f32(w), &s));
+    size_t x_img = (size_t)s.c * s.h * s.w, y_img = (size_t)s.k * s.oh * s.ow;
+    for (int lo = 0; lo < cc->n; lo += part) {
+        fr_conv_shape sp = s;
+        sp.n = cc->n - lo < part ? cc->n - lo : part;
+        CHECK_OK(fr_cpu_conv2d_fwd(fr_data_f32(y[1]) + lo * y_img, fr_data_f32(x) + lo * x_img,
+                                   fr_data_f32(w), &sp));
+        CHECK_OK(fr_cpu_conv2d_bwd_data(fr_data_f32(dx[1]) + lo * x_img,
+                                        fr_data_f32(dy) + lo * y_img, fr_data_f32(w), &sp));
+    }
+    bool same_y = same_bits(y[0], y[1]), same_dx = same_bits(dx[0], dx[1]);
+    if (!same_y || !same_dx)
+        fprintf(stderr, "    conv %d->%d %dx%d /%d @%d (%s / %s): images differ between n = %d and parts of %d\n",
+                cc->c, cc->k, cc->r, cc->r, cc->stride, cc->h, fr_cpu_conv_impl(&s, 0),
+                fr_cpu_conv_impl(&s, 1), cc->n, part);
+    CHECK(same_y);
+    CHECK(same_dx);
+    fr_tensor *all[] = {x, w, dy, y[0], y[1], dx[0], dx[1]};
+    for (int i = 0; i < 7; i++)
+        fr_release(all[i]);
+}
+
+static void samples_do_not_depend_on_batch(void) {
+    /* linear forward (b, out, in) and input gradient (b, in, out) */
+    static const int lin[][3] = {{32, 2, 64}, {128, 10, 64}, {64, 10, 342}, {256, 100, 64}};
+    for (size_t i = 0; i < sizeof lin / sizeof *lin; i++)
+        for (int part = 16; part >= 5; part -= 11) {
+            check_rows("linear forward", lin[i][0], lin[i][1], lin[i][2], true, part);
+            check_rows("linear input gradient", lin[i][0], lin[i][2], lin[i][1], false, part);
+        }
+    /* the ResNet-8 layers of tests/test_dist.c at batch 32, and the cases above */
+    static const conv_case resnet8[] = {{32, 1, 8, 16, 3, 1, 1}, {32, 16, 8, 16, 3, 1, 1},
+                                        {32, 16, 8, 32, 3, 2, 1}, {32, 32, 4, 64, 3, 2, 1},
+                                        {32, 64, 2, 64, 3, 1, 1}, {32, 16, 8, 32, 1, 2, 0}};
+    for (size_t i = 0; i < sizeof resnet8 / sizeof *resnet8; i++) {
+        check_images(&resnet8[i], 16);
+        check_images(&resnet8[i], 5);
+    }
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++)
+        check_images(&cases[i], cases[i].n / 2 > 0 ? cases[i].n / 2 : 1);
+}
+
+/* on one thread and on more threads than some parts have images */
+static void test_samples_do_not_depend_on_batch(void) {
+    int team = omp_get_max_threads();
+    omp_set_num_threads(1);
+    samples_do_not_depend_on_batch();
+    omp_set_num_threads(3);
+    samples_do_not_depend_on_batch();
+    omp_set_num_threads(team);
+}
+
+/* Nor on the team size: cpu/threads.c sizes the team by the load average
+ * when the process starts, so two runs of one training on a shared machine
+ * get different thread counts. The im2col weight gradient summed one
+ * partial per thread, and 5 steps of tests/test_dist.c's ResNet-8 ended
+ * 1.1% apart (layer3.0.bn1.bias) between 1 and 2 threads. */
+static void test_results_do_not_depend_on_threads(void) {
+    int team = omp_get_max_threads();
+    static const conv_case convs[] = {{32, 16, 8, 16, 3, 1, 1}, {8, 16, 32, 32, 3, 2, 1},
+                                      {3, 64, 8, 64, 3, 1, 1},  {4, 128, 16, 12, 3, 1, 1},
+                                      {5, 24, 16, 48, 1, 1, 0}, {2, 9, 11, 6, 5, 2, 2}};
+    for (size_t i = 0; i < sizeof convs / sizeof *convs; i++) {
+        const conv_case *cc = &convs[i];
+        fr_tensor *x = fr_t_rand(FR_CPU, 4, FR_SHAPE(cc->n, cc->c, cc->h, cc->h), 91);
+        fr_tensor *w = fr_t_rand(FR_CPU, 4, FR_SHAPE(cc->k, cc->c, cc->r, cc->r), 92);
+        fr_conv_shape s;
+        CHECK_OK(fr_conv2d_shape(x, w, (fr_conv_params){cc->stride, cc->pad}, &s));
+        fr_tensor *dy = fr_t_rand(FR_CPU, 4, FR_SHAPE(s.n, s.k, s.oh, s.ow), 93);
+        conv_out one = {NULL, NULL, NULL};
+        for (int threads = 1; threads <= 3; threads++) {
+            omp_set_num_threads(threads);
+            conv_out o = run_case(cc, FR_CPU_CONV_AUTO, x, w, dy);
+            if (threads == 1) {
+                one = o;
+                continue;
+            }
+            bool same = same_bits(o.y, one.y) && same_bits(o.dx, one.dx) && same_bits(o.dw, one.dw);
+            if (!same)
+                fprintf(stderr, "    conv %d->%d %dx%d /%d @%d, batch %d: %d threads differ from 1 (y %d dx %d dw %d)\n",
+                        cc->c, cc->k, cc->r, cc->r, cc->stride, cc->h, cc->n, threads,
+                        !same_bits(o.y, one.y), !same_bits(o.dx, one.dx), !same_bits(o.dw, one.dw));
+            CHECK(same);
+            release_out(&o);
+        }
+        release_out(&one);
+        fr_release(dy);
+        fr_release(w);
+        fr_release(x);
+    }
+    static const int prods[][3] = {{128, 10, 64}, {10, 64, 128}, {300, 200, 100}};
+    for (size_t i = 0; i < sizeof prods / sizeof *prods; i++) {
+        int m = prods[i][0], n = prods[i][1], k = prods[i][2];
+        fr_tensor *a = fr_t_rand(FR_CPU, 2, FR_SHAPE(m, k), 94), *b = fr_t_rand(FR_CPU, 2, FR_SHAPE(k, n), 95);
+        fr_tensor *c[3];
+        for (int t = 0; t < 3; t++) {
+            omp_set_num_threads(t + 1);
+            c[t] = fr_empty(FR_CPU, FR_F32, 2, FR_SHAPE(m, n), FR_TAG_TRANSIENT);
+            CHECK_OK(fr_cpu_gemm(fr_data_f32(c[t]), fr_data_f32(a), fr_data_f32(b), m, n, k, false, false,
+                                 1.0f, 0.0f));
+        }
+        CHECK(same_bits(c[0], c[1]) && same_bits(c[0], c[2]));
+        for (int t = 0; t < 3; t++)
+            fr_release(c[t]);
+        fr_release(a);
+        fr_release(b);
+    }
+    omp_set_num_threads(team);
+}
+
+int main(void) {
+    RUN(test_samples_do_not_depend_on_batch);
+    RUN(test_results_do_not_depend_on_threads);
+    RUN(test_dnnl_matches_im2col);
+    RUN(test_dnnl_is_used);
+    RUN(test_backend_switch);
+    return TEST_SUMMARY();
+}
