@@ -7,7 +7,7 @@ cd "$(dirname "$0")/.."
 need=()
 have_pkg() { dpkg-query -W -f='${Status}' "$1" 2>/dev/null | grep -q "install ok installed"; }
 # clang-14, libclang-rt-14-dev (libFuzzer) and libomp-14-dev (OpenMP for clang): make fuzz
-for p in build-essential pkg-config libopenblas-dev zlib1g-dev libpng-dev libturbojpeg0-dev libstb-dev dataset-fashion-mnist python3-torch python3-numpy python3-pip \
+for p in build-essential pkg-config libopenblas-dev libdnnl-dev zlib1g-dev libpng-dev libturbojpeg0-dev libstb-dev dataset-fashion-mnist python3-torch python3-numpy python3-pip \
     libopenmpi-dev openmpi-bin clang-14 libclang-rt-14-dev libomp-14-dev; do
     have_pkg "$p" || need+=("$p")
 done
