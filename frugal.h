@@ -24,6 +24,7 @@
 #include "nn/model.h"
 #include "nn/optim.h"
 #include "nn/params.h"
+#include "nn/programs.h"
 #include "nn/registry.h"
 #include "nn/resnet.h"
 #include "nn/schedule.h"
