@@ -740,7 +740,7 @@ int main(int argc, char **argv) {
     print_table(&o, rows, n_rows, &trace);
     if (plan.units && rows[n_rows - 1].ok) {
         printf("\n");
-        fr_plan_print_measured(&plan, rows[n_rows - 1].mem.total_peak, stdout);
+        fr_plan_print_measured(&plan, rows[n_rows - 1].mem.total_peak, 0, stdout);
     }
     print_peak_breakdown(reference_row(rows, n_rows, FR_F32));
     if (o.precision != FR_F32)

@@ -446,7 +446,9 @@ static fr_status train_epoch(run *r, fr_progress *pg, double *loss, double *acc,
                             fr_dtype_name(r->scaler.dtype));
         if (r->plan.units && !r->plan_reported && r->rank == 0) {
             fr_progress_break(pg);
-            fr_plan_print_measured(&r->plan, fr_mem_total_peak(r->plan.device), stdout);
+            /* the optimizer's state appears at the end of the first step */
+            fr_plan_print_measured(&r->plan, fr_mem_total_peak(r->plan.device),
+                                   st->step == 0 ? r->plan.options.optim_bytes : 0, stdout);
             r->plan_reported = true;
         }
         st->batch++;
@@ -552,9 +554,14 @@ static fr_status plan_memory(const options *o, run *r) {
     fr_train_state *st = &r->st;
     const fr_dataset *ds = r->train_ds;
     int64_t shape[4] = {st->batch_size / r->world, ds->c, ds->h, ds->w};
+    /* the loaders' threads hold batches too: what they hold now (each
+     * loader's ready batch), and two more for the one being built while a
+     * step runs and its temporaries */
     size_t batch_bytes = (size_t)(shape[0] * (ds->c * ds->h * ds->w * 4 + 4));
+    fr_device dev = fr_device_of(r->model->params->items[0].tensor);
     fr_plan_options po = {.allow_abn = r->model->cfg.strategy.abn,
-                          .optim_bytes = fr_plan_optim_bytes(r->opt), .extra_bytes = batch_bytes};
+                          .optim_bytes = fr_plan_optim_bytes(r->opt),
+                          .extra_bytes = fr_mem_current(dev, FR_TAG_DATA) + 2 * batch_bytes};
     FR_TRY(fr_plan_memory(r->model, shape, o->memory_budget, &po, &r->plan));
     if (o->resume && r->plan.accum != st->accum)
         return fr_error(FR_ERR_ARG, "--memory-budget: the plan needs %d micro-batches, the run in %s "

@@ -740,14 +740,15 @@ void fr_plan_print(const fr_memory_plan *plan, FILE *out) {
                 plan->micro_batch, plan->batch);
 }
 
-void fr_plan_print_measured(const fr_memory_plan *plan, size_t measured_peak, FILE *out) {
-    char a[32], b[32];
-    double err = plan->predicted_peak > 0
-                     ? 100.0 * ((double)measured_peak - plan->predicted_peak) / plan->predicted_peak
-                     : 0;
-    fprintf(out, "memory plan: measured peak %s, predicted %s (%+.1f%%), budget %s%s\n",
-            fr_mem_format_bytes(measured_peak, a, sizeof a),
-            fr_mem_format_bytes((size_t)plan->predicted_peak, b, sizeof b), err,
-            fr_mem_format_bytes(plan->budget, (char[32]){0}, 32),
-            measured_peak > plan->budget ? " EXCEEDED" : "");
+void fr_plan_print_measured(const fr_memory_plan *plan, size_t measured_peak, size_t not_yet, FILE *out) {
+    char a[32], b[32], c[32], d[32];
+    double predicted = plan->predicted_peak - (double)not_yet;
+    double err = predicted > 0 ? 100.0 * ((double)measured_peak - predicted) / predicted : 0;
+    fprintf(out, "memory plan: measured peak %s, predicted %s (%+.1f%%)", fr_mem_format_bytes(measured_peak, a, sizeof a),
+            fr_mem_format_bytes((size_t)predicted, b, sizeof b), err);
+    if (not_yet)
+        fprintf(out, " for a step without the %s of optimizer state it creates at its end",
+                fr_mem_format_bytes(not_yet, c, sizeof c));
+    fprintf(out, "; budget %s%s\n", fr_mem_format_bytes(plan->budget, d, sizeof d),
+            measured_peak > plan->budget ? ": EXCEEDED" : "");
 }

@@ -128,10 +128,12 @@ void fr_plan_remove(fr_model *m);
 fr_status fr_plan_predict(fr_model *m, const fr_memory_plan *plan, const fr_plan_unit *units,
                           double *peak, double *ms);
 
-/* The plan, unit by unit, and its predictions; when measured_peak > 0 also
- * the measured peak beside the prediction. */
+/* The plan, unit by unit, and its predictions. */
 void fr_plan_print(const fr_memory_plan *plan, FILE *out);
-void fr_plan_print_measured(const fr_memory_plan *plan, size_t measured_peak, FILE *out);
+/* A measured step's peak beside the prediction; `not_yet`: bytes of the
+ * prediction the measured step did not hold yet (the optimizer state, which
+ * a first step creates at its end), compared without them. */
+void fr_plan_print_measured(const fr_memory_plan *plan, size_t measured_peak, size_t not_yet, FILE *out);
 
 void fr_memory_plan_free(fr_memory_plan *plan); /* NULL-safe */
 
