@@ -81,6 +81,19 @@ static double grad_bytes(const fr_params *ps) {
     return n;
 }
 
+/* Step s over x: *y (NULL on failure), the ledger's peak above the level
+ * before it, and the time. */
+static fr_status timed_forward(fr_module *root, int s, fr_tensor *x, const fr_run *run, fr_device dev,
+                               fr_tensor **y, double *peak_above, double *ms) {
+    fr_mem_reset_peak();
+    double t0 = level(dev), start = now_ms();
+    *y = fr_seq_run_steps(root, s, 1, x, run);
+    fr_status st = *y ? sync_device(dev) : fr_last_status();
+    *ms = now_ms() - start;
+    *peak_above = peak(dev) - t0;
+    return st;
+}
+
 /* One step under one strategy from input x; fills *c. FR_ERR_ARG from the
  * step (a strategy it refuses) comes back as is for the caller to judge. */
 static fr_status trial(fr_model *m, fr_module *root, int s, fr_tensor *x, const fr_run *run,
@@ -106,12 +119,8 @@ static fr_status trial(fr_model *m, fr_module *root, int s, fr_tensor *x, const 
     fr_tensor *y = NULL, *loss = NULL;
     if (st == FR_OK) {
         size_t saved0 = fr_mem_current(dev, FR_TAG_SAVED);
-        fr_mem_reset_peak();
-        double t0 = level(dev), ms = now_ms();
-        y = fr_seq_run_steps(root, s, 1, leaf, run);
-        st = y ? sync_device(dev) : fr_last_status();
-        c->fwd_ms = now_ms() - ms;
-        c->fwd_peak = peak(dev) - t0;
+        double t0 = level(dev);
+        st = timed_forward(root, s, leaf, run, dev, &y, &c->fwd_peak, &c->fwd_ms);
         if (st == FR_OK) {
             c->in_saved = x->storage->saved_count > 0;
             c->out_saved = y->storage->saved_count > 0;
@@ -145,12 +154,8 @@ static fr_status trial(fr_model *m, fr_module *root, int s, fr_tensor *x, const 
     if (st != FR_OK)
         return st;
     fr_no_grad_enter();
-    fr_mem_reset_peak();
-    double t0 = level(dev), ms = now_ms();
-    y = fr_seq_run_steps(root, s, 1, x, run);
-    st = y ? sync_device(dev) : fr_last_status();
-    c->ng_ms = now_ms() - ms;
-    c->ng_peak = peak(dev) - t0;
+    double t0 = level(dev);
+    st = timed_forward(root, s, x, run, dev, &y, &c->ng_peak, &c->ng_ms);
     c->ng_delta = level(dev) - t0;
     fr_release(y);
     fr_no_grad_exit();
@@ -201,8 +206,17 @@ static fr_status measure_all(fr_model *m, fr_profile *p) {
         run.strategy = FR_STRATEGY_PLAIN;
         st = trial(m, root, s, cur, &run, dev, &warm);
         for (int k = 0; k < FR_PROFILE_STRATEGIES && st == FR_OK; k++) {
+            /* A dense module under recompute whose children are not
+             * checkpointed returns a recomputable concatenation, which the
+             * step after it does not see in its own trial (its input comes
+             * from a plain run): the composed prediction came out up to 8%
+             * over the ledger (DenseNet-BC-40, batch 2, first dense block:
+             * 10.48 MiB predicted, 9.73 measured). Until that interaction is
+             * profiled, a dense module takes recompute only with its
+             * children checkpointed, which is predicted exactly. */
+            bool dense_recompute = p->barrier[s] && strategy_of(k).recompute && !strategy_of(k).checkpoint;
             bool wanted = (k % FR_PROFILE_BASE_STRATEGIES < 4 || p->allow_abn) &&
-                          (k < FR_PROFILE_BASE_STRATEGIES || p->barrier[s]);
+                          (k < FR_PROFILE_BASE_STRATEGIES || p->barrier[s]) && !dense_recompute;
             if (!wanted)
                 continue;
             run.strategy = p->strategies[k];
