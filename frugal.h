@@ -37,6 +37,7 @@
 #include "nn/blocks.h"
 #include "nn/layers.h"
 #include "nn/plan.h"
+#include "nn/planner.h"
 #include "nn/safetensors.h"
 
 #include "data/augment.h"

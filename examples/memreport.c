@@ -31,6 +31,7 @@
 #include "nn/densenet.h"
 #include "nn/layers.h"
 #include "nn/optim.h"
+#include "nn/planner.h"
 #include "nn/resnet.h"
 
 
@@ -54,6 +55,7 @@ typedef struct {
     uint64_t seed;
     fr_dtype precision;  /* f32: one row per strategy; f16 / bf16: f32 and this */
     size_t memory_limit; /* --memory-limit: ledger cap per device, 0 = none */
+    size_t memory_budget; /* --memory-budget: a row for the planner's step (nn/planner.h) */
 } options;
 
 /* ---- the trace: filled from the ledger's observer, which runs with the
@@ -101,6 +103,7 @@ typedef struct {
     fr_tensor *x;       // (N, C, H, W)
     fr_tensor *labels;  // (N)
     trace_buf *trace;
+    int accum;          /* micro-batches (the planner's) */
 } trainer;
 
 /* forward, loss, backward, SGD step, zero_grad. When `s` is given, the
@@ -113,17 +116,30 @@ static fr_status train_step(trainer *tr, series *s) {
         t->on = true;
     }
     fr_status st = FR_OK;
-    fr_tensor *logits = fr_model_forward(tr->model, tr->x, true);
-    fr_tensor *loss = logits ? fr_cross_entropy(logits, tr->labels) : NULL;
-    fr_release(logits);
-    if (!loss) {
-        st = fr_last_status();
-        goto done;
+    /* micro-batches as fr_train_step cuts them (equal parts here: the
+     * planner's parts divide the batch); the phase marks are the first's */
+    int parts = tr->accum > 1 ? tr->accum : 1;
+    int64_t n = tr->x->shape[0];
+    for (int i = 0; i < parts && st == FR_OK; i++) {
+        int64_t lo = n * i / parts, len = n * (i + 1) / parts - lo;
+        fr_tensor *x = parts == 1 ? fr_retain(tr->x) : fr_narrow(tr->x, 0, lo, len);
+        fr_tensor *y = parts == 1 ? fr_retain(tr->labels) : fr_narrow(tr->labels, 0, lo, len);
+        fr_tensor *logits = x && y ? fr_model_forward(tr->model, x, true) : NULL;
+        fr_tensor *l = logits ? fr_cross_entropy(logits, y) : NULL;
+        fr_tensor *loss = l && parts > 1 ? fr_scale(l, (float)len / (float)n) : fr_retain(l);
+        fr_release(l);
+        fr_release(logits);
+        fr_release(x);
+        fr_release(y);
+        if (!loss) {
+            st = fr_last_status();
+            goto done;
+        }
+        if (s && i == 0)
+            s->backward_at = t->n - s->start;
+        st = fr_backward(loss);
+        fr_release(loss);
     }
-    if (s)
-        s->backward_at = t->n - s->start;
-    st = fr_backward(loss);
-    fr_release(loss);
     if (st != FR_OK)
         goto done;
     if (s)
@@ -185,6 +201,7 @@ typedef struct {
     fr_mem_stats mem;   /* peaks over the timed steps */
     double step_ms;     /* median */
     series trace;
+    bool planned;       /* the planner's step for --memory-budget */
 } row;
 
 static int cmp_double(const void *a, const void *b) {
@@ -205,10 +222,19 @@ static const char *peak_phase(const trace_buf *t, const series *s) {
     return best < s->backward_at ? "forward" : best < s->optim_at ? "backward" : "sgd step";
 }
 
-static void run_strategy(const options *o, trainer *tr, row *r) {
-    tr->model->cfg.strategy = r->strategy;
+static void run_strategy(const options *o, trainer *tr, row *r, const fr_memory_plan *plan) {
     tr->model->cfg.precision = r->precision;
+    tr->accum = 1;
+    fr_plan_remove(tr->model);
+    tr->model->cfg.strategy = r->strategy;
     r->ok = false;
+    if (r->planned) {
+        if (fr_plan_apply(tr->model, plan) != FR_OK) {
+            snprintf(r->error, sizeof r->error, "%s", fr_last_error());
+            return;
+        }
+        tr->accum = plan->accum;
+    }
     if (train_step(tr, NULL) != FR_OK) {
         snprintf(r->error, sizeof r->error, "%s", fr_last_error());
         return;
@@ -363,7 +389,8 @@ static double sample_x(const options *o, const trace_buf *t, const series *s, si
     return o->svg_time ? t->ms[s->start + i] : (double)i;
 }
 
-static int write_svg(const options *o, const fr_model *m, const row *rows, int n, const trace_buf *t) {
+static int write_svg(const options *o, const fr_model *m, const row *rows, int n, const trace_buf *t,
+                     const fr_memory_plan *plan) {
     FILE *f = fopen(o->svg, "w");
     if (!f) {
         fprintf(stderr, "memreport: cannot write %s: %s\n", o->svg, strerror(errno));
@@ -440,6 +467,19 @@ static int write_svg(const options *o, const fr_model *m, const row *rows, int n
             j = k;
         }
         fprintf(f, "\"/>\n");
+        if (rows[i].planned && plan->n_points > 1 && s->count > 1) {
+            /* the planner's curve, its predicted time stretched to this
+             * row's measured step (one micro-batch of it when there are
+             * several: the prediction is per micro-batch) */
+            double extent = sample_x(o, t, s, s->count - 1) / (plan->accum > 1 ? plan->accum : 1);
+            double span = plan->points[plan->n_points - 1].ms;
+            fprintf(f, "<polyline fill=\"none\" stroke=\"%s\" stroke-width=\"1.5\" "
+                       "stroke-dasharray=\"2 3\" points=\"", colour);
+            for (int p = 0; p < plan->n_points; p++)
+                fprintf(f, "%.1f,%.1f ", PX(span > 0 ? plan->points[p].ms / span * extent : 0),
+                        PY(fmin(mib(plan->points[p].bytes), ymax)));
+            fprintf(f, "\"/>\n");
+        }
         if (s->backward_at < s->count) {
             double bx = PX(sample_x(o, t, s, s->backward_at));
             fprintf(f, "<line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\" stroke=\"%s\" "
@@ -455,6 +495,15 @@ static int write_svg(const options *o, const fr_model *m, const row *rows, int n
     fprintf(f, "<line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\" stroke=\"black\" "
                "stroke-dasharray=\"5 4\"/>\n", W - right + 15, ly, W - right + 40, ly);
     fprintf(f, "<text x=\"%.1f\" y=\"%.1f\">backward starts</text>\n", W - right + 46, ly + 4);
+    if (plan->n_points > 1) {
+        ly += 20;
+        fprintf(f, "<line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\" stroke=\"black\" "
+                   "stroke-dasharray=\"2 3\"/>\n", W - right + 15, ly, W - right + 40, ly);
+        fprintf(f, "<text x=\"%.1f\" y=\"%.1f\">planned: predicted (peak %.1f MiB)</text>\n",
+                W - right + 46, ly + 4, mib((size_t)plan->predicted_peak));
+        fprintf(f, "<text x=\"%.1f\" y=\"%.1f\" font-size=\"10\">prediction's time scaled to "
+                   "the measured step</text>\n", W - right + 46, ly + 18);
+    }
     fprintf(f, "</svg>\n");
 #undef PX
 #undef PY
@@ -488,7 +537,10 @@ static void usage(FILE *out) {
             "  --svg-x events|time the plot's x axis (default events)\n"
             "  --seed N            weights and data (default 1)\n"
             "  --memory-limit SIZE cap the memory ledger of each device (K, M or G suffix): a\n"
-            "                      strategy that needs more fails with an out-of-memory error\n",
+            "                      strategy that needs more fails with an out-of-memory error\n"
+            "  --memory-budget SIZE  plan the fastest step that fits SIZE (nn/planner.h), print\n"
+            "                      the plan and add its row (\"planned\"; with --svg also its\n"
+            "                      predicted curve); without --strategies the other row is plain\n",
             DEFAULT_STRATEGIES);
 }
 
@@ -560,8 +612,8 @@ static int parse_args(int argc, char **argv, options *o) {
                         "bf16)\n", v);
                 return -1;
             }
-        } else if (!strcmp(a, "--memory-limit")) {
-            if (fr_cli_size(a, v, &o->memory_limit) != FR_OK) {
+        } else if (!strcmp(a, "--memory-limit") || !strcmp(a, "--memory-budget")) {
+            if (fr_cli_size(a, v, a[9] == 'l' ? &o->memory_limit : &o->memory_budget) != FR_OK) {
                 fprintf(stderr, "memreport: %s\n", fr_last_error());
                 return -1;
             }
@@ -576,6 +628,8 @@ static int parse_args(int argc, char **argv, options *o) {
             return -1;
         }
     }
+    if (!o->strategies && o->memory_budget)
+        o->strategies = "plain";
     if (!o->strategies)
         o->strategies = !strncmp(o->model, "densenet", 8) || !strncmp(o->model, "preresnet", 9)
                             ? DEFAULT_STRATEGIES_NO_ABN
@@ -627,8 +681,9 @@ static bool parse_strategies(const char *list, fr_dtype precision, row *rows, in
 
 int main(int argc, char **argv) {
     options o;
-    static row rows[MAX_ROWS];
+    static row rows[MAX_ROWS + 1]; /* + the planner's */
     int n_rows;
+    fr_memory_plan plan = {0};
     int args = parse_args(argc, argv, &o);
     if (args != 0)
         return args > 0 ? 0 : 2;
@@ -663,11 +718,30 @@ int main(int argc, char **argv) {
            fr_mem_format_bytes(fr_params_bytes(tr.model->params), pbytes, sizeof pbytes), o.batch,
            o.in_channels, o.size, o.size, o.classes, fr_device_name(o.device),
            o.precision == FR_F32 ? "f32" : o.precision == FR_F16 ? "f32 and f16" : "f32 and bf16");
+    if (o.memory_budget) {
+        /* the planner's row: one more, in --precision */
+        tr.model->cfg.precision = o.precision;
+        fr_plan_options po = {.optim_bytes = fr_plan_optim_bytes(tr.opt)};
+        if (fr_plan_memory(tr.model, tr.x->shape, o.memory_budget, &po, &plan) != FR_OK) {
+            fprintf(stderr, "memreport: --memory-budget: %s\n", fr_last_error());
+            goto out;
+        }
+        fr_plan_print(&plan, stdout);
+        printf("\n");
+        row *r = &rows[n_rows++];
+        *r = (row){.planned = true, .strategy = plan.base, .precision = o.precision};
+        snprintf(r->name, sizeof r->name, "planned");
+        snprintf(r->label, sizeof r->label, "planned (%s)", fr_mem_format_bytes(o.memory_budget, pbytes, sizeof pbytes));
+    }
     fr_mem_set_trace(trace_event, &trace);
     for (int i = 0; i < n_rows; i++)
-        run_strategy(&o, &tr, &rows[i]);
+        run_strategy(&o, &tr, &rows[i], &plan);
     fr_mem_set_trace(NULL, NULL);
     print_table(&o, rows, n_rows, &trace);
+    if (plan.units && rows[n_rows - 1].ok) {
+        printf("\n");
+        fr_plan_print_measured(&plan, rows[n_rows - 1].mem.total_peak, 0, stdout);
+    }
     print_peak_breakdown(reference_row(rows, n_rows, FR_F32));
     if (o.precision != FR_F32)
         print_peak_breakdown(reference_row(rows, n_rows, o.precision));
@@ -679,12 +753,13 @@ int main(int argc, char **argv) {
         if (!rows[i].ok)
             rc = 1;
     if (o.svg) {
-        if (write_svg(&o, tr.model, rows, n_rows, &trace) != 0)
+        if (write_svg(&o, tr.model, rows, n_rows, &trace, &plan) != 0)
             rc = 1;
         else
             printf("\nwrote %s\n", o.svg);
     }
 out:
+    fr_memory_plan_free(&plan);
     fr_optim_free(tr.opt);
     fr_release(tr.x);
     fr_release(tr.labels);

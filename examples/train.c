@@ -19,6 +19,7 @@
 #include "frugal.h"
 #include "nn/checkpoint.h"
 #include "nn/cli.h"
+#include "nn/planner.h"
 #include "nn/schedule.h"
 
 enum { OPT_SGD, OPT_ADAM, OPT_ADAMW };
@@ -40,6 +41,7 @@ typedef struct {
     int optimizer, schedule, device;
     int augment; /* -1: the dataset's default */
     size_t memory_limit; /* --memory-limit: ledger cap per device, 0 = none */
+    size_t memory_budget; /* --memory-budget: plan the step to fit (nn/planner.h), 0 = none */
     /* flags that decide the run's trajectory, given on the command line:
      * with --resume they come from the checkpoint instead */
     const char *trajectory_flag;
@@ -79,6 +81,10 @@ static void usage(FILE *out) {
             "  --log-every N         when the output is not a terminal, a line every N steps (50)\n"
             "  --memory-limit SIZE   cap the memory ledger of each device (K, M or G suffix): a\n"
             "                        bigger request fails with an out-of-memory error\n"
+            "  --memory-budget SIZE  plan the fastest step that fits SIZE (bytes, K, M or G): a\n"
+            "                        strategy per block, checkpoint segments and, if needed,\n"
+            "                        micro-batches (replaces --strategy and --accum; abn only when\n"
+            "                        --strategy names it)\n"
             "data parallel (docs/DISTRIBUTED.md): launch with mpirun -np P train ...; --batch is then\n"
             "per process (P x N images a step), and each process trains on its shard of every batch\n"
             "  --dist                require MPI (implied when started by mpirun)\n"
@@ -92,7 +98,7 @@ static bool is_value_flag(const char *a) {
         "--model", "--data", "--strategy", "--save", "--resume", "--threads", "--limit-test",
         "--log-every", "--stop-after", "--device", "--batch", "--accum", "--epochs", "--warmup", "--seed",
         "--limit-train", "--lr", "--momentum", "--wd", "--optimizer", "--schedule", "--precision",
-        "--bucket-mb", "--memory-limit"};
+        "--bucket-mb", "--memory-limit", "--memory-budget"};
     for (size_t i = 0; i < sizeof flags / sizeof *flags; i++)
         if (!strcmp(a, flags[i]))
             return true;
@@ -148,6 +154,8 @@ static fr_status parse_args(int argc, char **argv, options *o) {
                 FR_TRY(fr_cli_int(a, v, 1, INT32_MAX, &o->log_every));
             } else if (!strcmp(a, "--memory-limit")) {
                 FR_TRY(fr_cli_size(a, v, &o->memory_limit));
+            } else if (!strcmp(a, "--memory-budget")) {
+                FR_TRY(fr_cli_size(a, v, &o->memory_budget));
             } else if (!strcmp(a, "--device")) {
                 FR_TRY(fr_cli_choice(a, v, device_names, 2, &o->device));
             } else if (!strcmp(a, "--bucket-mb")) {
@@ -217,9 +225,12 @@ typedef struct {
     fr_data_kind kind;
     fr_dist *dist;   /* data parallel; NULL alone */
     int rank, world; /* 0 and 1 alone */
+    fr_memory_plan plan; /* --memory-budget */
+    bool plan_reported;  /* its measured peak printed */
 } run;
 
 static void run_free(run *r) {
+    fr_memory_plan_free(&r->plan);
     fr_dist_detach(r->dist);
     fr_loader_free(r->train_ld);
     fr_loader_free(r->test_ld);
@@ -433,6 +444,13 @@ static fr_status train_epoch(run *r, fr_progress *pg, double *loss, double *acc,
                             (long long)st->step + 1, (long long)st->epoch + 1, (long long)st->batch + 1,
                             isfinite(l) ? "gradient" : "loss", isfinite(l) ? "not finite" : isnan(l) ? "NaN" : "inf",
                             fr_dtype_name(r->scaler.dtype));
+        if (r->plan.units && !r->plan_reported && r->rank == 0) {
+            fr_progress_break(pg);
+            /* the optimizer's state appears at the end of the first step */
+            fr_plan_print_measured(&r->plan, fr_mem_total_peak(r->plan.device),
+                                   st->step == 0 ? r->plan.options.optim_bytes : 0, stdout);
+            r->plan_reported = true;
+        }
         st->batch++;
         st->step++;
         steps++;
@@ -528,6 +546,34 @@ static fr_status train(run *r, const options *o) {
     return FR_OK;
 }
 
+/* --memory-budget: the planner chooses the strategy of each block, the
+ * checkpoint segments and the micro-batches (nn/planner.h), for a step that
+ * also holds the optimizer state and the batch the loader prefetches. Before
+ * --dist attaches: the planner's trial steps must not all-reduce. */
+static fr_status plan_memory(const options *o, run *r) {
+    fr_train_state *st = &r->st;
+    const fr_dataset *ds = r->train_ds;
+    int64_t shape[4] = {st->batch_size / r->world, ds->c, ds->h, ds->w};
+    /* the loaders' threads hold batches too: what they hold now (each
+     * loader's ready batch), and two more for the one being built while a
+     * step runs and its temporaries */
+    size_t batch_bytes = (size_t)(shape[0] * (ds->c * ds->h * ds->w * 4 + 4));
+    fr_device dev = fr_device_of(r->model->params->items[0].tensor);
+    fr_plan_options po = {.allow_abn = r->model->cfg.strategy.abn,
+                          .optim_bytes = fr_plan_optim_bytes(r->opt),
+                          .extra_bytes = fr_mem_current(dev, FR_TAG_DATA) + 2 * batch_bytes};
+    FR_TRY(fr_plan_memory(r->model, shape, o->memory_budget, &po, &r->plan));
+    if (o->resume && r->plan.accum != st->accum)
+        return fr_error(FR_ERR_ARG, "--memory-budget: the plan needs %d micro-batches, the run in %s "
+                        "was trained in %d: a resumed run keeps its micro-batches (and their batch "
+                        "norm statistics); give a budget that fits %d", r->plan.accum, o->resume,
+                        st->accum, st->accum);
+    st->accum = r->plan.accum;
+    if (r->rank == 0)
+        fr_plan_print(&r->plan, stdout);
+    return fr_plan_apply(r->model, &r->plan);
+}
+
 /* MPI when asked (--dist) or when started by an MPI launcher. */
 static fr_status start_dist(const options *o, run *r) {
     r->world = 1;
@@ -563,6 +609,8 @@ int main(int argc, char **argv) {
         s = start_dist(&o, &r);
     if (s == FR_OK)
         s = setup(&o, &r);
+    if (s == FR_OK && o.memory_budget)
+        s = plan_memory(&o, &r);
     if (s == FR_OK && r.dist)
         s = fr_dist_attach(r.dist, r.model, &(fr_dist_options){
             .sync_bn = r.st.sync_bn, .bucket_bytes = (size_t)(o.bucket_mb * 1024 * 1024)});

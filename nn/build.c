@@ -112,8 +112,11 @@ void fr_model_build_free(struct fr_model_build *b) {
         free(mod->step_first);
         free(mod->step_len);
         fr_seg_plan_free(&mod->plan);
+        fr_seg_plan_free(&mod->schedule);
         free(mod);
     }
+    if (b->profiles_free)
+        b->profiles_free(b->profiles);
     free(b);
 }
 

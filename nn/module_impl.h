@@ -41,6 +41,11 @@ typedef struct {
     int n_groups;
     int *group_len;    /* steps per group */
     bool *group_ckpt;  /* whether the group runs as one checkpointed segment */
+    /* NULL: every group runs under the run's strategy. Set by the memory
+     * planner (nn/planner.h): group g runs under group_strategy[g] (its
+     * inplace / recompute / abn switches, and checkpoint for a dense
+     * module's own children) */
+    fr_strategy *group_strategy;
 } fr_seg_plan;
 
 struct fr_module {
@@ -59,6 +64,10 @@ struct fr_module {
     fr_module **items;
     int *step_first, *step_len;
     fr_seg_plan plan;         /* root chain and dense modules */
+    /* the root chain: a schedule installed by fr_plan_apply (nn/planner.h),
+     * used instead of `plan` for the input shape, precision and strategy
+     * it was made for */
+    fr_seg_plan schedule;
 };
 
 /* The build state a model carries (model.h: fr_model.build). */
@@ -69,6 +78,9 @@ struct fr_model_build {
     fr_module *modules;       /* list through ->next */
     int n_norms;
     bool finished;
+    /* the memory planner's per-block profiles (nn/profile.c), owned */
+    void *profiles;
+    void (*profiles_free)(void *profiles);
 };
 
 /* build.c: frees the modules (fr_model_free calls it). NULL-safe. */
@@ -83,5 +95,13 @@ fr_tensor *fr_dense_forward(fr_module *d, fr_tensor *x, const fr_run *run);
 /* The steps of chain c (items, step arrays); FR_ERR_OOM. */
 fr_status fr_chain_prepare(fr_module *c);
 void fr_seg_plan_free(fr_seg_plan *p);
+/* The number of steps of a chain or dense module, whether step s is a
+ * barrier (a dense module inside a chain: never inside a segment), and
+ * steps [first, first + count) run over x as a step runs in a forward that
+ * is not segmented at that level (a dense module step still cuts its own
+ * children under run->strategy.checkpoint). For the planner's trials. */
+int fr_seq_steps(const fr_module *seq);
+bool fr_seq_is_barrier(const fr_module *seq, int step);
+fr_tensor *fr_seq_run_steps(fr_module *seq, int first, int count, fr_tensor *x, const fr_run *run);
 
 #endif

@@ -189,8 +189,10 @@ static fr_status measure(fr_module *seq, fr_tensor *x, const fr_run *run, double
 void fr_seg_plan_free(fr_seg_plan *p) {
     free(p->group_len);
     free(p->group_ckpt);
+    free(p->group_strategy);
     *p = (fr_seg_plan){0};
 }
+
 
 static bool plan_matches(const fr_seg_plan *p, const fr_tensor *x, const fr_run *run) {
     return p->valid && p->ndim == x->ndim &&
@@ -269,20 +271,38 @@ static fr_tensor *run_steps(fr_module *seq, int first, int count, fr_tensor *x, 
  * segment or run as it is. Dense: the output of the last group is joined
  * by its segment, so the features so far are one tensor between groups. */
 static fr_tensor *run_segmented(fr_module *seq, fr_tensor *x, const fr_run *run) {
-    if (!plan_matches(&seq->plan, x, run) && make_plan(seq, x, run) != FR_OK)
-        return NULL;
-    const fr_seg_plan *p = &seq->plan;
+    /* a planner's schedule (nn/planner.h) for this very input and strategy,
+     * else the segments chosen here */
+    const fr_seg_plan *p = &seq->schedule;
+    if (!plan_matches(p, x, run)) {
+        if (!plan_matches(&seq->plan, x, run) && make_plan(seq, x, run) != FR_OK)
+            return NULL;
+        p = &seq->plan;
+    }
     fr_tensor *out = fr_retain(x);
     for (int g = 0, s = 0; g < p->n_groups && out; s += p->group_len[g], g++) {
+        fr_run group_run = *run;
+        if (p->group_strategy)
+            group_run.strategy = p->group_strategy[g];
         if (!p->group_ckpt[g]) {
-            out = fr_chain(out, run_steps(seq, s, p->group_len[g], out, run));
+            out = fr_chain(out, run_steps(seq, s, p->group_len[g], out, &group_run));
             continue;
         }
-        segment seg = {.seq = seq, .first = s, .count = p->group_len[g], .run = *run};
+        segment seg = {.seq = seq, .first = s, .count = p->group_len[g], .run = group_run};
         seg.run.in_segment = true;
         out = fr_chain(out, fr_checkpoint(segment_forward, &seg, sizeof seg, out));
     }
     return out;
+}
+
+int fr_seq_steps(const fr_module *seq) { return n_steps(seq); }
+
+bool fr_seq_is_barrier(const fr_module *seq, int step) { return is_barrier(seq, step); }
+
+fr_tensor *fr_seq_run_steps(fr_module *seq, int first, int count, fr_tensor *x, const fr_run *run) {
+    if (!x)
+        return NULL;
+    return run_steps(seq, first, count, x, run);
 }
 
 static bool segments_apply(const fr_module *seq, const fr_run *run) {

@@ -1,0 +1,60 @@
+/* profile.h: the memory planner's per-block profile (internal; see
+ * planner.h). For every step of a model's root sequence and every strategy
+ * the planner may give it, what a trial step measured on the ledger and the
+ * clock. Levels are total bytes on the device (every tag), relative to the
+ * level just before the phase. */
+#ifndef FR_PROFILE_H
+#define FR_PROFILE_H
+
+#include "planner.h"
+
+/* plain, inplace, recompute, inplace+recompute, abn, abn+inplace; then the
+ * same with a dense module's children checkpointed (dense steps only) */
+enum { FR_PROFILE_BASE_STRATEGIES = 6, FR_PROFILE_STRATEGIES = 2 * FR_PROFILE_BASE_STRATEGIES };
+
+typedef struct {
+    double in_b, out_b;   /* the step's input (0: a data batch) and output bytes */
+    bool in_saved;        /* the step's own nodes keep its input */
+    bool out_saved;       /* ... and its output */
+    double fwd_peak;      /* forward with grad: the highest level above the start */
+    double fwd_delta;     /* ... the level after it (kept bytes and the output) */
+    double saved;         /* ... growth of the saved tag, its input excluded (Chen's cost) */
+    double bwd_peak;      /* backward from the output's sum, its output released first */
+    double bwd_delta;     /* ... the level after it (the input's gradient, parameter
+                           * gradients, minus what was kept) */
+    double grads;         /* parameter gradient bytes it creates */
+    double ng_peak;       /* forward under no_grad: highest level, and after */
+    double ng_delta;
+    double fwd_ms, bwd_ms, ng_ms;
+} fr_unit_cost;
+
+typedef struct {
+    /* the configuration */
+    int64_t shape[4];
+    fr_dtype precision;
+    fr_device device;
+    bool allow_abn;
+    /* the sequence */
+    int n_units;
+    fr_strategy strategies[FR_PROFILE_STRATEGIES];
+    char (*names)[64];    /* (n_units) */
+    bool *barrier;        /* (n_units) */
+    bool *valid;          /* (n_units * FR_PROFILE_STRATEGIES): the step can run it */
+    fr_unit_cost *cost;   /* (n_units * FR_PROFILE_STRATEGIES) */
+    double param_bytes;   /* parameters and buffers on the device */
+    double grad_bytes;    /* every parameter's gradient */
+} fr_profile;
+
+/* The profile of m's root sequence for inputs of `shape` under
+ * m->cfg.precision on the device of its parameters: cached in the model,
+ * measured on first use. *out is borrowed from the model. */
+fr_status fr_profile_get(fr_model *m, const int64_t *shape, bool allow_abn, const fr_profile **out);
+
+static inline const fr_unit_cost *fr_profile_cost(const fr_profile *p, int unit, int strategy) {
+    return &p->cost[unit * FR_PROFILE_STRATEGIES + strategy];
+}
+static inline bool fr_profile_valid(const fr_profile *p, int unit, int strategy) {
+    return p->valid[unit * FR_PROFILE_STRATEGIES + strategy];
+}
+
+#endif
