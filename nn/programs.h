@@ -21,7 +21,9 @@
 extern "C" {
 #endif
 
+int fr_train_main(int argc, char **argv);
 int fr_validate_main(int argc, char **argv);
+int fr_memreport_main(int argc, char **argv);
 
 #ifdef __cplusplus
 }

@@ -1,0 +1,124 @@
+/* test_programs_lib.c: the train, validate and memreport programs as library
+ * calls (nn/programs.h) on a model this program registers itself, the way a
+ * user who writes a model in C runs the library's loop on it (issue 10):
+ * train saves a checkpoint that names the model, validate rebuilds it from
+ * the registry and evaluates it, memreport measures it under two
+ * strategies and draws the SVG. Every call returns the program's exit
+ * status; a model nobody registered is refused with a non-zero one. */
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "testlib.h"
+
+/* conv-BN-ReLU twice, a residual block, global pool, linear: small enough
+ * for 8 x 8 images, with a block for checkpoint to cut around */
+typedef struct {
+    fr_module *conv, *bn;
+} tiny_block;
+
+static fr_tensor *tiny_block_forward(fr_module *self, fr_tensor *x, const fr_run *run) {
+    tiny_block *b = fr_block_state(self);
+    fr_tensor *y = fr_forward(b->conv, x, run);
+    return fr_chain(y, fr_norm_add(b->bn, y, x, run));
+}
+
+static fr_model *tiny_create(const char *name, int in_channels, int num_classes, uint64_t seed) {
+    fr_model *m = fr_model_new(name, in_channels, num_classes, seed);
+    fr_module *net = fr_model_root(m);
+    fr_conv2d_new(net, "stem", (fr_conv2d_opts){.in = in_channels, .out = 8});
+    fr_norm_new(net, "stem_bn", (fr_norm_opts){.channels = 8, .act = FR_ACT_RELU});
+    for (int i = 0; i < 2; i++) {
+        fr_module *blk = fr_block_new(net, i ? "b1" : "b0", tiny_block_forward, sizeof(tiny_block));
+        tiny_block *b = fr_block_state(blk);
+        if (!b)
+            break;
+        b->conv = fr_conv2d_new(blk, "conv", (fr_conv2d_opts){.in = 8, .out = 8});
+        b->bn = fr_norm_new(blk, "bn", (fr_norm_opts){.channels = 8, .act = FR_ACT_RELU});
+    }
+    fr_global_pool_new(net, "gap");
+    fr_linear_new(net, "fc", (fr_linear_opts){.in = 8, .out = num_classes});
+    return fr_model_finish(m);
+}
+
+static void put_be32(FILE *f, uint32_t v) {
+    for (int s = 24; s >= 0; s -= 8)
+        fputc((int)(v >> s) & 255, f);
+}
+
+/* An MNIST-layout IDX pair of n 8 x 8 images whose class sets the
+ * brightness of one row, so a few steps learn something. */
+static void write_idx(const char *dir, const char *prefix, int n) {
+    char path[700];
+    snprintf(path, sizeof path, "%s/%s-images-idx3-ubyte", dir, prefix);
+    FILE *f = fopen(path, "wb");
+    put_be32(f, 0x803), put_be32(f, (uint32_t)n), put_be32(f, 8), put_be32(f, 8);
+    for (int i = 0; i < n; i++)
+        for (int p = 0; p < 64; p++)
+            fputc(p / 8 == i % 8 ? 250 : (p * 7 + i) % 40, f);
+    fclose(f);
+    snprintf(path, sizeof path, "%s/%s-labels-idx1-ubyte", dir, prefix);
+    f = fopen(path, "wb");
+    put_be32(f, 0x801), put_be32(f, (uint32_t)n);
+    for (int i = 0; i < n; i++)
+        fputc(i % 8, f);
+    fclose(f);
+}
+
+/* Runs a program's main from a command line split at spaces. */
+static int run_main(int (*prog)(int, char **), const char *line) {
+    char buf[2048], *argv[64];
+    snprintf(buf, sizeof buf, "%s", line);
+    int argc = 0;
+    for (char *tok = strtok(buf, " "); tok && argc < 63; tok = strtok(NULL, " "))
+        argv[argc++] = tok;
+    argv[argc] = NULL;
+    fflush(stdout);
+    int rc = prog(argc, argv);
+    fflush(stdout);
+    return rc;
+}
+
+static const char *dir;
+
+static void test_train_validate_memreport_on_a_registered_model(void) {
+    char line[2048], path[700];
+    write_idx(dir, "train", 64);
+    write_idx(dir, "t10k", 32);
+    snprintf(line, sizeof line,
+             "train --model tiny --data mnist:%s --batch 16 --epochs 1 --lr 0.05 --threads 1 "
+             "--strategy checkpoint --save %s/tiny.safetensors", dir, dir);
+    CHECK(run_main(fr_train_main, line) == 0);
+    snprintf(path, sizeof path, "%s/tiny.safetensors", dir);
+    struct stat sb;
+    CHECK(stat(path, &sb) == 0 && sb.st_size > 0);
+    /* the checkpoint names the model; validate rebuilds it from the registry */
+    snprintf(line, sizeof line, "validate --checkpoint %s --data mnist:%s --batch 8 --threads 1", path, dir);
+    CHECK(run_main(fr_validate_main, line) == 0);
+    snprintf(line, sizeof line,
+             "memreport --model tiny --in-channels 1 --size 8 --batch 8 --steps 1 --strategies plain,checkpoint "
+             "--svg %s/tiny.svg", dir);
+    CHECK(run_main(fr_memreport_main, line) == 0);
+    snprintf(path, sizeof path, "%s/tiny.svg", dir);
+    CHECK(stat(path, &sb) == 0 && sb.st_size > 0);
+}
+
+static void test_unregistered_model_is_refused(void) {
+    char line[1024];
+    snprintf(line, sizeof line, "train --model tiny2 --data mnist:%s --epochs 1 --threads 1", dir);
+    CHECK(run_main(fr_train_main, line) != 0);
+    CHECK_ERR(fr_last_status(), FR_ERR_ARG, "unknown model \"tiny2\"");
+    CHECK(strstr(fr_last_error(), "tiny (a test model)") != NULL); /* the registered usage is listed */
+    fr_clear_error();
+    CHECK(run_main(fr_memreport_main, "memreport --model tiny2") != 0);
+    CHECK(run_main(fr_validate_main, "validate --bogus") != 0);
+}
+
+int main(void) {
+    dir = fr_t_make_tmpdir("programs");
+    CHECK_OK(fr_model_register("tiny", false, tiny_create, "tiny (a test model)"));
+    RUN(test_train_validate_memreport_on_a_registered_model);
+    RUN(test_unregistered_model_is_refused);
+    fr_t_remove_tmpdir(dir);
+    return TEST_SUMMARY();
+}
