@@ -43,7 +43,7 @@ static fr_status train_backward(fr_node *node, const bn_ctx *c, fr_tensor *dy, f
     if (st == FR_OK && (!(dgamma = channels(x)) || !(dbeta = channels(x))))
         st = fr_last_status();
     if (st == FR_OK)
-        st = fr_batchnorm_backward(dx, dgamma, dbeta, dy, x, mean, invstd, gamma);
+        st = fr_batch_norm_backward(dx, dgamma, dbeta, dy, x, mean, invstd, gamma);
     fr_release(x);
     fr_release(mean);
     fr_release(invstd);
@@ -71,7 +71,7 @@ static fr_status eval_backward(fr_node *node, const bn_ctx *c, fr_tensor *dy, fr
         /* dx = dy * gamma * invstd: the affine map with a zero shift. */
         zero = fr_zeros(fr_device_of(dy), FR_F32, 1, FR_SHAPE(dy->shape[1]), FR_TAG_TRANSIENT);
         dx = zero ? fr_empty_like(dy, FR_TAG_TRANSIENT) : NULL;
-        st = dx ? fr_batchnorm_apply(dx, dy, zero, invstd, gamma, zero) : fr_last_status();
+        st = dx ? fr_batch_norm_apply(dx, dy, zero, invstd, gamma, zero) : fr_last_status();
     }
     if (st == FR_OK && (fr_node_needs_grad(node, BN_GAMMA) || fr_node_needs_grad(node, BN_BETA))) {
         /* dgamma = sum(dy * (x - mean) * invstd) and dbeta = sum(dy) are the
@@ -80,7 +80,7 @@ static fr_status eval_backward(fr_node *node, const bn_ctx *c, fr_tensor *dy, fr
         if (!(dgamma = channels(dy)) || !(dbeta = channels(dy)))
             st = fr_last_status();
         else
-            st = fr_batchnorm_backward(NULL, dgamma, dbeta, dy, x ? x : dy, mean, invstd, gamma);
+            st = fr_batch_norm_backward(NULL, dgamma, dbeta, dy, x ? x : dy, mean, invstd, gamma);
     }
     fr_release(zero);
     fr_release(x);
@@ -148,14 +148,14 @@ fr_tensor *fr_batch_norm(fr_tensor *x, fr_tensor *gamma, fr_tensor *beta, fr_ten
         /* A checkpointed segment replayed in backward must not move the
          * running statistics a second time. */
         bool update = !fr_in_recompute();
-        st = fr_batchnorm_train_forward(y, mean, invstd, x, gamma, beta,
+        st = fr_batch_norm_train_forward(y, mean, invstd, x, gamma, beta,
                                         update ? running_mean : NULL, update ? running_var : NULL,
                                         momentum, eps);
     } else if (st == FR_OK) {
-        st = fr_batchnorm_eval_forward(y, x, gamma, beta, running_mean, running_var, eps);
+        st = fr_batch_norm_eval_forward(y, x, gamma, beta, running_mean, running_var, eps);
         /* the same kernel on the same variance: the scale y was made with */
         if (st == FR_OK && record)
-            st = fr_batchnorm_invstd(invstd, running_var, eps);
+            st = fr_batch_norm_invstd(invstd, running_var, eps);
     }
     if (st == FR_OK && record) {
         bn_ctx *c = calloc(1, sizeof *c);

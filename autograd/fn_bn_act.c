@@ -71,7 +71,7 @@ static fr_tensor *bnact_recipe_make(fr_recipe *self) {
         y = fr_retain(x);
     else
         y = fr_empty_like(x, FR_TAG_TRANSIENT);
-    fr_status st = y ? fr_batchnorm_apply(y, x, r->mean, r->invstd, r->gamma, r->beta)
+    fr_status st = y ? fr_batch_norm_apply(y, x, r->mean, r->invstd, r->gamma, r->beta)
                      : fr_last_status();
     if (st == FR_OK)
         st = act_forward(y, r->act, r->slope);
@@ -144,7 +144,7 @@ static fr_status recompute_backward(fr_node *node, const bnact_ctx *c, fr_tensor
     const fr_tensor *sign_src = t[Y];
     if (!sign_src) {
         pre = fr_empty_like(t[X], FR_TAG_TRANSIENT);
-        st = pre ? fr_batchnorm_apply(pre, t[X], t[MEAN], t[INVSTD], t[GAMMA], t[BETA])
+        st = pre ? fr_batch_norm_apply(pre, t[X], t[MEAN], t[INVSTD], t[GAMMA], t[BETA])
                  : fr_last_status();
         sign_src = pre;
     }
@@ -156,7 +156,7 @@ static fr_status recompute_backward(fr_node *node, const bnact_ctx *c, fr_tensor
         dgamma = channels_like(t[GAMMA]);
         dbeta = channels_like(t[GAMMA]);
         st = dgamma && dbeta && (dx || !fr_node_needs_grad(node, 0))
-                 ? fr_batchnorm_backward(dx, dgamma, dbeta, dz, t[X], t[MEAN], t[INVSTD], t[GAMMA])
+                 ? fr_batch_norm_backward(dx, dgamma, dbeta, dz, t[X], t[MEAN], t[INVSTD], t[GAMMA])
                  : fr_last_status();
     }
     if (st == FR_OK) {
@@ -207,7 +207,7 @@ static fr_status abn_backward(fr_node *node, const bnact_ctx *c, fr_tensor *dy, 
     if (st == FR_OK)
         st = fr_mul_out(scale, t[GEFF], t[INVSTD]);
     if (st == FR_OK)
-        st = fr_batchnorm_backward(dx, dgeff, dbeta, dz, xhat, zero, one, scale);
+        st = fr_batch_norm_backward(dx, dgeff, dbeta, dz, xhat, zero, one, scale);
     if (st == FR_OK)
         st = fr_abn_gamma_grad_out(dgamma, dgeff, t[GAMMA]);
     if (st == FR_OK) {
@@ -311,11 +311,11 @@ static fr_status compute(fr_tensor *y, fr_tensor *mean, fr_tensor *invstd, fr_te
     fr_status st;
     if (bn->training) {
         bool update = bn->running_mean && !fr_in_recompute();
-        st = fr_batchnorm_train_forward(y, mean, invstd, x, gamma_used, bn->beta,
+        st = fr_batch_norm_train_forward(y, mean, invstd, x, gamma_used, bn->beta,
                                         update ? bn->running_mean : NULL,
                                         update ? bn->running_var : NULL, bn->momentum, bn->eps);
     } else {
-        st = fr_batchnorm_eval_forward(y, x, gamma_used, bn->beta, bn->running_mean,
+        st = fr_batch_norm_eval_forward(y, x, gamma_used, bn->beta, bn->running_mean,
                                        bn->running_var, bn->eps);
     }
     if (st == FR_OK && residual)

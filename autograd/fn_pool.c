@@ -25,9 +25,9 @@ static fr_status pool_backward(fr_node *node, fr_tensor *const *dout, fr_tensor 
         return fr_last_status();
     fr_tensor *dx = fr_empty(fr_device_of(dout[0]), c->x_dtype, 4, c->x_shape, FR_TAG_TRANSIENT);
     fr_status st = !dx                   ? fr_last_status()
-                   : c->kind == POOL_MAX ? fr_maxpool2d_backward(dx, dout[0], x, c->p)
-                   : c->kind == POOL_AVG ? fr_avgpool2d_backward(dx, dout[0], c->p)
-                                         : fr_global_avgpool_backward(dx, dout[0]);
+                   : c->kind == POOL_MAX ? fr_max_pool2d_backward(dx, dout[0], x, c->p)
+                   : c->kind == POOL_AVG ? fr_avg_pool2d_backward(dx, dout[0], c->p)
+                                         : fr_global_avg_pool_backward(dx, dout[0]);
     fr_release(x);
     if (st != FR_OK) {
         fr_release(dx);
@@ -72,9 +72,9 @@ static fr_tensor *pool(const char *op, pool_kind kind, fr_tensor *x, fr_pool_par
                                   FR_TAG_TRANSIENT);
     if (!y)
         return NULL;
-    fr_status st = kind == POOL_MAX   ? fr_maxpool2d_forward(y, x, p)
-                   : kind == POOL_AVG ? fr_avgpool2d_forward(y, x, p)
-                                      : fr_global_avgpool_forward(y, x);
+    fr_status st = kind == POOL_MAX   ? fr_max_pool2d_forward(y, x, p)
+                   : kind == POOL_AVG ? fr_avg_pool2d_forward(y, x, p)
+                                      : fr_global_avg_pool_forward(y, x);
     if (st == FR_OK && fr_should_record(1, &x))
         st = pool_record(op, kind, p, x, y);
     if (st != FR_OK)

@@ -16,14 +16,14 @@
 /* Below this many elements a parallel region costs more than it saves. */
 #define FR_ACT_PAR_MIN 32768
 
-fr_status fr_cpu_relu_fwd(float *y, const float *x, size_t n) {
+fr_status fr_cpu_relu_forward(float *y, const float *x, size_t n) {
 #pragma omp parallel for simd if (n > FR_ACT_PAR_MIN) schedule(static)
     for (size_t i = 0; i < n; i++)
         y[i] = x[i] > 0.0f ? x[i] : 0.0f;
     return FR_OK;
 }
 
-fr_status fr_cpu_relu_bwd(float *dx, const float *dy, const float *y, size_t n) {
+fr_status fr_cpu_relu_backward(float *dx, const float *dy, const float *y, size_t n) {
     /* PyTorch's gradient at x == 0 is 0; y == 0 there, so the test y > 0
      * gives the same. */
 #pragma omp parallel for simd if (n > FR_ACT_PAR_MIN) schedule(static)
@@ -34,7 +34,7 @@ fr_status fr_cpu_relu_bwd(float *dx, const float *dy, const float *y, size_t n) 
     return FR_OK;
 }
 
-fr_status fr_cpu_leaky_relu_fwd(float *y, const float *x, float slope, size_t n) {
+fr_status fr_cpu_leaky_relu_forward(float *y, const float *x, float slope, size_t n) {
 #pragma omp parallel for simd if (n > FR_ACT_PAR_MIN) schedule(static)
     for (size_t i = 0; i < n; i++) {
         float v = x[i], leak = v * slope;
@@ -43,7 +43,7 @@ fr_status fr_cpu_leaky_relu_fwd(float *y, const float *x, float slope, size_t n)
     return FR_OK;
 }
 
-fr_status fr_cpu_leaky_relu_bwd(float *dx, const float *dy, const float *y, float slope, size_t n) {
+fr_status fr_cpu_leaky_relu_backward(float *dx, const float *dy, const float *y, float slope, size_t n) {
 #pragma omp parallel for simd if (n > FR_ACT_PAR_MIN) schedule(static)
     for (size_t i = 0; i < n; i++) {
         float g = dy[i], leak = g * slope;

@@ -14,7 +14,7 @@ static inline const float *plane(const float *x, int i, int ch, int c, int hw) {
     return x + ((size_t)i * (size_t)c + (size_t)ch) * (size_t)hw;
 }
 
-fr_status fr_cpu_bn_stats(float *mean, float *var, const float *x, int n, int c, int hw) {
+fr_status fr_cpu_batch_norm_stats(float *mean, float *var, const float *x, int n, int c, int hw) {
     size_t total = (size_t)n * (size_t)c * (size_t)hw;
 #pragma omp parallel for if (total > FR_BN_PAR_MIN && c > 1) schedule(static)
     for (int ch = 0; ch < c; ch++) {
@@ -41,13 +41,13 @@ fr_status fr_cpu_bn_stats(float *mean, float *var, const float *x, int n, int c,
     return FR_OK;
 }
 
-fr_status fr_cpu_bn_invstd(float *invstd, const float *var, float eps, int c) {
+fr_status fr_cpu_batch_norm_invstd(float *invstd, const float *var, float eps, int c) {
     for (int ch = 0; ch < c; ch++)
         invstd[ch] = (float)(1.0 / sqrt((double)var[ch] + (double)eps));
     return FR_OK;
 }
 
-fr_status fr_cpu_bn_update_running(float *running_mean, float *running_var, const float *mean,
+fr_status fr_cpu_batch_norm_update_running(float *running_mean, float *running_var, const float *mean,
                                    const float *var, float momentum, int count, int c) {
     /* PyTorch keeps the unbiased variance in its running estimate although
      * it normalises the batch with the biased one. */
@@ -60,7 +60,7 @@ fr_status fr_cpu_bn_update_running(float *running_mean, float *running_var, cons
     return FR_OK;
 }
 
-fr_status fr_cpu_bn_apply(float *y, const float *x, const float *mean, const float *invstd,
+fr_status fr_cpu_batch_norm_apply(float *y, const float *x, const float *mean, const float *invstd,
                           const float *gamma, const float *beta, int n, int c, int hw) {
     size_t total = (size_t)n * (size_t)c * (size_t)hw;
     int planes = n * c;
@@ -78,7 +78,7 @@ fr_status fr_cpu_bn_apply(float *y, const float *x, const float *mean, const flo
     return FR_OK;
 }
 
-fr_status fr_cpu_bn_bwd(float *dx, float *dgamma, float *dbeta, const float *dy, const float *x,
+fr_status fr_cpu_batch_norm_backward(float *dx, float *dgamma, float *dbeta, const float *dy, const float *x,
                         const float *mean, const float *invstd, const float *gamma, int n, int c,
                         int hw) {
     size_t total = (size_t)n * (size_t)c * (size_t)hw;
@@ -116,7 +116,7 @@ fr_status fr_cpu_bn_bwd(float *dx, float *dgamma, float *dbeta, const float *dy,
     return FR_OK;
 }
 
-fr_status fr_cpu_bn_bwd_data(float *dx, const float *dy, const float *x, const float *mean,
+fr_status fr_cpu_batch_norm_backward_data(float *dx, const float *dy, const float *x, const float *mean,
                              const float *invstd, const float *gamma, const float *dgamma,
                              const float *dbeta, double count, int n, int c, int hw) {
     size_t total = (size_t)n * (size_t)c * (size_t)hw;

@@ -8,10 +8,10 @@
 
 /* The reference: im2col + GEMM (cpu/conv_im2col.c). Same contract as the
  * kernel-table entries. */
-fr_status fr_cpu_conv2d_fwd_im2col(float *y, const float *x, const float *w, const fr_conv_shape *s);
-fr_status fr_cpu_conv2d_bwd_data_im2col(float *dx, const float *dy, const float *w,
+fr_status fr_cpu_conv2d_forward_im2col(float *y, const float *x, const float *w, const fr_conv_shape *s);
+fr_status fr_cpu_conv2d_backward_data_im2col(float *dx, const float *dy, const float *w,
                                         const fr_conv_shape *s);
-fr_status fr_cpu_conv2d_bwd_weight_im2col(float *dw, const float *dy, const float *x,
+fr_status fr_cpu_conv2d_backward_weight_im2col(float *dw, const float *dy, const float *x,
                                           const fr_conv_shape *s);
 
 typedef enum {

@@ -1,4 +1,4 @@
-/* cpu/conv_dnnl.c: the kernel table's CPU convolutions (fr_cpu_conv2d_fwd,
+/* cpu/conv_dnnl.c: the kernel table's CPU convolutions (fr_cpu_conv2d_forward,
  * _bwd_data, _bwd_weight). With oneDNN (FR_HAVE_DNNL) they run oneDNN's
  * direct convolution, whose kernels are picked by CPUID features (AVX2,
  * AVX-512, ...) rather than by CPU model, so they are fast on machines
@@ -173,10 +173,10 @@ static fr_status run_path(const fr_dnnl_plan *p, const fr_conv_shape *s, int dir
     if (p)
         return fr_dnnl_plan_run(p, (void *[]){a->out, (void *)a->in0, (void *)a->in1}, what[dir]);
     if (dir == DIR_FWD)
-        return fr_cpu_conv2d_fwd_im2col(a->out, a->in0, a->in1, s);
+        return fr_cpu_conv2d_forward_im2col(a->out, a->in0, a->in1, s);
     if (dir == DIR_BWD_DATA)
-        return fr_cpu_conv2d_bwd_data_im2col(a->out, a->in0, a->in1, s);
-    return fr_cpu_conv2d_bwd_weight_im2col(a->out, a->in0, a->in1, s);
+        return fr_cpu_conv2d_backward_data_im2col(a->out, a->in0, a->in1, s);
+    return fr_cpu_conv2d_backward_weight_im2col(a->out, a->in0, a->in1, s);
 }
 
 static fr_status run(const fr_conv_shape *s, int dir, const conv_args *a) {
@@ -209,15 +209,15 @@ const char *fr_cpu_conv_impl(const fr_conv_shape *s, int direction) {
     return p ? p->impl : "im2col";
 }
 
-fr_status fr_cpu_conv2d_fwd(float *y, const float *x, const float *w, const fr_conv_shape *s) {
+fr_status fr_cpu_conv2d_forward(float *y, const float *x, const float *w, const fr_conv_shape *s) {
     return run(s, DIR_FWD, &(conv_args){y, x, w});
 }
 
-fr_status fr_cpu_conv2d_bwd_data(float *dx, const float *dy, const float *w, const fr_conv_shape *s) {
+fr_status fr_cpu_conv2d_backward_data(float *dx, const float *dy, const float *w, const fr_conv_shape *s) {
     return run(s, DIR_BWD_DATA, &(conv_args){dx, dy, w});
 }
 
-fr_status fr_cpu_conv2d_bwd_weight(float *dw, const float *dy, const float *x, const fr_conv_shape *s) {
+fr_status fr_cpu_conv2d_backward_weight(float *dw, const float *dy, const float *x, const fr_conv_shape *s) {
     return run(s, DIR_BWD_WEIGHT, &(conv_args){dw, dy, x});
 }
 
@@ -229,15 +229,15 @@ const char *fr_cpu_conv_impl(const fr_conv_shape *s, int direction) {
     return "im2col";
 }
 
-fr_status fr_cpu_conv2d_fwd(float *y, const float *x, const float *w, const fr_conv_shape *s) {
-    return fr_cpu_conv2d_fwd_im2col(y, x, w, s);
+fr_status fr_cpu_conv2d_forward(float *y, const float *x, const float *w, const fr_conv_shape *s) {
+    return fr_cpu_conv2d_forward_im2col(y, x, w, s);
 }
 
-fr_status fr_cpu_conv2d_bwd_data(float *dx, const float *dy, const float *w, const fr_conv_shape *s) {
-    return fr_cpu_conv2d_bwd_data_im2col(dx, dy, w, s);
+fr_status fr_cpu_conv2d_backward_data(float *dx, const float *dy, const float *w, const fr_conv_shape *s) {
+    return fr_cpu_conv2d_backward_data_im2col(dx, dy, w, s);
 }
 
-fr_status fr_cpu_conv2d_bwd_weight(float *dw, const float *dy, const float *x, const fr_conv_shape *s) {
-    return fr_cpu_conv2d_bwd_weight_im2col(dw, dy, x, s);
+fr_status fr_cpu_conv2d_backward_weight(float *dw, const float *dy, const float *x, const fr_conv_shape *s) {
+    return fr_cpu_conv2d_backward_weight_im2col(dw, dy, x, s);
 }
 #endif

@@ -288,7 +288,7 @@ static fr_status worker_failed(fr_status st, const char *what, const fr_conv_sha
                     what, fr_status_name(st), s->n, s->c, s->h, s->w, s->k, s->c, s->r, s->s);
 }
 
-fr_status fr_cpu_conv2d_fwd_im2col(float *y, const float *x, const float *w, const fr_conv_shape *s) {
+fr_status fr_cpu_conv2d_forward_im2col(float *y, const float *x, const float *w, const fr_conv_shape *s) {
     int crs = s->c * s->r * s->s, ohw = s->oh * s->ow;
     size_t x_img = (size_t)s->c * s->h * s->w, y_img = (size_t)s->k * ohw;
     fr_status failed = FR_OK;
@@ -360,12 +360,12 @@ static fr_status bwd_data_as_forward(float *dx, const float *dy, const float *w,
     fr_conv_shape t = *s;
     t.c = s->k;
     t.k = s->c;
-    fr_status st = fr_cpu_conv2d_fwd_im2col(dx, dy, wt, &t);
+    fr_status st = fr_cpu_conv2d_forward_im2col(dx, dy, wt, &t);
     fr_mem_free(FR_CPU, wt, bytes, FR_TAG_WORKSPACE);
     return st;
 }
 
-fr_status fr_cpu_conv2d_bwd_data_im2col(float *dx, const float *dy, const float *w, const fr_conv_shape *s) {
+fr_status fr_cpu_conv2d_backward_data_im2col(float *dx, const float *dy, const float *w, const fr_conv_shape *s) {
     int crs = s->c * s->r * s->s, ohw = s->oh * s->ow;
     size_t x_img = (size_t)s->c * s->h * s->w, y_img = (size_t)s->k * ohw;
     fr_status failed = FR_OK;
@@ -426,7 +426,7 @@ fr_status fr_cpu_conv2d_bwd_data_im2col(float *dx, const float *dy, const float 
  * units: OpenBLAS runs this tall-and-narrow product about twice as fast as
  * dw = dy col^T when K is 16, and no slower otherwise. The partials are
  * summed and transposed into dw at the end. */
-fr_status fr_cpu_conv2d_bwd_weight_im2col(float *dw, const float *dy, const float *x, const fr_conv_shape *s) {
+fr_status fr_cpu_conv2d_backward_weight_im2col(float *dw, const float *dy, const float *x, const fr_conv_shape *s) {
     int crs = s->c * s->r * s->s, ohw = s->oh * s->ow;
     size_t x_img = (size_t)s->c * s->h * s->w, y_img = (size_t)s->k * ohw;
     size_t dw_len = (size_t)s->k * crs;

@@ -1,7 +1,7 @@
 /* cpu/dropout.c: dropout kernels on the host (see kernels.def). */
 #include "../tensor/kernels.h"
 
-fr_status fr_cpu_dropout_fwd(float *y, const float *x, float p, uint64_t seed, size_t n) {
+fr_status fr_cpu_dropout_forward(float *y, const float *x, float p, uint64_t seed, size_t n) {
     float scale = 1.0f / (1.0f - p);
 #pragma omp parallel for if (n > 32768) schedule(static)
     for (size_t i = 0; i < n; i++)
@@ -9,6 +9,6 @@ fr_status fr_cpu_dropout_fwd(float *y, const float *x, float p, uint64_t seed, s
     return FR_OK;
 }
 
-fr_status fr_cpu_dropout_bwd(float *dx, const float *dy, float p, uint64_t seed, size_t n) {
-    return fr_cpu_dropout_fwd(dx, dy, p, seed, n);
+fr_status fr_cpu_dropout_backward(float *dx, const float *dy, float p, uint64_t seed, size_t n) {
+    return fr_cpu_dropout_forward(dx, dy, p, seed, n);
 }

@@ -25,7 +25,7 @@ static double row_logsumexp(const float *row, int k) {
     return (double)mx + log(s);
 }
 
-fr_status fr_cpu_cross_entropy_fwd(float *loss, const float *logits, const int32_t *labels, int n,
+fr_status fr_cpu_cross_entropy_forward(float *loss, const float *logits, const int32_t *labels, int n,
                                    int k) {
     FR_TRY(check_labels(labels, n, k));
     double total = 0.0;
@@ -37,7 +37,7 @@ fr_status fr_cpu_cross_entropy_fwd(float *loss, const float *logits, const int32
     return FR_OK;
 }
 
-fr_status fr_cpu_cross_entropy_bwd(float *dlogits, const float *dloss, const float *logits,
+fr_status fr_cpu_cross_entropy_backward(float *dlogits, const float *dloss, const float *logits,
                                    const int32_t *labels, int n, int k) {
     FR_TRY(check_labels(labels, n, k));
     double g = n > 0 ? (double)dloss[0] / n : 0.0;

@@ -37,7 +37,7 @@ static int window_argmax(const float *plane, const fr_pool_shape *s, int oh, int
     return best;
 }
 
-fr_status fr_cpu_maxpool_fwd(float *y, const float *x, const fr_pool_shape *s) {
+fr_status fr_cpu_max_pool2d_forward(float *y, const float *x, const fr_pool_shape *s) {
     int planes = s->n * s->c;
     size_t in = (size_t)s->h * s->w, out = (size_t)s->oh * s->ow;
 #pragma omp parallel for schedule(static)
@@ -51,7 +51,7 @@ fr_status fr_cpu_maxpool_fwd(float *y, const float *x, const fr_pool_shape *s) {
     return FR_OK;
 }
 
-fr_status fr_cpu_maxpool_bwd(float *dx, const float *dy, const float *x, const fr_pool_shape *s) {
+fr_status fr_cpu_max_pool2d_backward(float *dx, const float *dy, const float *x, const fr_pool_shape *s) {
     int planes = s->n * s->c;
     size_t in = (size_t)s->h * s->w, out = (size_t)s->oh * s->ow;
 #pragma omp parallel for schedule(static)
@@ -67,7 +67,7 @@ fr_status fr_cpu_maxpool_bwd(float *dx, const float *dy, const float *x, const f
     return FR_OK;
 }
 
-fr_status fr_cpu_avgpool_fwd(float *y, const float *x, const fr_pool_shape *s) {
+fr_status fr_cpu_avg_pool2d_forward(float *y, const float *x, const fr_pool_shape *s) {
     int planes = s->n * s->c;
     size_t in = (size_t)s->h * s->w, out = (size_t)s->oh * s->ow;
     float area = (float)(s->kernel * s->kernel);
@@ -90,7 +90,7 @@ fr_status fr_cpu_avgpool_fwd(float *y, const float *x, const fr_pool_shape *s) {
     return FR_OK;
 }
 
-fr_status fr_cpu_avgpool_bwd(float *dx, const float *dy, const fr_pool_shape *s) {
+fr_status fr_cpu_avg_pool2d_backward(float *dx, const float *dy, const fr_pool_shape *s) {
     int planes = s->n * s->c;
     size_t in = (size_t)s->h * s->w, out = (size_t)s->oh * s->ow;
     float area = (float)(s->kernel * s->kernel);
@@ -115,7 +115,7 @@ fr_status fr_cpu_avgpool_bwd(float *dx, const float *dy, const fr_pool_shape *s)
 
 /* The mean of a plane is accumulated in double; the cost is nothing next to
  * reading the plane. */
-fr_status fr_cpu_global_avgpool_fwd(float *y, const float *x, int nc, int hw) {
+fr_status fr_cpu_global_avg_pool_forward(float *y, const float *x, int nc, int hw) {
 #pragma omp parallel for schedule(static) if ((size_t)nc * hw > 32768)
     for (int p = 0; p < nc; p++) {
         const float *plane = x + (size_t)p * hw; // (HW)
@@ -127,7 +127,7 @@ fr_status fr_cpu_global_avgpool_fwd(float *y, const float *x, int nc, int hw) {
     return FR_OK;
 }
 
-fr_status fr_cpu_global_avgpool_bwd(float *dx, const float *dy, int nc, int hw) {
+fr_status fr_cpu_global_avg_pool_backward(float *dx, const float *dy, int nc, int hw) {
 #pragma omp parallel for schedule(static) if ((size_t)nc * hw > 32768)
     for (int p = 0; p < nc; p++) {
         float v = dy[p] / (float)hw;

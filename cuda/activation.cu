@@ -4,25 +4,25 @@
  * reads element i before writing it: y may be x, dx may be dy. */
 #include "internal.h"
 
-__global__ void relu_fwd_kernel(float *y, const float *x, size_t n) {
+__global__ void relu_forward_kernel(float *y, const float *x, size_t n) {
     FR_CUDA_FOR(i, n) {
         float v = x[i];
         y[i] = v > 0.0f ? v : 0.0f;
     }
 }
 
-__global__ void relu_bwd_kernel(float *dx, const float *dy, const float *y, size_t n) {
+__global__ void relu_backward_kernel(float *dx, const float *dy, const float *y, size_t n) {
     FR_CUDA_FOR(i, n) dx[i] = y[i] > 0.0f ? dy[i] : 0.0f;
 }
 
-__global__ void leaky_relu_fwd_kernel(float *y, const float *x, float slope, size_t n) {
+__global__ void leaky_relu_forward_kernel(float *y, const float *x, float slope, size_t n) {
     FR_CUDA_FOR(i, n) {
         float v = x[i];
         y[i] = v > 0.0f ? v : v * slope;
     }
 }
 
-__global__ void leaky_relu_bwd_kernel(float *dx, const float *dy, const float *y, float slope,
+__global__ void leaky_relu_backward_kernel(float *dx, const float *dy, const float *y, float slope,
                                       size_t n) {
     FR_CUDA_FOR(i, n) {
         float g = dy[i];
@@ -30,19 +30,19 @@ __global__ void leaky_relu_bwd_kernel(float *dx, const float *dy, const float *y
     }
 }
 
-extern "C" fr_status fr_cuda_relu_fwd(float *y, const float *x, size_t n) {
-    FR_CUDA_RUN_1D(relu_fwd_kernel, n, y, x, n);
+extern "C" fr_status fr_cuda_relu_forward(float *y, const float *x, size_t n) {
+    FR_CUDA_RUN_1D(relu_forward_kernel, n, y, x, n);
 }
 
-extern "C" fr_status fr_cuda_relu_bwd(float *dx, const float *dy, const float *y, size_t n) {
-    FR_CUDA_RUN_1D(relu_bwd_kernel, n, dx, dy, y, n);
+extern "C" fr_status fr_cuda_relu_backward(float *dx, const float *dy, const float *y, size_t n) {
+    FR_CUDA_RUN_1D(relu_backward_kernel, n, dx, dy, y, n);
 }
 
-extern "C" fr_status fr_cuda_leaky_relu_fwd(float *y, const float *x, float slope, size_t n) {
-    FR_CUDA_RUN_1D(leaky_relu_fwd_kernel, n, y, x, slope, n);
+extern "C" fr_status fr_cuda_leaky_relu_forward(float *y, const float *x, float slope, size_t n) {
+    FR_CUDA_RUN_1D(leaky_relu_forward_kernel, n, y, x, slope, n);
 }
 
-extern "C" fr_status fr_cuda_leaky_relu_bwd(float *dx, const float *dy, const float *y, float slope,
+extern "C" fr_status fr_cuda_leaky_relu_backward(float *dx, const float *dy, const float *y, float slope,
                                             size_t n) {
-    FR_CUDA_RUN_1D(leaky_relu_bwd_kernel, n, dx, dy, y, slope, n);
+    FR_CUDA_RUN_1D(leaky_relu_backward_kernel, n, dx, dy, y, slope, n);
 }

@@ -17,7 +17,7 @@ __device__ inline size_t bn_index(size_t i, int ch, int c, int hw) {
     return (img * (size_t)c + (size_t)ch) * (size_t)hw + j;
 }
 
-__global__ void bn_stats_kernel(float *mean, float *var, const float *x, int n, int c, int hw) {
+__global__ void batch_norm_stats_kernel(float *mean, float *var, const float *x, int n, int c, int hw) {
     __shared__ float sh[BN_THREADS];
     int ch = blockIdx.x;
     size_t count = (size_t)n * (size_t)hw;
@@ -37,31 +37,31 @@ __global__ void bn_stats_kernel(float *mean, float *var, const float *x, int n, 
     }
 }
 
-extern "C" fr_status fr_cuda_bn_stats(float *mean, float *var, const float *x, int n, int c, int hw) {
+extern "C" fr_status fr_cuda_batch_norm_stats(float *mean, float *var, const float *x, int n, int c, int hw) {
     if (c <= 0)
         return FR_OK;
-    bn_stats_kernel<<<c, BN_THREADS>>>(mean, var, x, n, c, hw);
+    batch_norm_stats_kernel<<<c, BN_THREADS>>>(mean, var, x, n, c, hw);
     FR_CUDA_LAUNCH_CHECK();
     return FR_OK;
 }
 
 /* ---- per-channel scalars; computed in double like the CPU kernels ---- */
 
-__global__ void bn_invstd_kernel(float *invstd, const float *var, float eps, int c) {
+__global__ void batch_norm_invstd_kernel(float *invstd, const float *var, float eps, int c) {
     FR_CUDA_FOR(ch, c) invstd[ch] = (float)(1.0 / sqrt((double)var[ch] + (double)eps));
 }
 
-extern "C" fr_status fr_cuda_bn_invstd(float *invstd, const float *var, float eps, int c) {
+extern "C" fr_status fr_cuda_batch_norm_invstd(float *invstd, const float *var, float eps, int c) {
     if (c <= 0)
         return FR_OK;
-    bn_invstd_kernel<<<fr_cuda_grid((size_t)c), FR_CUDA_THREADS>>>(invstd, var, eps, c);
+    batch_norm_invstd_kernel<<<fr_cuda_grid((size_t)c), FR_CUDA_THREADS>>>(invstd, var, eps, c);
     FR_CUDA_LAUNCH_CHECK();
     return FR_OK;
 }
 
 /* PyTorch keeps the unbiased variance in its running estimate although it
  * normalises the batch with the biased one. */
-__global__ void bn_update_running_kernel(float *running_mean, float *running_var,
+__global__ void batch_norm_update_running_kernel(float *running_mean, float *running_var,
                                          const float *mean, const float *var, double momentum,
                                          double bessel, int c) {
     FR_CUDA_FOR(ch, c) {
@@ -70,13 +70,13 @@ __global__ void bn_update_running_kernel(float *running_mean, float *running_var
     }
 }
 
-extern "C" fr_status fr_cuda_bn_update_running(float *running_mean, float *running_var,
+extern "C" fr_status fr_cuda_batch_norm_update_running(float *running_mean, float *running_var,
                                                const float *mean, const float *var, float momentum,
                                                int count, int c) {
     if (c <= 0)
         return FR_OK;
     double bessel = count > 1 ? (double)count / (double)(count - 1) : 1.0;
-    bn_update_running_kernel<<<fr_cuda_grid((size_t)c), FR_CUDA_THREADS>>>(
+    batch_norm_update_running_kernel<<<fr_cuda_grid((size_t)c), FR_CUDA_THREADS>>>(
         running_mean, running_var, mean, var, (double)momentum, bessel, c);
     FR_CUDA_LAUNCH_CHECK();
     return FR_OK;
@@ -85,7 +85,7 @@ extern "C" fr_status fr_cuda_bn_update_running(float *running_mean, float *runni
 /* ---- normalise: y = (x - mean) * (invstd * gamma) + beta, the CPU's
  * grouping. Each thread reads x[i] before writing y[i], so y may be x. ---- */
 
-__global__ void bn_apply_kernel(float *y, const float *x, const float *mean, const float *invstd,
+__global__ void batch_norm_apply_kernel(float *y, const float *x, const float *mean, const float *invstd,
                                 const float *gamma, const float *beta, int c, size_t hw,
                                 size_t total) {
     FR_CUDA_FOR(i, total) {
@@ -95,11 +95,11 @@ __global__ void bn_apply_kernel(float *y, const float *x, const float *mean, con
     }
 }
 
-extern "C" fr_status fr_cuda_bn_apply(float *y, const float *x, const float *mean,
+extern "C" fr_status fr_cuda_batch_norm_apply(float *y, const float *x, const float *mean,
                                       const float *invstd, const float *gamma, const float *beta,
                                       int n, int c, int hw) {
     size_t total = (size_t)n * (size_t)c * (size_t)hw;
-    FR_CUDA_RUN_1D(bn_apply_kernel, total, y, x, mean, invstd, gamma, beta, c,
+    FR_CUDA_RUN_1D(batch_norm_apply_kernel, total, y, x, mean, invstd, gamma, beta, c,
                                                               (size_t)hw, total);
 }
 
@@ -112,7 +112,7 @@ extern "C" fr_status fr_cuda_bn_apply(float *y, const float *x, const float *mea
  * element of dx is written by the thread that read dy and x there, after the
  * sums are complete, so dx may alias dy or x. ---- */
 
-__global__ void bn_bwd_kernel(float *dx, float *dgamma, float *dbeta, const float *dy,
+__global__ void batch_norm_backward_kernel(float *dx, float *dgamma, float *dbeta, const float *dy,
                               const float *x, const float *mean, const float *invstd,
                               const float *gamma, int n, int c, int hw) {
     __shared__ float sh[BN_THREADS];
@@ -142,19 +142,19 @@ __global__ void bn_bwd_kernel(float *dx, float *dgamma, float *dbeta, const floa
     }
 }
 
-extern "C" fr_status fr_cuda_bn_bwd(float *dx, float *dgamma, float *dbeta, const float *dy,
+extern "C" fr_status fr_cuda_batch_norm_backward(float *dx, float *dgamma, float *dbeta, const float *dy,
                                     const float *x, const float *mean, const float *invstd,
                                     const float *gamma, int n, int c, int hw) {
     if (c <= 0)
         return FR_OK;
-    bn_bwd_kernel<<<c, BN_THREADS>>>(dx, dgamma, dbeta, dy, x, mean, invstd, gamma, n, c, hw);
+    batch_norm_backward_kernel<<<c, BN_THREADS>>>(dx, dgamma, dbeta, dy, x, mean, invstd, gamma, n, c, hw);
     FR_CUDA_LAUNCH_CHECK();
     return FR_OK;
 }
 
 /* dx from batch sums already reduced over all `count` values per channel
- * (the blocked form of bn_bwd_kernel's second half; kernels.def). */
-__global__ void bn_bwd_data_kernel(float *dx, const float *dy, const float *x, const float *mean,
+ * (the blocked form of batch_norm_backward_kernel's second half; kernels.def). */
+__global__ void batch_norm_backward_data_kernel(float *dx, const float *dy, const float *x, const float *mean,
                                    const float *invstd, const float *gamma, const float *dgamma,
                                    const float *dbeta, float inv_count, int c, size_t hw,
                                    size_t total) {
@@ -166,12 +166,12 @@ __global__ void bn_bwd_data_kernel(float *dx, const float *dy, const float *x, c
     }
 }
 
-extern "C" fr_status fr_cuda_bn_bwd_data(float *dx, const float *dy, const float *x,
+extern "C" fr_status fr_cuda_batch_norm_backward_data(float *dx, const float *dy, const float *x,
                                          const float *mean, const float *invstd,
                                          const float *gamma, const float *dgamma,
                                          const float *dbeta, double count, int n, int c, int hw) {
     size_t total = (size_t)n * (size_t)c * (size_t)hw;
     float inv_count = count > 0 ? (float)(1.0 / count) : 0.0f;
-    FR_CUDA_RUN_1D(bn_bwd_data_kernel, total, dx, dy, x, mean, invstd, gamma, dgamma, dbeta,
+    FR_CUDA_RUN_1D(batch_norm_backward_data_kernel, total, dx, dy, x, mean, invstd, gamma, dgamma, dbeta,
                    inv_count, c, (size_t)hw, total);
 }

@@ -249,23 +249,23 @@ static fr_status im2col_bwd_weight(float *dw, const float *dy, const float *x,
 
 /* ---- the kernels: cuDNN first ---- */
 
-extern "C" fr_status fr_cuda_conv2d_fwd(float *y, const float *x, const float *w,
+extern "C" fr_status fr_cuda_conv2d_forward(float *y, const float *x, const float *w,
                                         const fr_conv_shape *s) {
     bool ran = false;
-    FR_TRY(fr_cudnn_conv2d_fwd(y, x, w, s, &ran));
+    FR_TRY(fr_cudnn_conv2d_forward(y, x, w, s, &ran));
     return ran ? FR_OK : im2col_fwd(y, x, w, s);
 }
 
-extern "C" fr_status fr_cuda_conv2d_bwd_data(float *dx, const float *dy, const float *w,
+extern "C" fr_status fr_cuda_conv2d_backward_data(float *dx, const float *dy, const float *w,
                                              const fr_conv_shape *s) {
     bool ran = false;
-    FR_TRY(fr_cudnn_conv2d_bwd_data(dx, dy, w, s, &ran));
+    FR_TRY(fr_cudnn_conv2d_backward_data(dx, dy, w, s, &ran));
     return ran ? FR_OK : im2col_bwd_data(dx, dy, w, s);
 }
 
-extern "C" fr_status fr_cuda_conv2d_bwd_weight(float *dw, const float *dy, const float *x,
+extern "C" fr_status fr_cuda_conv2d_backward_weight(float *dw, const float *dy, const float *x,
                                                const fr_conv_shape *s) {
     bool ran = false;
-    FR_TRY(fr_cudnn_conv2d_bwd_weight(dw, dy, x, s, &ran));
+    FR_TRY(fr_cudnn_conv2d_backward_weight(dw, dy, x, s, &ran));
     return ran ? FR_OK : im2col_bwd_weight(dw, dy, x, s);
 }

@@ -381,17 +381,17 @@ static fr_status conv(direction d, float *out, const float *a, const float *b,
 
 /* ---- internal.h ---- */
 
-fr_status fr_cudnn_conv2d_fwd(float *y, const float *x, const float *w, const fr_conv_shape *s,
+fr_status fr_cudnn_conv2d_forward(float *y, const float *x, const float *w, const fr_conv_shape *s,
                               bool *ran) {
     return conv(FWD, y, x, w, s, ran);
 }
 
-fr_status fr_cudnn_conv2d_bwd_data(float *dx, const float *dy, const float *w,
+fr_status fr_cudnn_conv2d_backward_data(float *dx, const float *dy, const float *w,
                                    const fr_conv_shape *s, bool *ran) {
     return conv(BWD_DATA, dx, dy, w, s, ran);
 }
 
-fr_status fr_cudnn_conv2d_bwd_weight(float *dw, const float *dy, const float *x,
+fr_status fr_cudnn_conv2d_backward_weight(float *dw, const float *dy, const float *x,
                                      const fr_conv_shape *s, bool *ran) {
     return conv(BWD_FILTER, dw, dy, x, s, ran);
 }

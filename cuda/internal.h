@@ -24,11 +24,11 @@ fr_status fr_cuda_cudnn(cudnnHandle_t *out);
  * *ran = false with FR_OK means cuDNN is off, unavailable, or cannot do this
  * shape within the workspace budget: the caller runs im2col instead. Every
  * call is counted for fr_cuda_conv_counts either way. */
-fr_status fr_cudnn_conv2d_fwd(float *y, const float *x, const float *w, const fr_conv_shape *s,
+fr_status fr_cudnn_conv2d_forward(float *y, const float *x, const float *w, const fr_conv_shape *s,
                               bool *ran);
-fr_status fr_cudnn_conv2d_bwd_data(float *dx, const float *dy, const float *w,
+fr_status fr_cudnn_conv2d_backward_data(float *dx, const float *dy, const float *w,
                                    const fr_conv_shape *s, bool *ran);
-fr_status fr_cudnn_conv2d_bwd_weight(float *dw, const float *dy, const float *x,
+fr_status fr_cudnn_conv2d_backward_weight(float *dw, const float *dy, const float *x,
                                      const fr_conv_shape *s, bool *ran);
 
 /* Row-major, strided-batched: for b < batch,

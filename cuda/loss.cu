@@ -80,7 +80,7 @@ static fr_status launch_fwd(float *loss, float *row_loss, const float *logits,
     return FR_OK;
 }
 
-extern "C" fr_status fr_cuda_cross_entropy_fwd(float *loss, const float *logits,
+extern "C" fr_status fr_cuda_cross_entropy_forward(float *loss, const float *logits,
                                                const int32_t *labels, int n, int k) {
     if (n <= 0) /* the CPU kernel's convention for an empty batch */
         return fr_cuda_fill(loss, 0.0f, 1);
@@ -93,7 +93,7 @@ extern "C" fr_status fr_cuda_cross_entropy_fwd(float *loss, const float *logits,
     return st;
 }
 
-extern "C" fr_status fr_cuda_cross_entropy_bwd(float *dlogits, const float *dloss,
+extern "C" fr_status fr_cuda_cross_entropy_backward(float *dlogits, const float *dloss,
                                                const float *logits, const int32_t *labels, int n,
                                                int k) {
     if (n <= 0 || k <= 0)

@@ -48,7 +48,7 @@ __device__ inline void windows_of(int i, int stride, int pad, int kernel, int ou
     *hi = b < out ? b : out;
 }
 
-__global__ void maxpool_fwd_kernel(float *y, const float *x, fr_pool_shape s, size_t total) {
+__global__ void max_pool2d_forward_kernel(float *y, const float *x, fr_pool_shape s, size_t total) {
     size_t ohw = (size_t)s.oh * s.ow, hw = (size_t)s.h * s.w;
     FR_CUDA_FOR(i, total) {
         size_t plane = i / ohw, o = i % ohw;
@@ -58,7 +58,7 @@ __global__ void maxpool_fwd_kernel(float *y, const float *x, fr_pool_shape s, si
     }
 }
 
-__global__ void maxpool_bwd_kernel(float *dx, const float *dy, const float *x, fr_pool_shape s,
+__global__ void max_pool2d_backward_kernel(float *dx, const float *dy, const float *x, fr_pool_shape s,
                                    size_t total) {
     size_t ohw = (size_t)s.oh * s.ow, hw = (size_t)s.h * s.w;
     FR_CUDA_FOR(i, total) {
@@ -80,7 +80,7 @@ __global__ void maxpool_bwd_kernel(float *dx, const float *dy, const float *x, f
 
 /* Sums in the CPU kernel's order and divides like it, so both agree
  * exactly. */
-__global__ void avgpool_fwd_kernel(float *y, const float *x, fr_pool_shape s, size_t total) {
+__global__ void avg_pool2d_forward_kernel(float *y, const float *x, fr_pool_shape s, size_t total) {
     size_t ohw = (size_t)s.oh * s.ow, hw = (size_t)s.h * s.w;
     float area = (float)(s.kernel * s.kernel);
     FR_CUDA_FOR(i, total) {
@@ -98,7 +98,7 @@ __global__ void avgpool_fwd_kernel(float *y, const float *x, fr_pool_shape s, si
     }
 }
 
-__global__ void avgpool_bwd_kernel(float *dx, const float *dy, fr_pool_shape s, size_t total) {
+__global__ void avg_pool2d_backward_kernel(float *dx, const float *dy, fr_pool_shape s, size_t total) {
     size_t ohw = (size_t)s.oh * s.ow, hw = (size_t)s.h * s.w;
     float area = (float)(s.kernel * s.kernel);
     FR_CUDA_FOR(i, total) {
@@ -116,25 +116,25 @@ __global__ void avgpool_bwd_kernel(float *dx, const float *dy, fr_pool_shape s, 
     }
 }
 
-extern "C" fr_status fr_cuda_maxpool_fwd(float *y, const float *x, const fr_pool_shape *s) {
+extern "C" fr_status fr_cuda_max_pool2d_forward(float *y, const float *x, const fr_pool_shape *s) {
     size_t total = (size_t)s->n * s->c * s->oh * s->ow;
-    FR_CUDA_RUN_1D(maxpool_fwd_kernel, total, y, x, *s, total);
+    FR_CUDA_RUN_1D(max_pool2d_forward_kernel, total, y, x, *s, total);
 }
 
-extern "C" fr_status fr_cuda_maxpool_bwd(float *dx, const float *dy, const float *x,
+extern "C" fr_status fr_cuda_max_pool2d_backward(float *dx, const float *dy, const float *x,
                                          const fr_pool_shape *s) {
     size_t total = (size_t)s->n * s->c * s->h * s->w;
-    FR_CUDA_RUN_1D(maxpool_bwd_kernel, total, dx, dy, x, *s, total);
+    FR_CUDA_RUN_1D(max_pool2d_backward_kernel, total, dx, dy, x, *s, total);
 }
 
-extern "C" fr_status fr_cuda_avgpool_fwd(float *y, const float *x, const fr_pool_shape *s) {
+extern "C" fr_status fr_cuda_avg_pool2d_forward(float *y, const float *x, const fr_pool_shape *s) {
     size_t total = (size_t)s->n * s->c * s->oh * s->ow;
-    FR_CUDA_RUN_1D(avgpool_fwd_kernel, total, y, x, *s, total);
+    FR_CUDA_RUN_1D(avg_pool2d_forward_kernel, total, y, x, *s, total);
 }
 
-extern "C" fr_status fr_cuda_avgpool_bwd(float *dx, const float *dy, const fr_pool_shape *s) {
+extern "C" fr_status fr_cuda_avg_pool2d_backward(float *dx, const float *dy, const fr_pool_shape *s) {
     size_t total = (size_t)s->n * s->c * s->h * s->w;
-    FR_CUDA_RUN_1D(avgpool_bwd_kernel, total, dx, dy, *s, total);
+    FR_CUDA_RUN_1D(avg_pool2d_backward_kernel, total, dx, dy, *s, total);
 }
 
 /* ---- global average: y(NC) = mean of x(NC, HW), one block per row ---- */
@@ -142,7 +142,7 @@ extern "C" fr_status fr_cuda_avgpool_bwd(float *dx, const float *dy, const fr_po
 #define GAP_THREADS 128
 
 /* In double, like the CPU kernel. */
-__global__ void global_avgpool_fwd_kernel(float *y, const float *x, int hw) {
+__global__ void global_avg_pool_forward_kernel(float *y, const float *x, int hw) {
     __shared__ double sh[GAP_THREADS];
     const float *row = x + (size_t)blockIdx.x * (size_t)hw;
     double acc = 0.0;
@@ -153,19 +153,19 @@ __global__ void global_avgpool_fwd_kernel(float *y, const float *x, int hw) {
         y[blockIdx.x] = hw > 0 ? (float)(total / hw) : 0.0f;
 }
 
-__global__ void global_avgpool_bwd_kernel(float *dx, const float *dy, size_t hw, size_t total) {
+__global__ void global_avg_pool_backward_kernel(float *dx, const float *dy, size_t hw, size_t total) {
     FR_CUDA_FOR(i, total) dx[i] = dy[i / hw] / (float)hw;
 }
 
-extern "C" fr_status fr_cuda_global_avgpool_fwd(float *y, const float *x, int nc, int hw) {
+extern "C" fr_status fr_cuda_global_avg_pool_forward(float *y, const float *x, int nc, int hw) {
     if (nc <= 0)
         return FR_OK;
-    global_avgpool_fwd_kernel<<<nc, GAP_THREADS>>>(y, x, hw);
+    global_avg_pool_forward_kernel<<<nc, GAP_THREADS>>>(y, x, hw);
     FR_CUDA_LAUNCH_CHECK();
     return FR_OK;
 }
 
-extern "C" fr_status fr_cuda_global_avgpool_bwd(float *dx, const float *dy, int nc, int hw) {
+extern "C" fr_status fr_cuda_global_avg_pool_backward(float *dx, const float *dy, int nc, int hw) {
     size_t total = (size_t)nc * (size_t)hw;
-    FR_CUDA_RUN_1D(global_avgpool_bwd_kernel, total, dx, dy, (size_t)hw, total);
+    FR_CUDA_RUN_1D(global_avg_pool_backward_kernel, total, dx, dy, (size_t)hw, total);
 }

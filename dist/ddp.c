@@ -134,7 +134,7 @@ static fr_status on_grad_ready(fr_tensor *leaf, void *ctx) {
 static fr_status sync_begin(void *ctx, int micro, int parts) {
     fr_dist *d = ctx;
     if (d->opt.sync_bn)
-        fr_batchnorm_set_sync(fr_dist_bn_sum, d);
+        fr_batch_norm_set_sync(fr_dist_bn_sum, d);
     if (micro != parts - 1)
         return FR_OK;
     fr_params *p = d->model->params;
@@ -153,7 +153,7 @@ static fr_status sync_begin(void *ctx, int micro, int parts) {
 
 static fr_status sync_finish(void *ctx) {
     fr_dist *d = ctx;
-    fr_batchnorm_set_sync(NULL, NULL);
+    fr_batch_norm_set_sync(NULL, NULL);
     d->armed = false;
     double t0 = MPI_Wtime();
     fr_status st = FR_OK;
@@ -278,7 +278,7 @@ void fr_dist_detach(fr_dist *d) {
         d->model->grad_sync = NULL;
         fr_set_grad_ready_hook(NULL, NULL);
     }
-    fr_batchnorm_set_sync(NULL, NULL);
+    fr_batch_norm_set_sync(NULL, NULL);
     /* first: it waits for any collective still reading a bucket (a failed step) */
     fr_cuda_nccl_free(d->nccl);
     for (int k = 0; d->buckets && k < d->n_buckets; k++)

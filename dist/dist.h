@@ -31,7 +31,7 @@
  *
  * Synchronised batch norm (`sync_bn`): batch statistics (forward) and the
  * per-channel sums of backward are summed over processes
- * (tensor/ops.h: fr_batchnorm_set_sync), so BN sees the global batch; every
+ * (tensor/ops.h: fr_batch_norm_set_sync), so BN sees the global batch; every
  * strategy (recompute, abn, checkpoint) goes through those two ops.
  *
  * Errors: MPI's default handler aborts the whole job on a communication

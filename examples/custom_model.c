@@ -51,7 +51,7 @@ static fr_model *tinyres_create(const char *name, int in_channels, int num_class
     fr_norm_new(net, "widen_bn", (fr_norm_opts){.channels = 32, .act = FR_ACT_RELU});
     for (int i = 0; i < 3; i++)
         res_block_new(net, i == 0 ? "b0" : i == 1 ? "b1" : "b2", 32);
-    fr_global_pool_new(net, "gap");
+    fr_global_avg_pool_new(net, "gap");
     fr_dropout_new(net, "drop", 0.1f);
     fr_linear_new(net, "fc", (fr_linear_opts){.in = 32, .out = num_classes});
     return fr_model_finish(m);

@@ -18,16 +18,16 @@ static fr_tensor *act_consume(fr_tensor *y, fr_act act, const fr_run *run) {
 }
 
 /* BN the plain way; for abn_reference the scale is |gamma| + eps. */
-static fr_tensor *plain_bn(const fr_batchnorm2d_layer *bn, fr_tensor *x, const fr_run *run) {
+static fr_tensor *plain_bn(const fr_batch_norm2d_layer *bn, fr_tensor *x, const fr_run *run) {
     if (!run->strategy.abn_reference)
-        return fr_batchnorm2d_layer_forward(bn, x, run->training);
+        return fr_batch_norm2d_layer_forward(bn, x, run->training);
     fr_tensor *scale = fr_abn_scale(bn->weight, bn->eps);
     fr_tensor *y = scale ? fr_batch_norm(x, scale, bn->bias, bn->running_mean, bn->running_var,
                                          run->training, bn->momentum, bn->eps)
                          : NULL;
     fr_release(scale);
     if (y && run->training)
-        fr_batchnorm2d_layer_count_batch(bn);
+        fr_batch_norm2d_layer_count_batch(bn);
     return y;
 }
 
@@ -37,7 +37,7 @@ fr_tensor *fr_norm_apply(const fr_module *m, fr_tensor *x, fr_tensor *residual, 
         return NULL;
     }
     const fr_layer *l = m->state;
-    const fr_batchnorm2d_layer *bn = &l->bn;
+    const fr_batch_norm2d_layer *bn = &l->bn;
     fr_act act = l->act;
     const fr_strategy *st = &run->strategy;
     if ((st->abn || st->abn_reference) && !exclusive(x)) {
@@ -65,10 +65,10 @@ fr_tensor *fr_norm_apply(const fr_module *m, fr_tensor *x, fr_tensor *residual, 
     if (mode != FR_BNACT_COUNT) {
         if (st->abn && act == FR_ACT_RELU)
             act = FR_ACT_LEAKY_RELU;
-        fr_bn_state s = fr_batchnorm2d_layer_state(bn, run->training);
+        fr_bn_state s = fr_batch_norm2d_layer_state(bn, run->training);
         fr_tensor *y = fr_bn_act(x, residual, &s, act, FR_ABN_SLOPE, mode);
         if (y && run->training)
-            fr_batchnorm2d_layer_count_batch(bn);
+            fr_batch_norm2d_layer_count_batch(bn);
         return y;
     }
     fr_tensor *y = plain_bn(bn, x, run);

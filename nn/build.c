@@ -189,7 +189,7 @@ fr_module *fr_norm_new(fr_module *parent, const char *name, fr_norm_opts o) {
         return NULL;
     fr_status st = (unsigned)o.act >= FR_ACT_COUNT
                        ? fr_error(FR_ERR_ARG, "norm %s: unknown activation %d", mod->name, (int)o.act)
-                       : fr_batchnorm2d_layer_init(&l->bn, mod->model->params, mod->name, o.channels);
+                       : fr_batch_norm2d_layer_init(&l->bn, mod->model->params, mod->name, o.channels);
     l->act = o.act;
     if (st != FR_OK)
         return fail(mod->model, st);
@@ -229,7 +229,7 @@ fr_module *fr_avg_pool2d_new(fr_module *parent, const char *name, fr_pool_params
     return pool_new(parent, name, FR_LAYER_AVG_POOL2D, p);
 }
 
-fr_module *fr_global_pool_new(fr_module *parent, const char *name) {
+fr_module *fr_global_avg_pool_new(fr_module *parent, const char *name) {
     fr_layer *l;
     return layer_new(parent, name, FR_LAYER_GLOBAL_POOL, &l);
 }

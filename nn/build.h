@@ -7,7 +7,7 @@
  *     fr_conv2d_new(net, "conv1", (fr_conv2d_opts){.in = 1, .out = 16});
  *     fr_norm_new(net, "bn1", (fr_norm_opts){.channels = 16, .act = FR_ACT_RELU});
  *     fr_max_pool2d_new(net, "pool", (fr_pool_params){.kernel = 2, .stride = 2});
- *     fr_global_pool_new(net, "gap");
+ *     fr_global_avg_pool_new(net, "gap");
  *     fr_linear_new(net, "fc", (fr_linear_opts){.in = 16, .out = 10});
  *     m = fr_model_finish(m);        // NULL with the first construction error
  *
@@ -135,7 +135,7 @@ fr_module *fr_linear_new(fr_module *parent, const char *name, fr_linear_opts o);
 fr_module *fr_max_pool2d_new(fr_module *parent, const char *name, fr_pool_params p);
 fr_module *fr_avg_pool2d_new(fr_module *parent, const char *name, fr_pool_params p);
 /* (N, C, H, W) -> (N, C) */
-fr_module *fr_global_pool_new(fr_module *parent, const char *name);
+fr_module *fr_global_avg_pool_new(fr_module *parent, const char *name);
 /* (N, ...) -> (N, rest) */
 fr_module *fr_flatten_new(fr_module *parent, const char *name);
 fr_module *fr_dropout_new(fr_module *parent, const char *name, float p);

@@ -44,7 +44,7 @@ static void densenet_build(fr_module *net, int per_block, int growth, int in_cha
         width /= 2;
     }
     fr_norm_new(features, "norm5", (fr_norm_opts){.channels = width, .act = FR_ACT_RELU});
-    fr_global_pool_new(net, "pool");
+    fr_global_avg_pool_new(net, "pool");
     fr_linear_new(net, "classifier", (fr_linear_opts){.in = width, .out = num_classes});
 }
 

@@ -49,10 +49,10 @@ fr_tensor *fr_conv2d_layer_forward(const fr_conv2d_layer *l, fr_tensor *x) {
     return fr_conv2d(x, l->weight, l->bias, l->p);
 }
 
-fr_status fr_batchnorm2d_layer_init(fr_batchnorm2d_layer *l, fr_params *params, const char *name,
+fr_status fr_batch_norm2d_layer_init(fr_batch_norm2d_layer *l, fr_params *params, const char *name,
                                     int channels) {
     FR_TRY(check_sizes("batchnorm2d", name, channels, 1));
-    *l = (fr_batchnorm2d_layer){.momentum = 0.1f, .eps = 1e-5f};
+    *l = (fr_batch_norm2d_layer){.momentum = 0.1f, .eps = 1e-5f};
     const int64_t *c = FR_SHAPE(channels);
     if (!(l->weight = new_tensor(params, name, "weight", FR_PARAMETER, FR_F32, 1, c)) ||
         !(l->bias = new_tensor(params, name, "bias", FR_PARAMETER, FR_F32, 1, c)) ||
@@ -64,7 +64,7 @@ fr_status fr_batchnorm2d_layer_init(fr_batchnorm2d_layer *l, fr_params *params, 
     return fr_fill_(l->running_var, 1.0f);
 }
 
-void fr_batchnorm2d_layer_count_batch(const fr_batchnorm2d_layer *l) {
+void fr_batch_norm2d_layer_count_batch(const fr_batch_norm2d_layer *l) {
     /* PyTorch counts batches seen in training; the counter is host memory
      * (params.h), so this costs no device round trip. A checkpointed segment
      * replayed in backward is not a new batch. */
@@ -75,13 +75,13 @@ void fr_batchnorm2d_layer_count_batch(const fr_batchnorm2d_layer *l) {
     fr_bump_version(l->num_batches_tracked, "batchnorm");
 }
 
-fr_bn_state fr_batchnorm2d_layer_state(const fr_batchnorm2d_layer *l, bool training) {
+fr_bn_state fr_batch_norm2d_layer_state(const fr_batch_norm2d_layer *l, bool training) {
     return (fr_bn_state){.gamma = l->weight, .beta = l->bias, .running_mean = l->running_mean,
                          .running_var = l->running_var, .momentum = l->momentum, .eps = l->eps,
                          .training = training};
 }
 
-fr_tensor *fr_batchnorm2d_layer_forward(const fr_batchnorm2d_layer *l, fr_tensor *x, bool training) {
+fr_tensor *fr_batch_norm2d_layer_forward(const fr_batch_norm2d_layer *l, fr_tensor *x, bool training) {
     if (!l || !x) {
         fr_error_null("batch_norm layer", !l ? "layer" : "x");
         return NULL;
@@ -89,7 +89,7 @@ fr_tensor *fr_batchnorm2d_layer_forward(const fr_batchnorm2d_layer *l, fr_tensor
     fr_tensor *y = fr_batch_norm(x, l->weight, l->bias, l->running_mean, l->running_var, training,
                                  l->momentum, l->eps);
     if (y && training)
-        fr_batchnorm2d_layer_count_batch(l);
+        fr_batch_norm2d_layer_count_batch(l);
     return y;
 }
 

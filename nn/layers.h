@@ -13,7 +13,7 @@
  * the first error (the one that matters) survives:
  *
  *     fr_tensor *y = fr_conv2d_layer_forward(&l->conv, x);
- *     y = fr_chain(y, fr_batchnorm2d_layer_forward(&l->bn, y, training));
+ *     y = fr_chain(y, fr_batch_norm2d_layer_forward(&l->bn, y, training));
  *     if (!y) return NULL;   // fr_last_error() says what failed first
  *
  * Initialisation follows common PyTorch practice for CIFAR ResNets:
@@ -74,20 +74,20 @@ typedef struct {
     fr_tensor *running_mean, *running_var;  /* (C) buffers */
     fr_tensor *num_batches_tracked;         /* 0-d i32 buffer on the CPU */
     float momentum, eps;                    /* 0.1, 1e-5 */
-} fr_batchnorm2d_layer;
+} fr_batch_norm2d_layer;
 
-fr_status fr_batchnorm2d_layer_init(fr_batchnorm2d_layer *l, fr_params *params, const char *name,
+fr_status fr_batch_norm2d_layer_init(fr_batch_norm2d_layer *l, fr_params *params, const char *name,
                                     int channels);
 /* training: batch statistics, running statistics updated, counter bumped;
  * else: running statistics. A strategy that re-runs a forward to recompute
  * activations must not come through here a second time (it would update the
  * running statistics twice). */
-fr_tensor *fr_batchnorm2d_layer_forward(const fr_batchnorm2d_layer *l, fr_tensor *x, bool training);
+fr_tensor *fr_batch_norm2d_layer_forward(const fr_batch_norm2d_layer *l, fr_tensor *x, bool training);
 /* The layer's tensors as fused ops take them (autograd/functions.h). */
-fr_bn_state fr_batchnorm2d_layer_state(const fr_batchnorm2d_layer *l, bool training);
+fr_bn_state fr_batch_norm2d_layer_state(const fr_batch_norm2d_layer *l, bool training);
 /* Bumps num_batches_tracked (not during a checkpoint replay); fused paths
- * that bypass fr_batchnorm2d_layer_forward call it themselves. */
-void fr_batchnorm2d_layer_count_batch(const fr_batchnorm2d_layer *l);
+ * that bypass fr_batch_norm2d_layer_forward call it themselves. */
+void fr_batch_norm2d_layer_count_batch(const fr_batch_norm2d_layer *l);
 
 /* ---- Linear: y (N, OUT) = x (N, IN) W^T + b ---- */
 typedef struct {

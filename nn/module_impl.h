@@ -22,7 +22,7 @@ typedef enum {
 typedef struct {
     fr_layer_kind kind;
     fr_conv2d_layer conv;
-    fr_batchnorm2d_layer bn;
+    fr_batch_norm2d_layer bn;
     fr_act act;
     fr_linear_layer linear;
     fr_pool_params pool;

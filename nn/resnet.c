@@ -107,7 +107,7 @@ static void resnet_build(fr_module *net, bool preact, int per_stage, int in_chan
     }
     if (preact)
         fr_norm_new(net, "bn", (fr_norm_opts){.channels = width, .act = FR_ACT_RELU});
-    fr_global_pool_new(net, "avgpool");
+    fr_global_avg_pool_new(net, "avgpool");
     fr_linear_new(net, "fc", (fr_linear_opts){.in = width, .out = num_classes});
 }
 

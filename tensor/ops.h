@@ -61,49 +61,49 @@ fr_status fr_conv2d_backward(fr_tensor *dx, fr_tensor *dw, fr_tensor *db, const 
  * tensors (C). ---- */
 /* Training: batch statistics into mean/invstd (saved for backward), then
  * normalise; running stats updated when given (may be NULL). */
-fr_status fr_batchnorm_train_forward(fr_tensor *y, fr_tensor *mean, fr_tensor *invstd,
+fr_status fr_batch_norm_train_forward(fr_tensor *y, fr_tensor *mean, fr_tensor *invstd,
                                      const fr_tensor *x, const fr_tensor *gamma, const fr_tensor *beta,
                                      fr_tensor *running_mean, fr_tensor *running_var,
                                      float momentum, float eps);
 /* Eval: normalise with the running statistics. */
-fr_status fr_batchnorm_eval_forward(fr_tensor *y, const fr_tensor *x, const fr_tensor *gamma,
+fr_status fr_batch_norm_eval_forward(fr_tensor *y, const fr_tensor *x, const fr_tensor *gamma,
                                     const fr_tensor *beta, const fr_tensor *running_mean,
                                     const fr_tensor *running_var, float eps);
 /* invstd (C) = 1 / sqrt(var (C) + eps): the eval-mode scale, kept by an
  * eval-mode node for its backward. */
-fr_status fr_batchnorm_invstd(fr_tensor *invstd, const fr_tensor *var, float eps);
+fr_status fr_batch_norm_invstd(fr_tensor *invstd, const fr_tensor *var, float eps);
 /* Normalise with given statistics (what recompute-on-backward replays). */
-fr_status fr_batchnorm_apply(fr_tensor *y, const fr_tensor *x, const fr_tensor *mean,
+fr_status fr_batch_norm_apply(fr_tensor *y, const fr_tensor *x, const fr_tensor *mean,
                              const fr_tensor *invstd, const fr_tensor *gamma, const fr_tensor *beta);
 /* Training-mode backward; dx may be NULL. */
-fr_status fr_batchnorm_backward(fr_tensor *dx, fr_tensor *dgamma, fr_tensor *dbeta,
+fr_status fr_batch_norm_backward(fr_tensor *dx, fr_tensor *dgamma, fr_tensor *dbeta,
                                 const fr_tensor *dy, const fr_tensor *x, const fr_tensor *mean,
                                 const fr_tensor *invstd, const fr_tensor *gamma);
 
 /* Synchronised batch norm (data parallelism: dist/). While a sum function
- * is set (per thread; NULL turns it off), fr_batchnorm_train_forward
+ * is set (per thread; NULL turns it off), fr_batch_norm_train_forward
  * combines its batch statistics with every other process's (counts, means
  * and variances, Chan's pairwise form) and normalises and updates the
- * running statistics with the global ones; fr_batchnorm_backward, when it
+ * running statistics with the global ones; fr_batch_norm_backward, when it
  * computes dx, does so from the per-channel sums of dy and dy * xhat over
  * all processes (dgamma and dbeta stay this process's: the gradient
  * all-reduce adds them). fn replaces n doubles by their sum over processes;
  * every process must make the same calls in the same order. */
 typedef fr_status (*fr_bn_sum_fn)(double *values, int n, void *ctx);
-void fr_batchnorm_set_sync(fr_bn_sum_fn fn, void *ctx);
+void fr_batch_norm_set_sync(fr_bn_sum_fn fn, void *ctx);
 
 /* ---- pooling (ops_pool.c) ---- */
 typedef struct {
     int kernel, stride, pad;
 } fr_pool_params;
 fr_status fr_pool2d_shape(const fr_tensor *x, fr_pool_params p, fr_pool_shape *s);
-fr_status fr_maxpool2d_forward(fr_tensor *y, const fr_tensor *x, fr_pool_params p);
-fr_status fr_maxpool2d_backward(fr_tensor *dx, const fr_tensor *dy, const fr_tensor *x, fr_pool_params p);
-fr_status fr_avgpool2d_forward(fr_tensor *y, const fr_tensor *x, fr_pool_params p);
-fr_status fr_avgpool2d_backward(fr_tensor *dx, const fr_tensor *dy, fr_pool_params p);
+fr_status fr_max_pool2d_forward(fr_tensor *y, const fr_tensor *x, fr_pool_params p);
+fr_status fr_max_pool2d_backward(fr_tensor *dx, const fr_tensor *dy, const fr_tensor *x, fr_pool_params p);
+fr_status fr_avg_pool2d_forward(fr_tensor *y, const fr_tensor *x, fr_pool_params p);
+fr_status fr_avg_pool2d_backward(fr_tensor *dx, const fr_tensor *dy, fr_pool_params p);
 /* y (N,C) = mean over H,W of x (N,C,H,W) */
-fr_status fr_global_avgpool_forward(fr_tensor *y, const fr_tensor *x);
-fr_status fr_global_avgpool_backward(fr_tensor *dx, const fr_tensor *dy);
+fr_status fr_global_avg_pool_forward(fr_tensor *y, const fr_tensor *x);
+fr_status fr_global_avg_pool_backward(fr_tensor *dx, const fr_tensor *dy);
 
 /* ---- concat along channels (ops_concat.c). Inputs (N,Ci,H,W) -> out
  * (N,sum Ci,H,W); backward writes the slices of dout into each dx[i] that is

@@ -19,39 +19,39 @@ static fr_status check_slope(const char *op, float slope) {
     return FR_OK;
 }
 
-static fr_status relu_fwd_block(fr_device dev, float *y, const float *const *in, size_t n,
+static fr_status relu_forward_block(fr_device dev, float *y, const float *const *in, size_t n,
                                 size_t off, const void *args) {
     (void)off, (void)args;
-    return FR_CALL_KERNEL(dev, relu_fwd, y, in[0], n);
+    return FR_CALL_KERNEL(dev, relu_forward, y, in[0], n);
 }
 
-static fr_status relu_bwd_block(fr_device dev, float *dx, const float *const *in, size_t n,
+static fr_status relu_backward_block(fr_device dev, float *dx, const float *const *in, size_t n,
                                 size_t off, const void *args) {
     (void)off, (void)args;
-    return FR_CALL_KERNEL(dev, relu_bwd, dx, in[0], in[1], n);
+    return FR_CALL_KERNEL(dev, relu_backward, dx, in[0], in[1], n);
 }
 
 static fr_status leaky_fwd_block(fr_device dev, float *y, const float *const *in, size_t n,
                                  size_t off, const void *slope) {
     (void)off;
-    return FR_CALL_KERNEL(dev, leaky_relu_fwd, y, in[0], *(const float *)slope, n);
+    return FR_CALL_KERNEL(dev, leaky_relu_forward, y, in[0], *(const float *)slope, n);
 }
 
 static fr_status leaky_bwd_block(fr_device dev, float *dx, const float *const *in, size_t n,
                                  size_t off, const void *slope) {
     (void)off;
-    return FR_CALL_KERNEL(dev, leaky_relu_bwd, dx, in[0], in[1], *(const float *)slope, n);
+    return FR_CALL_KERNEL(dev, leaky_relu_backward, dx, in[0], in[1], *(const float *)slope, n);
 }
 
 fr_status fr_relu_forward(fr_tensor *y, const fr_tensor *x) {
     FR_TRY(fr_check_float_pair("relu", "y", y, "x", x));
-    return fr_stage_run(y, false, &x, 1, (size_t)fr_numel(y), relu_fwd_block, NULL);
+    return fr_stage_run(y, false, &x, 1, (size_t)fr_numel(y), relu_forward_block, NULL);
 }
 
 fr_status fr_relu_backward(fr_tensor *dx, const fr_tensor *dy, const fr_tensor *y) {
     FR_TRY(check_backward("relu_backward", dx, dy, y));
     return fr_stage_run(dx, false, (const fr_tensor *[]){dy, y}, 2, (size_t)fr_numel(dx),
-                        relu_bwd_block, NULL);
+                        relu_backward_block, NULL);
 }
 
 fr_status fr_leaky_relu_forward(fr_tensor *y, const fr_tensor *x, float slope) {

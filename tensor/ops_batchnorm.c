@@ -7,7 +7,7 @@
  * samples at a time (staging.h), so no full-size f32 copy is made: the
  * statistics of the blocks are combined with the pairwise update of Chan,
  * Golub and LeVeque (stable when |mean| >> std), and backward sums the
- * blocks' dgamma / dbeta before computing dx block by block (bn_bwd_data).
+ * blocks' dgamma / dbeta before computing dx block by block (batch_norm_backward_data).
  * With f32 operands everything is one kernel call, as before. */
 #include <limits.h>
 #include <math.h>
@@ -60,14 +60,14 @@ static fr_status check_eps(const char *op, float eps) {
     return FR_OK;
 }
 
-fr_status fr_batchnorm_invstd(fr_tensor *invstd, const fr_tensor *var, float eps) {
-    FR_TRY(check_eps("batchnorm_invstd", eps));
-    FR_TRY(fr_check_f32c("batchnorm_invstd", "invstd", invstd));
-    FR_TRY(fr_check_f32c("batchnorm_invstd", "var", var));
-    FR_TRY(fr_check_ndim("batchnorm_invstd", "var", var, 1));
-    FR_TRY(fr_check_same_shape("batchnorm_invstd", "invstd", invstd, "var", var));
-    FR_TRY(fr_check_same_device("batchnorm_invstd", "invstd", invstd, "var", var));
-    return FR_CALL_KERNEL(fr_device_of(var), bn_invstd, fr_data_f32(invstd), fr_data_f32(var), eps,
+fr_status fr_batch_norm_invstd(fr_tensor *invstd, const fr_tensor *var, float eps) {
+    FR_TRY(check_eps("batch_norm_invstd", eps));
+    FR_TRY(fr_check_f32c("batch_norm_invstd", "invstd", invstd));
+    FR_TRY(fr_check_f32c("batch_norm_invstd", "var", var));
+    FR_TRY(fr_check_ndim("batch_norm_invstd", "var", var, 1));
+    FR_TRY(fr_check_same_shape("batch_norm_invstd", "invstd", invstd, "var", var));
+    FR_TRY(fr_check_same_device("batch_norm_invstd", "invstd", invstd, "var", var));
+    return FR_CALL_KERNEL(fr_device_of(var), batch_norm_invstd, fr_data_f32(invstd), fr_data_f32(var), eps,
                           (int)var->shape[0]);
 }
 
@@ -102,7 +102,7 @@ static fr_status batch_stats(float *mean, float *var, const fr_tensor *x, const 
         if (st != FR_OK)
             break;
         bool first = n0 == 0;
-        st = FR_CALL_KERNEL(dev, bn_stats, first ? mean : bmean, first ? var : bvar, sx.p, nb, d->c,
+        st = FR_CALL_KERNEL(dev, batch_norm_stats, first ? mean : bmean, first ? var : bvar, sx.p, nb, d->c,
                             d->hw);
         fr_stage_free(&sx);
         double cb = (double)nb * d->hw, n = na + cb;
@@ -138,7 +138,7 @@ static fr_status apply_block(fr_device dev, float *y, const float *const *x, siz
                              size_t first, const void *args) {
     (void)first;
     const bn_block_args *a = args;
-    return FR_CALL_KERNEL(dev, bn_apply, y, x[0], a->mean, a->invstd, a->gamma, a->beta, (int)count,
+    return FR_CALL_KERNEL(dev, batch_norm_apply, y, x[0], a->mean, a->invstd, a->gamma, a->beta, (int)count,
                           a->c, a->hw);
 }
 
@@ -156,12 +156,12 @@ static fr_status bwd_data_block(fr_device dev, float *dx, const float *const *in
                                 size_t first, const void *args) {
     (void)first;
     const bn_block_args *a = args;
-    return FR_CALL_KERNEL(dev, bn_bwd_data, dx, in[0], in[1], a->mean, a->invstd, a->gamma,
+    return FR_CALL_KERNEL(dev, batch_norm_backward_data, dx, in[0], in[1], a->mean, a->invstd, a->gamma,
                           a->dgamma, a->dbeta, a->count, (int)count, a->c, a->hw);
 }
 
 /* Backward over blocks of `per` samples: dgamma and dbeta summed over the
- * blocks first (bn_bwd without dx), then dx block by block from them. */
+ * blocks first (batch_norm_backward without dx), then dx block by block from them. */
 static fr_status backward_blocks(fr_tensor *dx, float *dgamma, float *dbeta, const fr_tensor *dy,
                                  const fr_tensor *x, const float *mean, const float *invstd,
                                  const float *gamma, const bn_dims *d, size_t per) {
@@ -179,7 +179,7 @@ static fr_status backward_blocks(fr_tensor *dx, float *dgamma, float *dbeta, con
         if (st == FR_OK)
             st = fr_stage_in(&sx, x, n0 * img, (size_t)nb * img);
         if (st == FR_OK)
-            st = FR_CALL_KERNEL(dev, bn_bwd, NULL, fr_stage_partial_dst(dgamma, pg, first),
+            st = FR_CALL_KERNEL(dev, batch_norm_backward, NULL, fr_stage_partial_dst(dgamma, pg, first),
                                 fr_stage_partial_dst(dbeta, pb, first), sdy.p, sx.p, mean, invstd,
                                 gamma, nb, d->c, d->hw);
         st = fr_stage_add_partial(dev, dgamma, pg, c, first, st);
@@ -196,11 +196,11 @@ static fr_status backward_blocks(fr_tensor *dx, float *dgamma, float *dbeta, con
                               bwd_data_block, &a);
 }
 
-/* ---- synchronised batch norm (ops.h: fr_batchnorm_set_sync) ---- */
+/* ---- synchronised batch norm (ops.h: fr_batch_norm_set_sync) ---- */
 static _Thread_local fr_bn_sum_fn sync_fn;
 static _Thread_local void *sync_ctx;
 
-void fr_batchnorm_set_sync(fr_bn_sum_fn fn, void *ctx) {
+void fr_batch_norm_set_sync(fr_bn_sum_fn fn, void *ctx) {
     sync_fn = fn;
     sync_ctx = ctx;
 }
@@ -268,7 +268,7 @@ static fr_status sync_sums(fr_device dev, float *sums, const float *dgamma, cons
                            double *count) {
     double *h = malloc((size_t)(2 * c + 1) * sizeof *h);
     float *f = malloc((size_t)(2 * c) * sizeof *f);
-    fr_status st = h && f ? FR_OK : fr_error(FR_ERR_OOM, "batchnorm_backward (synchronised): out of memory");
+    fr_status st = h && f ? FR_OK : fr_error(FR_ERR_OOM, "batch_norm_backward (synchronised): out of memory");
     if (st == FR_OK)
         st = pair_to_host(dev, f, dgamma, dbeta, c);
     for (int i = 0; st == FR_OK && i < 2 * c; i++)
@@ -309,7 +309,7 @@ static fr_status backward_synced(fr_tensor *dx, fr_tensor *dgamma, fr_tensor *db
     return st;
 }
 
-fr_status fr_batchnorm_train_forward(fr_tensor *y, fr_tensor *mean, fr_tensor *invstd,
+fr_status fr_batch_norm_train_forward(fr_tensor *y, fr_tensor *mean, fr_tensor *invstd,
                                      const fr_tensor *x, const fr_tensor *gamma, const fr_tensor *beta,
                                      fr_tensor *running_mean, fr_tensor *running_var,
                                      float momentum, float eps) {
@@ -348,9 +348,9 @@ fr_status fr_batchnorm_train_forward(fr_tensor *y, fr_tensor *mean, fr_tensor *i
     if (st == FR_OK && sync_fn)
         st = sync_stats(dev, fr_data_f32(mean), var, d.c, &values);
     if (st == FR_OK)
-        st = FR_CALL_KERNEL(dev, bn_invstd, fr_data_f32(invstd), var, eps, d.c);
+        st = FR_CALL_KERNEL(dev, batch_norm_invstd, fr_data_f32(invstd), var, eps, d.c);
     if (st == FR_OK && running_mean) {
-        st = FR_CALL_KERNEL(dev, bn_update_running, fr_data_f32(running_mean),
+        st = FR_CALL_KERNEL(dev, batch_norm_update_running, fr_data_f32(running_mean),
                             fr_data_f32(running_var), fr_data_f32(mean), var, momentum,
                             values > INT_MAX ? INT_MAX : (int)values, d.c);
         if (st == FR_OK) {
@@ -365,7 +365,7 @@ fr_status fr_batchnorm_train_forward(fr_tensor *y, fr_tensor *mean, fr_tensor *i
     return st;
 }
 
-fr_status fr_batchnorm_eval_forward(fr_tensor *y, const fr_tensor *x, const fr_tensor *gamma,
+fr_status fr_batch_norm_eval_forward(fr_tensor *y, const fr_tensor *x, const fr_tensor *gamma,
                                     const fr_tensor *beta, const fr_tensor *running_mean,
                                     const fr_tensor *running_var, float eps) {
     const char *op = "batch_norm (eval)";
@@ -382,16 +382,16 @@ fr_status fr_batchnorm_eval_forward(fr_tensor *y, const fr_tensor *x, const fr_t
     float *invstd = fr_mem_alloc(dev, bytes, FR_TAG_WORKSPACE); // (C)
     if (!invstd)
         return fr_last_status();
-    fr_status st = FR_CALL_KERNEL(dev, bn_invstd, invstd, fr_data_f32(running_var), eps, d.c);
+    fr_status st = FR_CALL_KERNEL(dev, batch_norm_invstd, invstd, fr_data_f32(running_var), eps, d.c);
     if (st == FR_OK)
         st = apply_staged(y, x, fr_data_f32(running_mean), invstd, gamma, beta, &d);
     fr_mem_free(dev, invstd, bytes, FR_TAG_WORKSPACE);
     return st;
 }
 
-fr_status fr_batchnorm_apply(fr_tensor *y, const fr_tensor *x, const fr_tensor *mean,
+fr_status fr_batch_norm_apply(fr_tensor *y, const fr_tensor *x, const fr_tensor *mean,
                              const fr_tensor *invstd, const fr_tensor *gamma, const fr_tensor *beta) {
-    const char *op = "batchnorm_apply";
+    const char *op = "batch_norm_apply";
     bn_dims d;
     FR_TRY(check_x(op, "x", x, &d));
     FR_TRY(check_like_x(op, "y", y, x));
@@ -402,10 +402,10 @@ fr_status fr_batchnorm_apply(fr_tensor *y, const fr_tensor *x, const fr_tensor *
     return apply_staged(y, x, fr_data_f32(mean), fr_data_f32(invstd), gamma, beta, &d);
 }
 
-fr_status fr_batchnorm_backward(fr_tensor *dx, fr_tensor *dgamma, fr_tensor *dbeta,
+fr_status fr_batch_norm_backward(fr_tensor *dx, fr_tensor *dgamma, fr_tensor *dbeta,
                                 const fr_tensor *dy, const fr_tensor *x, const fr_tensor *mean,
                                 const fr_tensor *invstd, const fr_tensor *gamma) {
-    const char *op = "batchnorm_backward";
+    const char *op = "batch_norm_backward";
     bn_dims d;
     FR_TRY(check_x(op, "x", x, &d));
     FR_TRY(check_like_x(op, "dy", dy, x));
@@ -429,7 +429,7 @@ fr_status fr_batchnorm_backward(fr_tensor *dx, fr_tensor *dgamma, fr_tensor *dbe
     if (st == FR_OK && dx)
         st = fr_stage_out(&sdx, dx, 0, n, false, NULL, NULL);
     if (st == FR_OK) {
-        st = FR_CALL_KERNEL(fr_device_of(x), bn_bwd, dx ? sdx.p : NULL, fr_data_f32(dgamma),
+        st = FR_CALL_KERNEL(fr_device_of(x), batch_norm_backward, dx ? sdx.p : NULL, fr_data_f32(dgamma),
                             fr_data_f32(dbeta), sdy.p, sx.p, fr_data_f32(mean),
                             fr_data_f32(invstd), fr_data_f32(gamma), d.n, d.c, d.hw);
         if (dx)

@@ -92,7 +92,7 @@ fr_status fr_conv2d_forward(fr_tensor *y, const fr_tensor *x, const fr_tensor *w
             break;
         st = fr_stage_out(&sy, y, n0 * y_img(&s), sb.n * y_img(&s), false, NULL, NULL);
         if (st == FR_OK) {
-            fr_status k = FR_CALL_KERNEL(dev, conv2d_fwd, sy.p, sx.p, sw.p, &sb);
+            fr_status k = FR_CALL_KERNEL(dev, conv2d_forward, sy.p, sx.p, sw.p, &sb);
             if (k == FR_OK && b)
                 k = FR_CALL_KERNEL(dev, bias_add, sy.p, fr_data_f32(b), sb.n, s.k, s.oh * s.ow);
             st = fr_stage_commit(&sy, y, n0 * y_img(&s), sb.n * y_img(&s), k);
@@ -120,7 +120,7 @@ static fr_status backward_block(fr_tensor *dx, float *dw, float *db, float *dw_p
         if (st == FR_OK) {
             float *out = fr_stage_partial_dst(dw, dw_part, first);
             st = fr_stage_add_partial(dev, dw, out, (size_t)s->k * s->c * s->r * s->s, first,
-                                      FR_CALL_KERNEL(dev, conv2d_bwd_weight, out, sdy.p, sx.p, sb));
+                                      FR_CALL_KERNEL(dev, conv2d_backward_weight, out, sdy.p, sx.p, sb));
         }
         fr_stage_free(&sx);
     }
@@ -129,7 +129,7 @@ static fr_status backward_block(fr_tensor *dx, float *dw, float *db, float *dw_p
         st = fr_stage_out(&sdx, dx, n0 * x_img(s), sb->n * x_img(s), false, NULL, NULL);
         if (st == FR_OK)
             st = fr_stage_commit(&sdx, dx, n0 * x_img(s), sb->n * x_img(s),
-                                 FR_CALL_KERNEL(dev, conv2d_bwd_data, sdx.p, sdy.p, w, sb));
+                                 FR_CALL_KERNEL(dev, conv2d_backward_data, sdx.p, sdy.p, w, sb));
     }
     if (st == FR_OK && db) {
         float *out = fr_stage_partial_dst(db, db_part, first);

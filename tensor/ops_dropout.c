@@ -19,13 +19,13 @@ typedef struct {
 static fr_status fwd_block(fr_device dev, float *y, const float *const *in, size_t n, size_t off,
                            const void *args) {
     const dropout_args *a = args;
-    return FR_CALL_KERNEL(dev, dropout_fwd, y, in[0], a->p, fr_dropout_seed_at(a->seed, off), n);
+    return FR_CALL_KERNEL(dev, dropout_forward, y, in[0], a->p, fr_dropout_seed_at(a->seed, off), n);
 }
 
 static fr_status bwd_block(fr_device dev, float *dx, const float *const *in, size_t n, size_t off,
                            const void *args) {
     const dropout_args *a = args;
-    return FR_CALL_KERNEL(dev, dropout_bwd, dx, in[0], a->p, fr_dropout_seed_at(a->seed, off), n);
+    return FR_CALL_KERNEL(dev, dropout_backward, dx, in[0], a->p, fr_dropout_seed_at(a->seed, off), n);
 }
 
 fr_status fr_dropout_forward(fr_tensor *y, const fr_tensor *x, float p, uint64_t seed) {

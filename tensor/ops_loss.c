@@ -37,7 +37,7 @@ fr_status fr_cross_entropy_forward(fr_tensor *loss, const fr_tensor *logits, con
     FR_TRY(check_scalar(op, "loss", loss, logits));
     fr_stage sl;
     FR_TRY(fr_stage_in(&sl, logits, 0, (size_t)fr_numel(logits)));
-    fr_status st = FR_CALL_KERNEL(fr_device_of(logits), cross_entropy_fwd, fr_data_f32(loss), sl.p,
+    fr_status st = FR_CALL_KERNEL(fr_device_of(logits), cross_entropy_forward, fr_data_f32(loss), sl.p,
                                   (const int32_t *)fr_data(labels), (int)logits->shape[0],
                                   (int)logits->shape[1]);
     fr_stage_free(&sl);
@@ -58,7 +58,7 @@ fr_status fr_cross_entropy_backward(fr_tensor *dlogits, const fr_tensor *dloss, 
     fr_status st = fr_stage_out(&sd, dlogits, 0, n, false, NULL, NULL);
     if (st == FR_OK)
         st = fr_stage_commit(&sd, dlogits, 0, n,
-                             FR_CALL_KERNEL(fr_device_of(logits), cross_entropy_bwd, sd.p,
+                             FR_CALL_KERNEL(fr_device_of(logits), cross_entropy_backward, sd.p,
                                             fr_data_f32(dloss), sl.p,
                                             (const int32_t *)fr_data(labels),
                                             (int)logits->shape[0], (int)logits->shape[1]));

@@ -63,77 +63,77 @@ static fr_pool_shape block_shape(const void *s, size_t count) {
 static size_t in_img(const fr_pool_shape *s) { return (size_t)s->c * s->h * s->w; }
 static size_t out_img(const fr_pool_shape *s) { return (size_t)s->c * s->oh * s->ow; }
 
-static fr_status maxpool_fwd_block(fr_device dev, float *y, const float *const *in, size_t count,
+static fr_status max_pool2d_forward_block(fr_device dev, float *y, const float *const *in, size_t count,
                                    size_t first, const void *s) {
     (void)first;
     fr_pool_shape b = block_shape(s, count);
-    return FR_CALL_KERNEL(dev, maxpool_fwd, y, in[0], &b);
+    return FR_CALL_KERNEL(dev, max_pool2d_forward, y, in[0], &b);
 }
 
-static fr_status maxpool_bwd_block(fr_device dev, float *dx, const float *const *in, size_t count,
+static fr_status max_pool2d_backward_block(fr_device dev, float *dx, const float *const *in, size_t count,
                                    size_t first, const void *s) {
     (void)first;
     fr_pool_shape b = block_shape(s, count);
-    return FR_CALL_KERNEL(dev, maxpool_bwd, dx, in[0], in[1], &b);
+    return FR_CALL_KERNEL(dev, max_pool2d_backward, dx, in[0], in[1], &b);
 }
 
-static fr_status avgpool_fwd_block(fr_device dev, float *y, const float *const *in, size_t count,
+static fr_status avg_pool2d_forward_block(fr_device dev, float *y, const float *const *in, size_t count,
                                    size_t first, const void *s) {
     (void)first;
     fr_pool_shape b = block_shape(s, count);
-    return FR_CALL_KERNEL(dev, avgpool_fwd, y, in[0], &b);
+    return FR_CALL_KERNEL(dev, avg_pool2d_forward, y, in[0], &b);
 }
 
-static fr_status avgpool_bwd_block(fr_device dev, float *dx, const float *const *in, size_t count,
+static fr_status avg_pool2d_backward_block(fr_device dev, float *dx, const float *const *in, size_t count,
                                    size_t first, const void *s) {
     (void)first;
     fr_pool_shape b = block_shape(s, count);
-    return FR_CALL_KERNEL(dev, avgpool_bwd, dx, in[0], &b);
+    return FR_CALL_KERNEL(dev, avg_pool2d_backward, dx, in[0], &b);
 }
 
 /* Global pooling: a unit is one (n, c) plane of hw pixels. */
 static fr_status global_fwd_block(fr_device dev, float *y, const float *const *in, size_t count,
                                   size_t first, const void *hw) {
     (void)first;
-    return FR_CALL_KERNEL(dev, global_avgpool_fwd, y, in[0], (int)count, *(const int *)hw);
+    return FR_CALL_KERNEL(dev, global_avg_pool_forward, y, in[0], (int)count, *(const int *)hw);
 }
 
 static fr_status global_bwd_block(fr_device dev, float *dx, const float *const *in, size_t count,
                                   size_t first, const void *hw) {
     (void)first;
-    return FR_CALL_KERNEL(dev, global_avgpool_bwd, dx, in[0], (int)count, *(const int *)hw);
+    return FR_CALL_KERNEL(dev, global_avg_pool_backward, dx, in[0], (int)count, *(const int *)hw);
 }
 
-fr_status fr_maxpool2d_forward(fr_tensor *y, const fr_tensor *x, fr_pool_params p) {
+fr_status fr_max_pool2d_forward(fr_tensor *y, const fr_tensor *x, fr_pool_params p) {
     fr_pool_shape s;
     FR_TRY(check_pool("max_pool2d", "x", x, "y", y, p, &s));
     return fr_stage_run_units(y, out_img(&s), false, &x, (size_t[]){in_img(&s)}, 1, (size_t)s.n,
-                              maxpool_fwd_block, &s);
+                              max_pool2d_forward_block, &s);
 }
 
-fr_status fr_maxpool2d_backward(fr_tensor *dx, const fr_tensor *dy, const fr_tensor *x, fr_pool_params p) {
+fr_status fr_max_pool2d_backward(fr_tensor *dx, const fr_tensor *dy, const fr_tensor *x, fr_pool_params p) {
     const char *op = "max_pool2d_backward";
     fr_pool_shape s;
     FR_TRY(check_pool(op, "x", x, "dy", dy, p, &s));
     FR_TRY(check_t(op, "dx", dx, 4, x->shape, "x", x));
     return fr_stage_run_units(dx, in_img(&s), false, (const fr_tensor *[]){dy, x},
                               (size_t[]){out_img(&s), in_img(&s)}, 2, (size_t)s.n,
-                              maxpool_bwd_block, &s);
+                              max_pool2d_backward_block, &s);
 }
 
-fr_status fr_avgpool2d_forward(fr_tensor *y, const fr_tensor *x, fr_pool_params p) {
+fr_status fr_avg_pool2d_forward(fr_tensor *y, const fr_tensor *x, fr_pool_params p) {
     fr_pool_shape s;
     FR_TRY(check_pool("avg_pool2d", "x", x, "y", y, p, &s));
     return fr_stage_run_units(y, out_img(&s), false, &x, (size_t[]){in_img(&s)}, 1, (size_t)s.n,
-                              avgpool_fwd_block, &s);
+                              avg_pool2d_forward_block, &s);
 }
 
 /* Needs no input values: dx carries the input's shape. */
-fr_status fr_avgpool2d_backward(fr_tensor *dx, const fr_tensor *dy, fr_pool_params p) {
+fr_status fr_avg_pool2d_backward(fr_tensor *dx, const fr_tensor *dy, fr_pool_params p) {
     fr_pool_shape s;
     FR_TRY(check_pool("avg_pool2d_backward", "dx", dx, "dy", dy, p, &s));
     return fr_stage_run_units(dx, in_img(&s), false, &dy, (size_t[]){out_img(&s)}, 1, (size_t)s.n,
-                              avgpool_bwd_block, &s);
+                              avg_pool2d_backward_block, &s);
 }
 
 /* x (N, C, H, W) and y (N, C): the kernels see (N*C, H*W) and (N*C). */
@@ -148,14 +148,14 @@ static fr_status check_global(const char *op, const char *x_name, const fr_tenso
     return check_t(op, y_name, y, 2, FR_SHAPE(x->shape[0], x->shape[1]), x_name, x);
 }
 
-fr_status fr_global_avgpool_forward(fr_tensor *y, const fr_tensor *x) {
+fr_status fr_global_avg_pool_forward(fr_tensor *y, const fr_tensor *x) {
     FR_TRY(check_global("global_avg_pool", "x", x, "y", y));
     int hw = (int)(x->shape[2] * x->shape[3]);
     return fr_stage_run_units(y, 1, false, &x, (size_t[]){(size_t)hw}, 1,
                               (size_t)(x->shape[0] * x->shape[1]), global_fwd_block, &hw);
 }
 
-fr_status fr_global_avgpool_backward(fr_tensor *dx, const fr_tensor *dy) {
+fr_status fr_global_avg_pool_backward(fr_tensor *dx, const fr_tensor *dy) {
     FR_TRY(check_global("global_avg_pool_backward", "dx", dx, "dy", dy));
     int hw = (int)(dx->shape[2] * dx->shape[3]);
     return fr_stage_run_units(dx, (size_t)hw, false, &dy, (size_t[]){1}, 1,

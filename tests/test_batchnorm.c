@@ -106,18 +106,18 @@ static void test_ops_inplace_and_param_grads_only(void) {
         fr_tensor *dbeta = fr_empty(FR_CPU, FR_F32, 1, FR_SHAPE(3), FR_TAG_TRANSIENT);
         CHECK_OK(fr_copy_(x, c.x));
         uint64_t v = c.rm->storage->version;
-        CHECK_OK(fr_batchnorm_train_forward(x, mean, invstd, x, c.gamma, c.beta, c.rm, c.rv,
+        CHECK_OK(fr_batch_norm_train_forward(x, mean, invstd, x, c.gamma, c.beta, c.rm, c.rv,
                                             MOMENTUM, EPS));
         fr_t_fixture_expect(f, "nchw", "y", x, ATOL, RTOL);
         fr_t_fixture_expect(f, "nchw", "rm1", c.rm, ATOL, RTOL);
         fr_t_fixture_expect(f, "nchw", "rv1", c.rv, ATOL, RTOL);
         CHECK(c.rm->storage->version == v + 1); /* an inplace write, recorded */
-        CHECK_OK(fr_batchnorm_backward(NULL, dgamma, dbeta, c.dy, c.x, mean, invstd, c.gamma));
+        CHECK_OK(fr_batch_norm_backward(NULL, dgamma, dbeta, c.dy, c.x, mean, invstd, c.gamma));
         fr_t_fixture_expect(f, "nchw", "dgamma", dgamma, ATOL, RTOL);
         fr_t_fixture_expect(f, "nchw", "dbeta", dbeta, ATOL, RTOL);
         /* replaying with the kept statistics gives the same output */
         fr_tensor *y2 = fr_empty_like(c.x, FR_TAG_TRANSIENT);
-        CHECK_OK(fr_batchnorm_apply(y2, c.x, mean, invstd, c.gamma, c.beta));
+        CHECK_OK(fr_batch_norm_apply(y2, c.x, mean, invstd, c.gamma, c.beta));
         fr_t_allclose_t(y2, x, 0, 0, "apply == train forward");
         fr_release(y2);
         fr_release(dbeta);
@@ -143,8 +143,8 @@ static void test_large_matches_reference(void) {
     fr_tensor *invstd = fr_empty(FR_CPU, FR_F32, 1, FR_SHAPE(C), FR_TAG_TRANSIENT);
     fr_tensor *dgamma = fr_empty(FR_CPU, FR_F32, 1, FR_SHAPE(C), FR_TAG_TRANSIENT);
     fr_tensor *dbeta = fr_empty(FR_CPU, FR_F32, 1, FR_SHAPE(C), FR_TAG_TRANSIENT);
-    CHECK_OK(fr_batchnorm_train_forward(y, mean, invstd, x, gamma, beta, NULL, NULL, MOMENTUM, EPS));
-    CHECK_OK(fr_batchnorm_backward(dx, dgamma, dbeta, dy, x, mean, invstd, gamma));
+    CHECK_OK(fr_batch_norm_train_forward(y, mean, invstd, x, gamma, beta, NULL, NULL, MOMENTUM, EPS));
+    CHECK_OK(fr_batch_norm_backward(dx, dgamma, dbeta, dy, x, mean, invstd, gamma));
     const float *xv = fr_data_f32(x), *dyv = fr_data_f32(dy), *g = fr_data_f32(gamma),
                 *b = fr_data_f32(beta);
     float *want_y = malloc(sizeof(float) * N * C * HW), *want_dx = malloc(sizeof(float) * N * C * HW);
@@ -382,12 +382,12 @@ static void test_bad_arguments(void) {
     fr_tensor *ok = fr_batch_norm(one, c3, c3, m, v, false, MOMENTUM, EPS);
     CHECK_NOTNULL(ok);
     fr_release(ok);
-    CHECK_ERR(fr_batchnorm_apply(y, x3, m, v, c3, c3), FR_ERR_SHAPE, "batchnorm_apply: x has shape");
-    CHECK_ERR(fr_batchnorm_backward(y, c3, c4, y, x, m, v, c3), FR_ERR_SHAPE,
-              "batchnorm_backward: dbeta has shape (4,)");
-    CHECK_ERR(fr_batchnorm_eval_forward(one, x, c3, c3, m, v, EPS), FR_ERR_SHAPE,
+    CHECK_ERR(fr_batch_norm_apply(y, x3, m, v, c3, c3), FR_ERR_SHAPE, "batch_norm_apply: x has shape");
+    CHECK_ERR(fr_batch_norm_backward(y, c3, c4, y, x, m, v, c3), FR_ERR_SHAPE,
+              "batch_norm_backward: dbeta has shape (4,)");
+    CHECK_ERR(fr_batch_norm_eval_forward(one, x, c3, c3, m, v, EPS), FR_ERR_SHAPE,
               "y (1, 3) and x (2, 3, 2, 2) must have the same shape");
-    CHECK_ERR(fr_batchnorm_invstd(c4, v, EPS), FR_ERR_SHAPE, "must have the same shape");
+    CHECK_ERR(fr_batch_norm_invstd(c4, v, EPS), FR_ERR_SHAPE, "must have the same shape");
     CHECK(fr_tape_size() == 0);
 
     fr_release(y);

@@ -68,7 +68,7 @@ static fr_model *mixed_create(const char *name, int in, int classes, uint64_t se
         }
         fr_norm_new(net, "norm", (fr_norm_opts){.channels = width, .act = FR_ACT_RELU});
     }
-    fr_global_pool_new(net, "gap");
+    fr_global_avg_pool_new(net, "gap");
     fr_dropout_new(net, "drop", 0.25f);
     fr_linear_new(net, "fc", (fr_linear_opts){.in = width, .out = classes});
     return fr_model_finish(m);

@@ -172,15 +172,15 @@ static void check_images(const conv_case *cc, int part) {
     fr_tensor *dy = fr_t_rand(FR_CPU, 4, FR_SHAPE(s.n, s.k, s.oh, s.ow), 83);
     fr_tensor *y[2] = {fr_empty_like(dy, FR_TAG_TRANSIENT), fr_empty_like(dy, FR_TAG_TRANSIENT)};
     fr_tensor *dx[2] = {fr_empty_like(x, FR_TAG_TRANSIENT), fr_empty_like(x, FR_TAG_TRANSIENT)};
-    CHECK_OK(fr_cpu_conv2d_fwd(fr_data_f32(y[0]), fr_data_f32(x), fr_data_f32(w), &s));
-    CHECK_OK(fr_cpu_conv2d_bwd_data(fr_data_f32(dx[0]), fr_data_f32(dy), fr_data_f32(w), &s));
+    CHECK_OK(fr_cpu_conv2d_forward(fr_data_f32(y[0]), fr_data_f32(x), fr_data_f32(w), &s));
+    CHECK_OK(fr_cpu_conv2d_backward_data(fr_data_f32(dx[0]), fr_data_f32(dy), fr_data_f32(w), &s));
     size_t x_img = (size_t)s.c * s.h * s.w, y_img = (size_t)s.k * s.oh * s.ow;
     for (int lo = 0; lo < cc->n; lo += part) {
         fr_conv_shape sp = s;
         sp.n = cc->n - lo < part ? cc->n - lo : part;
-        CHECK_OK(fr_cpu_conv2d_fwd(fr_data_f32(y[1]) + lo * y_img, fr_data_f32(x) + lo * x_img,
+        CHECK_OK(fr_cpu_conv2d_forward(fr_data_f32(y[1]) + lo * y_img, fr_data_f32(x) + lo * x_img,
                                    fr_data_f32(w), &sp));
-        CHECK_OK(fr_cpu_conv2d_bwd_data(fr_data_f32(dx[1]) + lo * x_img,
+        CHECK_OK(fr_cpu_conv2d_backward_data(fr_data_f32(dx[1]) + lo * x_img,
                                         fr_data_f32(dy) + lo * y_img, fr_data_f32(w), &sp));
     }
     bool same_y = same_bits(y[0], y[1]), same_dx = same_bits(dx[0], dx[1]);

@@ -227,35 +227,35 @@ static void bn_case_run(fr_t_pair x, uint32_t seed, const char *what) {
     fr_t_pair y = fr_t_pair_empty(x.c->ndim, x.c->shape), dx = fr_t_pair_empty(x.c->ndim, x.c->shape);
     fr_t_pair dy = fr_t_pair_rand(x.c->ndim, x.c->shape, seed + 4);
     fr_t_pair mean = PR_EMPTY(c), invstd = PR_EMPTY(c), dgamma = PR_EMPTY(c), dbeta = PR_EMPTY(c);
-    CHECK_OK(fr_batchnorm_train_forward(y.c, mean.c, invstd.c, x.c, gamma.c, beta.c, rm.c, rv.c,
+    CHECK_OK(fr_batch_norm_train_forward(y.c, mean.c, invstd.c, x.c, gamma.c, beta.c, rm.c, rv.c,
                                         0.1f, 1e-5f));
-    CHECK_OK(fr_batchnorm_train_forward(y.g, mean.g, invstd.g, x.g, gamma.g, beta.g, rm.g, rv.g,
+    CHECK_OK(fr_batch_norm_train_forward(y.g, mean.g, invstd.g, x.g, gamma.g, beta.g, rm.g, rv.g,
                                         0.1f, 1e-5f));
     fr_t_pair_check(mean, 1e-5, 1e-5, what);
     fr_t_pair_check(invstd, 1e-5, 1e-4, "bn invstd");
     fr_t_pair_check(y, 1e-4, 1e-4, "bn y");
     fr_t_pair_check(rm, 1e-5, 1e-5, "bn running mean");
     fr_t_pair_check(rv, 1e-5, 1e-4, "bn running var");
-    CHECK_OK(fr_batchnorm_backward(dx.c, dgamma.c, dbeta.c, dy.c, x.c, mean.c, invstd.c, gamma.c));
-    CHECK_OK(fr_batchnorm_backward(dx.g, dgamma.g, dbeta.g, dy.g, x.g, mean.g, invstd.g, gamma.g));
+    CHECK_OK(fr_batch_norm_backward(dx.c, dgamma.c, dbeta.c, dy.c, x.c, mean.c, invstd.c, gamma.c));
+    CHECK_OK(fr_batch_norm_backward(dx.g, dgamma.g, dbeta.g, dy.g, x.g, mean.g, invstd.g, gamma.g));
     fr_t_pair_check(dx, 1e-4, 1e-4, "bn dx");
     fr_t_pair_check(dgamma, 1e-4, 1e-4, "bn dgamma");
     fr_t_pair_check(dbeta, 1e-4, 1e-5, "bn dbeta");
-    CHECK_OK(fr_batchnorm_backward(NULL, dgamma.c, dbeta.c, dy.c, x.c, mean.c, invstd.c, gamma.c));
-    CHECK_OK(fr_batchnorm_backward(NULL, dgamma.g, dbeta.g, dy.g, x.g, mean.g, invstd.g, gamma.g));
+    CHECK_OK(fr_batch_norm_backward(NULL, dgamma.c, dbeta.c, dy.c, x.c, mean.c, invstd.c, gamma.c));
+    CHECK_OK(fr_batch_norm_backward(NULL, dgamma.g, dbeta.g, dy.g, x.g, mean.g, invstd.g, gamma.g));
     fr_t_pair_check(dgamma, 1e-4, 1e-4, "bn dgamma (no dx)");
-    CHECK_OK(fr_batchnorm_eval_forward(y.c, x.c, gamma.c, beta.c, rm.c, rv.c, 1e-5f));
-    CHECK_OK(fr_batchnorm_eval_forward(y.g, x.g, gamma.g, beta.g, rm.g, rv.g, 1e-5f));
+    CHECK_OK(fr_batch_norm_eval_forward(y.c, x.c, gamma.c, beta.c, rm.c, rv.c, 1e-5f));
+    CHECK_OK(fr_batch_norm_eval_forward(y.g, x.g, gamma.g, beta.g, rm.g, rv.g, 1e-5f));
     fr_t_pair_check(y, 1e-4, 1e-4, "bn eval y");
-    CHECK_OK(fr_batchnorm_invstd(invstd.c, rv.c, 1e-3f));
-    CHECK_OK(fr_batchnorm_invstd(invstd.g, rv.g, 1e-3f));
+    CHECK_OK(fr_batch_norm_invstd(invstd.c, rv.c, 1e-3f));
+    CHECK_OK(fr_batch_norm_invstd(invstd.g, rv.g, 1e-3f));
     fr_t_pair_check(invstd, 1e-6, 1e-6, "bn invstd of running var");
-    CHECK_OK(fr_batchnorm_apply(y.c, x.c, rm.c, invstd.c, gamma.c, beta.c));
-    CHECK_OK(fr_batchnorm_apply(y.g, x.g, rm.g, invstd.g, gamma.g, beta.g));
+    CHECK_OK(fr_batch_norm_apply(y.c, x.c, rm.c, invstd.c, gamma.c, beta.c));
+    CHECK_OK(fr_batch_norm_apply(y.g, x.g, rm.g, invstd.g, gamma.g, beta.g));
     fr_t_pair_check(y, 1e-4, 1e-4, "bn apply");
     /* y may be x */
-    CHECK_OK(fr_batchnorm_apply(x.c, x.c, rm.c, invstd.c, gamma.c, beta.c));
-    CHECK_OK(fr_batchnorm_apply(x.g, x.g, rm.g, invstd.g, gamma.g, beta.g));
+    CHECK_OK(fr_batch_norm_apply(x.c, x.c, rm.c, invstd.c, gamma.c, beta.c));
+    CHECK_OK(fr_batch_norm_apply(x.g, x.g, rm.g, invstd.g, gamma.g, beta.g));
     fr_t_pair_check(x, 1e-4, 1e-4, "bn apply inplace");
     fr_t_pair *all[] = {&x, &gamma, &beta, &rm, &rv, &y, &dx, &dy, &mean, &invstd, &dgamma, &dbeta};
     for (size_t i = 0; i < sizeof all / sizeof *all; i++)
@@ -284,17 +284,17 @@ static void pool_case(int n, int c, int h, int w, fr_pool_params p, uint32_t see
     char what[80];
     snprintf(what, sizeof what, "maxpool k%d s%d p%d%s", p.kernel, p.stride, p.pad,
              ties ? " ties" : "");
-    CHECK_OK(fr_maxpool2d_forward(y.c, x.c, p));
-    CHECK_OK(fr_maxpool2d_forward(y.g, x.g, p));
+    CHECK_OK(fr_max_pool2d_forward(y.c, x.c, p));
+    CHECK_OK(fr_max_pool2d_forward(y.g, x.g, p));
     fr_t_pair_check(y, 0, 0, what);
-    CHECK_OK(fr_maxpool2d_backward(dx.c, dy.c, x.c, p));
-    CHECK_OK(fr_maxpool2d_backward(dx.g, dy.g, x.g, p));
+    CHECK_OK(fr_max_pool2d_backward(dx.c, dy.c, x.c, p));
+    CHECK_OK(fr_max_pool2d_backward(dx.g, dy.g, x.g, p));
     fr_t_pair_check(dx, 0, 0, "maxpool dx"); /* same adds in the same order */
-    CHECK_OK(fr_avgpool2d_forward(y.c, x.c, p));
-    CHECK_OK(fr_avgpool2d_forward(y.g, x.g, p));
+    CHECK_OK(fr_avg_pool2d_forward(y.c, x.c, p));
+    CHECK_OK(fr_avg_pool2d_forward(y.g, x.g, p));
     fr_t_pair_check(y, 0, 0, "avgpool");
-    CHECK_OK(fr_avgpool2d_backward(dx.c, dy.c, p));
-    CHECK_OK(fr_avgpool2d_backward(dx.g, dy.g, p));
+    CHECK_OK(fr_avg_pool2d_backward(dx.c, dy.c, p));
+    CHECK_OK(fr_avg_pool2d_backward(dx.g, dy.g, p));
     fr_t_pair_check(dx, 0, 0, "avgpool dx");
     fr_t_pair *all[] = {&x, &y, &dy, &dx};
     for (size_t i = 0; i < sizeof all / sizeof *all; i++)
@@ -310,18 +310,18 @@ static void test_pool(void) {
     pool_case(1, 2, 6, 6, (fr_pool_params){3, 1, 1}, 440, true);
 }
 
-static void test_global_avgpool(void) {
+static void test_global_avg_pool(void) {
     NEED_CUDA();
     static const int hws[][2] = {{1, 1}, {8, 8}, {17, 19}};
     for (int i = 0; i < 3; i++) {
         int h = hws[i][0], w = hws[i][1];
         fr_t_pair x = PR_RAND(500 + i, 3, 5, h, w), y = PR_EMPTY(3, 5), dy = PR_RAND(510 + i, 3, 5);
         fr_t_pair dx = PR_EMPTY(3, 5, h, w);
-        CHECK_OK(fr_global_avgpool_forward(y.c, x.c));
-        CHECK_OK(fr_global_avgpool_forward(y.g, x.g));
+        CHECK_OK(fr_global_avg_pool_forward(y.c, x.c));
+        CHECK_OK(fr_global_avg_pool_forward(y.g, x.g));
         fr_t_pair_check(y, 1e-7, 1e-6, "global avgpool"); /* double sums, other order */
-        CHECK_OK(fr_global_avgpool_backward(dx.c, dy.c));
-        CHECK_OK(fr_global_avgpool_backward(dx.g, dy.g));
+        CHECK_OK(fr_global_avg_pool_backward(dx.c, dy.c));
+        CHECK_OK(fr_global_avg_pool_backward(dx.g, dy.g));
         fr_t_pair_check(dx, 0, 0, "global avgpool dx");
         fr_t_pair_free(&x);
         fr_t_pair_free(&y);
@@ -780,7 +780,7 @@ int main(void) {
     RUN(test_linear);
     RUN(test_batchnorm);
     RUN(test_pool);
-    RUN(test_global_avgpool);
+    RUN(test_global_avg_pool);
     RUN(test_concat);
     RUN(test_cross_entropy);
     RUN(test_cross_entropy_bad_label);

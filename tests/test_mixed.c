@@ -253,8 +253,8 @@ static void test_batchnorm_half(void) {
         for (int i = 0; i < 8; i++)
             st[i] = fr_zeros(FR_CPU, FR_F32, 1, FR_SHAPE(8), FR_TAG_TRANSIENT);
         fr_tensor *y = empty_as(x, FR_F32), *hy = empty_as(x, dt);
-        CHECK_OK(fr_batchnorm_train_forward(y, st[0], st[1], x, g, bt, st[2], st[3], 0.1f, 1e-5f));
-        CHECK_OK(fr_batchnorm_train_forward(hy, st[4], st[5], hx, g, bt, st[6], st[7], 0.1f, 1e-5f));
+        CHECK_OK(fr_batch_norm_train_forward(y, st[0], st[1], x, g, bt, st[2], st[3], 0.1f, 1e-5f));
+        CHECK_OK(fr_batch_norm_train_forward(hy, st[4], st[5], hx, g, bt, st[6], st[7], 0.1f, 1e-5f));
         const char *names[4] = {"mean", "invstd", "running_mean", "running_var"};
         for (int i = 0; i < 4; i++)
             CHECK(fr_t_allclose_t(st[4 + i], st[i], 0, 0, names[i])); /* bit-identical */
@@ -263,14 +263,14 @@ static void test_batchnorm_half(void) {
         fr_tensor *dx = empty_as(x, FR_F32), *hdx = empty_as(x, dt);
         fr_tensor *dg = empty_as(g, FR_F32), *hdg = empty_as(g, FR_F32);
         fr_tensor *dbt = empty_as(g, FR_F32), *hdbt = empty_as(g, FR_F32);
-        CHECK_OK(fr_batchnorm_backward(dx, dg, dbt, dy, x, st[0], st[1], g));
-        CHECK_OK(fr_batchnorm_backward(hdx, hdg, hdbt, hdy, hx, st[4], st[5], g));
+        CHECK_OK(fr_batch_norm_backward(dx, dg, dbt, dy, x, st[0], st[1], g));
+        CHECK_OK(fr_batch_norm_backward(hdx, hdg, hdbt, hdy, hx, st[4], st[5], g));
         check_near(hdx, dx, dt, 1, "batch_norm dx");
         CHECK(fr_t_allclose_t(hdg, dg, 0, 0, "batch_norm dgamma (same values, f32)"));
         CHECK(fr_t_allclose_t(hdbt, dbt, 0, 0, "batch_norm dbeta"));
         /* eval mode, inplace */
-        CHECK_OK(fr_batchnorm_eval_forward(y, x, g, bt, st[2], st[3], 1e-5f));
-        CHECK_OK(fr_batchnorm_eval_forward(hx, hx, g, bt, st[6], st[7], 1e-5f));
+        CHECK_OK(fr_batch_norm_eval_forward(y, x, g, bt, st[2], st[3], 1e-5f));
+        CHECK_OK(fr_batch_norm_eval_forward(hx, hx, g, bt, st[6], st[7], 1e-5f));
         check_near(hx, y, dt, 1, "batch_norm eval inplace");
         fr_tensor *all[] = {x, hx, shift, g, bt, y, hy, dy, hdy, dx, hdx, dg, hdg, dbt, hdbt};
         for (size_t i = 0; i < sizeof all / sizeof *all; i++)
@@ -300,8 +300,8 @@ static void test_batchnorm_half_in_blocks(void) {
         for (int i = 0; i < 4; i++)
             st[i] = fr_zeros(FR_CPU, FR_F32, 1, FR_SHAPE(16), FR_TAG_TRANSIENT);
         fr_tensor *y = empty_as(x, FR_F32), *hy = empty_as(x, dt);
-        CHECK_OK(fr_batchnorm_train_forward(y, st[0], st[1], x, g, bt, NULL, NULL, 0.1f, 1e-5f));
-        CHECK_OK(fr_batchnorm_train_forward(hy, st[2], st[3], hx, g, bt, NULL, NULL, 0.1f, 1e-5f));
+        CHECK_OK(fr_batch_norm_train_forward(y, st[0], st[1], x, g, bt, NULL, NULL, 0.1f, 1e-5f));
+        CHECK_OK(fr_batch_norm_train_forward(hy, st[2], st[3], hx, g, bt, NULL, NULL, 0.1f, 1e-5f));
         CHECK(fr_t_allclose_t(st[2], st[0], 0, 1e-6, "blocked mean"));
         CHECK(fr_t_allclose_t(st[3], st[1], 0, 1e-5, "blocked invstd"));
         check_near(hy, y, dt, 1, "blocked batch_norm y");
@@ -309,8 +309,8 @@ static void test_batchnorm_half_in_blocks(void) {
         fr_tensor *dx = empty_as(x, FR_F32), *hdx = empty_as(x, dt);
         fr_tensor *dg = empty_as(g, FR_F32), *hdg = empty_as(g, FR_F32);
         fr_tensor *db = empty_as(g, FR_F32), *hdb = empty_as(g, FR_F32);
-        CHECK_OK(fr_batchnorm_backward(dx, dg, db, dy, x, st[0], st[1], g));
-        CHECK_OK(fr_batchnorm_backward(hdx, hdg, hdb, hdy, hx, st[0], st[1], g));
+        CHECK_OK(fr_batch_norm_backward(dx, dg, db, dy, x, st[0], st[1], g));
+        CHECK_OK(fr_batch_norm_backward(hdx, hdg, hdb, hdy, hx, st[0], st[1], g));
         CHECK(fr_t_allclose_t(hdg, dg, 1e-3, 1e-5, "blocked dgamma"));
         CHECK(fr_t_allclose_t(hdb, db, 1e-3, 1e-5, "blocked dbeta"));
         check_near(hdx, dx, dt, 2, "blocked batch_norm dx");
@@ -319,7 +319,7 @@ static void test_batchnorm_half_in_blocks(void) {
          * would take 3 x 2.5 MiB */
         fr_mem_reset_peak();
         size_t before = fr_mem_current(FR_CPU, FR_TAG_WORKSPACE);
-        CHECK_OK(fr_batchnorm_backward(hdx, hdg, hdb, hdy, hx, st[0], st[1], g));
+        CHECK_OK(fr_batch_norm_backward(hdx, hdg, hdb, hdy, hx, st[0], st[1], g));
         size_t scratch = fr_mem_peak(FR_CPU, FR_TAG_WORKSPACE) - before;
         if (scratch > (3u << 20) + 4096) {
             fprintf(stderr, "    backward scratch %zu bytes\n", scratch);
@@ -341,25 +341,25 @@ static void test_pool_half(void) {
         fr_tensor *y = fr_empty(FR_CPU, FR_F32, 4, FR_SHAPE(40, 16, 16, 16), FR_TAG_TRANSIENT);
         fr_tensor *hy = empty_as(y, dt), *dy = RAND_IN(dt, 16, 40, 16, 16, 16), *hdy = as(dy, dt);
         fr_tensor *dx = empty_as(x, FR_F32), *hdx = empty_as(x, dt);
-        CHECK_OK(fr_maxpool2d_forward(y, x, p));
-        CHECK_OK(fr_maxpool2d_forward(hy, hx, p));
+        CHECK_OK(fr_max_pool2d_forward(y, x, p));
+        CHECK_OK(fr_max_pool2d_forward(hy, hx, p));
         check_near(hy, y, dt, 0, "max_pool2d (exact)");
-        CHECK_OK(fr_maxpool2d_backward(dx, dy, x, p));
-        CHECK_OK(fr_maxpool2d_backward(hdx, hdy, hx, p));
+        CHECK_OK(fr_max_pool2d_backward(dx, dy, x, p));
+        CHECK_OK(fr_max_pool2d_backward(hdx, hdy, hx, p));
         check_near(hdx, dx, dt, 0, "max_pool2d backward (exact)");
-        CHECK_OK(fr_avgpool2d_forward(y, x, p));
-        CHECK_OK(fr_avgpool2d_forward(hy, hx, p));
+        CHECK_OK(fr_avg_pool2d_forward(y, x, p));
+        CHECK_OK(fr_avg_pool2d_forward(hy, hx, p));
         check_near(hy, y, dt, 1, "avg_pool2d");
-        CHECK_OK(fr_avgpool2d_backward(dx, dy, p));
-        CHECK_OK(fr_avgpool2d_backward(hdx, hdy, p));
+        CHECK_OK(fr_avg_pool2d_backward(dx, dy, p));
+        CHECK_OK(fr_avg_pool2d_backward(hdx, hdy, p));
         check_near(hdx, dx, dt, 1, "avg_pool2d backward");
         fr_tensor *gy = fr_empty(FR_CPU, FR_F32, 2, FR_SHAPE(40, 16), FR_TAG_TRANSIENT);
         fr_tensor *hgy = empty_as(gy, dt);
-        CHECK_OK(fr_global_avgpool_forward(gy, x));
-        CHECK_OK(fr_global_avgpool_forward(hgy, hx));
+        CHECK_OK(fr_global_avg_pool_forward(gy, x));
+        CHECK_OK(fr_global_avg_pool_forward(hgy, hx));
         check_near(hgy, gy, dt, 1, "global_avg_pool");
-        CHECK_OK(fr_global_avgpool_backward(dx, gy));
-        CHECK_OK(fr_global_avgpool_backward(hdx, hgy));
+        CHECK_OK(fr_global_avg_pool_backward(dx, gy));
+        CHECK_OK(fr_global_avg_pool_backward(hdx, hgy));
         check_near(hdx, dx, dt, 2, "global_avg_pool backward");
         fr_tensor *all[] = {x, hx, y, hy, dy, hdy, dx, hdx, gy, hgy};
         for (size_t i = 0; i < sizeof all / sizeof *all; i++)

@@ -66,9 +66,9 @@ static void test_global_large(void) {
         for (int j = 0; j < HW; j++)
             want_dx[i * HW + j] = want[i] / HW;
     }
-    CHECK_OK(fr_global_avgpool_forward(y, x));
+    CHECK_OK(fr_global_avg_pool_forward(y, x));
     fr_t_allclose(y, want, N * C, 1e-6, 1e-6, "global y");
-    CHECK_OK(fr_global_avgpool_backward(dx, y)); /* dy = y */
+    CHECK_OK(fr_global_avg_pool_backward(dx, y)); /* dy = y */
     fr_t_allclose(dx, want_dx, N * C * HW, 1e-7, 1e-6, "global dx");
     free(want_dx);
     free(want);
@@ -157,7 +157,7 @@ static void test_bad_arguments(void) {
               "avg_pool2d: x must be f32, f16 or bf16, got i32");
     CHECK_ERR(fr_t_status_of(fr_global_avg_pool(xi)), FR_ERR_DTYPE, "x must be f32, f16 or bf16, got i32");
     fr_tensor *ybad = fr_empty(FR_CPU, FR_F32, 4, FR_SHAPE(2, 3, 4, 4), FR_TAG_TRANSIENT);
-    CHECK_ERR(fr_maxpool2d_forward(ybad, x, (fr_pool_params){2, 2, 0}), FR_ERR_SHAPE,
+    CHECK_ERR(fr_max_pool2d_forward(ybad, x, (fr_pool_params){2, 2, 0}), FR_ERR_SHAPE,
               "y has shape (2, 3, 4, 4), expected (2, 3, 3, 3)");
     fr_release(ybad);
     fr_release(xi);

@@ -36,7 +36,7 @@ static fr_model *tiny_create(const char *name, int in_channels, int num_classes,
         b->conv = fr_conv2d_new(blk, "conv", (fr_conv2d_opts){.in = 8, .out = 8});
         b->bn = fr_norm_new(blk, "bn", (fr_norm_opts){.channels = 8, .act = FR_ACT_RELU});
     }
-    fr_global_pool_new(net, "gap");
+    fr_global_avg_pool_new(net, "gap");
     fr_linear_new(net, "fc", (fr_linear_opts){.in = 8, .out = num_classes});
     return fr_model_finish(m);
 }

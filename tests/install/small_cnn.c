@@ -15,18 +15,18 @@
 
 typedef struct {
     fr_conv2d_layer conv1, conv2;
-    fr_batchnorm2d_layer bn1, bn2;
+    fr_batch_norm2d_layer bn1, bn2;
     fr_linear_layer fc;
 } small_cnn;
 
 static fr_tensor *small_cnn_forward(fr_model *m, fr_tensor *x, bool training) {
     small_cnn *n = m->impl;
     fr_tensor *h = fr_conv2d_layer_forward(&n->conv1, x);
-    h = fr_chain(h, fr_batchnorm2d_layer_forward(&n->bn1, h, training));
+    h = fr_chain(h, fr_batch_norm2d_layer_forward(&n->bn1, h, training));
     h = fr_chain(h, fr_relu(h));
     h = fr_chain(h, fr_max_pool2d(h, (fr_pool_params){.kernel = 2, .stride = 2}));
     h = fr_chain(h, fr_conv2d_layer_forward(&n->conv2, h));
-    h = fr_chain(h, fr_batchnorm2d_layer_forward(&n->bn2, h, training));
+    h = fr_chain(h, fr_batch_norm2d_layer_forward(&n->bn2, h, training));
     h = fr_chain(h, fr_relu(h));
     h = fr_chain(h, fr_global_avg_pool(h));
     return fr_chain(h, fr_linear_layer_forward(&n->fc, h));
@@ -45,9 +45,9 @@ static fr_model *small_cnn_new(int in_channels, int classes, uint64_t seed) {
     fr_rng rng;
     fr_rng_seed(&rng, seed);
     if (fr_conv2d_layer_init(&n->conv1, m->params, "conv1", in_channels, 16, 3, 1, 1, false, &rng) ||
-        fr_batchnorm2d_layer_init(&n->bn1, m->params, "bn1", 16) ||
+        fr_batch_norm2d_layer_init(&n->bn1, m->params, "bn1", 16) ||
         fr_conv2d_layer_init(&n->conv2, m->params, "conv2", 16, 32, 3, 1, 1, false, &rng) ||
-        fr_batchnorm2d_layer_init(&n->bn2, m->params, "bn2", 32) ||
+        fr_batch_norm2d_layer_init(&n->bn2, m->params, "bn2", 32) ||
         fr_linear_layer_init(&n->fc, m->params, "fc", 32, classes, true, &rng)) {
         fr_model_free(m);
         return NULL;
