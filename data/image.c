@@ -123,19 +123,23 @@ fr_status fr_image_check(const uint8_t *buf, size_t len, const char *name) {
     return fr_error(FR_ERR_FORMAT, "%s is not a PNG, JPEG or BMP image", name);
 }
 
-/* The checks, then the header, then the limits every format shares. */
+/* The checks, then the header, then the limits every format shares. A
+ * BMP's check is its header read, so it is read once. */
 static fr_status header_of(const uint8_t *buf, size_t len, const char *name, fr_image_header *hd) {
-    FR_TRY(fr_image_check(buf, len, name));
     switch (format_of(buf, len)) {
     case FORMAT_PNG:
+        FR_TRY(check_png(buf, len, name));
         FR_TRY(fr_png_header(buf, len, name, hd));
         break;
     case FORMAT_JPEG:
+        FR_TRY(check_jpeg(buf, len, name));
         FR_TRY(fr_jpeg_header(buf, len, name, hd));
         break;
-    default:
+    case FORMAT_BMP:
         FR_TRY(fr_bmp_header(buf, len, name, hd));
         break;
+    case FORMAT_NONE:
+        return fr_image_check(buf, len, name); /* the error naming the formats */
     }
     if (hd->w < 1 || hd->h < 1 || hd->w > FR_IMAGE_MAX_SIDE || hd->h > FR_IMAGE_MAX_SIDE)
         return fr_error(FR_ERR_FORMAT, "%s is %dx%d (WxH); sides must lie in [1, %d]", name, hd->w, hd->h,
