@@ -1,5 +1,7 @@
 /* fn_bn_act.c: fused BN + residual + activation under the memory modes of
- * functions.h (recompute, recompute with a recomputable input, InPlace-ABN). */
+ * functions.h (recompute, recompute with a recomputable input, InPlace-ABN,
+ * keep). Forward is the batch statistics and one pass (fr_bn_act_forward),
+ * backward one kernel (fr_bn_act_backward). */
 #include <stdlib.h>
 
 #include "functions.h"
@@ -15,28 +17,6 @@ typedef struct {
 
 static fr_tensor *channels_like(const fr_tensor *gamma) {
     return fr_empty(fr_device_of(gamma), FR_F32, 1, gamma->shape, FR_TAG_TRANSIENT);
-}
-
-/* y = act(y) in place; identity leaves y alone. */
-static fr_status act_forward(fr_tensor *y, fr_act act, float slope) {
-    if (act == FR_ACT_RELU)
-        return fr_relu_forward(y, y);
-    if (act == FR_ACT_LEAKY_RELU)
-        return fr_leaky_relu_forward(y, y, slope);
-    return FR_OK;
-}
-
-/* dz = dy * act'(.), reading the sign from `y` (the activation's output or
- * input: both have the same sign). dz is new. */
-static fr_tensor *act_backward(fr_tensor *dy, const fr_tensor *y, fr_act act, float slope) {
-    fr_tensor *dz = fr_empty_like(dy, FR_TAG_TRANSIENT);
-    fr_status st = !dz                      ? fr_last_status()
-                   : act == FR_ACT_RELU       ? fr_relu_backward(dz, dy, y)
-                   : act == FR_ACT_LEAKY_RELU ? fr_leaky_relu_backward(dz, dy, y, slope)
-                                              : fr_copy_(dz, dy);
-    if (st != FR_OK)
-        fr_clear(&dz);
-    return dz;
 }
 
 /* ---- the recipe that rebuilds y = act(BN(x)) from x and the statistics;
@@ -71,10 +51,9 @@ static fr_tensor *bnact_recipe_make(fr_recipe *self) {
         y = fr_retain(x);
     else
         y = fr_empty_like(x, FR_TAG_TRANSIENT);
-    fr_status st = y ? fr_batch_norm_apply(y, x, r->mean, r->invstd, r->gamma, r->beta)
+    fr_status st = y ? fr_bn_act_forward(y, x, NULL, r->mean, r->invstd, r->gamma, r->beta,
+                                         r->act, r->slope)
                      : fr_last_status();
-    if (st == FR_OK)
-        st = act_forward(y, r->act, r->slope);
     fr_release(x);
     if (st != FR_OK)
         fr_clear(&y);
@@ -137,43 +116,35 @@ static fr_status recompute_backward(fr_node *node, const bnact_ctx *c, fr_tensor
     int idx[NT] = {c->i_x, c->i_mean, c->i_invstd, c->i_gamma, c->i_beta, c->i_y};
     fr_tensor *t[NT];
     FR_TRY(unpack_all(node, idx, t, NT));
-    fr_tensor *pre = NULL, *dz = NULL, *dx = NULL, *dgamma = NULL, *dbeta = NULL;
-    fr_status st = FR_OK;
-    /* The activation's mask: from the kept output when there is one (block
-     * outputs), else from BN(x) recomputed here and freed right after. */
-    const fr_tensor *sign_src = t[Y];
-    if (!sign_src) {
-        pre = fr_empty_like(t[X], FR_TAG_TRANSIENT);
-        st = pre ? fr_batch_norm_apply(pre, t[X], t[MEAN], t[INVSTD], t[GAMMA], t[BETA])
-                 : fr_last_status();
-        sign_src = pre;
-    }
-    if (st == FR_OK && !(dz = act_backward(dy, sign_src, c->act, c->slope)))
-        st = fr_last_status();
-    fr_clear(&pre);
-    if (st == FR_OK) {
-        dx = fr_node_needs_grad(node, 0) ? fr_empty_like(t[X], FR_TAG_TRANSIENT) : NULL;
-        dgamma = channels_like(t[GAMMA]);
-        dbeta = channels_like(t[GAMMA]);
-        st = dgamma && dbeta && (dx || !fr_node_needs_grad(node, 0))
-                 ? fr_batch_norm_backward(dx, dgamma, dbeta, dz, t[X], t[MEAN], t[INVSTD], t[GAMMA])
-                 : fr_last_status();
-    }
+    /* One pass over dy (ops.h: fr_bn_act_backward): the activation's mask
+     * comes from the kept output when there is one (block outputs), else
+     * from BN(x) recomputed element by element inside the kernel, so no
+     * pre-activation tensor is rebuilt. dz, the gradient at the sum, is
+     * made only for a residual that wants it. */
+    bool want_dx = fr_node_needs_grad(node, 0);
+    bool want_dz = c->has_residual && fr_node_needs_grad(node, 3);
+    fr_tensor *dx = want_dx ? fr_empty_like(t[X], FR_TAG_TRANSIENT) : NULL;
+    fr_tensor *dz = want_dz ? fr_empty_like(dy, FR_TAG_TRANSIENT) : NULL;
+    fr_tensor *dgamma = channels_like(t[GAMMA]), *dbeta = channels_like(t[GAMMA]);
+    fr_status st = dgamma && dbeta && (dx || !want_dx) && (dz || !want_dz)
+                       ? fr_bn_act_backward(dx, dz, dgamma, dbeta, dy, t[Y], t[X], t[MEAN],
+                                            t[INVSTD], t[GAMMA], t[BETA], c->act, c->slope)
+                       : fr_last_status();
     if (st == FR_OK) {
         din[0] = dx;
         din[1] = fr_node_needs_grad(node, 1) ? dgamma : NULL;
         din[2] = fr_node_needs_grad(node, 2) ? dbeta : NULL;
-        din[3] = c->has_residual && fr_node_needs_grad(node, 3) ? fr_retain(dz) : NULL;
+        din[3] = dz;
         if (!din[1])
             fr_release(dgamma);
         if (!din[2])
             fr_release(dbeta);
     } else {
         fr_release(dx);
+        fr_release(dz);
         fr_release(dgamma);
         fr_release(dbeta);
     }
-    fr_release(dz);
     for (int i = 0; i < NT; i++)
         fr_release(t[i]);
     return st;
@@ -184,13 +155,14 @@ static fr_status abn_backward(fr_node *node, const bnact_ctx *c, fr_tensor *dy, 
     int idx[NT] = {c->i_y, c->i_invstd, c->i_gamma, c->i_beta, c->i_gamma_eff, c->i_residual};
     fr_tensor *t[NT];
     FR_TRY(unpack_all(node, idx, t, NT));
-    fr_tensor *dz = act_backward(dy, t[Y], c->act, c->slope);
+    bool want_dz = c->has_residual && fr_node_needs_grad(node, 3);
+    fr_tensor *dz = want_dz ? fr_empty_like(dy, FR_TAG_TRANSIENT) : NULL;
     fr_tensor *xhat = fr_empty_like(t[Y], FR_TAG_TRANSIENT);
     fr_tensor *zero = channels_like(t[GAMMA]), *one = channels_like(t[GAMMA]);
     fr_tensor *scale = channels_like(t[GAMMA]), *dgeff = channels_like(t[GAMMA]);
     fr_tensor *dbeta = channels_like(t[GAMMA]), *dgamma = channels_like(t[GAMMA]);
     fr_tensor *dx = fr_node_needs_grad(node, 0) ? fr_empty_like(t[Y], FR_TAG_TRANSIENT) : NULL;
-    fr_status st = dz && xhat && zero && one && scale && dgeff && dbeta && dgamma &&
+    fr_status st = (dz || !want_dz) && xhat && zero && one && scale && dgeff && dbeta && dgamma &&
                            (dx || !fr_node_needs_grad(node, 0))
                        ? FR_OK
                        : fr_last_status();
@@ -199,7 +171,8 @@ static fr_status abn_backward(fr_node *node, const bnact_ctx *c, fr_tensor *dy, 
         st = fr_abn_invert_out(xhat, t[Y], t[GEFF], t[BETA], t[RES], slope);
     /* BN backward written in terms of xhat: with mean 0, invstd 1 and the
      * scale gamma_eff * invstd, the standard kernel gives exactly
-     * dx = gamma_eff * invstd / M * (M dz - sum dz - xhat sum(dz xhat)). */
+     * dx = gamma_eff * invstd / M * (M dz - sum dz - xhat sum(dz xhat)),
+     * fused with the activation's gradient (its sign read from y). */
     if (st == FR_OK)
         st = fr_fill_(zero, 0.0f);
     if (st == FR_OK)
@@ -207,7 +180,8 @@ static fr_status abn_backward(fr_node *node, const bnact_ctx *c, fr_tensor *dy, 
     if (st == FR_OK)
         st = fr_mul_out(scale, t[GEFF], t[INVSTD]);
     if (st == FR_OK)
-        st = fr_batch_norm_backward(dx, dgeff, dbeta, dz, xhat, zero, one, scale);
+        st = fr_bn_act_backward(dx, dz, dgeff, dbeta, dy, t[Y], xhat, zero, one, scale, NULL,
+                                c->act, c->slope);
     if (st == FR_OK)
         st = fr_abn_gamma_grad_out(dgamma, dgeff, t[GAMMA]);
     if (st == FR_OK) {
@@ -221,8 +195,8 @@ static fr_status abn_backward(fr_node *node, const bnact_ctx *c, fr_tensor *dy, 
             din[2] = dbeta;
             dbeta = NULL;
         }
-        if (c->has_residual && fr_node_needs_grad(node, 3))
-            din[3] = fr_retain(dz);
+        din[3] = dz;
+        dz = NULL;
     }
     fr_tensor *tmp[] = {dz, xhat, zero, one, scale, dgeff, dbeta, dgamma, dx};
     for (size_t i = 0; i < sizeof tmp / sizeof *tmp; i++)
@@ -308,20 +282,22 @@ static fr_status check_args(fr_tensor *x, fr_tensor *residual, const fr_bn_state
 static fr_status compute(fr_tensor *y, fr_tensor *mean, fr_tensor *invstd, fr_tensor *x,
                          fr_tensor *residual, const fr_bn_state *bn, const fr_tensor *gamma_used,
                          fr_act act, float slope) {
+    /* the statistics first (so y may be x), then one pass for the
+     * normalisation, the residual and the activation */
     fr_status st;
+    fr_tensor *centre = mean;
     if (bn->training) {
         bool update = bn->running_mean && !fr_in_recompute();
-        st = fr_batch_norm_train_forward(y, mean, invstd, x, gamma_used, bn->beta,
-                                        update ? bn->running_mean : NULL,
-                                        update ? bn->running_var : NULL, bn->momentum, bn->eps);
+        st = fr_batch_norm_train_stats(mean, invstd, x, update ? bn->running_mean : NULL,
+                                       update ? bn->running_var : NULL, bn->momentum, bn->eps);
     } else {
-        st = fr_batch_norm_eval_forward(y, x, gamma_used, bn->beta, bn->running_mean,
-                                       bn->running_var, bn->eps);
+        FR_TRY(fr_check_defined("bn_act (eval)", "running_mean", bn->running_mean));
+        FR_TRY(fr_check_defined("bn_act (eval)", "running_var", bn->running_var));
+        st = fr_batch_norm_invstd(invstd, bn->running_var, bn->eps);
+        centre = bn->running_mean;
     }
-    if (st == FR_OK && residual)
-        st = fr_add_out(y, y, residual);
     if (st == FR_OK)
-        st = act_forward(y, act, slope);
+        st = fr_bn_act_forward(y, x, residual, centre, invstd, gamma_used, bn->beta, act, slope);
     return st;
 }
 
@@ -383,9 +359,9 @@ fr_tensor *fr_bn_act(fr_tensor *x, fr_tensor *residual, const fr_bn_state *bn, f
                  (c->i_invstd = fr_node_save(node, invstd)) >= 0 &&
                  (c->i_gamma = fr_node_save(node, bn->gamma)) >= 0 &&
                  (c->i_beta = fr_node_save(node, bn->beta)) >= 0;
-            if (ok && residual) {
+            if (ok && (residual || mode == FR_BNACT_KEEP)) {
                 /* a block output: kept by the next block anyway, so its mask
-                 * costs nothing */
+                 * costs nothing (KEEP: kept whatever follows) */
                 ok = (c->i_y = fr_node_save_held(node, y)) >= 0;
             } else if (ok) {
                 fr_recipe *r = bnact_recipe_new(x, via_recipe, mean, invstd, bn, act, slope);

@@ -100,12 +100,16 @@ fr_tensor *fr_cross_entropy(fr_tensor *logits, fr_tensor *labels);
  *    once more for the op that saved y (BN is applied in place over the
  *    rebuilt x); each is freed right after use. An x without a recipe is
  *    kept as in RECOMPUTE.
+ *  - FR_BNACT_KEEP keeps x and y, what the chain of separate ops keeps
+ *    under the inplace strategy (BN its input, the activation its output),
+ *    in one pass forward and one backward instead of three and two.
  * Training mode only when recording; under no_grad eval mode is fine. */
-typedef enum { FR_ACT_IDENTITY = 0, FR_ACT_RELU, FR_ACT_LEAKY_RELU, FR_ACT_COUNT } fr_act;
+/* fr_act (identity / ReLU / leaky ReLU) is in tensor/shapes.h. */
 typedef enum {
     FR_BNACT_RECOMPUTE = 0,
     FR_BNACT_INPLACE_ABN,
     FR_BNACT_RECOMPUTE_X,
+    FR_BNACT_KEEP,
     FR_BNACT_COUNT
 } fr_bnact_mode;
 typedef struct {

@@ -60,8 +60,29 @@ fr_status fr_cpu_batch_norm_update_running(float *running_mean, float *running_v
     return FR_OK;
 }
 
-fr_status fr_cpu_batch_norm_apply(float *y, const float *x, const float *mean, const float *invstd,
-                          const float *gamma, const float *beta, int n, int c, int hw) {
+/* One plane of bn_act_forward: the loop written once per activation and
+ * residual case, so that each stays a branch-free `omp simd` loop. The steps
+ * round as the separate kernels do: v = (x - mu) * sc + b, then v + r, then
+ * the activation. */
+#define FR_BN_ACT_PLANE(ACT)                                                     \
+    do {                                                                         \
+        if (rp) {                                                                \
+            _Pragma("omp simd") for (int j = 0; j < hw; j++) {                   \
+                float v = (xp[j] - mu) * sc + b;                                 \
+                v = v + rp[j];                                                   \
+                yp[j] = ACT;                                                     \
+            }                                                                    \
+        } else {                                                                 \
+            _Pragma("omp simd") for (int j = 0; j < hw; j++) {                   \
+                float v = (xp[j] - mu) * sc + b;                                 \
+                yp[j] = ACT;                                                     \
+            }                                                                    \
+        }                                                                        \
+    } while (0)
+
+fr_status fr_cpu_bn_act_forward(float *y, const float *x, const float *residual, const float *mean,
+                                const float *invstd, const float *gamma, const float *beta,
+                                fr_act act, float slope, int n, int c, int hw) {
     size_t total = (size_t)n * (size_t)c * (size_t)hw;
     int planes = n * c;
 #pragma omp parallel for if (total > FR_BN_PAR_MIN && planes > 1) schedule(static)
@@ -70,10 +91,76 @@ fr_status fr_cpu_batch_norm_apply(float *y, const float *x, const float *mean, c
         float sc = invstd[ch] * gamma[ch];
         float mu = mean[ch], b = beta[ch];
         const float *xp = x + (size_t)pl * (size_t)hw;
+        const float *rp = residual ? residual + (size_t)pl * (size_t)hw : NULL;
         float *yp = y + (size_t)pl * (size_t)hw;
+        if (act == FR_ACT_RELU)
+            FR_BN_ACT_PLANE(v > 0.0f ? v : 0.0f);
+        else if (act == FR_ACT_LEAKY_RELU)
+            FR_BN_ACT_PLANE(v > 0.0f ? v : v * slope);
+        else
+            FR_BN_ACT_PLANE(v);
+    }
+    return FR_OK;
+}
+
+/* The activation's derivative applied to one gradient element, from the
+ * sign source s: relu_backward's and leaky_relu_backward's arithmetic. */
+static inline float act_grad(float g, float s, fr_act act, float slope) {
+    if (act == FR_ACT_RELU)
+        return s > 0.0f ? g : 0.0f;
+    if (act == FR_ACT_LEAKY_RELU) {
+        float leak = g * slope;
+        return s > 0.0f ? g : leak;
+    }
+    return g;
+}
+
+fr_status fr_cpu_bn_act_backward(float *dx, float *dz, float *dgamma, float *dbeta, const float *dy,
+                                 const float *act_out, const float *x, const float *mean,
+                                 const float *invstd, const float *gamma, const float *beta,
+                                 fr_act act, float slope, int n, int c, int hw) {
+    size_t total = (size_t)n * (size_t)c * (size_t)hw;
+#pragma omp parallel for if (total > FR_BN_PAR_MIN && c > 1) schedule(static)
+    for (int ch = 0; ch < c; ch++) {
+        double mu = mean[ch], is = invstd[ch];
+        /* the forward's pre-activation, in its rounding, when no output is
+         * kept to read the sign from */
+        float mu_f = mean[ch], sc = invstd[ch] * gamma[ch], b = beta ? beta[ch] : 0.0f;
+        /* g is written where it will be read again: dz when wanted, else dx
+         * (overwritten by the second pass) */
+        float *gout = dz ? dz : dx;
+        double sdy = 0.0, sdyxh = 0.0;
+        for (int i = 0; i < n; i++) {
+            size_t at = ((size_t)i * (size_t)c + (size_t)ch) * (size_t)hw;
+            const float *xp = x + at, *dyp = dy + at;
+            const float *sp = act_out ? act_out + at : NULL;
+            float *gp = gout ? gout + at : NULL;
+            for (int j = 0; j < hw; j++) {
+                float s = act == FR_ACT_IDENTITY ? 0.0f : sp ? sp[j] : (xp[j] - mu_f) * sc + b;
+                float g = act_grad(dyp[j], s, act, slope);
+                if (gp)
+                    gp[j] = g;
+                sdy += g;
+                sdyxh += g * (((double)xp[j] - mu) * is);
+            }
+        }
+        dbeta[ch] = (float)sdy;
+        dgamma[ch] = (float)sdyxh;
+        if (!dx)
+            continue;
+        /* batch_norm_backward's dx from g (see there) */
+        double count = (double)n * (double)hw;
+        double mdy = sdy / count, mdyxh = sdyxh / count, k = (double)gamma[ch] * is;
+        for (int i = 0; i < n; i++) {
+            size_t at = ((size_t)i * (size_t)c + (size_t)ch) * (size_t)hw;
+            const float *xp = x + at, *gp = gout + at;
+            float *dxp = dx + at;
 #pragma omp simd
-        for (int j = 0; j < hw; j++)
-            yp[j] = (xp[j] - mu) * sc + b;
+            for (int j = 0; j < hw; j++) {
+                double xh = ((double)xp[j] - mu) * is;
+                dxp[j] = (float)(k * ((double)gp[j] - mdy - xh * mdyxh));
+            }
+        }
     }
     return FR_OK;
 }

@@ -82,25 +82,53 @@ extern "C" fr_status fr_cuda_batch_norm_update_running(float *running_mean, floa
     return FR_OK;
 }
 
-/* ---- normalise: y = (x - mean) * (invstd * gamma) + beta, the CPU's
- * grouping. Each thread reads x[i] before writing y[i], so y may be x. ---- */
+/* ---- normalise, add the residual, activate: y = act((x - mean) *
+ * (invstd * gamma) + beta [+ residual]), each step rounded as the separate
+ * kernels round it. Each thread reads x[i] and residual[i] before writing
+ * y[i], so y may be either. ---- */
 
-__global__ void batch_norm_apply_kernel(float *y, const float *x, const float *mean, const float *invstd,
-                                const float *gamma, const float *beta, int c, size_t hw,
-                                size_t total) {
+__device__ __forceinline__ float bn_act_value(float v, fr_act act, float slope) {
+    if (act == FR_ACT_RELU)
+        return v > 0.0f ? v : 0.0f;
+    if (act == FR_ACT_LEAKY_RELU) {
+        float leak = v * slope;
+        return v > 0.0f ? v : leak;
+    }
+    return v;
+}
+
+/* relu_backward's / leaky_relu_backward's gradient from the sign source s */
+__device__ __forceinline__ float bn_act_grad(float g, float s, fr_act act, float slope) {
+    if (act == FR_ACT_RELU)
+        return s > 0.0f ? g : 0.0f;
+    if (act == FR_ACT_LEAKY_RELU) {
+        float leak = g * slope;
+        return s > 0.0f ? g : leak;
+    }
+    return g;
+}
+
+__global__ void bn_act_forward_kernel(float *y, const float *x, const float *residual,
+                                      const float *mean, const float *invstd, const float *gamma,
+                                      const float *beta, fr_act act, float slope, int c, size_t hw,
+                                      size_t total) {
     FR_CUDA_FOR(i, total) {
         size_t ch = (i / hw) % (size_t)c;
         float sc = invstd[ch] * gamma[ch];
-        y[i] = (x[i] - mean[ch]) * sc + beta[ch];
+        float v = __fadd_rn(__fmul_rn(x[i] - mean[ch], sc), beta[ch]);
+        if (residual)
+            v = v + residual[i];
+        y[i] = bn_act_value(v, act, slope);
     }
 }
 
-extern "C" fr_status fr_cuda_batch_norm_apply(float *y, const float *x, const float *mean,
-                                      const float *invstd, const float *gamma, const float *beta,
-                                      int n, int c, int hw) {
+extern "C" fr_status fr_cuda_bn_act_forward(float *y, const float *x, const float *residual,
+                                            const float *mean, const float *invstd,
+                                            const float *gamma, const float *beta, fr_act act,
+                                            float slope, int n, int c, int hw) {
     size_t total = (size_t)n * (size_t)c * (size_t)hw;
-    FR_CUDA_RUN_1D(batch_norm_apply_kernel, total, y, x, mean, invstd, gamma, beta, c,
-                                                              (size_t)hw, total);
+    FR_CUDA_RUN_1D(bn_act_forward_kernel, total, y, x, residual, mean, invstd, gamma, beta, act,
+                   slope, c, (size_t)hw, total);
 }
 
 /* ---- backward (training mode). With xhat = (x - mean) * invstd and M =
@@ -148,6 +176,70 @@ extern "C" fr_status fr_cuda_batch_norm_backward(float *dx, float *dgamma, float
     if (c <= 0)
         return FR_OK;
     batch_norm_backward_kernel<<<c, BN_THREADS>>>(dx, dgamma, dbeta, dy, x, mean, invstd, gamma, n, c, hw);
+    FR_CUDA_LAUNCH_CHECK();
+    return FR_OK;
+}
+
+/* The fused backward (kernels.def: bn_act_backward): batch_norm_backward_kernel
+ * over g = dy * act'(s), s the kept output or the pre-activation
+ * recomputed in the forward's rounding. g goes to dz when wanted; dx is
+ * computed from g again (recomputed, not re-read, where dz is not kept). */
+__global__ void bn_act_backward_kernel(float *dx, float *dz, float *dgamma, float *dbeta,
+                                       const float *dy, const float *act_out, const float *x,
+                                       const float *mean, const float *invstd, const float *gamma,
+                                       const float *beta, fr_act act, float slope, int n, int c,
+                                       int hw) {
+    __shared__ float sh[BN_THREADS];
+    int ch = blockIdx.x;
+    size_t count = (size_t)n * (size_t)hw;
+    float mu = mean[ch], is = invstd[ch], sc = invstd[ch] * gamma[ch];
+    float b = beta ? beta[ch] : 0.0f;
+    float acc_dy = 0.0f, acc_dyxh = 0.0f;
+    for (size_t i = threadIdx.x; i < count; i += BN_THREADS) {
+        size_t at = bn_index(i, ch, c, hw);
+        float s = act == FR_ACT_IDENTITY ? 0.0f
+                  : act_out               ? act_out[at]
+                                          : __fadd_rn(__fmul_rn(x[at] - mu, sc), b);
+        float g = bn_act_grad(dy[at], s, act, slope);
+        if (dz)
+            dz[at] = g;
+        acc_dy += g;
+        acc_dyxh += g * ((x[at] - mu) * is);
+    }
+    float sdy = fr_block_sum<float, BN_THREADS>(acc_dy, sh);
+    float sdyxh = fr_block_sum<float, BN_THREADS>(acc_dyxh, sh);
+    if (threadIdx.x == 0) {
+        dbeta[ch] = sdy;
+        dgamma[ch] = sdyxh;
+    }
+    if (!dx || count == 0)
+        return;
+    float mdy = sdy / (float)count, mdyxh = sdyxh / (float)count, k = gamma[ch] * is;
+    for (size_t i = threadIdx.x; i < count; i += BN_THREADS) {
+        size_t at = bn_index(i, ch, c, hw);
+        float g;
+        if (dz) {
+            g = dz[at];
+        } else {
+            float s = act == FR_ACT_IDENTITY ? 0.0f
+                      : act_out               ? act_out[at]
+                                              : __fadd_rn(__fmul_rn(x[at] - mu, sc), b);
+            g = bn_act_grad(dy[at], s, act, slope);
+        }
+        float xh = (x[at] - mu) * is;
+        dx[at] = k * (g - mdy - xh * mdyxh);
+    }
+}
+
+extern "C" fr_status fr_cuda_bn_act_backward(float *dx, float *dz, float *dgamma, float *dbeta,
+                                             const float *dy, const float *act_out, const float *x,
+                                             const float *mean, const float *invstd,
+                                             const float *gamma, const float *beta, fr_act act,
+                                             float slope, int n, int c, int hw) {
+    if (c <= 0)
+        return FR_OK;
+    bn_act_backward_kernel<<<c, BN_THREADS>>>(dx, dz, dgamma, dbeta, dy, act_out, x, mean, invstd,
+                                              gamma, beta, act, slope, n, c, hw);
     FR_CUDA_LAUNCH_CHECK();
     return FR_OK;
 }

@@ -62,6 +62,15 @@ fr_tensor *fr_norm_apply(const fr_module *m, fr_tensor *x, fr_tensor *residual, 
         /* RECOMPUTE_X keeps x as its recipe when x carries one (a dense
          * concatenation), and holds it otherwise, as RECOMPUTE does */
         mode = residual ? FR_BNACT_RECOMPUTE : FR_BNACT_RECOMPUTE_X;
+    else if (st->inplace && !st->abn_reference && run->training &&
+             (act != FR_ACT_IDENTITY || residual))
+        /* inplace keeps what its chain of inplace ops keeps (x and y): the
+         * fused op keeps the same in one pass each way */
+        mode = FR_BNACT_KEEP;
+    else if (!fr_grad_enabled() && !st->abn_reference && (act != FR_ACT_IDENTITY || residual))
+        /* nothing is recorded (validation, a checkpointed segment's first
+         * forward): one pass, the chain's bits, under every strategy */
+        mode = FR_BNACT_KEEP;
     if (mode != FR_BNACT_COUNT) {
         if (st->abn && act == FR_ACT_RELU)
             act = FR_ACT_LEAKY_RELU;

@@ -79,6 +79,34 @@ fr_status fr_batch_norm_apply(fr_tensor *y, const fr_tensor *x, const fr_tensor 
 fr_status fr_batch_norm_backward(fr_tensor *dx, fr_tensor *dgamma, fr_tensor *dbeta,
                                 const fr_tensor *dy, const fr_tensor *x, const fr_tensor *mean,
                                 const fr_tensor *invstd, const fr_tensor *gamma);
+/* Training: the batch statistics alone (fr_batch_norm_train_forward without
+ * the normalising pass, for ops that fuse it with what follows). */
+fr_status fr_batch_norm_train_stats(fr_tensor *mean, fr_tensor *invstd, const fr_tensor *x,
+                                    fr_tensor *running_mean, fr_tensor *running_var,
+                                    float momentum, float eps);
+
+/* ---- batch norm + residual + activation in one pass (ops_batchnorm.c),
+ * the kernels of autograd's fused op (fr_bn_act). ---- */
+/* y = act((x - mean) * invstd * gamma + beta + residual), rounded as
+ * fr_batch_norm_apply, fr_add_out and the activation would in turn (the
+ * same bits); residual may be NULL; y may be x or residual; slope is
+ * leaky ReLU's. */
+fr_status fr_bn_act_forward(fr_tensor *y, const fr_tensor *x, const fr_tensor *residual,
+                            const fr_tensor *mean, const fr_tensor *invstd, const fr_tensor *gamma,
+                            const fr_tensor *beta, fr_act act, float slope);
+/* Training-mode backward of fr_bn_act_forward from dy: dz = dy * act'
+ * (the gradient at the activation's input, which is also the residual's),
+ * then batch norm's backward over dz, with the bits of fr_relu_backward /
+ * fr_leaky_relu_backward followed by fr_batch_norm_backward. The
+ * activation's sign is read from act_out (its output) or, when act_out is
+ * NULL, from (x - mean) * invstd * gamma + beta recomputed on the fly (so
+ * act_out NULL needs a forward without residual). dx and dz may be NULL
+ * (not wanted). */
+fr_status fr_bn_act_backward(fr_tensor *dx, fr_tensor *dz, fr_tensor *dgamma, fr_tensor *dbeta,
+                             const fr_tensor *dy, const fr_tensor *act_out, const fr_tensor *x,
+                             const fr_tensor *mean, const fr_tensor *invstd,
+                             const fr_tensor *gamma, const fr_tensor *beta, fr_act act,
+                             float slope);
 
 /* Synchronised batch norm (data parallelism: dist/). While a sum function
  * is set (per thread; NULL turns it off), fr_batch_norm_train_forward

@@ -132,24 +132,38 @@ typedef struct {
     const float *mean, *invstd, *gamma, *beta, *dgamma, *dbeta;
     double count;
     int c, hw;
+    bool residual;   /* apply_block: in[1] is the residual */
+    fr_act act;
+    float slope;
 } bn_block_args;
 
-static fr_status apply_block(fr_device dev, float *y, const float *const *x, size_t count,
+static fr_status apply_block(fr_device dev, float *y, const float *const *in, size_t count,
                              size_t first, const void *args) {
     (void)first;
     const bn_block_args *a = args;
-    return FR_CALL_KERNEL(dev, batch_norm_apply, y, x[0], a->mean, a->invstd, a->gamma, a->beta, (int)count,
-                          a->c, a->hw);
+    return FR_CALL_KERNEL(dev, bn_act_forward, y, in[0], a->residual ? in[1] : NULL, a->mean,
+                          a->invstd, a->gamma, a->beta, a->act, a->slope, (int)count, a->c, a->hw);
 }
 
-/* y = (x - mean) * invstd * gamma + beta through staged blocks (y may be x). */
+/* y = act((x - mean) * invstd * gamma + beta + residual) through staged
+ * blocks (y may be x; residual may be NULL). */
+static fr_status apply_act_staged(fr_tensor *y, const fr_tensor *x, const fr_tensor *residual,
+                                  const float *mean, const float *invstd, const fr_tensor *gamma,
+                                  const fr_tensor *beta, fr_act act, float slope,
+                                  const bn_dims *d) {
+    bn_block_args a = {.mean = mean, .invstd = invstd, .gamma = fr_data_f32(gamma),
+                       .beta = fr_data_f32(beta), .c = d->c, .hw = d->hw,
+                       .residual = residual != NULL, .act = act, .slope = slope};
+    return fr_stage_run_units(y, (size_t)d->c * (size_t)d->hw, false,
+                              (const fr_tensor *[]){x, residual}, NULL, residual ? 2 : 1,
+                              (size_t)d->n, apply_block, &a);
+}
+
+/* y = (x - mean) * invstd * gamma + beta (y may be x). */
 static fr_status apply_staged(fr_tensor *y, const fr_tensor *x, const float *mean,
                               const float *invstd, const fr_tensor *gamma, const fr_tensor *beta,
                               const bn_dims *d) {
-    bn_block_args a = {.mean = mean, .invstd = invstd, .gamma = fr_data_f32(gamma),
-                       .beta = fr_data_f32(beta), .c = d->c, .hw = d->hw};
-    return fr_stage_run_units(y, (size_t)d->c * (size_t)d->hw, false, &x, NULL, 1, (size_t)d->n,
-                              apply_block, &a);
+    return apply_act_staged(y, x, NULL, mean, invstd, gamma, beta, FR_ACT_IDENTITY, 0.0f, d);
 }
 
 static fr_status bwd_data_block(fr_device dev, float *dx, const float *const *in, size_t count,
@@ -309,18 +323,14 @@ static fr_status backward_synced(fr_tensor *dx, fr_tensor *dgamma, fr_tensor *db
     return st;
 }
 
-fr_status fr_batch_norm_train_forward(fr_tensor *y, fr_tensor *mean, fr_tensor *invstd,
-                                     const fr_tensor *x, const fr_tensor *gamma, const fr_tensor *beta,
-                                     fr_tensor *running_mean, fr_tensor *running_var,
-                                     float momentum, float eps) {
-    const char *op = "batch_norm";
-    bn_dims d;
-    FR_TRY(check_x(op, "x", x, &d));
-    FR_TRY(check_like_x(op, "y", y, x));
-    FR_TRY(check_channel(op, "mean", mean, x, d.c));
-    FR_TRY(check_channel(op, "invstd", invstd, x, d.c));
-    FR_TRY(check_channel(op, "gamma", gamma, x, d.c));
-    FR_TRY(check_channel(op, "beta", beta, x, d.c));
+/* The batch statistics of x into mean / invstd, synchronised across
+ * processes when a sum function is set, and the running statistics
+ * updated; per = samples per staged block. Arguments checked by the caller
+ * except those named here. */
+static fr_status train_stats(const char *op, fr_tensor *mean, fr_tensor *invstd, const fr_tensor *x,
+                             fr_tensor *running_mean, fr_tensor *running_var, float momentum,
+                             float eps, const bn_dims *dims, size_t per) {
+    bn_dims d = *dims;
     FR_TRY(check_eps(op, eps));
     if ((running_mean == NULL) != (running_var == NULL))
         return fr_error(FR_ERR_ARG, "%s: give both running_mean and running_var, or neither", op);
@@ -343,7 +353,7 @@ fr_status fr_batch_norm_train_forward(fr_tensor *y, fr_tensor *mean, fr_tensor *
     float *var = fr_mem_alloc(dev, var_bytes, FR_TAG_WORKSPACE); // (C)
     if (!var)
         return fr_last_status();
-    fr_status st = batch_stats(fr_data_f32(mean), var, x, &d, images_per_block(x, y, &d));
+    fr_status st = batch_stats(fr_data_f32(mean), var, x, &d, per);
     double values = (double)count;
     if (st == FR_OK && sync_fn)
         st = sync_stats(dev, fr_data_f32(mean), var, d.c, &values);
@@ -359,10 +369,37 @@ fr_status fr_batch_norm_train_forward(fr_tensor *y, fr_tensor *mean, fr_tensor *
         }
     }
     fr_mem_free(dev, var, var_bytes, FR_TAG_WORKSPACE);
-    /* Statistics come first, so y may be x. */
-    if (st == FR_OK)
-        st = apply_staged(y, x, fr_data_f32(mean), fr_data_f32(invstd), gamma, beta, &d);
     return st;
+}
+
+fr_status fr_batch_norm_train_stats(fr_tensor *mean, fr_tensor *invstd, const fr_tensor *x,
+                                    fr_tensor *running_mean, fr_tensor *running_var,
+                                    float momentum, float eps) {
+    const char *op = "batch_norm";
+    bn_dims d;
+    FR_TRY(check_x(op, "x", x, &d));
+    FR_TRY(check_channel(op, "mean", mean, x, d.c));
+    FR_TRY(check_channel(op, "invstd", invstd, x, d.c));
+    return train_stats(op, mean, invstd, x, running_mean, running_var, momentum, eps, &d,
+                       images_per_block(x, x, &d));
+}
+
+fr_status fr_batch_norm_train_forward(fr_tensor *y, fr_tensor *mean, fr_tensor *invstd,
+                                     const fr_tensor *x, const fr_tensor *gamma, const fr_tensor *beta,
+                                     fr_tensor *running_mean, fr_tensor *running_var,
+                                     float momentum, float eps) {
+    const char *op = "batch_norm";
+    bn_dims d;
+    FR_TRY(check_x(op, "x", x, &d));
+    FR_TRY(check_like_x(op, "y", y, x));
+    FR_TRY(check_channel(op, "mean", mean, x, d.c));
+    FR_TRY(check_channel(op, "invstd", invstd, x, d.c));
+    FR_TRY(check_channel(op, "gamma", gamma, x, d.c));
+    FR_TRY(check_channel(op, "beta", beta, x, d.c));
+    FR_TRY(train_stats(op, mean, invstd, x, running_mean, running_var, momentum, eps, &d,
+                       images_per_block(x, y, &d)));
+    /* Statistics come first, so y may be x. */
+    return apply_staged(y, x, fr_data_f32(mean), fr_data_f32(invstd), gamma, beta, &d);
 }
 
 fr_status fr_batch_norm_eval_forward(fr_tensor *y, const fr_tensor *x, const fr_tensor *gamma,
@@ -438,4 +475,120 @@ fr_status fr_batch_norm_backward(fr_tensor *dx, fr_tensor *dgamma, fr_tensor *db
     fr_stage_free(&sx);
     fr_stage_free(&sdy);
     return st;
+}
+
+/* ---- batch norm + residual + activation fused (ops.h) ---- */
+
+static fr_status check_act(const char *op, fr_act act, float slope) {
+    if ((unsigned)act >= FR_ACT_COUNT)
+        return fr_error(FR_ERR_ARG, "%s: unknown activation %d", op, (int)act);
+    if (act == FR_ACT_LEAKY_RELU && !(slope > 0.0f))
+        return fr_error(FR_ERR_ARG, "%s: leaky_relu slope must be > 0, got %g", op, (double)slope);
+    return FR_OK;
+}
+
+fr_status fr_bn_act_forward(fr_tensor *y, const fr_tensor *x, const fr_tensor *residual,
+                            const fr_tensor *mean, const fr_tensor *invstd, const fr_tensor *gamma,
+                            const fr_tensor *beta, fr_act act, float slope) {
+    const char *op = "bn_act_forward";
+    bn_dims d;
+    FR_TRY(check_x(op, "x", x, &d));
+    FR_TRY(check_like_x(op, "y", y, x));
+    if (residual)
+        FR_TRY(check_like_x(op, "residual", residual, x));
+    FR_TRY(check_channel(op, "mean", mean, x, d.c));
+    FR_TRY(check_channel(op, "invstd", invstd, x, d.c));
+    FR_TRY(check_channel(op, "gamma", gamma, x, d.c));
+    FR_TRY(check_channel(op, "beta", beta, x, d.c));
+    FR_TRY(check_act(op, act, slope));
+    if (y->dtype == FR_F32 && x->dtype == FR_F32 && (!residual || residual->dtype == FR_F32))
+        return apply_act_staged(y, x, residual, fr_data_f32(mean), fr_data_f32(invstd), gamma,
+                                beta, act, slope, &d);
+    /* Half operands: the chain, each step rounded to the storage type as
+     * the separate ops round it, so that a strategy built on this op gives
+     * plain's bits under autocast too. */
+    /* y over the residual: normalise into a scratch tensor first */
+    bool over_residual = residual && fr_data(y) == fr_data(residual);
+    fr_tensor *bn = over_residual ? fr_empty_like(y, FR_TAG_TRANSIENT) : y;
+    fr_status st = bn ? apply_staged(bn, x, fr_data_f32(mean), fr_data_f32(invstd), gamma, beta, &d)
+                      : fr_last_status();
+    if (st == FR_OK && residual)
+        st = fr_add_out(y, bn, residual);
+    if (over_residual)
+        fr_release(bn);
+    if (st == FR_OK && act == FR_ACT_RELU)
+        st = fr_relu_forward(y, y);
+    if (st == FR_OK && act == FR_ACT_LEAKY_RELU)
+        st = fr_leaky_relu_forward(y, y, slope);
+    return st;
+}
+
+/* The chained form of fr_bn_act_backward, for what the one-pass kernel does
+ * not cover (half operands, which go through batch_norm_backward's staged
+ * blocks, and synchronised batch norm): the activation's gradient
+ * materialised (into dz when wanted), then fr_batch_norm_backward. */
+static fr_status bn_act_backward_chained(fr_tensor *dx, fr_tensor *dz, fr_tensor *dgamma,
+                                         fr_tensor *dbeta, const fr_tensor *dy,
+                                         const fr_tensor *act_out, const fr_tensor *x,
+                                         const fr_tensor *mean, const fr_tensor *invstd,
+                                         const fr_tensor *gamma, const fr_tensor *beta, fr_act act,
+                                         float slope) {
+    if (act == FR_ACT_IDENTITY) {
+        fr_status st = dz ? fr_copy_(dz, dy) : FR_OK;
+        return st == FR_OK ? fr_batch_norm_backward(dx, dgamma, dbeta, dy, x, mean, invstd, gamma)
+                           : st;
+    }
+    fr_tensor *pre = NULL, *g = dz ? fr_retain(dz) : fr_empty_like(dy, FR_TAG_TRANSIENT);
+    fr_status st = g ? FR_OK : fr_last_status();
+    const fr_tensor *sign = act_out;
+    if (st == FR_OK && !sign) {
+        pre = fr_empty_like(x, FR_TAG_TRANSIENT);
+        st = pre ? fr_batch_norm_apply(pre, x, mean, invstd, gamma, beta) : fr_last_status();
+        sign = pre;
+    }
+    if (st == FR_OK)
+        st = act == FR_ACT_RELU ? fr_relu_backward(g, dy, sign)
+                                : fr_leaky_relu_backward(g, dy, sign, slope);
+    fr_release(pre);
+    if (st == FR_OK)
+        st = fr_batch_norm_backward(dx, dgamma, dbeta, g, x, mean, invstd, gamma);
+    fr_release(g);
+    return st;
+}
+
+fr_status fr_bn_act_backward(fr_tensor *dx, fr_tensor *dz, fr_tensor *dgamma, fr_tensor *dbeta,
+                             const fr_tensor *dy, const fr_tensor *act_out, const fr_tensor *x,
+                             const fr_tensor *mean, const fr_tensor *invstd,
+                             const fr_tensor *gamma, const fr_tensor *beta, fr_act act,
+                             float slope) {
+    const char *op = "bn_act_backward";
+    bn_dims d;
+    FR_TRY(check_x(op, "x", x, &d));
+    FR_TRY(check_like_x(op, "dy", dy, x));
+    if (dx)
+        FR_TRY(check_like_x(op, "dx", dx, x));
+    if (dz)
+        FR_TRY(check_like_x(op, "dz", dz, x));
+    if (act_out)
+        FR_TRY(check_like_x(op, "act_out", act_out, x));
+    FR_TRY(check_channel(op, "dgamma", dgamma, x, d.c));
+    FR_TRY(check_channel(op, "dbeta", dbeta, x, d.c));
+    FR_TRY(check_channel(op, "mean", mean, x, d.c));
+    FR_TRY(check_channel(op, "invstd", invstd, x, d.c));
+    FR_TRY(check_channel(op, "gamma", gamma, x, d.c));
+    if (act != FR_ACT_IDENTITY && !act_out)
+        FR_TRY(check_channel(op, "beta", beta, x, d.c));
+    FR_TRY(check_act(op, act, slope));
+    const fr_tensor *all[] = {dx, dz, dy, act_out, x};
+    bool f32 = true;
+    for (size_t i = 0; i < sizeof all / sizeof *all; i++)
+        f32 = f32 && (!all[i] || all[i]->dtype == FR_F32);
+    if (!f32 || (dx && sync_fn))
+        return bn_act_backward_chained(dx, dz, dgamma, dbeta, dy, act_out, x, mean, invstd, gamma,
+                                       beta, act, slope);
+    return FR_CALL_KERNEL(fr_device_of(x), bn_act_backward, dx ? fr_data_f32(dx) : NULL,
+                          dz ? fr_data_f32(dz) : NULL, fr_data_f32(dgamma), fr_data_f32(dbeta),
+                          fr_data_f32(dy), act_out ? fr_data_f32(act_out) : NULL, fr_data_f32(x),
+                          fr_data_f32(mean), fr_data_f32(invstd), fr_data_f32(gamma),
+                          beta ? fr_data_f32(beta) : NULL, act, slope, d.n, d.c, d.hw);
 }

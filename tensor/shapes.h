@@ -1,6 +1,6 @@
 /* shapes.h: the shape records of convolution and pooling, filled by
  * fr_conv2d_shape / fr_pool2d_shape (ops.h) and handed to the kernels
- * (kernels.def). Public: a program may ask for an output shape. */
+ * (kernels.def), and the activation code of the fused batch-norm kernels. Public: a program may ask for an output shape. */
 #ifndef FR_SHAPES_H
 #define FR_SHAPES_H
 
@@ -16,5 +16,10 @@ typedef struct {
     int oh, ow;        /* output */
     int kernel, stride, pad;
 } fr_pool_shape;
+
+/* The activation a fused batch-norm pass ends with (ops.h: fr_bn_act_forward;
+ * autograd/functions.h: fr_bn_act): identity, ReLU, or leaky ReLU with a
+ * positive slope. */
+typedef enum { FR_ACT_IDENTITY = 0, FR_ACT_RELU, FR_ACT_LEAKY_RELU, FR_ACT_COUNT } fr_act;
 
 #endif

@@ -1,0 +1,253 @@
+/* test_bn_act.c: the one-pass batch norm + residual + activation kernels
+ * (ops.h: fr_bn_act_forward / fr_bn_act_backward) against the chain of
+ * separate ops they replace (fr_batch_norm_apply, fr_add_out, the
+ * activation; the activation's backward, fr_batch_norm_backward), bit for
+ * bit in f32 for every activation, with and without a residual, with the
+ * sign read from the output or recomputed from x, in place; bf16 operands
+ * (the chain, rounded step by step) and bf16 backward against f32; bad
+ * arguments. The autograd op
+ * built on them (fr_bn_act) is checked against plain in test_strategies.c. */
+#include <math.h>
+#include <string.h>
+
+#include "testlib.h"
+
+#define N 4
+#define C 5
+#define H 6
+#define W 7
+
+typedef struct {
+    fr_tensor *x, *res, *dy, *gamma, *beta, *mean, *invstd;
+} bn_case;
+
+/* x spread so that a fair share of BN(x) + residual is within an ulp or two
+ * of 0 is not needed: the mask must only agree, element for element. */
+static bn_case make_case(uint32_t seed) {
+    bn_case c;
+    c.x = fr_t_rand(FR_CPU, 4, FR_SHAPE(N, C, H, W), seed);
+    c.res = fr_t_rand(FR_CPU, 4, FR_SHAPE(N, C, H, W), seed + 1);
+    c.dy = fr_t_rand(FR_CPU, 4, FR_SHAPE(N, C, H, W), seed + 2);
+    c.gamma = fr_t_rand(FR_CPU, 1, FR_SHAPE(C), seed + 3);
+    c.beta = fr_t_rand(FR_CPU, 1, FR_SHAPE(C), seed + 4);
+    c.mean = fr_zeros(FR_CPU, FR_F32, 1, FR_SHAPE(C), FR_TAG_TRANSIENT);
+    c.invstd = fr_zeros(FR_CPU, FR_F32, 1, FR_SHAPE(C), FR_TAG_TRANSIENT);
+    CHECK_NOTNULL(c.x && c.res && c.dy && c.gamma && c.beta && c.mean && c.invstd ? c.x : NULL);
+    if (c.x && c.mean && c.invstd)
+        CHECK_OK(fr_batch_norm_train_stats(c.mean, c.invstd, c.x, NULL, NULL, 0.1f, 1e-5f));
+    return c;
+}
+
+static void free_case(bn_case *c) {
+    fr_tensor *all[] = {c->x, c->res, c->dy, c->gamma, c->beta, c->mean, c->invstd};
+    for (size_t i = 0; i < sizeof all / sizeof *all; i++)
+        fr_release(all[i]);
+}
+
+static bool same_bits(const fr_tensor *a, const fr_tensor *b, const char *what) {
+    size_t bytes = (size_t)fr_numel(a) * fr_dtype_size(a->dtype);
+    bool ok = fr_numel(a) == fr_numel(b) && a->dtype == b->dtype &&
+              memcmp(fr_data(a), fr_data(b), bytes) == 0;
+    if (!ok)
+        fprintf(stderr, "  %s: the fused result differs from the chain's\n", what);
+    return ok;
+}
+
+static fr_status act_inplace(fr_tensor *y, fr_act act, float slope) {
+    if (act == FR_ACT_RELU)
+        return fr_relu_forward(y, y);
+    if (act == FR_ACT_LEAKY_RELU)
+        return fr_leaky_relu_forward(y, y, slope);
+    return FR_OK;
+}
+
+static const fr_act ACTS[] = {FR_ACT_IDENTITY, FR_ACT_RELU, FR_ACT_LEAKY_RELU};
+#define SLOPE 0.01f
+
+static void test_forward_equals_chain(void) {
+    bn_case c = make_case(10);
+    for (size_t a = 0; a < 3; a++) {
+        for (int with_res = 0; with_res < 2; with_res++) {
+            fr_tensor *res = with_res ? c.res : NULL;
+            fr_tensor *fused = fr_empty_like(c.x, FR_TAG_TRANSIENT);
+            fr_tensor *chain = fr_empty_like(c.x, FR_TAG_TRANSIENT);
+            CHECK_OK(fr_bn_act_forward(fused, c.x, res, c.mean, c.invstd, c.gamma, c.beta, ACTS[a],
+                                       SLOPE));
+            CHECK_OK(fr_batch_norm_apply(chain, c.x, c.mean, c.invstd, c.gamma, c.beta));
+            if (res)
+                CHECK_OK(fr_add_out(chain, chain, res));
+            CHECK_OK(act_inplace(chain, ACTS[a], SLOPE));
+            CHECK(same_bits(fused, chain, "forward"));
+            /* in place over x, and over the residual */
+            fr_tensor *over_x = fr_to_dtype(c.x, FR_F32, FR_TAG_TRANSIENT);
+            CHECK_OK(fr_bn_act_forward(over_x, over_x, res, c.mean, c.invstd, c.gamma, c.beta,
+                                       ACTS[a], SLOPE));
+            CHECK(same_bits(over_x, chain, "forward in place over x"));
+            if (res) {
+                fr_tensor *over_r = fr_to_dtype(res, FR_F32, FR_TAG_TRANSIENT);
+                CHECK_OK(fr_bn_act_forward(over_r, c.x, over_r, c.mean, c.invstd, c.gamma, c.beta,
+                                           ACTS[a], SLOPE));
+                CHECK(same_bits(over_r, chain, "forward in place over the residual"));
+                fr_release(over_r);
+            }
+            fr_release(over_x);
+            fr_release(fused);
+            fr_release(chain);
+        }
+    }
+    free_case(&c);
+}
+
+/* The chain's backward: g = act'(sign) dy, then batch norm's. */
+static void chain_backward(bn_case *c, fr_tensor *sign, fr_act act, fr_tensor *g, fr_tensor *dx,
+                           fr_tensor *dgamma, fr_tensor *dbeta) {
+    if (act == FR_ACT_RELU)
+        CHECK_OK(fr_relu_backward(g, c->dy, sign));
+    else if (act == FR_ACT_LEAKY_RELU)
+        CHECK_OK(fr_leaky_relu_backward(g, c->dy, sign, SLOPE));
+    else
+        CHECK_OK(fr_copy_(g, c->dy));
+    CHECK_OK(fr_batch_norm_backward(dx, dgamma, dbeta, g, c->x, c->mean, c->invstd, c->gamma));
+}
+
+static void test_backward_equals_chain(void) {
+    bn_case c = make_case(20);
+    for (size_t a = 0; a < 3; a++) {
+        for (int with_res = 0; with_res < 2; with_res++) {
+            fr_tensor *res = with_res ? c.res : NULL;
+            fr_tensor *y = fr_empty_like(c.x, FR_TAG_TRANSIENT);
+            CHECK_OK(fr_bn_act_forward(y, c.x, res, c.mean, c.invstd, c.gamma, c.beta, ACTS[a],
+                                       SLOPE));
+            fr_tensor *g = fr_empty_like(c.x, FR_TAG_TRANSIENT), *dx = fr_empty_like(c.x, FR_TAG_TRANSIENT);
+            fr_tensor *dg = fr_empty_like(c.gamma, FR_TAG_TRANSIENT);
+            fr_tensor *db = fr_empty_like(c.gamma, FR_TAG_TRANSIENT);
+            chain_backward(&c, y, ACTS[a], g, dx, dg, db);
+            /* the sign from y; then (no residual only) recomputed from x */
+            for (int from_x = 0; from_x < 1 + !with_res; from_x++) {
+                /* every combination of wanted outputs */
+                for (int want = 0; want < 4; want++) {
+                    bool want_dx = want & 1, want_dz = want & 2;
+                    fr_tensor *fdx = want_dx ? fr_empty_like(c.x, FR_TAG_TRANSIENT) : NULL;
+                    fr_tensor *fdz = want_dz ? fr_empty_like(c.x, FR_TAG_TRANSIENT) : NULL;
+                    fr_tensor *fdg = fr_empty_like(c.gamma, FR_TAG_TRANSIENT);
+                    fr_tensor *fdb = fr_empty_like(c.gamma, FR_TAG_TRANSIENT);
+                    CHECK_OK(fr_bn_act_backward(fdx, fdz, fdg, fdb, c.dy, from_x ? NULL : y, c.x,
+                                                c.mean, c.invstd, c.gamma, c.beta, ACTS[a], SLOPE));
+                    CHECK(same_bits(fdg, dg, "dgamma"));
+                    CHECK(same_bits(fdb, db, "dbeta"));
+                    if (fdx)
+                        CHECK(same_bits(fdx, dx, "dx"));
+                    if (fdz)
+                        CHECK(same_bits(fdz, g, "dz"));
+                    fr_release(fdx);
+                    fr_release(fdz);
+                    fr_release(fdg);
+                    fr_release(fdb);
+                }
+            }
+            fr_release(y);
+            fr_release(g);
+            fr_release(dx);
+            fr_release(dg);
+            fr_release(db);
+        }
+    }
+    free_case(&c);
+}
+
+/* bf16 operands take the chain, each step rounded to bf16 as the separate
+ * ops round it (so strategies keep plain's bits under autocast), in place
+ * over x and over the residual too. */
+static void test_bf16_forward_equals_chain(void) {
+    bn_case c = make_case(30);
+    fr_tensor *xh = fr_to_dtype(c.x, FR_BF16, FR_TAG_TRANSIENT);
+    fr_tensor *rh = fr_to_dtype(c.res, FR_BF16, FR_TAG_TRANSIENT);
+    CHECK_NOTNULL(xh && rh ? xh : NULL);
+    for (size_t a = 0; a < 3 && xh && rh; a++) {
+        fr_tensor *fused = fr_empty_like(xh, FR_TAG_TRANSIENT);
+        fr_tensor *chain = fr_empty_like(xh, FR_TAG_TRANSIENT);
+        CHECK_OK(fr_bn_act_forward(fused, xh, rh, c.mean, c.invstd, c.gamma, c.beta, ACTS[a], SLOPE));
+        CHECK_OK(fr_batch_norm_apply(chain, xh, c.mean, c.invstd, c.gamma, c.beta));
+        CHECK_OK(fr_add_out(chain, chain, rh));
+        CHECK_OK(act_inplace(chain, ACTS[a], SLOPE));
+        CHECK(same_bits(fused, chain, "bf16 forward"));
+        fr_tensor *over_x = fr_to_dtype(xh, FR_BF16, FR_TAG_TRANSIENT);
+        fr_tensor *over_r = fr_to_dtype(rh, FR_BF16, FR_TAG_TRANSIENT);
+        CHECK_OK(fr_bn_act_forward(over_x, over_x, rh, c.mean, c.invstd, c.gamma, c.beta, ACTS[a],
+                                   SLOPE));
+        CHECK_OK(fr_bn_act_forward(over_r, xh, over_r, c.mean, c.invstd, c.gamma, c.beta, ACTS[a],
+                                   SLOPE));
+        CHECK(same_bits(over_x, chain, "bf16 forward in place over x"));
+        CHECK(same_bits(over_r, chain, "bf16 forward in place over the residual"));
+        fr_release(over_x);
+        fr_release(over_r);
+        fr_release(fused);
+        fr_release(chain);
+    }
+    fr_release(xh);
+    fr_release(rh);
+    free_case(&c);
+}
+
+/* bf16 backward takes the chained path (batch norm's staged blocks): it
+ * must agree with the f32 one to bf16's precision. */
+static void test_bf16_backward_close_to_f32(void) {
+    bn_case c = make_case(40);
+    fr_tensor *y = fr_empty_like(c.x, FR_TAG_TRANSIENT);
+    CHECK_OK(fr_bn_act_forward(y, c.x, NULL, c.mean, c.invstd, c.gamma, c.beta, FR_ACT_RELU, 0));
+    fr_tensor *dyh = fr_to_dtype(c.dy, FR_BF16, FR_TAG_TRANSIENT);
+    fr_tensor *dxh = fr_empty_like(dyh, FR_TAG_TRANSIENT), *dx = fr_empty_like(c.x, FR_TAG_TRANSIENT);
+    fr_tensor *dg[2] = {fr_empty_like(c.gamma, FR_TAG_TRANSIENT), fr_empty_like(c.gamma, FR_TAG_TRANSIENT)};
+    fr_tensor *db[2] = {fr_empty_like(c.gamma, FR_TAG_TRANSIENT), fr_empty_like(c.gamma, FR_TAG_TRANSIENT)};
+    CHECK_OK(fr_bn_act_backward(dx, NULL, dg[0], db[0], c.dy, y, c.x, c.mean, c.invstd, c.gamma,
+                                c.beta, FR_ACT_RELU, 0));
+    CHECK_OK(fr_bn_act_backward(dxh, NULL, dg[1], db[1], dyh, y, c.x, c.mean, c.invstd, c.gamma,
+                                c.beta, FR_ACT_RELU, 0));
+    fr_tensor *dxw = fr_to_dtype(dxh, FR_F32, FR_TAG_TRANSIENT);
+    /* dy rounded to bf16 (8 bits): relative error ~2^-8 per element */
+    CHECK(fr_t_allclose_t(dxw, dx, 2e-2, 2e-2, "bf16 dx"));
+    CHECK(fr_t_allclose_t(dg[1], dg[0], 5e-2, 2e-2, "bf16 dgamma"));
+    CHECK(fr_t_allclose_t(db[1], db[0], 5e-2, 2e-2, "bf16 dbeta"));
+    fr_tensor *all[] = {y, dyh, dxh, dx, dg[0], dg[1], db[0], db[1], dxw};
+    for (size_t i = 0; i < sizeof all / sizeof *all; i++)
+        fr_release(all[i]);
+    free_case(&c);
+}
+
+static void test_bad_arguments(void) {
+    bn_case c = make_case(50);
+    fr_tensor *y = fr_empty_like(c.x, FR_TAG_TRANSIENT);
+    fr_tensor *small = fr_zeros(FR_CPU, FR_F32, 4, FR_SHAPE(N, C, H, W - 1), FR_TAG_TRANSIENT);
+    fr_tensor *dg = fr_empty_like(c.gamma, FR_TAG_TRANSIENT), *db = fr_empty_like(c.gamma, FR_TAG_TRANSIENT);
+    CHECK_ERR(fr_bn_act_forward(y, c.x, NULL, c.mean, c.invstd, c.gamma, c.beta, FR_ACT_COUNT, 0),
+              FR_ERR_ARG, "unknown activation");
+    CHECK_ERR(fr_bn_act_forward(y, c.x, NULL, c.mean, c.invstd, c.gamma, c.beta,
+                                FR_ACT_LEAKY_RELU, 0.0f),
+              FR_ERR_ARG, "slope must be > 0");
+    CHECK_ERR(fr_bn_act_forward(y, c.x, small, c.mean, c.invstd, c.gamma, c.beta, FR_ACT_RELU, 0),
+              FR_ERR_SHAPE, "residual");
+    CHECK_ERR(fr_bn_act_forward(y, c.x, NULL, c.mean, c.invstd, c.x, c.beta, FR_ACT_RELU, 0),
+              FR_ERR_SHAPE, "gamma");
+    /* the sign recomputed from x needs beta */
+    fr_clear_error();
+    CHECK_ERR(fr_bn_act_backward(NULL, NULL, dg, db, c.dy, NULL, c.x, c.mean, c.invstd, c.gamma,
+                                 NULL, FR_ACT_RELU, 0),
+              FR_ERR_ARG, "beta");
+    CHECK_ERR(fr_bn_act_backward(NULL, small, dg, db, c.dy, y, c.x, c.mean, c.invstd, c.gamma,
+                                 c.beta, FR_ACT_RELU, 0),
+              FR_ERR_SHAPE, "dz");
+    fr_release(y);
+    fr_release(small);
+    fr_release(dg);
+    fr_release(db);
+    free_case(&c);
+}
+
+int main(void) {
+    RUN(test_forward_equals_chain);
+    RUN(test_backward_equals_chain);
+    RUN(test_bf16_forward_equals_chain);
+    RUN(test_bf16_backward_close_to_f32);
+    RUN(test_bad_arguments);
+    return TEST_SUMMARY();
+}
