@@ -422,6 +422,107 @@ static fr_status gemm_run(const bench_opts *o) {
     return FR_OK;
 }
 
+/* ------------------------------------- batch norm + residual + ReLU */
+
+/* The tail of a residual block, y = relu(BN(x) + r), training mode, at the
+ * three CIFAR ResNet stages: "frugal" is the fused op (the statistics, then
+ * one pass; backward one kernel, fr_bn_act_backward), "frugal-chain" the
+ * separate ops it replaced (BN, add, ReLU; ReLU's backward, then BN's). */
+typedef struct {
+    const char *name;
+    int n, c, hw;
+} bnact_case;
+
+static const bnact_case bnact_cases[] = {
+    {"bn+add+relu 16 @32", 64, 16, 32},
+    {"bn+add+relu 32 @16", 64, 32, 16},
+    {"bn+add+relu 64 @8", 64, 64, 8},
+};
+enum { N_BNACT = sizeof bnact_cases / sizeof bnact_cases[0] };
+
+static void bnact_list(const bench_opts *o) {
+    for (int i = 0; i < N_BNACT; i++)
+        for (int p = 0; p < 2; p++) {
+            const bnact_case *b = &bnact_cases[i];
+            char name[96];
+            snprintf(name, sizeof name, "%s %s", b->name, p ? "bwd" : "fwd");
+            if (wanted(o, name))
+                printf("C\tbnact\t%s\t0\tn=%d c=%d h=%d w=%d pass=%s\n", name, b->n, b->c, b->hw,
+                       b->hw, p ? "bwd" : "fwd");
+        }
+}
+
+typedef struct {
+    fr_tensor *x, *r, *y, *dy, *dx, *dz, *gamma, *beta, *mean, *invstd, *dgamma, *dbeta;
+} bnact_ctx;
+
+static fr_status bnact_fused_fwd(void *v) {
+    bnact_ctx *c = v;
+    FR_TRY(fr_batch_norm_train_stats(c->mean, c->invstd, c->x, NULL, NULL, 0.1f, 1e-5f));
+    return fr_bn_act_forward(c->y, c->x, c->r, c->mean, c->invstd, c->gamma, c->beta, FR_ACT_RELU,
+                             0.0f);
+}
+static fr_status bnact_chain_fwd(void *v) {
+    bnact_ctx *c = v;
+    FR_TRY(fr_batch_norm_train_forward(c->y, c->mean, c->invstd, c->x, c->gamma, c->beta, NULL,
+                                       NULL, 0.1f, 1e-5f));
+    FR_TRY(fr_add_out(c->y, c->y, c->r));
+    return fr_relu_forward(c->y, c->y);
+}
+/* dz: the residual's gradient, which a block's shortcut wants */
+static fr_status bnact_fused_bwd(void *v) {
+    bnact_ctx *c = v;
+    return fr_bn_act_backward(c->dx, c->dz, c->dgamma, c->dbeta, c->dy, c->y, c->x, c->mean,
+                              c->invstd, c->gamma, c->beta, FR_ACT_RELU, 0.0f);
+}
+static fr_status bnact_chain_bwd(void *v) {
+    bnact_ctx *c = v;
+    FR_TRY(fr_relu_backward(c->dz, c->dy, c->y));
+    return fr_batch_norm_backward(c->dx, c->dgamma, c->dbeta, c->dz, c->x, c->mean, c->invstd,
+                                  c->gamma);
+}
+
+static fr_status bnact_run(const bench_opts *o) {
+    static const bench_impl fwd[] = {{"frugal", bnact_fused_fwd, NULL, NULL},
+                                      {"frugal-chain", bnact_chain_fwd, NULL, NULL}};
+    static const bench_impl bwd[] = {{"frugal", bnact_fused_bwd, NULL, NULL},
+                                      {"frugal-chain", bnact_chain_bwd, NULL, NULL}};
+    for (int i = 0; i < N_BNACT; i++) {
+        const bnact_case *b = &bnact_cases[i];
+        const int64_t *shape = FR_SHAPE(b->n, b->c, b->hw, b->hw);
+        bnact_ctx c = {.x = random_tensor(4, shape, 11), .r = random_tensor(4, shape, 12),
+                       .dy = random_tensor(4, shape, 13), .gamma = random_tensor(1, FR_SHAPE(b->c), 14),
+                       .beta = random_tensor(1, FR_SHAPE(b->c), 15)};
+        fr_tensor **out[] = {&c.y, &c.dx, &c.dz};
+        for (int k = 0; k < 3; k++)
+            *out[k] = fr_empty(FR_CPU, FR_F32, 4, shape, FR_TAG_TRANSIENT);
+        fr_tensor **chan[] = {&c.mean, &c.invstd, &c.dgamma, &c.dbeta};
+        for (int k = 0; k < 4; k++)
+            *chan[k] = fr_empty(FR_CPU, FR_F32, 1, FR_SHAPE(b->c), FR_TAG_TRANSIENT);
+        fr_tensor *all[] = {c.x, c.r, c.y, c.dy, c.dx, c.dz, c.gamma, c.beta, c.mean, c.invstd,
+                            c.dgamma, c.dbeta};
+        fr_status st = FR_OK;
+        for (size_t k = 0; k < sizeof all / sizeof *all; k++)
+            if (!all[k])
+                st = fr_last_status();
+        /* y, mean and invstd for the backward cases */
+        if (st == FR_OK)
+            st = bnact_fused_fwd(&c);
+        for (int p = 0; p < 2 && st == FR_OK; p++) {
+            char name[96];
+            snprintf(name, sizeof name, "%s %s", b->name, p ? "bwd" : "fwd");
+            bench_time t[2];
+            if (wanted(o, name) && (st = time_impls(o, 2, p ? bwd : fwd, &c, t)) == FR_OK)
+                for (int j = 0; j < 2; j++)
+                    emit("bnact", name, (p ? bwd : fwd)[j].name, t[j], 0);
+        }
+        for (size_t k = 0; k < sizeof all / sizeof *all; k++)
+            fr_release(all[k]);
+        FR_TRY(st);
+    }
+    return FR_OK;
+}
+
 /* ---------------------------------------------------------- the sections */
 
 typedef struct {
@@ -437,6 +538,9 @@ static const bench_section sections[] = {
      gemm_list, gemm_run},
     {"conv", "conv2d f32, batch 64, no bias; fwd, bwd_data (dx), bwd_weight (dw), all = fwd + dx + dw",
      "ms", conv_list, conv_run},
+    {"bnact", "batch norm (training) + residual add + ReLU f32, batch 64; fwd = statistics + "
+              "normalise + add + ReLU, bwd = dx, dgamma, dbeta and the residual's gradient",
+     "ms", bnact_list, bnact_run},
 };
 enum { N_SECTIONS = sizeof sections / sizeof sections[0] };
 
@@ -466,7 +570,7 @@ static int usage(FILE *out, const char *prog, int code) {
             "usage: %s [--list] [--only SECTION] [--match TEXT] [--reps N] [--min-rep-ms MS]\n"
             "          [--settle-ms MS]\n"
             "  --list        print the sections and cases (for bench/torch_ops.py) and exit\n"
-            "  --only S      run one section (gemm, conv)\n"
+            "  --only S      run one section (gemm, conv, bnact)\n"
             "  --match TEXT  run only the cases whose name contains TEXT\n"
             "  --reps N      timed repetitions per case, median reported (default 7)\n"
             "  --min-rep-ms  a repetition repeats the call until it lasts this long (default 20)\n"

@@ -95,7 +95,31 @@ def conv_call(torch, p):
     return {"fwd": fwd, "bwd_data": bwd_data, "bwd_weight": bwd_weight, "all": every}[p["pass"]]
 
 
-CALLS = {"gemm": gemm_call, "conv": conv_call}
+def bnact_call(torch, p):
+    """y = relu(batch_norm(x) + r) in training mode and its backward (dx,
+    dgamma, dbeta and the residual's gradient), through the aten ops that
+    autograd calls: native_batch_norm, add_, relu_; threshold_backward,
+    native_batch_norm_backward."""
+    n, c, h, w = (int(p[key]) for key in ("n", "c", "h", "w"))
+    x, r, dy = (uniform(torch, n, c, h, w) for _ in range(3))
+    gamma, beta = uniform(torch, c), uniform(torch, c)
+    aten = torch.ops.aten
+
+    def fwd():
+        y, mean, invstd = aten.native_batch_norm(x, gamma, beta, None, None, True, 0.1, 1e-5)
+        return y.add_(r).relu_(), mean, invstd
+
+    y, mean, invstd = fwd()
+
+    def bwd():
+        dz = aten.threshold_backward(dy, y, 0)
+        return aten.native_batch_norm_backward(dz, x, gamma, None, None, mean, invstd, True, 1e-5,
+                                               [True, True, True])
+
+    return {"fwd": fwd, "bwd": bwd}[p["pass"]]
+
+
+CALLS = {"gemm": gemm_call, "conv": conv_call, "bnact": bnact_call}
 
 
 def main():

@@ -1,8 +1,9 @@
 /* cpu/batchnorm.c: batch-norm kernels on the host. x is (N, C, HW); every
  * per-channel buffer is (C). Channel ch of sample i is the contiguous run
  * x[(i * C + ch) * HW ...], so a thread owning a channel strides over N.
- * The elementwise loops are `omp simd` (-O2 leaves them scalar); the sums
- * are not, so their order, and every result, is what it was. */
+ * The elementwise loops are `omp simd` (-O2 leaves them scalar); so are the
+ * per-channel sums (double lanes, in an order fixed by the build, the same
+ * for every kernel that sums: chunk_sums), never split across threads. */
 #include <math.h>
 
 #include "../tensor/kernels.h"
@@ -26,6 +27,7 @@ fr_status fr_cpu_batch_norm_stats(float *mean, float *var, const float *x, int n
         double s = 0.0, ss = 0.0;
         for (int i = 0; i < n; i++) {
             const float *p = plane(x, i, ch, c, hw);
+#pragma omp simd reduction(+ : s, ss)
             for (int j = 0; j < hw; j++) {
                 double d = (double)p[j] - shift;
                 s += d;
@@ -39,6 +41,26 @@ fr_status fr_cpu_batch_norm_stats(float *mean, float *var, const float *x, int n
         var[ch] = (float)(v > 0.0 ? v : 0.0);
     }
     return FR_OK;
+}
+
+/* Backward's sums over one plane: sdy += g, sdyxh += g * xhat, in chunks
+ * of FR_BN_CHUNK values, each chunk an `omp simd` reduction (its order is
+ * the build's vector width, fixed for a binary, never the thread count:
+ * threads own whole channels). batch_norm_backward and bn_act_backward both
+ * sum through here, so they agree bit for bit. */
+#define FR_BN_CHUNK 512
+
+static inline void chunk_sums(const float *g, const float *xp, int len, double mu, double is,
+                              double *sdy, double *sdyxh) {
+    double a = *sdy, b = *sdyxh;
+#pragma omp simd reduction(+ : a, b)
+    for (int j = 0; j < len; j++) {
+        double gd = g[j];
+        a += gd;
+        b += gd * (((double)xp[j] - mu) * is);
+    }
+    *sdy = a;
+    *sdyxh = b;
 }
 
 fr_status fr_cpu_batch_norm_invstd(float *invstd, const float *var, float eps, int c) {
@@ -103,16 +125,40 @@ fr_status fr_cpu_bn_act_forward(float *y, const float *x, const float *residual,
     return FR_OK;
 }
 
-/* The activation's derivative applied to one gradient element, from the
- * sign source s: relu_backward's and leaky_relu_backward's arithmetic. */
-static inline float act_grad(float g, float s, fr_act act, float slope) {
-    if (act == FR_ACT_RELU)
-        return s > 0.0f ? g : 0.0f;
-    if (act == FR_ACT_LEAKY_RELU) {
-        float leak = g * slope;
-        return s > 0.0f ? g : leak;
+/* g = dy * act'(s) over one chunk, branch-free (a blend per vector: the
+ * signs of real activations are unpredictable); the arithmetic of
+ * relu_backward / leaky_relu_backward. s is act_out, or the forward's
+ * pre-activation (x - mu) * sc + b in its rounding when act_out is NULL. */
+static inline void chunk_grad(float *g, const float *dy, const float *act_out, const float *xp,
+                              float mu, float sc, float b, fr_act act, float slope, int len) {
+    if (act == FR_ACT_IDENTITY) {
+        for (int j = 0; j < len; j++)
+            g[j] = dy[j];
+    } else if (act_out && act == FR_ACT_RELU) {
+#pragma omp simd
+        for (int j = 0; j < len; j++) {
+            float d = dy[j]; /* loaded unconditionally, or the select stays a branch */
+            g[j] = act_out[j] > 0.0f ? d : 0.0f;
+        }
+    } else if (act_out) {
+#pragma omp simd
+        for (int j = 0; j < len; j++) {
+            float d = dy[j], leak = d * slope;
+            g[j] = act_out[j] > 0.0f ? d : leak;
+        }
+    } else if (act == FR_ACT_RELU) {
+#pragma omp simd
+        for (int j = 0; j < len; j++) {
+            float pre = (xp[j] - mu) * sc + b, d = dy[j];
+            g[j] = pre > 0.0f ? d : 0.0f;
+        }
+    } else {
+#pragma omp simd
+        for (int j = 0; j < len; j++) {
+            float pre = (xp[j] - mu) * sc + b, d = dy[j], leak = d * slope;
+            g[j] = pre > 0.0f ? d : leak;
+        }
     }
-    return g;
 }
 
 fr_status fr_cpu_bn_act_backward(float *dx, float *dz, float *dgamma, float *dbeta, const float *dy,
@@ -130,18 +176,16 @@ fr_status fr_cpu_bn_act_backward(float *dx, float *dz, float *dgamma, float *dbe
          * (overwritten by the second pass) */
         float *gout = dz ? dz : dx;
         double sdy = 0.0, sdyxh = 0.0;
+        float local[FR_BN_CHUNK];
         for (int i = 0; i < n; i++) {
             size_t at = ((size_t)i * (size_t)c + (size_t)ch) * (size_t)hw;
-            const float *xp = x + at, *dyp = dy + at;
-            const float *sp = act_out ? act_out + at : NULL;
-            float *gp = gout ? gout + at : NULL;
-            for (int j = 0; j < hw; j++) {
-                float s = act == FR_ACT_IDENTITY ? 0.0f : sp ? sp[j] : (xp[j] - mu_f) * sc + b;
-                float g = act_grad(dyp[j], s, act, slope);
-                if (gp)
-                    gp[j] = g;
-                sdy += g;
-                sdyxh += g * (((double)xp[j] - mu) * is);
+            for (int j0 = 0; j0 < hw; j0 += FR_BN_CHUNK) {
+                int len = hw - j0 < FR_BN_CHUNK ? hw - j0 : FR_BN_CHUNK;
+                size_t o = at + (size_t)j0;
+                float *g = gout ? gout + o : local;
+                chunk_grad(g, dy + o, act_out ? act_out + o : NULL, x + o, mu_f, sc, b, act, slope,
+                           len);
+                chunk_sums(g, x + o, len, mu, is, &sdy, &sdyxh);
             }
         }
         dbeta[ch] = (float)sdy;
@@ -175,10 +219,9 @@ fr_status fr_cpu_batch_norm_backward(float *dx, float *dgamma, float *dbeta, con
         double sdy = 0.0, sdyxh = 0.0;
         for (int i = 0; i < n; i++) {
             const float *xp = plane(x, i, ch, c, hw), *dyp = plane(dy, i, ch, c, hw);
-            for (int j = 0; j < hw; j++) {
-                sdy += dyp[j];
-                sdyxh += dyp[j] * (((double)xp[j] - mu) * is);
-            }
+            for (int j0 = 0; j0 < hw; j0 += FR_BN_CHUNK)
+                chunk_sums(dyp + j0, xp + j0, hw - j0 < FR_BN_CHUNK ? hw - j0 : FR_BN_CHUNK, mu, is,
+                           &sdy, &sdyxh);
         }
         dbeta[ch] = (float)sdy;
         dgamma[ch] = (float)sdyxh;
