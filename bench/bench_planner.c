@@ -72,7 +72,8 @@ static fr_status measure(bench *b, int accum, double *ms, size_t *peak) {
         t[i] = now_ms() - t0;
     }
     qsort(t, (size_t)b->steps, sizeof *t, cmp);
-    *ms = t[b->steps / 2];
+    int h = b->steps / 2; /* the median; of an even count, the mean of the middle two */
+    *ms = b->steps % 2 ? t[h] : 0.5 * (t[h - 1] + t[h]);
     *peak = fr_mem_total_peak(FR_CPU);
     return FR_OK;
 }
