@@ -101,6 +101,10 @@ gpu_probe() { # lists the GPU cases; sets gpu_skip when the section cannot run
 }
 if [ $run_ops -eq 0 ] && [ $run_models -eq 0 ] && [ $run_planner -eq 0 ]; then
     [ $run_gpu -eq 1 ] && gpu_probe
+    if [ "${BENCH_ONLY:-}" = planner ]; then
+        echo "bench: planner section skipped: BENCH_PLANNER=0"
+        exit 0
+    fi
     if [ $run_gpu -eq 0 ] || [ -n "$gpu_skip" ]; then
         echo "bench: GPU section skipped: ${gpu_skip:-BENCH_GPU=0}"
         exit 0
