@@ -64,9 +64,9 @@ def segments_arg(text):
     try:
         ks = [int(k) for k in text.split(",")]
     except ValueError:
-        raise argparse.ArgumentTypeError(f"--segments: {text!r} is not a comma-separated list of integers")
+        raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list of integers")
     if not ks or min(ks) < 1:
-        raise argparse.ArgumentTypeError(f"--segments: {text!r}: each K must be >= 1")
+        raise argparse.ArgumentTypeError(f"{text!r}: each K must be >= 1")
     return ks
 
 
@@ -98,7 +98,7 @@ def flat_resnet(torch_models, name):
     nn = torch_models.nn
     net = torch_models.build(name, 3, 10)
     if not hasattr(net, "layer3") or getattr(net, "preact", False):
-        raise ValueError(f"torch_checkpoint: {name!r} is not a basic-block ResNet")
+        raise ValueError(f"{name!r} is not a basic-block ResNet")
     parts = [nn.Sequential(net.conv1, net.bn1, net.relu)]
     parts += list(net.layer1) + list(net.layer2) + list(net.layer3)
     parts.append(nn.Sequential(nn.AdaptiveAvgPool2d(1), nn.Flatten(1), net.fc))
