@@ -203,21 +203,21 @@ def runs_table(data):
 
 # ---- the SVG plot ----
 
-def nice_ticks(lo, hi, n=6):
-    """Round tick values covering [lo, hi]."""
+def axis(lo, hi, n=6):
+    """(low, high, ticks): [lo, hi] padded by 4%, and round tick values
+    (1, 2, 2.5 or 5 times a power of ten apart) inside it."""
     if hi <= lo:
         hi = lo + 1.0
+    pad = 0.04 * (hi - lo)
+    lo, hi = lo - pad, hi + pad
     raw = (hi - lo) / n
     mag = 10 ** math.floor(math.log10(raw))
     step = next(m * mag for m in (1, 2, 2.5, 5, 10) if m * mag >= raw)
-    first = math.floor(lo / step) * step
-    ticks, v = [], first
-    while v <= hi + step * 1e-9:
+    ticks, v = [], math.ceil(lo / step) * step
+    while v <= hi:
         ticks.append(round(v, 10))
         v += step
-    if ticks[-1] < hi:
-        ticks.append(ticks[-1] + step)
-    return ticks
+    return lo, hi, ticks
 
 
 SERIES = [  # name, colour, marker
@@ -258,16 +258,17 @@ def svg(data, date):
         for r in t_ckpt:
             pts[2].append((mib(r["peak"]), pct(r["ms"], t_plain["ms"]), f"K={r['k']}"))
     every = [p for s in pts for p in s]
-    xt = nice_ticks(0.0, max(x for x, _, _ in every))
-    yt = nice_ticks(min(0.0, min(y for _, y, _ in every)), max(1.0, max(y for _, y, _ in every)))
+    x0, x1, xt = axis(0.0, max(x for x, _, _ in every))
+    x0 = 0.0  # memory from zero
+    y0, y1, yt = axis(min(0.0, min(y for _, y, _ in every)), max(1.0, max(y for _, y, _ in every)))
     w, h, left, right, top, bottom = 860, 540, 70, 230, 60, 55
     pw, ph = w - left - right, h - top - bottom
 
     def px(x):
-        return left + (x - xt[0]) / (xt[-1] - xt[0]) * pw
+        return left + (x - x0) / (x1 - x0) * pw
 
     def py(y):
-        return top + ph - (y - yt[0]) / (yt[-1] - yt[0]) * ph
+        return top + ph - (y - y0) / (y1 - y0) * ph
 
     t_model = (data.get(("T", "model")) or [None])[-1]
     threads = f"{model['threads']} threads" + (f" (PyTorch {t_model['threads']})" if t_model else "")
