@@ -128,8 +128,8 @@ TEST_BIN := $(TEST_SRC:tests/%.c=$(BUILD)/tests/%)
 TESTLIB_OBJ := $(BUILD)/tests/testlib.o
 EXAMPLE_SRC := $(wildcard examples/*.c)
 EXAMPLE_BIN := $(EXAMPLE_SRC:examples/%.c=$(BUILD)/examples/%)
-BENCH_SRC := $(wildcard bench/*.c)
-BENCH_BIN := $(BENCH_SRC:bench/%.c=$(BUILD)/bench/%)
+BENCH_SRC := $(filter-out bench/peak_alloc.c,$(wildcard bench/*.c))
+BENCH_BIN := $(BENCH_SRC:bench/%.c=$(BUILD)/bench/%) $(BUILD)/bench/peak_alloc.so
 
 .PHONY: all lib tests test test-only demo bench asan fuzz fuzz-build fuzz-seeds fixtures deps clean examples \
   install uninstall check-install check-headers FORCE
@@ -190,6 +190,12 @@ $(BUILD)/examples/%: examples/%.c $(LIB)
 $(BUILD)/bench/%: bench/%.c $(LIB)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) $< $(LIB) $(LDLIBS) $(PROG_LDFLAGS) -o $@
+
+# The heap-peak shim PyTorch's side of the planner bench runs under
+# (LD_PRELOAD): its own flags, never the sanitizers of SAN=1.
+$(BUILD)/bench/peak_alloc.so: bench/peak_alloc.c
+	@mkdir -p $(dir $@)
+	$(CC) -std=c11 -O2 -fPIC -shared -Wall -Wextra -Werror $< -o $@
 
 # The installed programs: against libfrugal.so, found in ../lib when
 # installed and in .. inside the build folder.

@@ -1,23 +1,47 @@
 /* bench_planner: step time against memory budget for the planner
- * (nn/planner.h), Chen's split and sqrt(N) segments.
+ * (nn/planner.h), Chen's split and sqrt(N) segments; bench/torch_checkpoint.py
+ * measures PyTorch's checkpoint_sequential on the same model and
+ * bench/planner_join.py prints both as a table and an SVG plot.
  *
- *     bench_planner [--model resnet56] [--batch 64] [--budgets 10] [--steps 2]
+ *     bench_planner [--model resnet56] [--batch 64] [--budgets 10] [--steps 3]
  *
  * First the fixed schedules: plain, Chen's split (checkpoint) under plain
- * and under inplace+recompute, and checkpoint:K with K = sqrt(steps of the
- * sequence). Each gets its measured peak and median step time. Then the
- * planner at `--budgets` budgets from its feasible minimum to plain's peak,
- * and at each fixed schedule's measured peak (equal memory). Rows: budget,
- * planner's predicted and measured peak, measured step ms and its overhead
- * over plain's. Times are wall-clock on whatever else runs on the machine:
- * the load average is printed before and after. */
+ * and under inplace+recompute, and checkpoint:K with K = floor(sqrt(steps of
+ * the sequence)). Each gets its measured peak and median step time. Then the
+ * planner at `--budgets` budgets from its feasible minimum to plain's
+ * predicted peak, and at each non-plain fixed schedule's measured peak (equal
+ * memory). Each measurement is one warm-up step, then `--steps` timed steps
+ * of fr_train_step (forward, cross-entropy, backward, SGD momentum 0.9) on a
+ * random normal batch with random labels; the peak is the ledger's
+ * fr_mem_total_peak over the timed steps: every byte frugal allocates
+ * (parameters, gradients, optimizer state, the batch, activations,
+ * workspace). Times are wall-clock on whatever else runs on the machine:
+ * the load average is recorded before and after.
+ *
+ * Records (tab-separated; bench/README.md, "The planner section"):
+ *   # text                                    a note
+ *   P  model  NAME  BATCH  UNITS  STEPS  THREADS
+ *   P  load   before|after  L1  L5  L15
+ *   P  fixed  SCHEDULE  PEAK_BYTES  MEDIAN_MS
+ *   P  plan   BUDGET_BYTES  PREDICTED_PEAK  MEASURED_PEAK  MEDIAN_MS  ACCUM  EQUAL_TO
+ *             EQUAL_TO: the fixed schedule whose measured peak is the budget,
+ *             or "-" for the evenly spaced budgets
+ * A budget the planner refuses is a "# planner: budget B: why" note. */
+#include <errno.h>
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
 #include "frugal.h"
 #include "nn/planner.h"
+
+enum { MAX_STEPS = 64, MAX_BUDGETS = 1000 };
 
 typedef struct {
     fr_model *m;
@@ -39,7 +63,7 @@ static int cmp(const void *a, const void *b) {
 
 /* One warm-up step, then `steps` timed: the median ms and the peak. */
 static fr_status measure(bench *b, int accum, double *ms, size_t *peak) {
-    double loss, t[64];
+    double loss, t[MAX_STEPS];
     FR_TRY(fr_train_step(b->m, b->opt, NULL, b->x, b->y, accum, &loss, NULL, NULL));
     fr_mem_reset_peak();
     for (int i = 0; i < b->steps; i++) {
@@ -48,7 +72,8 @@ static fr_status measure(bench *b, int accum, double *ms, size_t *peak) {
         t[i] = now_ms() - t0;
     }
     qsort(t, (size_t)b->steps, sizeof *t, cmp);
-    *ms = t[b->steps / 2];
+    int h = b->steps / 2; /* the median; of an even count, the mean of the middle two */
+    *ms = b->steps % 2 ? t[h] : 0.5 * (t[h - 1] + t[h]);
     *peak = fr_mem_total_peak(FR_CPU);
     return FR_OK;
 }
@@ -56,10 +81,9 @@ static fr_status measure(bench *b, int accum, double *ms, size_t *peak) {
 static void load(const char *when) {
     double l[3] = {0};
     if (getloadavg(l, 3) == 3)
-        printf("load average %s: %.2f %.2f %.2f\n", when, l[0], l[1], l[2]);
+        printf("P\tload\t%s\t%.2f\t%.2f\t%.2f\n", when, l[0], l[1], l[2]);
+    fflush(stdout);
 }
-
-static double mib(double b) { return b / 1048576.0; }
 
 static fr_status run(bench *b, int budgets) {
     int64_t n = b->x->shape[0];
@@ -76,63 +100,104 @@ static fr_status run(bench *b, int budgets) {
     snprintf(sqrt_k, sizeof sqrt_k, "checkpoint:%d", k);
     const char *fixed[] = {"plain", "checkpoint", "inplace+recompute+checkpoint", sqrt_k};
     enum { N_FIXED = sizeof fixed / sizeof *fixed };
-    double fixed_ms[N_FIXED], plain_ms = 0;
     size_t fixed_peak[N_FIXED];
-    printf("%s, batch %lld, %d steps in its sequence\n\n", b->m->name, (long long)n, units);
-    printf("%-30s %12s %10s %9s\n", "fixed schedule", "peak MiB", "step ms", "overhead");
+    int threads = 1;
+#ifdef _OPENMP
+    threads = omp_get_max_threads();
+#endif
+    printf("P\tmodel\t%s\t%lld\t%d\t%d\t%d\n", b->m->name, (long long)n, units, b->steps, threads);
+    printf("# planner: %s batch %lld, %d steps in its sequence, OpenMP threads %d; per measurement "
+           "1 warm-up step, median of %d timed; peaks: the ledger's total peak\n",
+           b->m->name, (long long)n, units, threads, b->steps);
+    fflush(stdout);
     for (int i = 0; i < N_FIXED; i++) {
+        double ms;
         fr_plan_remove(b->m);
         FR_TRY(fr_strategy_parse(fixed[i], &b->m->cfg.strategy));
-        FR_TRY(measure(b, 1, &fixed_ms[i], &fixed_peak[i]));
-        if (i == 0)
-            plain_ms = fixed_ms[0];
-        printf("%-30s %12.2f %10.1f %+8.1f%%\n", fixed[i], mib((double)fixed_peak[i]), fixed_ms[i],
-               100 * (fixed_ms[i] - plain_ms) / plain_ms);
+        FR_TRY(measure(b, 1, &ms, &fixed_peak[i]));
+        printf("P\tfixed\t%s\t%zu\t%.3f\n", fixed[i], fixed_peak[i], ms);
+        fflush(stdout);
     }
-    printf("\n%-30s %12s %12s %10s %9s %6s %s\n", "planner at budget (MiB)", "predicted", "measured",
-           "step ms", "overhead", "accum", "");
     for (int i = 0; i < budgets + N_FIXED - 1; i++) {
         bool equal = i >= budgets;
         size_t budget = equal ? fixed_peak[i - budgets + 1]
                               : (size_t)(lo + (hi - lo) * i / (budgets > 1 ? budgets - 1 : 1)) + 1;
         fr_status st = fr_plan_memory(b->m, b->x->shape, budget, &o, &plan);
         if (st != FR_OK) {
-            printf("%-30.2f %s\n", mib((double)budget), fr_last_error());
+            printf("# planner: budget %zu: %s\n", budget, fr_last_error());
             continue;
         }
-        FR_TRY(fr_plan_apply(b->m, &plan));
-        double ms;
-        size_t peak;
-        st = measure(b, plan.accum, &ms, &peak);
-        if (st == FR_OK) {
-            char label[64];
-            snprintf(label, sizeof label, "%.2f%s%s", mib((double)budget), equal ? " = " : "",
-                     equal ? fixed[i - budgets + 1] : "");
-            printf("%-30.30s %12.2f %12.2f %10.1f %+8.1f%% %6d\n", label, mib(plan.predicted_peak),
-                   mib((double)peak), ms, 100 * (ms - plain_ms) / plain_ms, plan.accum);
-        }
+        st = fr_plan_apply(b->m, &plan);
+        double ms = 0;
+        size_t peak = 0;
+        if (st == FR_OK)
+            st = measure(b, plan.accum, &ms, &peak);
+        if (st == FR_OK)
+            printf("P\tplan\t%zu\t%.0f\t%zu\t%.3f\t%d\t%s\n", budget, plan.predicted_peak, peak, ms,
+                   plan.accum, equal ? fixed[i - budgets + 1] : "-");
+        fflush(stdout);
         fr_memory_plan_free(&plan);
         FR_TRY(st);
     }
     return FR_OK;
 }
 
+static int usage(FILE *out, const char *prog, int code) {
+    fprintf(out,
+            "usage: %s [--model NAME] [--batch N] [--budgets N] [--steps N]\n"
+            "  --model NAME  a registered model (default resnet56)\n"
+            "  --batch N     images per step, >= 1 (default 64)\n"
+            "  --budgets N   evenly spaced budgets from the planner's feasible minimum to\n"
+            "                plain's peak, 1 to %d (default 10); the equal-memory budgets\n"
+            "                (each fixed schedule's measured peak) come on top\n"
+            "  --steps N     timed steps per measurement, 1 to %d (default 3)\n",
+            prog, MAX_BUDGETS, MAX_STEPS);
+    return code;
+}
+
+/* A whole decimal integer in [lo, hi], else false. */
+static bool parse_int(const char *s, int lo, int hi, int *out) {
+    char *end;
+    errno = 0;
+    long v = strtol(s, &end, 10);
+    if (errno || end == s || *end || v < lo || v > hi)
+        return false;
+    *out = (int)v;
+    return true;
+}
+
 int main(int argc, char **argv) {
     const char *model = "resnet56";
-    int batch = 64, budgets = 10, steps = 2;
-    for (int i = 1; i + 1 < argc; i += 2) {
-        if (!strcmp(argv[i], "--model"))
-            model = argv[i + 1];
-        else if (!strcmp(argv[i], "--batch"))
-            batch = atoi(argv[i + 1]);
-        else if (!strcmp(argv[i], "--budgets"))
-            budgets = atoi(argv[i + 1]);
-        else if (!strcmp(argv[i], "--steps"))
-            steps = atoi(argv[i + 1]);
-    }
-    if (batch < 1 || budgets < 1 || steps < 1 || steps > 64) {
-        fprintf(stderr, "bench_planner: --batch, --budgets >= 1, --steps in [1, 64]\n");
-        return 2;
+    int batch = 64, budgets = 10, steps = 3;
+    for (int i = 1; i < argc; i++) {
+        const char *flag = argv[i];
+        if (!strcmp(flag, "--help"))
+            return usage(stdout, argv[0], 0);
+        bool known = !strcmp(flag, "--model") || !strcmp(flag, "--batch") ||
+                     !strcmp(flag, "--budgets") || !strcmp(flag, "--steps");
+        if (!known) {
+            fprintf(stderr, "bench_planner: unknown argument '%s'\n", flag);
+            return usage(stderr, argv[0], 2);
+        }
+        if (i + 1 >= argc) {
+            fprintf(stderr, "bench_planner: %s needs a value\n", flag);
+            return 2;
+        }
+        const char *v = argv[++i];
+        bool ok = true;
+        if (!strcmp(flag, "--model"))
+            model = v;
+        else if (!strcmp(flag, "--batch"))
+            ok = parse_int(v, 1, INT_MAX / (3 * 32 * 32), &batch);
+        else if (!strcmp(flag, "--budgets"))
+            ok = parse_int(v, 1, MAX_BUDGETS, &budgets);
+        else
+            ok = parse_int(v, 1, MAX_STEPS, &steps);
+        if (!ok) {
+            fprintf(stderr, "bench_planner: bad value '%s' for %s (see --help for its range)\n", v,
+                    flag);
+            return 2;
+        }
     }
     bench b = {.steps = steps, .m = fr_model_create(model, 3, 10, 1)};
     if (!b.m) {
@@ -147,6 +212,8 @@ int main(int argc, char **argv) {
     fr_rng_seed(&rng, 1);
     for (size_t i = 0; h && i < count; i++)
         h[i] = (float)fr_rng_normal(&rng);
+    for (int i = 0; l && i < batch; i++)
+        l[i] = (int32_t)(fr_rng_next(&rng) % 10);
     b.x = h ? fr_from_host(FR_CPU, FR_F32, 4, FR_SHAPE(batch, 3, 32, 32), FR_TAG_DATA, h) : NULL;
     b.y = l ? fr_from_host(FR_CPU, FR_I32, 1, FR_SHAPE(batch), FR_TAG_DATA, l) : NULL;
     free(h);

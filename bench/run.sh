@@ -20,6 +20,16 @@
 # BENCH_GPU_PYTHON its interpreter (default: BENCH_PYTHON, else the first of
 # /usr/bin/python3 and python3 whose torch sees a GPU). BENCH_KEEP_DIR keeps
 # the raw records (*.tsv) in that folder, written there as they come.
+# The planner section (bench_planner and torch_checkpoint.py: step time against
+# memory budget for frugal's planner, its fixed checkpoint schedules and
+# PyTorch's checkpoint_sequential, joined by planner_join.py into a table and
+# an SVG plot) runs after the models section; BENCH_ONLY=planner runs it
+# alone, BENCH_PLANNER=0 leaves it out. BENCH_PLANNER_MODEL (resnet56),
+# BENCH_PLANNER_BATCH (64), BENCH_PLANNER_BUDGETS (10) and BENCH_PLANNER_STEPS
+# (3, timed steps per run on both sides) size it; BENCH_PLANNER_SEGMENTS
+# (comma-separated K; default every K from 2 to the module count) picks
+# PyTorch's segment counts; BENCH_PLANNER_SVG is where the plot goes (default
+# <builddir>/bench/planner_<model>_b<batch>.svg).
 set -u
 build=${1:-build}
 bin="$build/bench/bench_ops"
@@ -32,17 +42,21 @@ py=${BENCH_PYTHON:-/usr/bin/python3}
 [ -x "$py" ] || py=$(command -v python3 || true)
 
 models_bin="$build/bench/bench_models"
-run_ops=1 run_models=1 run_gpu=1
+planner_bin="$build/bench/bench_planner" shim="$build/bench/peak_alloc.so"
+run_ops=1 run_models=1 run_gpu=1 run_planner=1
 case "${BENCH_ONLY:-}" in
     "") ;;
-    models) run_ops=0 run_gpu=0 ;;
-    gpu) run_ops=0 run_models=0 ;;
-    *) run_models=0 run_gpu=0 ;;
+    models) run_ops=0 run_gpu=0 run_planner=0 ;;
+    gpu) run_ops=0 run_models=0 run_planner=0 ;;
+    planner) run_ops=0 run_models=0 run_gpu=0 ;;
+    *) run_models=0 run_gpu=0 run_planner=0 ;;
 esac
 [ "${BENCH_GPU:-1}" = 0 ] && run_gpu=0
+[ "${BENCH_PLANNER:-1}" = 0 ] && run_planner=0
 need=()
 [ $run_ops -eq 1 ] && need+=("$bin")
 [ $run_models -eq 1 ] || [ $run_gpu -eq 1 ] && need+=("$models_bin")
+[ $run_planner -eq 1 ] && need+=("$planner_bin")
 for b in "${need[@]}"; do
     if [ ! -x "$b" ]; then
         echo "bench: $b not found; build it with make BUILD=$build bench" >&2
@@ -85,15 +99,19 @@ gpu_probe() { # lists the GPU cases; sets gpu_skip when the section cannot run
         gpu_skip=${gpu_skip:-no GPU cases (BENCH_MATCH=${BENCH_MATCH:-})}
     fi
 }
-if [ $run_ops -eq 0 ] && [ $run_models -eq 0 ]; then
+if [ $run_ops -eq 0 ] && [ $run_models -eq 0 ] && [ $run_planner -eq 0 ]; then
     [ $run_gpu -eq 1 ] && gpu_probe
+    if [ "${BENCH_ONLY:-}" = planner ]; then
+        echo "bench: planner section skipped: BENCH_PLANNER=0"
+        exit 0
+    fi
     if [ $run_gpu -eq 0 ] || [ -n "$gpu_skip" ]; then
         echo "bench: GPU section skipped: ${gpu_skip:-BENCH_GPU=0}"
         exit 0
     fi
 fi
 
-if [ $run_ops -eq 1 ] || [ $run_models -eq 1 ]; then
+if [ $run_ops -eq 1 ] || [ $run_models -eq 1 ] || [ $run_planner -eq 1 ]; then
     echo "bench: frugal and PyTorch on the CPU, $threads threads each (OMP_NUM_THREADS=$threads," \
         "OPENBLAS_NUM_THREADS=$threads, torch.set_num_threads($threads)); median of $reps repetitions" \
         "of >= $min_ms ms after warm-up, best of $rounds rounds"
@@ -184,6 +202,45 @@ if [ $run_models -eq 1 ]; then
     echo "# bench: the models section took $((SECONDS - mstart)) s" >>"$tmp/total.tsv"
 fi
 
+# The planner section: once, frugal first, then PyTorch under the heap-peak
+# shim; joined apart from the other sections (its records are P and T lines).
+planner_files=()
+if [ $run_planner -eq 1 ]; then
+    pstart=$SECONDS
+    p_model=${BENCH_PLANNER_MODEL:-resnet56} p_batch=${BENCH_PLANNER_BATCH:-64}
+    p_steps=${BENCH_PLANNER_STEPS:-3}
+    echo "bench: the planner section: $p_model batch $p_batch, ${BENCH_PLANNER_BUDGETS:-10} budgets," \
+        "$p_steps timed steps per run" >&2
+    out="$tmp/planner.frugal.tsv"
+    "$planner_bin" --model "$p_model" --batch "$p_batch" --budgets "${BENCH_PLANNER_BUDGETS:-10}" \
+        --steps "$p_steps" >"$out"
+    rc=$?
+    if [ $rc -ne 0 ]; then
+        frugal_rc=$rc
+        echo "# frugal: bench_planner exited $rc (see its notes)" >>"$out"
+    fi
+    planner_files+=("$out")
+    out="$tmp/planner.torch.tsv"
+    if [ -z "$py" ]; then
+        echo "# torch: unavailable (no python3); frugal's planner rows only" >"$out"
+    elif [ $torch_ok -eq 0 ]; then
+        echo "# torch: unavailable (see above); frugal's planner rows only" >"$out"
+    elif [ ! -f "$shim" ]; then
+        echo "# torch: $shim not built (make bench builds it); no PyTorch points" >"$out"
+    else
+        segs=()
+        [ -n "${BENCH_PLANNER_SEGMENTS:-}" ] && segs=(--segments "$BENCH_PLANNER_SEGMENTS")
+        "$py" "$here/torch_checkpoint.py" --shim "$shim" --model "$p_model" --batch "$p_batch" \
+            --steps "$p_steps" --threads "$threads" "${segs[@]}" >"$out"
+        rc=$?
+        if [ $rc -ne 0 ] && [ $rc -ne 3 ]; then
+            echo "# torch: torch_checkpoint.py exited $rc; some PyTorch points may be missing" >>"$out"
+        fi
+    fi
+    planner_files+=("$out")
+    echo "# bench: the planner section took $((SECONDS - pstart)) s" >>"$out"
+fi
+
 # The GPU section: once, frugal first, then PyTorch (an interpreter whose
 # torch sees the GPU, where there is one).
 gpu_python() {
@@ -225,10 +282,20 @@ if [ $run_gpu -eq 1 ] && [ -z "$gpu_skip" ]; then
     files+=("$tmp/gpu.total.tsv")
 fi
 
-if [ -n "$py" ]; then
-    "$py" "$here/join.py" "${files[@]}"
-else
-    cat "${files[@]}"
+if [ ${#files[@]} -gt 0 ]; then
+    if [ -n "$py" ]; then
+        "$py" "$here/join.py" "${files[@]}"
+    else
+        cat "${files[@]}"
+    fi
+fi
+if [ ${#planner_files[@]} -gt 0 ]; then
+    svg=${BENCH_PLANNER_SVG:-$build/bench/planner_${p_model}_b$p_batch.svg}
+    if [ -n "$py" ]; then
+        "$py" "$here/planner_join.py" --svg "$svg" "${planner_files[@]}" || frugal_rc=1
+    else
+        cat "${planner_files[@]}"
+    fi
 fi
 if [ $run_gpu -eq 1 ] && [ -n "$gpu_skip" ]; then
     echo "bench: GPU section skipped: $gpu_skip"
