@@ -4,6 +4,8 @@ the same optimizer and batch, for a fixed number of steps; prints images/s.
 
     OMP_NUM_THREADS=2 /usr/bin/python3 bench/torch_train.py --steps 30 --threads 2
     build/examples/train --limit-train 3840 --epochs 1 --threads 2   # same 30 steps, frugal
+    OMP_NUM_THREADS=2 /usr/bin/python3 bench/torch_train.py --eval --batch 256 --threads 2
+    build/examples/validate --checkpoint CKPT --batch 256 --threads 2  # frugal's eval pass
 
 The first --warmup steps are not timed (allocator and oneDNN warm-up). Data
 are read from the IDX .gz files with numpy, normalised like frugal's loader
@@ -41,9 +43,14 @@ def main():
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--lr", type=float, default=0.1)
+    ap.add_argument("--eval", action="store_true",
+                    help="instead of training: one eval-mode pass under torch.no_grad over the "
+                         "test set at --batch (what examples/validate's eval pass does)")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
+    if args.eval:
+        return evaluate(args)
     x = read_idx(os.path.join(args.data, "train-images-idx3-ubyte.gz"))
     y = read_idx(os.path.join(args.data, "train-labels-idx1-ubyte.gz"))
     need = (args.steps + args.warmup) * args.batch
@@ -70,6 +77,28 @@ def main():
     secs = time.perf_counter() - t0
     print(f"torch {torch.__version__} resnet{args.depth} batch {args.batch}, {args.threads} threads: "
           f"{args.steps} steps in {secs:.1f} s, {timed / secs:.1f} images/s, mean loss {loss_sum / args.steps:.4f}")
+
+
+def evaluate(args):
+    """The baseline of examples/validate's eval pass: model.eval(), torch.no_grad(), the 10000
+    test images in batches of --batch, logits argmaxed; images/s over the whole pass (the first
+    batch included, as validate times it)."""
+    x = read_idx(os.path.join(args.data, "t10k-images-idx3-ubyte.gz"))
+    y = read_idx(os.path.join(args.data, "t10k-labels-idx1-ubyte.gz"))
+    images = (torch.from_numpy(x.astype(np.float32) / 255.0).unsqueeze(1) - 0.2860) / 0.3530
+    labels = torch.from_numpy(y.astype(np.int64))
+    model = ResNet(args.depth, 1, 10)
+    model.eval()
+    correct = 0
+    t0 = time.perf_counter()
+    with torch.no_grad():
+        for i in range(0, len(images), args.batch):
+            pred = model(images[i:i + args.batch]).argmax(1)
+            correct += int((pred == labels[i:i + args.batch]).sum())
+    secs = time.perf_counter() - t0
+    print(f"torch {torch.__version__} resnet{args.depth} eval batch {args.batch}, {args.threads} threads: "
+          f"{len(images)} images in {secs:.1f} s, {len(images) / secs:.1f} images/s "
+          f"(accuracy {100.0 * correct / len(images):.2f}%, untrained)")
 
 
 if __name__ == "__main__":

@@ -2,7 +2,7 @@
  * per-channel buffer is (C). Channel ch of sample i is the contiguous run
  * x[(i * C + ch) * HW ...], so a thread owning a channel strides over N.
  * The elementwise loops are `omp simd` (-O2 leaves them scalar); so are the
- * per-channel sums (double lanes, in an order fixed by the build, the same
+ * per-channel sums (double lanes, in an order fixed by the machine, the same
  * for every kernel that sums: chunk_sums), never split across threads. */
 #include <math.h>
 
@@ -10,6 +10,39 @@
 
 /* Below this many elements in total, one thread is faster. */
 #define FR_BN_PAR_MIN 32768
+
+/* The loops over a plane or a chunk live in small functions built twice,
+ * for AVX2 and for the portable baseline, the copy picked at load time (as
+ * cpu/gemm.c's kernel): the portable build's SSE2 has two double lanes, AVX2
+ * four, and the sums and the f32 <-> f64 conversions are most of the work.
+ * No FMA in either copy (-std=c11 forbids contraction), so both round as
+ * the separate elementwise kernels do; a sum's lane order is the copy's,
+ * the same for every kernel on one machine. */
+#define FR_BN_VEC __attribute__((target_clones("avx2", "default")))
+
+FR_BN_VEC static void plane_stats(const float *p, int hw, double shift, double *s_out,
+                                  double *ss_out) {
+    double s = *s_out, ss = *ss_out;
+#pragma omp simd reduction(+ : s, ss)
+    for (int j = 0; j < hw; j++) {
+        double d = (double)p[j] - shift;
+        s += d;
+        ss += d * d;
+    }
+    *s_out = s;
+    *ss_out = ss;
+}
+
+/* dx = k * (g - mdy - xhat * mdyxh) over one run: batch norm's dx from the
+ * gradient g at its output and the batch sums (kernels.def). */
+FR_BN_VEC static void plane_dx(float *dxp, const float *gp, const float *xp, int len, double mu,
+                               double is, double k, double mdy, double mdyxh) {
+#pragma omp simd
+    for (int j = 0; j < len; j++) {
+        double xh = ((double)xp[j] - mu) * is;
+        dxp[j] = (float)(k * ((double)gp[j] - mdy - xh * mdyxh));
+    }
+}
 
 static inline const float *plane(const float *x, int i, int ch, int c, int hw) {
     return x + ((size_t)i * (size_t)c + (size_t)ch) * (size_t)hw;
@@ -25,15 +58,8 @@ fr_status fr_cpu_batch_norm_stats(float *mean, float *var, const float *x, int n
          * enough. */
         double shift = n > 0 && hw > 0 ? plane(x, 0, ch, c, hw)[0] : 0.0;
         double s = 0.0, ss = 0.0;
-        for (int i = 0; i < n; i++) {
-            const float *p = plane(x, i, ch, c, hw);
-#pragma omp simd reduction(+ : s, ss)
-            for (int j = 0; j < hw; j++) {
-                double d = (double)p[j] - shift;
-                s += d;
-                ss += d * d;
-            }
-        }
+        for (int i = 0; i < n; i++)
+            plane_stats(plane(x, i, ch, c, hw), hw, shift, &s, &ss);
         double count = (double)n * (double)hw;
         double m = count > 0 ? s / count : 0.0;
         double v = count > 0 ? ss / count - m * m : 0.0;
@@ -50,8 +76,8 @@ fr_status fr_cpu_batch_norm_stats(float *mean, float *var, const float *x, int n
  * sum through here, so they agree bit for bit. */
 #define FR_BN_CHUNK 512
 
-static inline void chunk_sums(const float *g, const float *xp, int len, double mu, double is,
-                              double *sdy, double *sdyxh) {
+FR_BN_VEC static void chunk_sums(const float *g, const float *xp, int len, double mu, double is,
+                             double *sdy, double *sdyxh) {
     double a = *sdy, b = *sdyxh;
 #pragma omp simd reduction(+ : a, b)
     for (int j = 0; j < len; j++) {
@@ -102,6 +128,16 @@ fr_status fr_cpu_batch_norm_update_running(float *running_mean, float *running_v
         }                                                                        \
     } while (0)
 
+FR_BN_VEC static void plane_forward(float *yp, const float *xp, const float *rp, float mu, float sc,
+                                    float b, fr_act act, float slope, int hw) {
+    if (act == FR_ACT_RELU)
+        FR_BN_ACT_PLANE(v > 0.0f ? v : 0.0f);
+    else if (act == FR_ACT_LEAKY_RELU)
+        FR_BN_ACT_PLANE(v > 0.0f ? v : v * slope);
+    else
+        FR_BN_ACT_PLANE(v);
+}
+
 fr_status fr_cpu_bn_act_forward(float *y, const float *x, const float *residual, const float *mean,
                                 const float *invstd, const float *gamma, const float *beta,
                                 fr_act act, float slope, int n, int c, int hw) {
@@ -114,13 +150,7 @@ fr_status fr_cpu_bn_act_forward(float *y, const float *x, const float *residual,
         float mu = mean[ch], b = beta[ch];
         const float *xp = x + (size_t)pl * (size_t)hw;
         const float *rp = residual ? residual + (size_t)pl * (size_t)hw : NULL;
-        float *yp = y + (size_t)pl * (size_t)hw;
-        if (act == FR_ACT_RELU)
-            FR_BN_ACT_PLANE(v > 0.0f ? v : 0.0f);
-        else if (act == FR_ACT_LEAKY_RELU)
-            FR_BN_ACT_PLANE(v > 0.0f ? v : v * slope);
-        else
-            FR_BN_ACT_PLANE(v);
+        plane_forward(y + (size_t)pl * (size_t)hw, xp, rp, mu, sc, b, act, slope, hw);
     }
     return FR_OK;
 }
@@ -129,8 +159,8 @@ fr_status fr_cpu_bn_act_forward(float *y, const float *x, const float *residual,
  * signs of real activations are unpredictable); the arithmetic of
  * relu_backward / leaky_relu_backward. s is act_out, or the forward's
  * pre-activation (x - mu) * sc + b in its rounding when act_out is NULL. */
-static inline void chunk_grad(float *g, const float *dy, const float *act_out, const float *xp,
-                              float mu, float sc, float b, fr_act act, float slope, int len) {
+FR_BN_VEC static void chunk_grad(float *g, const float *dy, const float *act_out, const float *xp,
+                             float mu, float sc, float b, fr_act act, float slope, int len) {
     if (act == FR_ACT_IDENTITY) {
         for (int j = 0; j < len; j++)
             g[j] = dy[j];
@@ -197,13 +227,7 @@ fr_status fr_cpu_bn_act_backward(float *dx, float *dz, float *dgamma, float *dbe
         double mdy = sdy / count, mdyxh = sdyxh / count, k = (double)gamma[ch] * is;
         for (int i = 0; i < n; i++) {
             size_t at = ((size_t)i * (size_t)c + (size_t)ch) * (size_t)hw;
-            const float *xp = x + at, *gp = gout + at;
-            float *dxp = dx + at;
-#pragma omp simd
-            for (int j = 0; j < hw; j++) {
-                double xh = ((double)xp[j] - mu) * is;
-                dxp[j] = (float)(k * ((double)gp[j] - mdy - xh * mdyxh));
-            }
+            plane_dx(dx + at, gout + at, x + at, hw, mu, is, k, mdy, mdyxh);
         }
     }
     return FR_OK;
@@ -234,13 +258,8 @@ fr_status fr_cpu_batch_norm_backward(float *dx, float *dgamma, float *dbeta, con
         double count = (double)n * (double)hw;
         double mdy = sdy / count, mdyxh = sdyxh / count, k = (double)gamma[ch] * is;
         for (int i = 0; i < n; i++) {
-            const float *xp = plane(x, i, ch, c, hw), *dyp = plane(dy, i, ch, c, hw);
-            float *dxp = dx + ((size_t)i * (size_t)c + (size_t)ch) * (size_t)hw;
-#pragma omp simd
-            for (int j = 0; j < hw; j++) {
-                double xh = ((double)xp[j] - mu) * is;
-                dxp[j] = (float)(k * ((double)dyp[j] - mdy - xh * mdyxh));
-            }
+            size_t at = ((size_t)i * (size_t)c + (size_t)ch) * (size_t)hw;
+            plane_dx(dx + at, dy + at, x + at, hw, mu, is, k, mdy, mdyxh);
         }
     }
     return FR_OK;
@@ -256,13 +275,8 @@ fr_status fr_cpu_batch_norm_backward_data(float *dx, const float *dy, const floa
         int ch = pl % c;
         double mu = mean[ch], is = invstd[ch], k = (double)gamma[ch] * is;
         double mdy = dbeta[ch] / count, mdyxh = dgamma[ch] / count;
-        const float *xp = x + (size_t)pl * (size_t)hw, *dyp = dy + (size_t)pl * (size_t)hw;
-        float *dxp = dx + (size_t)pl * (size_t)hw;
-#pragma omp simd
-        for (int j = 0; j < hw; j++) {
-            double xh = ((double)xp[j] - mu) * is;
-            dxp[j] = (float)(k * ((double)dyp[j] - mdy - xh * mdyxh));
-        }
+        size_t at = (size_t)pl * (size_t)hw;
+        plane_dx(dx + at, dy + at, x + at, hw, mu, is, k, mdy, mdyxh);
     }
     return FR_OK;
 }
