@@ -203,8 +203,10 @@ fr_status fr_cpu_bn_act_backward(float *dx, float *dz, float *dgamma, float *dbe
          * kept to read the sign from */
         float mu_f = mean[ch], sc = invstd[ch] * gamma[ch], b = beta ? beta[ch] : 0.0f;
         /* g is written where it will be read again: dz when wanted, else dx
-         * (overwritten by the second pass) */
-        float *gout = dz ? dz : dx;
+         * (overwritten by the second pass); the identity without dz reads
+         * dy itself (batch_norm_backward) */
+        bool g_is_dy = act == FR_ACT_IDENTITY && !dz;
+        float *gout = dz ? dz : g_is_dy ? NULL : dx;
         double sdy = 0.0, sdyxh = 0.0;
         float local[FR_BN_CHUNK];
         for (int i = 0; i < n; i++) {
@@ -212,9 +214,13 @@ fr_status fr_cpu_bn_act_backward(float *dx, float *dz, float *dgamma, float *dbe
             for (int j0 = 0; j0 < hw; j0 += FR_BN_CHUNK) {
                 int len = hw - j0 < FR_BN_CHUNK ? hw - j0 : FR_BN_CHUNK;
                 size_t o = at + (size_t)j0;
-                float *g = gout ? gout + o : local;
-                chunk_grad(g, dy + o, act_out ? act_out + o : NULL, x + o, mu_f, sc, b, act, slope,
-                           len);
+                const float *g = dy + o;
+                if (!g_is_dy) {
+                    float *w = gout ? gout + o : local;
+                    chunk_grad(w, dy + o, act_out ? act_out + o : NULL, x + o, mu_f, sc, b, act,
+                               slope, len);
+                    g = w;
+                }
                 chunk_sums(g, x + o, len, mu, is, &sdy, &sdyxh);
             }
         }
@@ -222,47 +228,27 @@ fr_status fr_cpu_bn_act_backward(float *dx, float *dz, float *dgamma, float *dbe
         dgamma[ch] = (float)sdyxh;
         if (!dx)
             continue;
-        /* batch_norm_backward's dx from g (see there) */
+        /* With xhat = (x - mean) * invstd and M = N*HW values per channel:
+         * dx = gamma * invstd * (g - mean(g) - xhat * mean(g * xhat)),
+         * the mean and variance terms being what the batch statistics
+         * contribute. */
         double count = (double)n * (double)hw;
         double mdy = sdy / count, mdyxh = sdyxh / count, k = (double)gamma[ch] * is;
+        const float *gsrc = g_is_dy ? dy : gout;
         for (int i = 0; i < n; i++) {
             size_t at = ((size_t)i * (size_t)c + (size_t)ch) * (size_t)hw;
-            plane_dx(dx + at, gout + at, x + at, hw, mu, is, k, mdy, mdyxh);
+            plane_dx(dx + at, gsrc + at, x + at, hw, mu, is, k, mdy, mdyxh);
         }
     }
     return FR_OK;
 }
 
+/* bn_act_backward with the identity: dx and the sums from dy itself. */
 fr_status fr_cpu_batch_norm_backward(float *dx, float *dgamma, float *dbeta, const float *dy, const float *x,
                         const float *mean, const float *invstd, const float *gamma, int n, int c,
                         int hw) {
-    size_t total = (size_t)n * (size_t)c * (size_t)hw;
-#pragma omp parallel for if (total > FR_BN_PAR_MIN && c > 1) schedule(static)
-    for (int ch = 0; ch < c; ch++) {
-        double mu = mean[ch], is = invstd[ch];
-        double sdy = 0.0, sdyxh = 0.0;
-        for (int i = 0; i < n; i++) {
-            const float *xp = plane(x, i, ch, c, hw), *dyp = plane(dy, i, ch, c, hw);
-            for (int j0 = 0; j0 < hw; j0 += FR_BN_CHUNK)
-                chunk_sums(dyp + j0, xp + j0, hw - j0 < FR_BN_CHUNK ? hw - j0 : FR_BN_CHUNK, mu, is,
-                           &sdy, &sdyxh);
-        }
-        dbeta[ch] = (float)sdy;
-        dgamma[ch] = (float)sdyxh;
-        if (!dx)
-            continue;
-        /* With xhat = (x - mean) * invstd and M = N*HW values per channel:
-         * dx = gamma * invstd * (dy - mean(dy) - xhat * mean(dy * xhat)),
-         * the mean and variance terms being what the batch statistics
-         * contribute. */
-        double count = (double)n * (double)hw;
-        double mdy = sdy / count, mdyxh = sdyxh / count, k = (double)gamma[ch] * is;
-        for (int i = 0; i < n; i++) {
-            size_t at = ((size_t)i * (size_t)c + (size_t)ch) * (size_t)hw;
-            plane_dx(dx + at, dy + at, x + at, hw, mu, is, k, mdy, mdyxh);
-        }
-    }
-    return FR_OK;
+    return fr_cpu_bn_act_backward(dx, NULL, dgamma, dbeta, dy, NULL, x, mean, invstd, gamma, NULL,
+                                  FR_ACT_IDENTITY, 0.0f, n, c, hw);
 }
 
 fr_status fr_cpu_batch_norm_backward_data(float *dx, const float *dy, const float *x, const float *mean,

@@ -140,49 +140,9 @@ extern "C" fr_status fr_cuda_bn_act_forward(float *y, const float *x, const floa
  * element of dx is written by the thread that read dy and x there, after the
  * sums are complete, so dx may alias dy or x. ---- */
 
-__global__ void batch_norm_backward_kernel(float *dx, float *dgamma, float *dbeta, const float *dy,
-                              const float *x, const float *mean, const float *invstd,
-                              const float *gamma, int n, int c, int hw) {
-    __shared__ float sh[BN_THREADS];
-    int ch = blockIdx.x;
-    size_t count = (size_t)n * (size_t)hw;
-    float mu = mean[ch], is = invstd[ch];
-    float acc_dy = 0.0f, acc_dyxh = 0.0f;
-    for (size_t i = threadIdx.x; i < count; i += BN_THREADS) {
-        size_t at = bn_index(i, ch, c, hw);
-        float g = dy[at];
-        acc_dy += g;
-        acc_dyxh += g * ((x[at] - mu) * is);
-    }
-    float sdy = fr_block_sum<float, BN_THREADS>(acc_dy, sh);
-    float sdyxh = fr_block_sum<float, BN_THREADS>(acc_dyxh, sh);
-    if (threadIdx.x == 0) {
-        dbeta[ch] = sdy;
-        dgamma[ch] = sdyxh;
-    }
-    if (!dx || count == 0)
-        return;
-    float mdy = sdy / (float)count, mdyxh = sdyxh / (float)count, k = gamma[ch] * is;
-    for (size_t i = threadIdx.x; i < count; i += BN_THREADS) {
-        size_t at = bn_index(i, ch, c, hw);
-        float xh = (x[at] - mu) * is;
-        dx[at] = k * (dy[at] - mdy - xh * mdyxh);
-    }
-}
-
-extern "C" fr_status fr_cuda_batch_norm_backward(float *dx, float *dgamma, float *dbeta, const float *dy,
-                                    const float *x, const float *mean, const float *invstd,
-                                    const float *gamma, int n, int c, int hw) {
-    if (c <= 0)
-        return FR_OK;
-    batch_norm_backward_kernel<<<c, BN_THREADS>>>(dx, dgamma, dbeta, dy, x, mean, invstd, gamma, n, c, hw);
-    FR_CUDA_LAUNCH_CHECK();
-    return FR_OK;
-}
-
-/* The fused backward (kernels.def: bn_act_backward): batch_norm_backward_kernel
- * over g = dy * act'(s), s the kept output or the pre-activation
- * recomputed in the forward's rounding. g goes to dz when wanted; dx is
+/* The fused backward (kernels.def: bn_act_backward): the above over g = dy *
+ * act'(s), s the kept output or the pre-activation recomputed in the
+ * forward's rounding (batch_norm_backward is its identity case). g goes to dz when wanted; dx is
  * computed from g again (recomputed, not re-read, where dz is not kept). */
 __global__ void bn_act_backward_kernel(float *dx, float *dz, float *dgamma, float *dbeta,
                                        const float *dy, const float *act_out, const float *x,
@@ -244,8 +204,16 @@ extern "C" fr_status fr_cuda_bn_act_backward(float *dx, float *dz, float *dgamma
     return FR_OK;
 }
 
+/* bn_act_backward with the identity: the sums and dx from dy itself. */
+extern "C" fr_status fr_cuda_batch_norm_backward(float *dx, float *dgamma, float *dbeta, const float *dy,
+                                    const float *x, const float *mean, const float *invstd,
+                                    const float *gamma, int n, int c, int hw) {
+    return fr_cuda_bn_act_backward(dx, NULL, dgamma, dbeta, dy, NULL, x, mean, invstd, gamma, NULL,
+                                   FR_ACT_IDENTITY, 0.0f, n, c, hw);
+}
+
 /* dx from batch sums already reduced over all `count` values per channel
- * (the blocked form of batch_norm_backward_kernel's second half; kernels.def). */
+ * (the blocked form of bn_act_backward_kernel's second half; kernels.def). */
 __global__ void batch_norm_backward_data_kernel(float *dx, const float *dy, const float *x, const float *mean,
                                    const float *invstd, const float *gamma, const float *dgamma,
                                    const float *dbeta, float inv_count, int c, size_t hw,

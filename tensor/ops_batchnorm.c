@@ -54,6 +54,14 @@ static fr_status check_like_x(const char *op, const char *arg, const fr_tensor *
     return fr_check_same_device(op, arg, t, "x", x);
 }
 
+/* The per-channel tensors every normalising op reads: mean, invstd, gamma. */
+static fr_status check_affine(const char *op, const fr_tensor *x, int c, const fr_tensor *mean,
+                              const fr_tensor *invstd, const fr_tensor *gamma) {
+    FR_TRY(check_channel(op, "mean", mean, x, c));
+    FR_TRY(check_channel(op, "invstd", invstd, x, c));
+    return check_channel(op, "gamma", gamma, x, c);
+}
+
 static fr_status check_eps(const char *op, float eps) {
     if (!(eps >= 0.0f) || isinf(eps))
         return fr_error(FR_ERR_ARG, "%s: eps must be finite and >= 0, got %g", op, (double)eps);
@@ -392,9 +400,7 @@ fr_status fr_batch_norm_train_forward(fr_tensor *y, fr_tensor *mean, fr_tensor *
     bn_dims d;
     FR_TRY(check_x(op, "x", x, &d));
     FR_TRY(check_like_x(op, "y", y, x));
-    FR_TRY(check_channel(op, "mean", mean, x, d.c));
-    FR_TRY(check_channel(op, "invstd", invstd, x, d.c));
-    FR_TRY(check_channel(op, "gamma", gamma, x, d.c));
+    FR_TRY(check_affine(op, x, d.c, mean, invstd, gamma));
     FR_TRY(check_channel(op, "beta", beta, x, d.c));
     FR_TRY(train_stats(op, mean, invstd, x, running_mean, running_var, momentum, eps, &d,
                        images_per_block(x, y, &d)));
@@ -432,9 +438,7 @@ fr_status fr_batch_norm_apply(fr_tensor *y, const fr_tensor *x, const fr_tensor 
     bn_dims d;
     FR_TRY(check_x(op, "x", x, &d));
     FR_TRY(check_like_x(op, "y", y, x));
-    FR_TRY(check_channel(op, "mean", mean, x, d.c));
-    FR_TRY(check_channel(op, "invstd", invstd, x, d.c));
-    FR_TRY(check_channel(op, "gamma", gamma, x, d.c));
+    FR_TRY(check_affine(op, x, d.c, mean, invstd, gamma));
     FR_TRY(check_channel(op, "beta", beta, x, d.c));
     return apply_staged(y, x, fr_data_f32(mean), fr_data_f32(invstd), gamma, beta, &d);
 }
@@ -450,9 +454,7 @@ fr_status fr_batch_norm_backward(fr_tensor *dx, fr_tensor *dgamma, fr_tensor *db
         FR_TRY(check_like_x(op, "dx", dx, x));
     FR_TRY(check_channel(op, "dgamma", dgamma, x, d.c));
     FR_TRY(check_channel(op, "dbeta", dbeta, x, d.c));
-    FR_TRY(check_channel(op, "mean", mean, x, d.c));
-    FR_TRY(check_channel(op, "invstd", invstd, x, d.c));
-    FR_TRY(check_channel(op, "gamma", gamma, x, d.c));
+    FR_TRY(check_affine(op, x, d.c, mean, invstd, gamma));
     size_t per = images_per_block(dy, x, &d);
     if (dx && sync_fn)
         return backward_synced(dx, dgamma, dbeta, dy, x, mean, invstd, gamma, &d, per);
@@ -496,9 +498,7 @@ fr_status fr_bn_act_forward(fr_tensor *y, const fr_tensor *x, const fr_tensor *r
     FR_TRY(check_like_x(op, "y", y, x));
     if (residual)
         FR_TRY(check_like_x(op, "residual", residual, x));
-    FR_TRY(check_channel(op, "mean", mean, x, d.c));
-    FR_TRY(check_channel(op, "invstd", invstd, x, d.c));
-    FR_TRY(check_channel(op, "gamma", gamma, x, d.c));
+    FR_TRY(check_affine(op, x, d.c, mean, invstd, gamma));
     FR_TRY(check_channel(op, "beta", beta, x, d.c));
     FR_TRY(check_act(op, act, slope));
     if (y->dtype == FR_F32 && x->dtype == FR_F32 && (!residual || residual->dtype == FR_F32))
@@ -573,9 +573,7 @@ fr_status fr_bn_act_backward(fr_tensor *dx, fr_tensor *dz, fr_tensor *dgamma, fr
         FR_TRY(check_like_x(op, "act_out", act_out, x));
     FR_TRY(check_channel(op, "dgamma", dgamma, x, d.c));
     FR_TRY(check_channel(op, "dbeta", dbeta, x, d.c));
-    FR_TRY(check_channel(op, "mean", mean, x, d.c));
-    FR_TRY(check_channel(op, "invstd", invstd, x, d.c));
-    FR_TRY(check_channel(op, "gamma", gamma, x, d.c));
+    FR_TRY(check_affine(op, x, d.c, mean, invstd, gamma));
     if (act != FR_ACT_IDENTITY && !act_out)
         FR_TRY(check_channel(op, "beta", beta, x, d.c));
     FR_TRY(check_act(op, act, slope));
