@@ -8,7 +8,7 @@
 # keeps each case's best median: on shared cores a burst of someone else's
 # work then hurts one round, not the comparison); BENCH_MATCH runs only the
 # cases whose name contains it;
-# BENCH_ONLY runs one section (gemm, conv, models); BENCH_PYTHON picks the
+# BENCH_ONLY runs one section (gemm, conv, bnact, models, planner, gpu); BENCH_PYTHON picks the
 # interpreter with torch (default /usr/bin/python3, Debian's python3-torch).
 # The models section (bench_models and torch_saved.py: whole training steps of
 # ResNet-56 and DenseNet-BC-100 under each memory strategy) runs once, after
