@@ -415,7 +415,7 @@ static void print_header(const run *r, const options *o) {
     if (st->accum > 1)
         printf(" in %d micro-batches%s", st->accum, r->world > 1 ? " each" : "");
     printf(", %d epochs of %lld steps, %d threads, %s\n", st->epochs,
-           (long long)fr_loader_num_batches(r->train_ld), omp_get_max_threads(), device_names[o->device]);
+           (long long)fr_loader_num_batches(r->train_ld), fr_get_num_threads(), device_names[o->device]);
     if (o->resume)
         printf("resuming %s: %lld of %d epochs done, step %lld of %lld\n", o->resume, (long long)st->epoch,
                st->epochs, (long long)st->step, (long long)fr_loader_num_batches(r->train_ld) * st->epochs);
@@ -606,7 +606,7 @@ int fr_train_main(int argc, char **argv) {
     run r = {0};
     fr_status s = parse_args(argc, argv, &o);
     if (s == FR_OK && o.threads)
-        omp_set_num_threads((int)o.threads);
+        fr_set_num_threads((int)o.threads);
     for (int d = 0; s == FR_OK && d < FR_DEVICE_COUNT; d++)
         fr_mem_set_limit((fr_device)d, o.memory_limit);
     if (s == FR_OK)

@@ -277,7 +277,7 @@ static fr_status validate(run *r, const options *o) {
            fr_mem_format_bytes(fr_params_bytes(r->model->params), b1, sizeof b1));
     printf("data %s: %lld test images, %lld x %lld x %lld, batch %lld, %d threads, %s, precision %s\n",
            r->ds->name, (long long)r->ds->n, (long long)r->ds->c, (long long)r->ds->h, (long long)r->ds->w,
-           (long long)o->batch, omp_get_max_threads(), device_names[o->device],
+           (long long)o->batch, fr_get_num_threads(), device_names[o->device],
            fr_dtype_name(r->model->cfg.precision));
     fflush(stdout);
     size_t before = fr_mem_total_current(r->dev);
@@ -312,7 +312,7 @@ int fr_validate_main(int argc, char **argv) {
     run r = {0};
     fr_status s = parse_args(argc, argv, &o);
     if (s == FR_OK && o.threads)
-        omp_set_num_threads((int)o.threads);
+        fr_set_num_threads((int)o.threads);
     for (int d = 0; s == FR_OK && d < FR_DEVICE_COUNT; d++)
         fr_mem_set_limit((fr_device)d, o.memory_limit);
     if (s == FR_OK)

@@ -35,6 +35,15 @@ typedef enum {
     FR_ERR_COUNT
 } fr_status;
 
+/* CPU threads (cpu/threads.c). By default the CPU kernels' OpenMP team is
+ * sized once, at the first kernel, to the cores the load average leaves
+ * free (or to OMP_NUM_THREADS when it is set). fr_set_num_threads(n) asks
+ * for n threads (n >= 1) instead, whatever the load: call it before the
+ * first kernel, as the programs' --threads does. fr_get_num_threads() is
+ * the team size the next kernel gets. */
+void fr_set_num_threads(int n);
+int fr_get_num_threads(void);
+
 /* The message of the most recent error on this thread ("" if none). */
 const char *fr_last_error(void);
 /* The status of the most recent error on this thread. */
