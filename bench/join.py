@@ -235,14 +235,19 @@ def models_table(model, title, values, best):
         return fast, fmt(fast)
 
     head = ["strategy", "saved act MiB", "act/torch", "act target", "saved all MiB", "all/torch",
-            "peak MiB", "step ms", "step/torch", "step/plain", "time target"]
+            "peak MiB", "step ms", "GFLOP/s", "step/torch", "step/plain", "time target"]
+    flops = get(TORCH_ROW, "train_flops")
+
+    def rate(step):
+        return fmt(flops / (step * 1e6), 1) if flops and step else "-"
+
     t_act, t_all = get(TORCH_ROW, "saved_act"), get(TORCH_ROW, "saved_all")
     t_step, _ = step_cell(TORCH_ROW) if get(TORCH_ROW, "step_ms") is not None else (None, "-")
     p_step = step_cell("plain")[0] if get("plain", "step_ms") is not None else None
     rows = []
     if t_act is not None:
         rows.append([f"{TORCH_ROW} (reference)", fmt_mib(t_act), "1.00", "", fmt_mib(t_all), "1.00",
-                     "-", step_cell(TORCH_ROW)[1], "1.00", "", ""])
+                     "-", step_cell(TORCH_ROW)[1], rate(t_step), "1.00", "", ""])
     for st in strategies:
         act, alls, peak = get(st, "saved_act"), get(st, "saved_all"), get(st, "peak_total")
         step, step_text = step_cell(st) if get(st, "step_ms") is not None else (None, "-")
@@ -255,7 +260,7 @@ def models_table(model, title, values, best):
         else:
             time_cell = ""
         rows.append([st, fmt_mib(act), fmt(r_act, 2), check(r_act, target) if target else "",
-                     fmt_mib(alls), fmt(ratio(alls, t_all), 2), fmt_mib(peak), step_text,
+                     fmt_mib(alls), fmt(ratio(alls, t_all), 2), fmt_mib(peak), step_text, rate(step),
                      fmt(ratio(step, t_step), 2), fmt(ratio(step, p_step), 2), time_cell])
     print_table(f"models: {title}", head, rows)
     if t_act is None:
@@ -267,6 +272,11 @@ def models_table(model, title, values, best):
           "labels that were saved (bench/README.md has the details).")
     print("step ms: fastest timed step (forward, cross-entropy, backward, SGD momentum step); "
           "peak MiB: frugal's total ledger peak.")
+    if flops:
+        print(f"GFLOP/s: {flops / 1e9:.2f} GFLOP a step (3 x 2 x the forward's convolution and "
+              "linear multiply-adds, PyTorch forward hooks; the same for every strategy, so\n"
+              "recomputation lowers it) / step time; the machine's measured peak is the gemm "
+              "section's 2048 x 2048 x 2048 sgemm.")
     if noisy:
         print(f"~ on {noisy} step times: the median step is over {NOISY:.0%} above the fastest "
               "(other work on the machine)")

@@ -101,6 +101,31 @@ def saved_bytes(torch, model, opt, x, y):
     return out
 
 
+def train_flops(torch, model, x):
+    """The floating-point work of one training step, for GFLOP/s: 3 x the
+    forward's convolution and linear multiply-adds x 2 (forward, gradient of
+    the input, gradient of the weight: one product each), counted by forward
+    hooks from the output shapes. Batch norm, ReLU, pooling and the optimizer
+    are left out (a few percent), and so is what a strategy recomputes: the
+    same figure serves every strategy, so GFLOP/s compares useful work."""
+    macs = [0]
+
+    def hook(mod, inputs, out):
+        if isinstance(mod, torch.nn.Conv2d):
+            per_out = mod.in_channels // mod.groups * mod.kernel_size[0] * mod.kernel_size[1]
+        else:
+            per_out = mod.in_features
+        macs[0] += out.numel() * per_out
+
+    handles = [m.register_forward_hook(hook) for m in model.modules()
+               if isinstance(m, (torch.nn.Conv2d, torch.nn.Linear))]
+    with torch.no_grad():
+        model(x)
+    for h in handles:
+        h.remove()
+    return 3 * 2 * macs[0]
+
+
 def step_times(torch, model, opt, x, y, steps):
     """(median, fastest) ms of `steps` training steps, after saved_bytes' step."""
     F = torch.nn.functional
@@ -251,6 +276,7 @@ def main():
             x = torch.randn(n, c, s, s)
             y = torch.randint(0, k, (n,))
             opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+            flops = train_flops(torch, model, x)
             saved = saved_bytes(torch, model, opt, x, y)
             median, best = step_times(torch, model, opt, x, y, steps)
         except Exception as e:  # report and keep going, as bench_models does
@@ -258,7 +284,7 @@ def main():
             failed += 1
             continue
         held = saved["parameter"] + saved["input"]
-        records = [("saved_act", saved["activation"]), ("saved_held", held),
+        records = [("train_flops", flops), ("saved_act", saved["activation"]), ("saved_held", held),
                    ("saved_params", saved["parameter"]), ("saved_input", saved["input"]),
                    ("saved_all", saved["activation"] + held)]
         for metric, value in records:
