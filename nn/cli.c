@@ -123,6 +123,13 @@ fr_status fr_cli_bad_flag(const char *prog, const char *arg, bool known) {
     return fr_error(FR_ERR_ARG, "%s needs a value (see %s --help)", arg, prog);
 }
 
+void fr_cli_apply_limits(int64_t threads, size_t memory_limit) {
+    if (threads > 0)
+        fr_set_num_threads((int)threads);
+    for (int d = 0; d < FR_DEVICE_COUNT; d++)
+        fr_mem_set_limit((fr_device)d, memory_limit);
+}
+
 int fr_cli_exit_status(const char *prog, fr_status s) {
     if (s == FR_OK)
         return 0;

@@ -49,6 +49,11 @@ fr_status fr_cli_bad_flag(const char *prog, const char *arg, bool known);
  * printing "prog: <last error>" on stderr. */
 int fr_cli_exit_status(const char *prog, fr_status s);
 
+/* What the programs' --threads and --memory-limit ask for, applied before
+ * any kernel: threads > 0 is the CPU team (fr_set_num_threads), and every
+ * device's ledger is capped at memory_limit bytes (0: no cap). */
+void fr_cli_apply_limits(int64_t threads, size_t memory_limit);
+
 /* ---- models ---- */
 /* A registered model (nn/registry.h: resnet<6n+2>, preresnet<9n+2>,
  * densenet-bc-<L>[-k<K>] and whatever the program registered), on the CPU

@@ -693,8 +693,7 @@ int fr_memreport_main(int argc, char **argv) {
         return args > 0 ? 0 : 2;
     if (!parse_strategies(o.strategies, o.precision, rows, &n_rows))
         return 2;
-    for (int d = 0; d < FR_DEVICE_COUNT; d++)
-        fr_mem_set_limit((fr_device)d, o.memory_limit);
+    fr_cli_apply_limits(0, o.memory_limit); /* memreport takes no --threads */
     if (o.device == FR_CUDA && fr_cuda_device_count() == 0) {
         fprintf(stderr, "memreport: --device cuda, but %s\n", fr_cuda_unavailable_reason());
         return 1;

@@ -605,10 +605,8 @@ int fr_train_main(int argc, char **argv) {
     options o;
     run r = {0};
     fr_status s = parse_args(argc, argv, &o);
-    if (s == FR_OK && o.threads)
-        fr_set_num_threads((int)o.threads);
-    for (int d = 0; s == FR_OK && d < FR_DEVICE_COUNT; d++)
-        fr_mem_set_limit((fr_device)d, o.memory_limit);
+    if (s == FR_OK)
+        fr_cli_apply_limits(o.threads, o.memory_limit);
     if (s == FR_OK)
         s = start_dist(&o, &r);
     if (s == FR_OK)

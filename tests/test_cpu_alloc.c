@@ -27,36 +27,7 @@ static fr_mem_stats cpu_stats(void) {
 static void test_reuse_without_system_allocation(void) {
     NEED_CACHE();
     static const size_t sizes[] = {0, 100, 4096, 4097, 300000, (size_t)5 << 20, (size_t)33 << 20};
-    enum { K = sizeof sizes / sizeof *sizes };
-    void *p[K];
-    for (int i = 0; i < K; i++)
-        p[i] = fr_mem_alloc(FR_CPU, sizes[i], FR_TAG_TRANSIENT);
-    for (int i = 0; i < K; i++) {
-        CHECK_NOTNULL(p[i]);
-        CHECK(((uintptr_t)p[i] & 63) == 0);
-        fr_mem_free(FR_CPU, p[i], sizes[i], FR_TAG_TRANSIENT);
-    }
-    fr_mem_stats before = cpu_stats();
-    for (int round = 0; round < 10; round++) {
-        for (int i = 0; i < K; i++) {
-            p[i] = fr_mem_alloc(FR_CPU, sizes[i], FR_TAG_TRANSIENT);
-            CHECK_NOTNULL(p[i]);
-            if (p[i])
-                memset(p[i], 0xab, sizes[i]); /* the whole request is usable */
-        }
-        fr_mem_stats now = cpu_stats();
-        CHECK(now.reserved >= now.total_current);
-        for (int i = 0; i < K; i++)
-            fr_mem_free(FR_CPU, p[i], sizes[i], FR_TAG_TRANSIENT);
-    }
-    fr_mem_stats after = cpu_stats();
-    CHECK(after.device_mallocs == before.device_mallocs);
-    CHECK(after.reserved == before.reserved);
-    /* two 0-byte requests still get distinct pointers */
-    void *a = fr_mem_alloc(FR_CPU, 0, FR_TAG_TRANSIENT), *b = fr_mem_alloc(FR_CPU, 0, FR_TAG_TRANSIENT);
-    CHECK(a && b && a != b);
-    fr_mem_free(FR_CPU, a, 0, FR_TAG_TRANSIENT);
-    fr_mem_free(FR_CPU, b, 0, FR_TAG_TRANSIENT);
+    fr_t_check_allocator_reuse(FR_CPU, sizes, (int)(sizeof sizes / sizeof *sizes), 10);
 }
 
 /* empty_cache gives every cached block back; blocks in use stay. The ledger

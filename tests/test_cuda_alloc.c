@@ -27,33 +27,7 @@ static fr_mem_stats cuda_stats(void) {
 static void test_allocator_reuse(void) {
     NEED_CUDA();
     static const size_t sizes[] = {0, 1000, 4096, 300000, (size_t)5 << 20, (size_t)33 << 20};
-    enum { K = sizeof sizes / sizeof *sizes };
-    void *p[K];
-    for (int i = 0; i < K; i++) /* warm up: the cache now holds these sizes */
-        p[i] = fr_mem_alloc(FR_CUDA, sizes[i], FR_TAG_TRANSIENT);
-    for (int i = 0; i < K; i++) {
-        CHECK_NOTNULL(p[i]);
-        fr_mem_free(FR_CUDA, p[i], sizes[i], FR_TAG_TRANSIENT);
-    }
-    fr_mem_stats before = cuda_stats();
-    for (int round = 0; round < 20; round++) {
-        for (int i = 0; i < K; i++) {
-            p[i] = fr_mem_alloc(FR_CUDA, sizes[i], FR_TAG_TRANSIENT);
-            CHECK_NOTNULL(p[i]);
-        }
-        fr_mem_stats now = cuda_stats();
-        CHECK(now.reserved >= now.total_current);
-        for (int i = 0; i < K; i++)
-            fr_mem_free(FR_CUDA, p[i], sizes[i], FR_TAG_TRANSIENT);
-    }
-    fr_mem_stats after = cuda_stats();
-    CHECK(after.device_mallocs == before.device_mallocs);
-    CHECK(after.reserved == before.reserved);
-    /* two 0-byte requests still get distinct pointers */
-    void *a = fr_mem_alloc(FR_CUDA, 0, FR_TAG_TRANSIENT), *b = fr_mem_alloc(FR_CUDA, 0, FR_TAG_TRANSIENT);
-    CHECK(a && b && a != b);
-    fr_mem_free(FR_CUDA, a, 0, FR_TAG_TRANSIENT);
-    fr_mem_free(FR_CUDA, b, 0, FR_TAG_TRANSIENT);
+    fr_t_check_allocator_reuse(FR_CUDA, sizes, (int)(sizeof sizes / sizeof *sizes), 20);
 }
 
 /* Tensors through a training-like loop: after the first step no cudaMalloc. */

@@ -485,3 +485,40 @@ void fr_t_compare_steps(const fr_model *m, const fr_t_step *ref, const fr_t_step
         }
     }
 }
+
+void fr_t_check_allocator_reuse(fr_device dev, const size_t *sizes, int k, int rounds) {
+    enum { MAX_BLOCKS = 16 };
+    FR_ASSERT(k >= 1 && k <= MAX_BLOCKS);
+    void *p[MAX_BLOCKS];
+    bool cpu = dev == FR_CPU;
+    for (int i = 0; i < k; i++) /* warm up: the cache now holds these sizes */
+        p[i] = fr_mem_alloc(dev, sizes[i], FR_TAG_TRANSIENT);
+    for (int i = 0; i < k; i++) {
+        CHECK_NOTNULL(p[i]);
+        if (cpu)
+            CHECK(((uintptr_t)p[i] & 63) == 0);
+        fr_mem_free(dev, p[i], sizes[i], FR_TAG_TRANSIENT);
+    }
+    fr_mem_stats before, now, after;
+    fr_mem_get_stats(dev, &before);
+    for (int round = 0; round < rounds; round++) {
+        for (int i = 0; i < k; i++) {
+            p[i] = fr_mem_alloc(dev, sizes[i], FR_TAG_TRANSIENT);
+            CHECK_NOTNULL(p[i]);
+            if (cpu && p[i])
+                memset(p[i], 0xab, sizes[i]); /* the whole request is usable */
+        }
+        fr_mem_get_stats(dev, &now);
+        CHECK(now.reserved >= now.total_current);
+        for (int i = 0; i < k; i++)
+            fr_mem_free(dev, p[i], sizes[i], FR_TAG_TRANSIENT);
+    }
+    fr_mem_get_stats(dev, &after);
+    CHECK(after.device_mallocs == before.device_mallocs);
+    CHECK(after.reserved == before.reserved);
+    /* two 0-byte requests still get distinct pointers */
+    void *a = fr_mem_alloc(dev, 0, FR_TAG_TRANSIENT), *b = fr_mem_alloc(dev, 0, FR_TAG_TRANSIENT);
+    CHECK(a && b && a != b);
+    fr_mem_free(dev, a, 0, FR_TAG_TRANSIENT);
+    fr_mem_free(dev, b, 0, FR_TAG_TRANSIENT);
+}

@@ -121,6 +121,13 @@ bool fr_t_gradcheck(fr_t_loss_fn loss, void *ctx, fr_tensor *const *wrt, int n_w
 fr_tensor *fr_t_weighted_sum(fr_tensor *y, uint32_t seed);
 
 /* Whether CUDA tests can run here (a CUDA build with a GPU). */
+/* The caching allocator's reuse on `dev`: the k (<= 16) sizes allocated and
+ * freed once to fill the cache, then `rounds` times more, checking that the
+ * repeats make no system allocation and reserve nothing more, that reserved
+ * stays >= the bytes in use, and that two 0-byte requests get distinct
+ * pointers. On the CPU each block is also checked 64-byte aligned and
+ * written in full. */
+void fr_t_check_allocator_reuse(fr_device dev, const size_t *sizes, int k, int rounds);
 bool fr_t_have_cuda(void);
 
 /* Skips the test unless CUDA tests can run here (see fr_t_have_cuda). */
