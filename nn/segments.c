@@ -244,6 +244,15 @@ static fr_status make_plan(fr_module *seq, fr_tensor *x, const fr_run *run) {
         }
         s = end;
     }
+    /* The root chain's last segment runs as it is, as PyTorch's
+     * checkpoint_sequential runs its last one: backward would replay it
+     * first thing, so keeping its activations from the forward reaches the
+     * same peak (the checkpoints plus that segment's saved tensors) and
+     * saves one segment's second forward (docs/ARCHITECTURE.md,
+     * "Checkpointing"). A dense module's last segment is followed by the
+     * rest of the model, so its segments all stay. */
+    if (st == FR_OK && seq->kind == FR_MODULE_CHAIN && p->n_groups > 0)
+        p->group_ckpt[p->n_groups - 1] = false;
     free(cost);
     free(len);
     if (st != FR_OK) {
