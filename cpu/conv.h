@@ -14,6 +14,22 @@ fr_status fr_cpu_conv2d_backward_data_im2col(float *dx, const float *dy, const f
 fr_status fr_cpu_conv2d_backward_weight_im2col(float *dw, const float *dy, const float *x,
                                           const fr_conv_shape *s);
 
+/* The batch's images (or the reference's (image, band) units) are cut into
+ * at most this many groups, each summed in order into its own partial dw,
+ * and the partials are added in group order: the same additions whatever
+ * the team size, so a run's weight gradients do not depend on how many
+ * cores it got (the team follows the load average, cpu/threads.c). A team
+ * larger than this leaves threads idle in the weight gradient. */
+#define FR_CONV_WEIGHT_GROUPS 16
+
+/* The weight gradient of a 3x3 stride-1 pad-1 convolution from padded
+ * planes, without im2col (cpu/conv_shift.c): what the AUTO backend runs for
+ * those shapes on CPUs with AVX2 and FMA. _applies says whether it takes s
+ * on this CPU; the kernel refuses (FR_ERR_ARG) what it does not take. */
+bool fr_cpu_conv_shift_applies(const fr_conv_shape *s);
+fr_status fr_cpu_conv2d_backward_weight_shift(float *dw, const float *dy, const float *x,
+                                              const fr_conv_shape *s);
+
 typedef enum {
     FR_CPU_CONV_AUTO = 0,   /* oneDNN when built with it (the default), else im2col */
     FR_CPU_CONV_IM2COL,     /* the reference path only */

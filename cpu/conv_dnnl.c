@@ -190,6 +190,8 @@ static fr_status run(const fr_conv_shape *s, int dir, const conv_args *a) {
                     &failed);
         return failed != FR_OK ? failed : run_path(p, s, dir, a);
     }
+    if (dir == DIR_BWD_WEIGHT && fr_cpu_conv_shift_applies(s))
+        return fr_cpu_conv2d_backward_weight_shift(a->out, a->in0, a->in1, s);
     if (dnnl_wins(s, dir)) {
         p = plan_of(s, dir, LAYOUT_BLOCKED, &failed);
         if (failed != FR_OK)
@@ -200,6 +202,8 @@ static fr_status run(const fr_conv_shape *s, int dir, const conv_args *a) {
 
 const char *fr_cpu_conv_impl(const fr_conv_shape *s, int direction) {
     fr_status failed;
+    if (backend == FR_CPU_CONV_AUTO && direction == DIR_BWD_WEIGHT && fr_cpu_conv_shift_applies(s))
+        return "shift";
     if (backend == FR_CPU_CONV_IM2COL ||
         (backend == FR_CPU_CONV_AUTO && !dnnl_wins(s, direction)))
         return "im2col";
@@ -224,8 +228,8 @@ fr_status fr_cpu_conv2d_backward_weight(float *dw, const float *dy, const float 
 #else /* no oneDNN: the reference is the only path */
 
 const char *fr_cpu_conv_impl(const fr_conv_shape *s, int direction) {
-    (void)s;
-    (void)direction;
+    if (backend == FR_CPU_CONV_AUTO && direction == DIR_BWD_WEIGHT && fr_cpu_conv_shift_applies(s))
+        return "shift";
     return "im2col";
 }
 
@@ -238,6 +242,8 @@ fr_status fr_cpu_conv2d_backward_data(float *dx, const float *dy, const float *w
 }
 
 fr_status fr_cpu_conv2d_backward_weight(float *dw, const float *dy, const float *x, const fr_conv_shape *s) {
+    if (backend == FR_CPU_CONV_AUTO && fr_cpu_conv_shift_applies(s))
+        return fr_cpu_conv2d_backward_weight_shift(dw, dy, x, s);
     return fr_cpu_conv2d_backward_weight_im2col(dw, dy, x, s);
 }
 #endif

@@ -13,7 +13,7 @@
  * (row stride OH*OW), so nothing is gathered or scattered.
  *
  * Parallelism is over images and bands (bwd_weight: over fixed groups of
- * them, BWD_WEIGHT_GROUPS): each OpenMP thread unrolls its own band into its
+ * them, FR_CONV_WEIGHT_GROUPS): each OpenMP thread unrolls its own band into its
  * own column buffer and runs a single-threaded GEMM on it (fr_cpu_gemm_serial). The
  * buffer is written and read back by the same core while it sits in that
  * core's cache (a CIFAR image's columns are at most 576 KiB), there is no
@@ -414,13 +414,8 @@ fr_status fr_cpu_conv2d_backward_data_im2col(float *dx, const float *dy, const f
     return failed == FR_OK ? FR_OK : worker_failed(failed, "backward (data)", s);
 }
 
-/* The batch's (image, band) units are cut into at most this many groups,
- * each summed in unit order into its own partial dw^T, and the partials are
- * added in group order: the same additions whatever the team size, so a
- * run's weight gradients do not depend on how many cores it got (the team
- * follows the load average, cpu/threads.c). A team larger than this leaves
- * threads idle here. */
-#define BWD_WEIGHT_GROUPS 16
+/* The batch's (image, band) units are summed in FR_CONV_WEIGHT_GROUPS
+ * groups (cpu/conv.h), whatever the team size. */
 
 /* Each group accumulates dw^T (CRS, K) = col (CRS, P) dy^T (P, K) over its
  * units: OpenBLAS runs this tall-and-narrow product about twice as fast as
@@ -438,7 +433,7 @@ fr_status fr_cpu_conv2d_backward_weight_im2col(float *dw, const float *dy, const
         p.rows = s->oh;
     }
     int units = s->n * p.bands;
-    int groups = units < BWD_WEIGHT_GROUPS ? units : BWD_WEIGHT_GROUPS;
+    int groups = units < FR_CONV_WEIGHT_GROUPS ? units : FR_CONV_WEIGHT_GROUPS;
     /* Per thread its columns, then per group its partial dw^T (CRS, K). */
     size_t col_len = (size_t)crs * p.cols;
     size_t ws_bytes = (col_len * (size_t)p.threads + dw_len * (size_t)groups) * sizeof(float);

@@ -283,11 +283,88 @@ static void test_results_do_not_depend_on_threads(void) {
     omp_set_num_threads(team);
 }
 
+/* The shifted-plane weight gradient (cpu/conv_shift.c), which the default
+ * backend runs for 3x3 stride-1 pad-1 layers on AVX2+FMA CPUs, against the
+ * im2col reference and against a double-precision sum: channel counts off
+ * its 4-channel block, planes from 1x1 to 33x20 (rows shorter and longer
+ * than its 8 lanes, images per chunk from 1 to 16), batches off the
+ * 16-group split. */
+static void test_shift_weight_grad(void) {
+    fr_conv_shape probe = {.n = 1, .c = 1, .h = 8, .w = 8, .k = 1, .r = 3, .s = 3,
+                           .oh = 8, .ow = 8, .stride = 1, .pad = 1};
+    if (!fr_cpu_conv_shift_applies(&probe))
+        SKIP("this CPU has no AVX2+FMA (the shifted-plane kernel does not apply)");
+    /* what it does not take */
+    fr_conv_shape other = probe;
+    other.stride = 2;
+    other.oh = other.ow = 4;
+    CHECK(!fr_cpu_conv_shift_applies(&other));
+    other = probe;
+    other.r = other.s = 1;
+    other.pad = 0;
+    CHECK(!fr_cpu_conv_shift_applies(&other));
+    other = probe;
+    other.pad = 0;
+    other.oh = other.ow = 6;
+    CHECK(!fr_cpu_conv_shift_applies(&other));
+    CHECK_ERR(fr_cpu_conv2d_backward_weight_shift(NULL, NULL, NULL, &other), FR_ERR_ARG, "3x3");
+    static const int shapes[][5] = {/* n, c, k, h, w */
+                                    {1, 1, 1, 1, 1},   {2, 1, 16, 28, 28}, {3, 5, 7, 13, 13},
+                                    {17, 16, 16, 8, 8}, {40, 3, 6, 4, 9},  {2, 33, 9, 33, 20},
+                                    {5, 48, 12, 7, 7},  {64, 64, 64, 8, 8}};
+    for (size_t i = 0; i < sizeof shapes / sizeof *shapes; i++) {
+        int n = shapes[i][0], c = shapes[i][1], k = shapes[i][2], h = shapes[i][3], w = shapes[i][4];
+        fr_conv_shape s = {.n = n, .c = c, .h = h, .w = w, .k = k, .r = 3, .s = 3,
+                           .oh = h, .ow = w, .stride = 1, .pad = 1};
+        CHECK(fr_cpu_conv_shift_applies(&s));
+        fr_tensor *x = fr_t_rand(FR_CPU, 4, FR_SHAPE(n, c, h, w), 61 + (int)i);
+        fr_tensor *dy = fr_t_rand(FR_CPU, 4, FR_SHAPE(n, k, h, w), 71 + (int)i);
+        fr_tensor *got = fr_empty(FR_CPU, FR_F32, 4, FR_SHAPE(k, c, 3, 3), FR_TAG_TRANSIENT);
+        fr_tensor *ref = fr_empty(FR_CPU, FR_F32, 4, FR_SHAPE(k, c, 3, 3), FR_TAG_TRANSIENT);
+        CHECK_OK(fr_fill_(got, NAN)); /* every element written */
+        CHECK_OK(fr_cpu_conv2d_backward_weight_shift(fr_data_f32(got), fr_data_f32(dy),
+                                                     fr_data_f32(x), &s));
+        CHECK_OK(fr_cpu_conv2d_backward_weight_im2col(fr_data_f32(ref), fr_data_f32(dy),
+                                                      fr_data_f32(x), &s));
+        double e = scaled_diff(got, ref);
+        if (!(e <= 1e-5))
+            fprintf(stderr, "    shift %dx%d->%d @%dx%d: %.2e from im2col\n", n, c, k, h, w, e);
+        CHECK(e <= 1e-5);
+        /* and a double-precision sum, element by element */
+        const float *px = fr_data_f32(x), *pd = fr_data_f32(dy), *pg = fr_data_f32(got);
+        double worst = 0, scale = 0;
+        for (int kk = 0; kk < k; kk++)
+            for (int cc = 0; cc < c; cc++)
+                for (int r = 0; r < 3; r++)
+                    for (int t = 0; t < 3; t++) {
+                        double sum = 0;
+                        for (int b = 0; b < n; b++)
+                            for (int oh = 0; oh < h; oh++)
+                                for (int ow = 0; ow < w; ow++) {
+                                    int ih = oh + r - 1, iw = ow + t - 1;
+                                    if (ih < 0 || ih >= h || iw < 0 || iw >= w)
+                                        continue;
+                                    sum += (double)pd[(((size_t)b * k + kk) * h + oh) * w + ow] *
+                                           px[(((size_t)b * c + cc) * h + ih) * w + iw];
+                                }
+                        double d = fabs(sum - pg[((kk * c + cc) * 3 + r) * 3 + t]);
+                        worst = d > worst || d != d ? d : worst;
+                        scale = fabs(sum) > scale ? fabs(sum) : scale;
+                    }
+        CHECK(worst <= 1e-5 * (scale > 0 ? scale : 1));
+        fr_release(got);
+        fr_release(ref);
+        fr_release(dy);
+        fr_release(x);
+    }
+}
+
 int main(void) {
     RUN(test_samples_do_not_depend_on_batch);
     RUN(test_results_do_not_depend_on_threads);
     RUN(test_dnnl_matches_im2col);
     RUN(test_dnnl_is_used);
     RUN(test_backend_switch);
+    RUN(test_shift_weight_grad);
     return TEST_SUMMARY();
 }
