@@ -29,6 +29,9 @@ fr_status fr_cpu_conv2d_backward_weight_im2col(float *dw, const float *dy, const
 bool fr_cpu_conv_shift_applies(const fr_conv_shape *s);
 fr_status fr_cpu_conv2d_backward_weight_shift(float *dw, const float *dy, const float *x,
                                               const fr_conv_shape *s);
+fr_status fr_cpu_conv2d_forward_shift(float *y, const float *x, const float *w, const fr_conv_shape *s);
+fr_status fr_cpu_conv2d_backward_data_shift(float *dx, const float *dy, const float *w,
+                                            const fr_conv_shape *s);
 
 typedef enum {
     FR_CPU_CONV_AUTO = 0,   /* oneDNN when built with it (the default), else im2col */

@@ -3,7 +3,9 @@
  * direct convolution, whose kernels are picked by CPUID features (AVX2,
  * AVX-512, ...) rather than by CPU model, so they are fast on machines
  * Debian's OpenBLAS does not recognise. Without it, or for a shape oneDNN
- * has no kernel for, the im2col reference (cpu/conv_im2col.c) runs.
+ * loses on, frugal's shifted-plane kernels (cpu/conv_shift.c: 3x3 stride-1
+ * pad-1 layers on AVX2+FMA CPUs) or the im2col reference
+ * (cpu/conv_im2col.c) run.
  *
  * Activations stay NCHW between ops; each oneDNN call reorders its operands
  * to the layout oneDNN prefers and back (docs/ARCHITECTURE.md, "CPU
@@ -149,12 +151,17 @@ static const fr_dnnl_plan *plan_of(const fr_conv_shape *s, int dir, int layout, 
  *   output channels, where oneDNN's blocked kernels measured 10-40% faster
  *   (every CIFAR ResNet layer, DenseNet's stem); DenseNet's wide-input 1x1
  *   bottlenecks (C up to 342) and 12-channel growth layers measured up to
- *   3x slower on oneDNN and take the reference;
- * - backward (weight) always takes the reference: oneDNN's AVX2 kernel sums
- *   each weight gradient in one f32 chain over N*OH*OW products; against a
- *   double reference its error was 20x the blocked GEMM's (1.5e-3 vs 7e-5
- *   absolute on a 40-image 16->8 3x3 layer at 32x32), for a speed-up of
- *   0-20% where it won at all. */
+ *   3x slower on oneDNN and take frugal's own kernels;
+ * - backward (weight) never runs oneDNN: its AVX2 kernel sums each weight
+ *   gradient in one f32 chain over N*OH*OW products; against a double
+ *   reference its error was 20x the blocked GEMM's (1.5e-3 vs 7e-5 absolute
+ *   on a 40-image 16->8 3x3 layer at 32x32), for a speed-up of 0-20% where
+ *   it won at all;
+ * - what oneDNN does not run goes to the shifted-plane kernels
+ *   (cpu/conv_shift.c) for 3x3 stride-1 pad-1 layers on AVX2+FMA CPUs (the
+ *   weight gradient 1.3-2x faster than the reference on ResNet's layers,
+ *   the growth layers' forward and backward (data) about 11% of a
+ *   DenseNet-BC-100 step), else to the im2col reference. */
 static bool dnnl_wins(const fr_conv_shape *s, int dir) {
     return dir != DIR_BWD_WEIGHT && s->c <= DNNL_MAX_IN_CHANNELS && s->k >= DNNL_MIN_OUT_CHANNELS;
 }
@@ -179,6 +186,14 @@ static fr_status run_path(const fr_dnnl_plan *p, const fr_conv_shape *s, int dir
     return fr_cpu_conv2d_backward_weight_im2col(a->out, a->in0, a->in1, s);
 }
 
+static fr_status run_shift(const fr_conv_shape *s, int dir, const conv_args *a) {
+    if (dir == DIR_FWD)
+        return fr_cpu_conv2d_forward_shift(a->out, a->in0, a->in1, s);
+    if (dir == DIR_BWD_DATA)
+        return fr_cpu_conv2d_backward_data_shift(a->out, a->in0, a->in1, s);
+    return fr_cpu_conv2d_backward_weight_shift(a->out, a->in0, a->in1, s);
+}
+
 static fr_status run(const fr_conv_shape *s, int dir, const conv_args *a) {
     fr_status failed;
     const fr_dnnl_plan *p = NULL;
@@ -190,19 +205,22 @@ static fr_status run(const fr_conv_shape *s, int dir, const conv_args *a) {
                     &failed);
         return failed != FR_OK ? failed : run_path(p, s, dir, a);
     }
-    if (dir == DIR_BWD_WEIGHT && fr_cpu_conv_shift_applies(s))
-        return fr_cpu_conv2d_backward_weight_shift(a->out, a->in0, a->in1, s);
     if (dnnl_wins(s, dir)) {
         p = plan_of(s, dir, LAYOUT_BLOCKED, &failed);
         if (failed != FR_OK)
             return failed;
+        return run_path(p, s, dir, a);
     }
-    return run_path(p, s, dir, a);
+    /* where oneDNN does not run, a 3x3 stride-1 pad-1 layer takes the
+     * shifted-plane kernels (the weight gradient always) */
+    if (fr_cpu_conv_shift_applies(s))
+        return run_shift(s, dir, a);
+    return run_path(NULL, s, dir, a);
 }
 
 const char *fr_cpu_conv_impl(const fr_conv_shape *s, int direction) {
     fr_status failed;
-    if (backend == FR_CPU_CONV_AUTO && direction == DIR_BWD_WEIGHT && fr_cpu_conv_shift_applies(s))
+    if (backend == FR_CPU_CONV_AUTO && !dnnl_wins(s, direction) && fr_cpu_conv_shift_applies(s))
         return "shift";
     if (backend == FR_CPU_CONV_IM2COL ||
         (backend == FR_CPU_CONV_AUTO && !dnnl_wins(s, direction)))
@@ -228,16 +246,19 @@ fr_status fr_cpu_conv2d_backward_weight(float *dw, const float *dy, const float 
 #else /* no oneDNN: the reference is the only path */
 
 const char *fr_cpu_conv_impl(const fr_conv_shape *s, int direction) {
-    if (backend == FR_CPU_CONV_AUTO && direction == DIR_BWD_WEIGHT && fr_cpu_conv_shift_applies(s))
-        return "shift";
-    return "im2col";
+    (void)direction;
+    return backend == FR_CPU_CONV_AUTO && fr_cpu_conv_shift_applies(s) ? "shift" : "im2col";
 }
 
 fr_status fr_cpu_conv2d_forward(float *y, const float *x, const float *w, const fr_conv_shape *s) {
+    if (backend == FR_CPU_CONV_AUTO && fr_cpu_conv_shift_applies(s))
+        return fr_cpu_conv2d_forward_shift(y, x, w, s);
     return fr_cpu_conv2d_forward_im2col(y, x, w, s);
 }
 
 fr_status fr_cpu_conv2d_backward_data(float *dx, const float *dy, const float *w, const fr_conv_shape *s) {
+    if (backend == FR_CPU_CONV_AUTO && fr_cpu_conv_shift_applies(s))
+        return fr_cpu_conv2d_backward_data_shift(dx, dy, w, s);
     return fr_cpu_conv2d_backward_data_im2col(dx, dy, w, s);
 }
 

@@ -213,6 +213,175 @@ fr_status fr_cpu_conv2d_backward_weight_shift(float *dw, const float *dy, const 
     return FR_OK;
 }
 
+
+/* ---- forward and backward (data): a direct 3x3 convolution ----
+ *
+ * out[o][p] = sum over i, r, t of wt[o][i][r][t] * in_pad[i][p + r*(W+2) + t]
+ * over the same padded planes: 4 output channels x 3 vectors (24
+ * positions of a padded row-major plane) a step, each tap's weight
+ * broadcast, so 7 loads feed 12 multiply-adds. The backward (data) pass is
+ * the same convolution of dy with the filter turned by 180 degrees and its
+ * channel axes swapped. Each image is computed whole by one thread in one
+ * fixed order (input channel, then tap), so an image's result depends
+ * neither on its batch nor on the team size. */
+
+/* wpk[o / 4][i][tap][o % 4]: the filter of `outs` x `ins` channels, from w
+ * (K, C, 3, 3) as it is (forward: outs = K) or turned (backward data: outs
+ * = C, wt[c][k][tap] = w[k][c][8 - tap]); zero for the padded outputs. */
+static void pack_filter(float *wpk, const float *w, int outs, int ins, bool turned) {
+    int outs_p = (int)round_up((size_t)outs, K_BLOCK);
+    for (int o = 0; o < outs_p; o++)
+        for (int i = 0; i < ins; i++)
+            for (int tap = 0; tap < 9; tap++) {
+                float v = 0.0f;
+                if (o < outs)
+                    v = turned ? w[((size_t)i * outs + o) * 9 + (8 - tap)] : w[((size_t)o * ins + i) * 9 + tap];
+                wpk[(((size_t)(o / K_BLOCK) * ins + i) * 9 + tap) * K_BLOCK + o % K_BLOCK] = v;
+            }
+}
+
+/* in (ins, H, W) -> inp (ins, x_ch) padded as in pad_image */
+static void pad_input(float *inp, const float *in, int ins, const fr_conv_shape *s, const geometry *g) {
+    memset(inp, 0, (size_t)ins * g->x_ch * sizeof *inp);
+    for (int c = 0; c < ins; c++)
+        for (int i = 0; i < s->h; i++)
+            memcpy(inp + (size_t)c * g->x_ch + (size_t)(i + 1) * g->wp + 1,
+                   in + ((size_t)c * s->h + i) * s->w, (size_t)s->w * sizeof(float));
+}
+
+/* Three vectors of positions from p0 (24 positions), output channels
+ * o0..o0+3; written out, as GCC keeps an accumulator array in memory. */
+__attribute__((target("avx2,fma"))) static void direct_step_3(float *outp, const float *inp,
+                                                             const float *wk, int ins, size_t p0,
+                                                             const geometry *g) {
+    __m256 a00 = _mm256_setzero_ps(), a01 = a00, a02 = a00, a10 = a00, a11 = a00, a12 = a00,
+           a20 = a00, a21 = a00, a22 = a00, a30 = a00, a31 = a00, a32 = a00;
+    for (int i = 0; i < ins; i++) {
+        const float *row = inp + (size_t)i * g->x_ch + p0, *wi = wk + (size_t)i * 9 * K_BLOCK;
+        for (int r = 0; r < 3; r++)
+            for (int t = 0; t < 3; t++) {
+                const float *src = row + (size_t)r * g->wp + t, *wt = wi + (r * 3 + t) * K_BLOCK;
+                __m256 x0 = _mm256_loadu_ps(src), x1 = _mm256_loadu_ps(src + 8),
+                       x2 = _mm256_loadu_ps(src + 16);
+                __m256 b = _mm256_broadcast_ss(wt);
+                a00 = _mm256_fmadd_ps(b, x0, a00);
+                a01 = _mm256_fmadd_ps(b, x1, a01);
+                a02 = _mm256_fmadd_ps(b, x2, a02);
+                b = _mm256_broadcast_ss(wt + 1);
+                a10 = _mm256_fmadd_ps(b, x0, a10);
+                a11 = _mm256_fmadd_ps(b, x1, a11);
+                a12 = _mm256_fmadd_ps(b, x2, a12);
+                b = _mm256_broadcast_ss(wt + 2);
+                a20 = _mm256_fmadd_ps(b, x0, a20);
+                a21 = _mm256_fmadd_ps(b, x1, a21);
+                a22 = _mm256_fmadd_ps(b, x2, a22);
+                b = _mm256_broadcast_ss(wt + 3);
+                a30 = _mm256_fmadd_ps(b, x0, a30);
+                a31 = _mm256_fmadd_ps(b, x1, a31);
+                a32 = _mm256_fmadd_ps(b, x2, a32);
+            }
+    }
+    float *o = outp + p0;
+    _mm256_storeu_ps(o, a00);
+    _mm256_storeu_ps(o + 8, a01);
+    _mm256_storeu_ps(o + 16, a02);
+    o += g->len;
+    _mm256_storeu_ps(o, a10);
+    _mm256_storeu_ps(o + 8, a11);
+    _mm256_storeu_ps(o + 16, a12);
+    o += g->len;
+    _mm256_storeu_ps(o, a20);
+    _mm256_storeu_ps(o + 8, a21);
+    _mm256_storeu_ps(o + 16, a22);
+    o += g->len;
+    _mm256_storeu_ps(o, a30);
+    _mm256_storeu_ps(o + 8, a31);
+    _mm256_storeu_ps(o + 16, a32);
+}
+
+/* The same for one vector (the plane's last one or two). */
+__attribute__((target("avx2,fma"))) static void direct_step_1(float *outp, const float *inp,
+                                                             const float *wk, int ins, size_t p0,
+                                                             const geometry *g) {
+    __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+    for (int i = 0; i < ins; i++) {
+        const float *row = inp + (size_t)i * g->x_ch + p0, *wi = wk + (size_t)i * 9 * K_BLOCK;
+        for (int r = 0; r < 3; r++)
+            for (int t = 0; t < 3; t++) {
+                const float *wt = wi + (r * 3 + t) * K_BLOCK;
+                __m256 x = _mm256_loadu_ps(row + (size_t)r * g->wp + t);
+                a0 = _mm256_fmadd_ps(_mm256_broadcast_ss(wt), x, a0);
+                a1 = _mm256_fmadd_ps(_mm256_broadcast_ss(wt + 1), x, a1);
+                a2 = _mm256_fmadd_ps(_mm256_broadcast_ss(wt + 2), x, a2);
+                a3 = _mm256_fmadd_ps(_mm256_broadcast_ss(wt + 3), x, a3);
+            }
+    }
+    _mm256_storeu_ps(outp + p0, a0);
+    _mm256_storeu_ps(outp + g->len + p0, a1);
+    _mm256_storeu_ps(outp + 2 * g->len + p0, a2);
+    _mm256_storeu_ps(outp + 3 * g->len + p0, a3);
+}
+
+/* out (outs, H, W) of one image from its padded input */
+static void direct_image(float *out, float *outp, const float *inp, const float *wpk, int outs,
+                         int ins, const fr_conv_shape *s, const geometry *g) {
+    int outs_p = (int)round_up((size_t)outs, K_BLOCK);
+    size_t full = g->len / (3 * LANES) * (3 * LANES);
+    for (int o0 = 0; o0 < outs_p; o0 += K_BLOCK) {
+        const float *wk = wpk + (size_t)(o0 / K_BLOCK) * ins * 9 * K_BLOCK;
+        float *op = outp + (size_t)o0 * g->len;
+        for (size_t p0 = 0; p0 < full; p0 += 3 * LANES)
+            direct_step_3(op, inp, wk, ins, p0, g);
+        for (size_t p0 = full; p0 < g->len; p0 += LANES)
+            direct_step_1(op, inp, wk, ins, p0, g);
+    }
+    for (int o = 0; o < outs; o++)
+        for (int i = 0; i < s->h; i++)
+            memcpy(out + ((size_t)o * s->h + i) * s->w, outp + (size_t)o * g->len + (size_t)i * g->wp,
+                   (size_t)s->w * sizeof(float));
+}
+
+static fr_status direct(float *out, const float *in, const float *w, int outs, int ins, bool turned,
+                        const fr_conv_shape *s, const char *what) {
+    if (!fr_cpu_conv_shift_applies(s))
+        return fr_error(FR_ERR_ARG, "conv2d %s: the shifted-plane kernel takes 3x3 stride-1 pad-1 "
+                        "convolutions on AVX2+FMA CPUs only", what);
+    geometry g = geometry_of(s);
+    int outs_p = (int)round_up((size_t)outs, K_BLOCK);
+    int threads = fr_cpu_threads();
+    if (threads > s->n)
+        threads = s->n;
+    size_t wpk_len = (size_t)outs_p * ins * 9;
+    size_t scratch = (size_t)ins * g.x_ch + (size_t)outs_p * g.len; /* per thread */
+    size_t ws_bytes = (wpk_len + scratch * (size_t)threads) * sizeof(float);
+    float *ws = fr_mem_alloc(FR_CPU, ws_bytes, FR_TAG_WORKSPACE);
+    if (!ws)
+        return fr_last_status();
+    pack_filter(ws, w, outs, ins, turned);
+    size_t in_img = (size_t)ins * s->h * s->w, out_img = (size_t)outs * s->h * s->w;
+#pragma omp parallel num_threads(threads)
+    {
+        float *inp = ws + wpk_len + (size_t)omp_get_thread_num() * scratch;
+        float *outp = inp + (size_t)ins * g.x_ch;
+#pragma omp for schedule(static)
+        for (int n = 0; n < s->n; n++) {
+            pad_input(inp, in + n * in_img, ins, s, &g);
+            direct_image(out + n * out_img, outp, inp, ws, outs, ins, s, &g);
+        }
+    }
+    fr_mem_free(FR_CPU, ws, ws_bytes, FR_TAG_WORKSPACE);
+    return FR_OK;
+}
+
+fr_status fr_cpu_conv2d_forward_shift(float *y, const float *x, const float *w, const fr_conv_shape *s) {
+    return direct(y, x, w, s->k, s->c, false, s, "forward");
+}
+
+fr_status fr_cpu_conv2d_backward_data_shift(float *dx, const float *dy, const float *w,
+                                            const fr_conv_shape *s) {
+    return direct(dx, dy, w, s->c, s->k, true, s, "backward (data)");
+}
+
 #else /* no x86 kernel: never applies */
 
 fr_status fr_cpu_conv2d_backward_weight_shift(float *dw, const float *dy, const float *x,
@@ -222,6 +391,23 @@ fr_status fr_cpu_conv2d_backward_weight_shift(float *dw, const float *dy, const 
     (void)x;
     (void)s;
     return fr_error(FR_ERR_ARG, "conv2d backward (weight): no shifted-plane kernel in this build");
+}
+
+fr_status fr_cpu_conv2d_forward_shift(float *y, const float *x, const float *w, const fr_conv_shape *s) {
+    (void)y;
+    (void)x;
+    (void)w;
+    (void)s;
+    return fr_error(FR_ERR_ARG, "conv2d forward: no shifted-plane kernel in this build");
+}
+
+fr_status fr_cpu_conv2d_backward_data_shift(float *dx, const float *dy, const float *w,
+                                            const fr_conv_shape *s) {
+    (void)dx;
+    (void)dy;
+    (void)w;
+    (void)s;
+    return fr_error(FR_ERR_ARG, "conv2d backward (data): no shifted-plane kernel in this build");
 }
 
 #endif

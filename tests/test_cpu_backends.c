@@ -283,13 +283,14 @@ static void test_results_do_not_depend_on_threads(void) {
     omp_set_num_threads(team);
 }
 
-/* The shifted-plane weight gradient (cpu/conv_shift.c), which the default
- * backend runs for 3x3 stride-1 pad-1 layers on AVX2+FMA CPUs, against the
- * im2col reference and against a double-precision sum: channel counts off
+/* The shifted-plane kernels (cpu/conv_shift.c), which the default backend
+ * runs for 3x3 stride-1 pad-1 layers on AVX2+FMA CPUs (the weight gradient
+ * always, forward and backward (data) where oneDNN does not run), against
+ * the im2col reference, and the weight gradient against a double sum: channel counts off
  * its 4-channel block, planes from 1x1 to 33x20 (rows shorter and longer
  * than its 8 lanes, images per chunk from 1 to 16), batches off the
  * 16-group split. */
-static void test_shift_weight_grad(void) {
+static void test_shift_kernels(void) {
     fr_conv_shape probe = {.n = 1, .c = 1, .h = 8, .w = 8, .k = 1, .r = 3, .s = 3,
                            .oh = 8, .ow = 8, .stride = 1, .pad = 1};
     if (!fr_cpu_conv_shift_applies(&probe))
@@ -352,6 +353,29 @@ static void test_shift_weight_grad(void) {
                         scale = fabs(sum) > scale ? fabs(sum) : scale;
                     }
         CHECK(worst <= 1e-5 * (scale > 0 ? scale : 1));
+        /* forward and backward (data), the direct kernels, against im2col
+         * (NaN-filled first: every element written) */
+        fr_tensor *wt = fr_t_rand(FR_CPU, 4, FR_SHAPE(k, c, 3, 3), 81 + (int)i);
+        fr_tensor *y = fr_empty_like(dy, FR_TAG_TRANSIENT), *y_ref = fr_empty_like(dy, FR_TAG_TRANSIENT);
+        fr_tensor *dx = fr_empty_like(x, FR_TAG_TRANSIENT), *dx_ref = fr_empty_like(x, FR_TAG_TRANSIENT);
+        CHECK_OK(fr_fill_(y, NAN));
+        CHECK_OK(fr_fill_(dx, NAN));
+        CHECK_OK(fr_cpu_conv2d_forward_shift(fr_data_f32(y), fr_data_f32(x), fr_data_f32(wt), &s));
+        CHECK_OK(fr_cpu_conv2d_forward_im2col(fr_data_f32(y_ref), fr_data_f32(x), fr_data_f32(wt), &s));
+        CHECK_OK(fr_cpu_conv2d_backward_data_shift(fr_data_f32(dx), fr_data_f32(dy), fr_data_f32(wt), &s));
+        CHECK_OK(fr_cpu_conv2d_backward_data_im2col(fr_data_f32(dx_ref), fr_data_f32(dy),
+                                                    fr_data_f32(wt), &s));
+        double ey = scaled_diff(y, y_ref), edx = scaled_diff(dx, dx_ref);
+        if (!(ey <= 1e-5 && edx <= 1e-5))
+            fprintf(stderr, "    shift %dx%d->%d @%dx%d: y %.2e dx %.2e from im2col\n", n, c, k, h, w,
+                    ey, edx);
+        CHECK(ey <= 1e-5);
+        CHECK(edx <= 1e-5);
+        fr_release(wt);
+        fr_release(y);
+        fr_release(y_ref);
+        fr_release(dx);
+        fr_release(dx_ref);
         fr_release(got);
         fr_release(ref);
         fr_release(dy);
@@ -365,6 +389,6 @@ int main(void) {
     RUN(test_dnnl_matches_im2col);
     RUN(test_dnnl_is_used);
     RUN(test_backend_switch);
-    RUN(test_shift_weight_grad);
+    RUN(test_shift_kernels);
     return TEST_SUMMARY();
 }
