@@ -61,7 +61,7 @@
 #include "nn/optim.h"
 #include "nn/resnet.h"
 
-enum { MAX_STEPS = 32, BATCH = 64, SIZE = 32, IN_CHANNELS = 3, CLASSES = 10 };
+enum { MAX_STEPS = 32, GPU_SIZE = 32, GPU_IN_CHANNELS = 3, CLASSES = 10 };
 enum { GPU_WARMUP = 3, GPU_MAX_STEPS = 1000 };
 
 typedef struct {
@@ -70,6 +70,7 @@ typedef struct {
     int steps;               /* timed steps on the CPU; big models get fewer */
     int gpu_batch;           /* the GPU section's batch (the issue's) */
     int gpu_steps;           /* the GPU section's timed steps */
+    int batch, size, in_channels; /* the CPU section's images (the GPU's: 3x32x32) */
 } model_case;
 
 /* Run after each model's strategies in the GPU section: STRATEGY@PRECISION. */
@@ -82,8 +83,11 @@ static const char *const gpu_mixed = "plain@bf16,plain@f16";
  * seconds here. */
 static const model_case cases[] = {
     {"resnet56", "plain,inplace,recompute,abn,checkpoint,recompute+checkpoint,abn+checkpoint", 3, 128,
-     20},
-    {"densenet-bc-100", "plain,recompute,checkpoint,recompute+checkpoint", 2, 64, 10},
+     20, 64, 32, 3},
+    {"densenet-bc-100", "plain,recompute,checkpoint,recompute+checkpoint", 2, 64, 10, 64, 32, 3},
+    /* the demo's model on Fashion-MNIST's shape (README, `make demo`): the
+     * training speed the CPU targets quote against PyTorch */
+    {"resnet20", "plain,inplace,recompute,checkpoint", 5, 128, 20, 128, 28, 1},
 };
 enum { N_CASES = sizeof cases / sizeof cases[0] };
 
@@ -98,10 +102,10 @@ static int cmp_double(const void *a, const void *b) {
     return (x > y) - (x < y);
 }
 
-static fr_model *create(const char *name) {
+static fr_model *create(const char *name, int in_channels) {
     if (!strncmp(name, "densenet", 8))
-        return fr_densenet_create(name, 0, IN_CHANNELS, CLASSES, 1);
-    return fr_resnet_create(name, IN_CHANNELS, CLASSES, 1);
+        return fr_densenet_create(name, 0, in_channels, CLASSES, 1);
+    return fr_resnet_create(name, in_channels, CLASSES, 1);
 }
 
 typedef struct {
@@ -152,8 +156,8 @@ static fr_status train_step(trainer *tr, size_t *held) {
 }
 
 /* Random images and labels, the same for every strategy, on `dev`. */
-static fr_status make_batch(trainer *tr, fr_device dev, int batch) {
-    size_t n = (size_t)batch * IN_CHANNELS * SIZE * SIZE;
+static fr_status make_batch(trainer *tr, fr_device dev, int batch, int in_channels, int size) {
+    size_t n = (size_t)batch * in_channels * size * size;
     float *x = malloc(n * sizeof *x);
     int32_t *y = malloc((size_t)batch * sizeof *y);
     if (!x || !y) {
@@ -167,7 +171,7 @@ static fr_status make_batch(trainer *tr, fr_device dev, int batch) {
         x[i] = (float)fr_rng_normal(&rng);
     for (int i = 0; i < batch; i++)
         y[i] = (int32_t)(fr_rng_next(&rng) % CLASSES);
-    tr->x = fr_from_host(dev, FR_F32, 4, FR_SHAPE(batch, IN_CHANNELS, SIZE, SIZE), FR_TAG_DATA, x);
+    tr->x = fr_from_host(dev, FR_F32, 4, FR_SHAPE(batch, in_channels, size, size), FR_TAG_DATA, x);
     tr->labels = fr_from_host(dev, FR_I32, 1, FR_SHAPE(batch), FR_TAG_DATA, y);
     free(x);
     free(y);
@@ -299,12 +303,13 @@ static fr_status gpu_timed(trainer *tr, const char *model, const char *name, int
 static fr_status run_model(const model_case *c, fr_device dev, int warmup, int steps) {
     bool gpu = dev == FR_CUDA;
     const char *who = gpu ? "frugal gpu" : "frugal";
-    int batch = gpu ? c->gpu_batch : BATCH;
+    int batch = gpu ? c->gpu_batch : c->batch;
+    int size = gpu ? GPU_SIZE : c->size, in_channels = gpu ? GPU_IN_CHANNELS : c->in_channels;
     trainer tr = {0};
     fr_status st = FR_OK;
-    tr.model = create(c->name);
+    tr.model = create(c->name, in_channels);
     if (!tr.model || (gpu && fr_params_to_device(tr.model->params, dev) != FR_OK) ||
-        make_batch(&tr, dev, batch) != FR_OK ||
+        make_batch(&tr, dev, batch, in_channels, size) != FR_OK ||
         !(tr.opt = fr_sgd_new(tr.model->params, (fr_sgd_options){.lr = 0.01, .momentum = 0.9}))) {
         st = fr_last_status();
         printf("# %s: %s could not be built: %s\n", who, c->name, fr_last_error());
@@ -312,7 +317,7 @@ static fr_status run_model(const model_case *c, fr_device dev, int warmup, int s
     }
     printf("%s\t%s\t%s (%lld parameters), batch %d, %dx%dx%d, %d classes, %s, SGD momentum 0.9\n",
            gpu ? "GS" : "MS", c->name, tr.model->name, (long long)fr_params_count(tr.model->params),
-           batch, IN_CHANNELS, SIZE, SIZE, CLASSES, gpu ? "CUDA, f32" : "CPU");
+           batch, in_channels, size, size, CLASSES, gpu ? "CUDA, f32" : "CPU");
     char all[512];
     snprintf(all, sizeof all, "%s%s%s", c->strategies, gpu ? "," : "", gpu ? gpu_mixed : "");
     const char *p = all;
@@ -410,11 +415,11 @@ int main(int argc, char **argv) {
         int n = steps ? steps : gpu ? c->gpu_steps : c->steps;
         if (list && gpu) {
             printf("C\tgpu\t%s\t0\tbatch=%d size=%d in_channels=%d classes=%d warmup=%d steps=%d\n",
-                   c->name, c->gpu_batch, SIZE, IN_CHANNELS, CLASSES, warmup, n);
+                   c->name, c->gpu_batch, GPU_SIZE, GPU_IN_CHANNELS, CLASSES, warmup, n);
             continue;
         } else if (list) {
             printf("C\tmodels\t%s\t0\tbatch=%d size=%d in_channels=%d classes=%d steps=%d\n", c->name,
-                   BATCH, SIZE, IN_CHANNELS, CLASSES, n);
+                   c->batch, c->size, c->in_channels, CLASSES, n);
             continue;
         }
         double t0 = now_ms();

@@ -164,11 +164,17 @@ SAVED_TARGETS = {
                  "abn+checkpoint": ("<=0.15x", None, 0.15)},
     "densenet-bc-100": {"recompute": ("<=0.20x", None, 0.20)},
 }
-# Step time targets: (text, against, highest): against "torch" is PyTorch's
-# step, "plain" frugal's own plain step on the same model.
-TIME_TARGETS = {"plain": ("<=1.00x torch", "torch", 1.00),
-                "recompute": ("<=1.10x plain", "plain", 1.10),
-                "checkpoint": ("<=1.35x plain", "plain", 1.35)}
+# Step time targets of the CPU issue (issue 11), per model: (text, against,
+# highest); against "torch" is PyTorch's step in the same run, "plain"
+# frugal's own plain step on the same model. ResNet-20's ">= 1.25x PyTorch's
+# images/s" is a step of at most 0.8x PyTorch's.
+_STRATEGY_TIME = {"recompute": ("<=1.05x plain", "plain", 1.05),
+                  "checkpoint": ("<=1.30x plain", "plain", 1.30)}
+TIME_TARGETS = {
+    "resnet56": {"plain": ("<=0.80x torch", "torch", 0.80), **_STRATEGY_TIME},
+    "resnet20": {"plain": ("<=0.80x torch", "torch", 0.80)},
+    "densenet-bc-100": {"plain": ("<=0.50x torch", "torch", 0.50), **_STRATEGY_TIME},
+}
 
 
 def read_models(paths, title_tag="MS", tag="M"):
@@ -253,7 +259,7 @@ def models_table(model, title, values, best):
         step, step_text = step_cell(st) if get(st, "step_ms") is not None else (None, "-")
         r_act = ratio(act, t_act)
         target = SAVED_TARGETS.get(model, {}).get(st)
-        time_target = TIME_TARGETS.get(st)
+        time_target = TIME_TARGETS.get(model, {}).get(st)
         if time_target:
             against = t_step if time_target[1] == "torch" else p_step
             time_cell = check(ratio(step, against), (time_target[0], None, time_target[2]))

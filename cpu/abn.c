@@ -15,6 +15,28 @@ fr_status fr_cpu_abn_gamma_grad(float *dgamma, const float *dgamma_eff, const fl
     return FR_OK;
 }
 
+/* One plane of abn_invert, a branch-free `omp simd` loop per residual case
+ * (no-trapping-math for the select's blend: see FR_BN_VEC, cpu/batchnorm.c). */
+__attribute__((target_clones("avx2", "default"), optimize("no-trapping-math"))) static void invert_plane(
+    float *xh, const float *y, const float *r, float inv_g, float b, float inv_slope, int hw) {
+    if (r) {
+#pragma omp simd
+        for (int p = 0; p < hw; p++) {
+            float v = y[p], unleak = v * inv_slope;
+            float z = v >= 0.0f ? v : unleak;
+            z -= r[p];
+            xh[p] = (z - b) * inv_g;
+        }
+    } else {
+#pragma omp simd
+        for (int p = 0; p < hw; p++) {
+            float v = y[p], unleak = v * inv_slope;
+            float z = v >= 0.0f ? v : unleak;
+            xh[p] = (z - b) * inv_g;
+        }
+    }
+}
+
 fr_status fr_cpu_abn_invert(float *xhat, const float *y, const float *gamma_eff, const float *beta,
                             const float *residual, float slope, int n, int c, int hw) {
     float inv_slope = 1.0f / slope;
@@ -22,14 +44,8 @@ fr_status fr_cpu_abn_invert(float *xhat, const float *y, const float *gamma_eff,
     for (int i = 0; i < n; i++)
         for (int ch = 0; ch < c; ch++) {
             size_t base = ((size_t)i * (size_t)c + (size_t)ch) * (size_t)hw;
-            float inv_g = 1.0f / gamma_eff[ch], b = beta[ch];
-            for (int p = 0; p < hw; p++) {
-                float v = y[base + p];
-                float z = v >= 0.0f ? v : v * inv_slope;
-                if (residual)
-                    z -= residual[base + p];
-                xhat[base + p] = (z - b) * inv_g;
-            }
+            invert_plane(xhat + base, y + base, residual ? residual + base : NULL,
+                         1.0f / gamma_eff[ch], beta[ch], inv_slope, hw);
         }
     return FR_OK;
 }

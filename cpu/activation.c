@@ -34,7 +34,11 @@ fr_status fr_cpu_relu_backward(float *dx, const float *dy, const float *y, size_
     return FR_OK;
 }
 
-fr_status fr_cpu_leaky_relu_forward(float *y, const float *x, float slope, size_t n) {
+/* no-trapping-math: lets the select with a product in one arm become a
+ * blend (cpu/batchnorm.c, FR_BN_VEC, says why; no value changes). */
+#define FR_ACT_BLEND __attribute__((optimize("no-trapping-math")))
+
+FR_ACT_BLEND fr_status fr_cpu_leaky_relu_forward(float *y, const float *x, float slope, size_t n) {
 #pragma omp parallel for simd if (n > FR_ACT_PAR_MIN) schedule(static)
     for (size_t i = 0; i < n; i++) {
         float v = x[i], leak = v * slope;
@@ -43,7 +47,7 @@ fr_status fr_cpu_leaky_relu_forward(float *y, const float *x, float slope, size_
     return FR_OK;
 }
 
-fr_status fr_cpu_leaky_relu_backward(float *dx, const float *dy, const float *y, float slope, size_t n) {
+FR_ACT_BLEND fr_status fr_cpu_leaky_relu_backward(float *dx, const float *dy, const float *y, float slope, size_t n) {
 #pragma omp parallel for simd if (n > FR_ACT_PAR_MIN) schedule(static)
     for (size_t i = 0; i < n; i++) {
         float g = dy[i], leak = g * slope;
