@@ -43,6 +43,17 @@ enum { K_BLOCK = 4, C_BLOCK = 2, LANES = 8 };
 
 static size_t round_up(size_t n, size_t m) { return (n + m - 1) / m * m; }
 
+/* c0..c2 += m * b0..b2: one row of a 4 x 3 register block (the kernels
+ * below unroll their blocks by hand: GCC keeps an accumulator array in
+ * memory) */
+#define FMA_ROW3(c0, c1, c2, m, b0, b1, b2)  \
+    do {                                     \
+        __m256 m_ = (m);                     \
+        c0 = _mm256_fmadd_ps(m_, b0, c0);    \
+        c1 = _mm256_fmadd_ps(m_, b1, c1);    \
+        c2 = _mm256_fmadd_ps(m_, b2, c2);    \
+    } while (0)
+
 bool fr_cpu_conv_shift_applies(const fr_conv_shape *s) {
 #ifdef HAVE_X86_KERNEL
     __builtin_cpu_init();
@@ -127,22 +138,10 @@ __attribute__((target("avx2,fma"))) static void images_weight_grad(float *part, 
                     for (size_t p = 0; p < g->len; p += LANES) {
                         __m256 v0 = _mm256_loadu_ps(xr + p), v1 = _mm256_loadu_ps(xr + p + 1),
                                v2 = _mm256_loadu_ps(xr + p + 2);
-                        __m256 e = _mm256_loadu_ps(d0 + p);
-                        a00 = _mm256_fmadd_ps(e, v0, a00);
-                        a01 = _mm256_fmadd_ps(e, v1, a01);
-                        a02 = _mm256_fmadd_ps(e, v2, a02);
-                        e = _mm256_loadu_ps(d1 + p);
-                        a10 = _mm256_fmadd_ps(e, v0, a10);
-                        a11 = _mm256_fmadd_ps(e, v1, a11);
-                        a12 = _mm256_fmadd_ps(e, v2, a12);
-                        e = _mm256_loadu_ps(d2 + p);
-                        a20 = _mm256_fmadd_ps(e, v0, a20);
-                        a21 = _mm256_fmadd_ps(e, v1, a21);
-                        a22 = _mm256_fmadd_ps(e, v2, a22);
-                        e = _mm256_loadu_ps(d3 + p);
-                        a30 = _mm256_fmadd_ps(e, v0, a30);
-                        a31 = _mm256_fmadd_ps(e, v1, a31);
-                        a32 = _mm256_fmadd_ps(e, v2, a32);
+                        FMA_ROW3(a00, a01, a02, _mm256_loadu_ps(d0 + p), v0, v1, v2);
+                        FMA_ROW3(a10, a11, a12, _mm256_loadu_ps(d1 + p), v0, v1, v2);
+                        FMA_ROW3(a20, a21, a22, _mm256_loadu_ps(d2 + p), v0, v1, v2);
+                        FMA_ROW3(a30, a31, a32, _mm256_loadu_ps(d3 + p), v0, v1, v2);
                     }
                 }
                 __m256 acc[K_BLOCK][3] = {
@@ -249,8 +248,15 @@ static void pad_input(float *inp, const float *in, int ins, const fr_conv_shape 
                    in + ((size_t)c * s->h + i) * s->w, (size_t)s->w * sizeof(float));
 }
 
+__attribute__((target("avx2,fma"))) static inline void store_row3(float *o, __m256 a, __m256 b,
+                                                                 __m256 c) {
+    _mm256_storeu_ps(o, a);
+    _mm256_storeu_ps(o + 8, b);
+    _mm256_storeu_ps(o + 16, c);
+}
+
 /* Three vectors of positions from p0 (24 positions), output channels
- * o0..o0+3; written out, as GCC keeps an accumulator array in memory. */
+ * o0..o0+3. */
 __attribute__((target("avx2,fma"))) static void direct_step_3(float *outp, const float *inp,
                                                              const float *wk, int ins, size_t p0,
                                                              const geometry *g) {
@@ -263,40 +269,17 @@ __attribute__((target("avx2,fma"))) static void direct_step_3(float *outp, const
                 const float *src = row + (size_t)r * g->wp + t, *wt = wi + (r * 3 + t) * K_BLOCK;
                 __m256 x0 = _mm256_loadu_ps(src), x1 = _mm256_loadu_ps(src + 8),
                        x2 = _mm256_loadu_ps(src + 16);
-                __m256 b = _mm256_broadcast_ss(wt);
-                a00 = _mm256_fmadd_ps(b, x0, a00);
-                a01 = _mm256_fmadd_ps(b, x1, a01);
-                a02 = _mm256_fmadd_ps(b, x2, a02);
-                b = _mm256_broadcast_ss(wt + 1);
-                a10 = _mm256_fmadd_ps(b, x0, a10);
-                a11 = _mm256_fmadd_ps(b, x1, a11);
-                a12 = _mm256_fmadd_ps(b, x2, a12);
-                b = _mm256_broadcast_ss(wt + 2);
-                a20 = _mm256_fmadd_ps(b, x0, a20);
-                a21 = _mm256_fmadd_ps(b, x1, a21);
-                a22 = _mm256_fmadd_ps(b, x2, a22);
-                b = _mm256_broadcast_ss(wt + 3);
-                a30 = _mm256_fmadd_ps(b, x0, a30);
-                a31 = _mm256_fmadd_ps(b, x1, a31);
-                a32 = _mm256_fmadd_ps(b, x2, a32);
+                FMA_ROW3(a00, a01, a02, _mm256_broadcast_ss(wt), x0, x1, x2);
+                FMA_ROW3(a10, a11, a12, _mm256_broadcast_ss(wt + 1), x0, x1, x2);
+                FMA_ROW3(a20, a21, a22, _mm256_broadcast_ss(wt + 2), x0, x1, x2);
+                FMA_ROW3(a30, a31, a32, _mm256_broadcast_ss(wt + 3), x0, x1, x2);
             }
     }
     float *o = outp + p0;
-    _mm256_storeu_ps(o, a00);
-    _mm256_storeu_ps(o + 8, a01);
-    _mm256_storeu_ps(o + 16, a02);
-    o += g->len;
-    _mm256_storeu_ps(o, a10);
-    _mm256_storeu_ps(o + 8, a11);
-    _mm256_storeu_ps(o + 16, a12);
-    o += g->len;
-    _mm256_storeu_ps(o, a20);
-    _mm256_storeu_ps(o + 8, a21);
-    _mm256_storeu_ps(o + 16, a22);
-    o += g->len;
-    _mm256_storeu_ps(o, a30);
-    _mm256_storeu_ps(o + 8, a31);
-    _mm256_storeu_ps(o + 16, a32);
+    store_row3(o, a00, a01, a02);
+    store_row3(o + g->len, a10, a11, a12);
+    store_row3(o + 2 * g->len, a20, a21, a22);
+    store_row3(o + 3 * g->len, a30, a31, a32);
 }
 
 /* The same for one vector (the plane's last one or two). */
