@@ -2,6 +2,7 @@
 #include <math.h>
 
 #include "../tensor/kernels.h"
+#include "simd.h"
 
 fr_status fr_cpu_abn_gamma(float *gamma_eff, const float *gamma, float eps, int c) {
     for (int i = 0; i < c; i++)
@@ -16,8 +17,8 @@ fr_status fr_cpu_abn_gamma_grad(float *dgamma, const float *dgamma_eff, const fl
 }
 
 /* One plane of abn_invert, a branch-free `omp simd` loop per residual case
- * (no-trapping-math for the select's blend: see FR_BN_VEC, cpu/batchnorm.c). */
-__attribute__((target_clones("avx2", "default"), optimize("no-trapping-math"))) static void invert_plane(
+ * (FR_SELECT_BLEND, cpu/simd.h, makes the select a blend). */
+__attribute__((target_clones("avx2", "default"))) FR_SELECT_BLEND static void invert_plane(
     float *xh, const float *y, const float *r, float inv_g, float b, float inv_slope, int hw) {
     if (r) {
 #pragma omp simd

@@ -12,6 +12,7 @@
  * one thread, perf, 2026-12-01). The vector form is a compare and a blend,
  * the same function bit for bit (-0 and NaN give 0, as before). */
 #include "../tensor/kernels.h"
+#include "simd.h"
 
 /* Below this many elements a parallel region costs more than it saves. */
 #define FR_ACT_PAR_MIN 32768
@@ -34,11 +35,7 @@ fr_status fr_cpu_relu_backward(float *dx, const float *dy, const float *y, size_
     return FR_OK;
 }
 
-/* no-trapping-math: lets the select with a product in one arm become a
- * blend (cpu/batchnorm.c, FR_BN_VEC, says why; no value changes). */
-#define FR_ACT_BLEND __attribute__((optimize("no-trapping-math")))
-
-FR_ACT_BLEND fr_status fr_cpu_leaky_relu_forward(float *y, const float *x, float slope, size_t n) {
+FR_SELECT_BLEND fr_status fr_cpu_leaky_relu_forward(float *y, const float *x, float slope, size_t n) {
 #pragma omp parallel for simd if (n > FR_ACT_PAR_MIN) schedule(static)
     for (size_t i = 0; i < n; i++) {
         float v = x[i], leak = v * slope;
@@ -47,7 +44,7 @@ FR_ACT_BLEND fr_status fr_cpu_leaky_relu_forward(float *y, const float *x, float
     return FR_OK;
 }
 
-FR_ACT_BLEND fr_status fr_cpu_leaky_relu_backward(float *dx, const float *dy, const float *y, float slope, size_t n) {
+FR_SELECT_BLEND fr_status fr_cpu_leaky_relu_backward(float *dx, const float *dy, const float *y, float slope, size_t n) {
 #pragma omp parallel for simd if (n > FR_ACT_PAR_MIN) schedule(static)
     for (size_t i = 0; i < n; i++) {
         float g = dy[i], leak = g * slope;

@@ -7,6 +7,7 @@
 #include <math.h>
 
 #include "../tensor/kernels.h"
+#include "simd.h"
 
 /* Below this many elements in total, one thread is faster. */
 #define FR_BN_PAR_MIN 32768
@@ -18,12 +19,8 @@
  * No FMA in either copy (-std=c11 forbids contraction), so both round as
  * the separate elementwise kernels do; a sum's lane order is the copy's,
  * the same for every kernel on one machine. */
-/* no-trapping-math lets the leaky ReLU's select (`v > 0 ? v : v * slope`)
- * become a blend: under the default the product is kept inside a branch,
- * lest it trap, and the loop stays scalar (10-25% of an abn step). It
- * changes no value: frugal runs with floating-point traps off. */
-#define FR_BN_VEC \
-    __attribute__((target_clones("avx2", "default"), optimize("no-trapping-math")))
+/* FR_SELECT_BLEND (cpu/simd.h): the leaky ReLU's selects become blends. */
+#define FR_BN_VEC __attribute__((target_clones("avx2", "default"))) FR_SELECT_BLEND
 
 FR_BN_VEC static void plane_stats(const float *p, int hw, double shift, double *s_out,
                                   double *ss_out) {
@@ -116,9 +113,9 @@ fr_status fr_cpu_batch_norm_update_running(float *running_mean, float *running_v
 /* One plane of bn_act_forward: the loop written once per activation and
  * residual case, so that each stays a branch-free `omp simd` loop. The steps
  * round as the separate kernels do: v = (x - mu) * sc + b, then v + r, then
- * the activation. The leaky product is computed for every element (`leak`):
- * a product in one arm of the select only is not if-converted (it could
- * trap), and that loop ran scalar, a branch per element (10% of an abn
+ * the activation. The leaky product is computed for every element (`leak`)
+ * and FR_BN_VEC carries FR_SELECT_BLEND (cpu/simd.h), so the select is a
+ * blend: it was a scalar loop with a branch per element (10% of an abn
  * step). */
 #define FR_BN_ACT_PLANE(ACT)                                                     \
     do {                                                                         \
