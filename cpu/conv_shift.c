@@ -15,8 +15,9 @@
  *     dw[k][c][r][s] = sum over p of dy_pad[k][p] * x_pad[c][p + r*(W+2) + s]
  * is a dot product of two contiguous vectors (the zero columns of dy_pad
  * cancel the products that would wrap around a row). The kernel computes
- * these dot products for 4 output x 2 input channels at a time, eight
- * lanes each, straight from the padded planes, which stay in L1/L2.
+ * these dot products for 4 output channels x the 3 taps of a filter row at
+ * a time, eight lanes each, straight from the padded planes, which stay in
+ * L1/L2.
  *
  * Determinism: as in the reference (cpu/conv_im2col.c), the images are cut
  * into at most FR_CONV_WEIGHT_GROUPS groups, each summed in image order
@@ -39,7 +40,7 @@
 #include <immintrin.h>
 #endif
 
-enum { K_BLOCK = 4, C_BLOCK = 2, LANES = 8 };
+enum { K_BLOCK = 4, LANES = 8 };
 
 static size_t round_up(size_t n, size_t m) { return (n + m - 1) / m * m; }
 
@@ -73,7 +74,7 @@ typedef struct {
     int wp;       /* W + 2: a padded row */
     size_t len;   /* H * (W+2) rounded up to LANES: dot-product length */
     size_t x_ch;  /* floats per padded input channel (>= every read) */
-    int cp, kp;   /* channels rounded up to the blocks (the extra ones are zero) */
+    int kp;       /* output channels rounded up to K_BLOCK (the extra ones zero) */
 } geometry;
 
 static geometry geometry_of(const fr_conv_shape *s) {
@@ -83,27 +84,30 @@ static geometry geometry_of(const fr_conv_shape *s) {
     /* the largest read is at offset 2*(W+2)+2 plus len; it also covers the
      * (H+2) x (W+2) plane itself */
     g.x_ch = round_up(g.len + 2 * (size_t)g.wp + 2, LANES);
-    g.cp = (int)round_up((size_t)s->c, C_BLOCK);
     g.kp = (int)round_up((size_t)s->k, K_BLOCK);
     return g;
 }
 
-/* x (C,H,W) -> xp (Cp, x_ch): row i of channel c at (i+1)*(W+2) + 1;
- * dy (K,H,W) -> dyp (Kp, len): row i of channel k at i*(W+2). Everything
- * else zero. */
+/* in (ins, H, W) -> inp (ins, x_ch): row i of channel c at (i+1)*(W+2) + 1,
+ * everything else zero */
+static void pad_input(float *inp, const float *in, int ins, const fr_conv_shape *s, const geometry *g) {
+    memset(inp, 0, (size_t)ins * g->x_ch * sizeof *inp);
+    for (int c = 0; c < ins; c++)
+        for (int i = 0; i < s->h; i++)
+            memcpy(inp + (size_t)c * g->x_ch + (size_t)(i + 1) * g->wp + 1,
+                   in + ((size_t)c * s->h + i) * s->w, (size_t)s->w * sizeof(float));
+}
+
+/* x (C,H,W) -> xp (C, x_ch) as pad_input; dy (K,H,W) -> dyp (Kp, len): row
+ * i of channel k at i*(W+2), everything else zero. */
 static void pad_image(float *xp, float *dyp, const float *x, const float *dy, const fr_conv_shape *s,
                       const geometry *g) {
-    memset(xp, 0, (size_t)g->cp * g->x_ch * sizeof *xp);
+    pad_input(xp, x, s->c, s, g);
     memset(dyp, 0, (size_t)g->kp * g->len * sizeof *dyp);
-    size_t row = (size_t)s->w * sizeof(float);
-    for (int c = 0; c < s->c; c++)
-        for (int i = 0; i < s->h; i++)
-            memcpy(xp + (size_t)c * g->x_ch + (size_t)(i + 1) * g->wp + 1,
-                   x + ((size_t)c * s->h + i) * s->w, row);
     for (int k = 0; k < s->k; k++)
         for (int i = 0; i < s->h; i++)
             memcpy(dyp + (size_t)k * g->len + (size_t)i * g->wp, dy + ((size_t)k * s->h + i) * s->w,
-                   row);
+                   (size_t)s->w * sizeof(float));
 }
 
 __attribute__((target("avx2,fma"))) static float lane_sum(__m256 v) {
@@ -115,14 +119,14 @@ __attribute__((target("avx2,fma"))) static float lane_sum(__m256 v) {
 }
 
 /* part (K, C, 3, 3) += the weight gradient of `images` padded images (xp:
- * each Cp x x_ch floats, dyp: each Kp x len). Each dot product runs over all
+ * each C x x_ch floats, dyp: each Kp x len). Each dot product runs over all
  * of them before its lanes are added, so small planes (8x8: ten vectors an
  * image) do not pay a horizontal sum per image. */
 __attribute__((target("avx2,fma"))) static void images_weight_grad(float *part, const float *xp,
                                                                   const float *dyp, int images,
                                                                   const fr_conv_shape *s,
                                                                   const geometry *g) {
-    size_t x_img = (size_t)g->cp * g->x_ch, dy_img = (size_t)g->kp * g->len;
+    size_t x_img = (size_t)s->c * g->x_ch, dy_img = (size_t)g->kp * g->len;
     /* 4 output channels x the 3 taps of one filter row: the taps read the
      * same input row at offsets 0, 1, 2, so each step loads 4 dy and 3 x
      * vectors for 12 multiply-adds */
@@ -152,9 +156,9 @@ __attribute__((target("avx2,fma"))) static void images_weight_grad(float *part, 
             }
 }
 
-/* Images per chunk: as many as keep one block's rows (C_BLOCK input and
- * K_BLOCK output channels of every image in the chunk) within about 24 KiB,
- * so that the nine taps reread them from L1. Depends on the shape only. */
+/* Images per chunk: as many as keep one block's rows (one input and K_BLOCK
+ * output channels of every image in the chunk) within about 24 KiB, so that
+ * the three filter rows reread them from L1. Depends on the shape only. */
 static int chunk_images(const geometry *g) {
     size_t rows = (size_t)(1 + K_BLOCK) * g->x_ch * sizeof(float);
     size_t b = rows ? (24u << 10) / rows : 1;
@@ -173,7 +177,7 @@ fr_status fr_cpu_conv2d_backward_weight_shift(float *dw, const float *dy, const 
     if (threads > groups)
         threads = groups;
     size_t dw_len = (size_t)s->k * s->c * 9;
-    size_t x_pad = (size_t)g.cp * g.x_ch, dy_pad = (size_t)g.kp * g.len; /* one image */
+    size_t x_pad = (size_t)s->c * g.x_ch, dy_pad = (size_t)g.kp * g.len; /* one image */
     size_t scratch = (x_pad + dy_pad) * (size_t)chunk;                    /* per thread */
     size_t ws_bytes = (scratch * (size_t)threads + dw_len * (size_t)groups) * sizeof(float);
     float *ws = fr_mem_alloc(FR_CPU, ws_bytes, FR_TAG_WORKSPACE);
@@ -237,15 +241,6 @@ static void pack_filter(float *wpk, const float *w, int outs, int ins, bool turn
                     v = turned ? w[((size_t)i * outs + o) * 9 + (8 - tap)] : w[((size_t)o * ins + i) * 9 + tap];
                 wpk[(((size_t)(o / K_BLOCK) * ins + i) * 9 + tap) * K_BLOCK + o % K_BLOCK] = v;
             }
-}
-
-/* in (ins, H, W) -> inp (ins, x_ch) padded as in pad_image */
-static void pad_input(float *inp, const float *in, int ins, const fr_conv_shape *s, const geometry *g) {
-    memset(inp, 0, (size_t)ins * g->x_ch * sizeof *inp);
-    for (int c = 0; c < ins; c++)
-        for (int i = 0; i < s->h; i++)
-            memcpy(inp + (size_t)c * g->x_ch + (size_t)(i + 1) * g->wp + 1,
-                   in + ((size_t)c * s->h + i) * s->w, (size_t)s->w * sizeof(float));
 }
 
 __attribute__((target("avx2,fma"))) static inline void store_row3(float *o, __m256 a, __m256 b,
