@@ -44,6 +44,40 @@ fr_cpu_conv_backend fr_cpu_conv_get_backend(void) { return backend; }
 
 enum { DIR_FWD = 0, DIR_BWD_DATA, DIR_BWD_WEIGHT };
 
+/* One call on the caller's buffers, in the kernels' order (output first),
+ * which is also the order of every oneDNN plan's arguments. */
+typedef struct {
+    void *out;
+    const void *in0, *in1;
+} conv_args;
+
+static fr_status run_reference(const fr_conv_shape *s, int dir, const conv_args *a) {
+    if (dir == DIR_FWD)
+        return fr_cpu_conv2d_forward_im2col(a->out, a->in0, a->in1, s);
+    if (dir == DIR_BWD_DATA)
+        return fr_cpu_conv2d_backward_data_im2col(a->out, a->in0, a->in1, s);
+    return fr_cpu_conv2d_backward_weight_im2col(a->out, a->in0, a->in1, s);
+}
+
+/* Where oneDNN does not run (or is not built): a 3x3 stride-1 pad-1 layer
+ * takes the shifted-plane kernels under the AUTO backend, anything else the
+ * im2col reference. */
+static bool own_takes_shift(const fr_conv_shape *s) {
+    return backend == FR_CPU_CONV_AUTO && fr_cpu_conv_shift_applies(s);
+}
+
+static const char *own_impl(const fr_conv_shape *s) { return own_takes_shift(s) ? "shift" : "im2col"; }
+
+static fr_status run_own(const fr_conv_shape *s, int dir, const conv_args *a) {
+    if (!own_takes_shift(s))
+        return run_reference(s, dir, a);
+    if (dir == DIR_FWD)
+        return fr_cpu_conv2d_forward_shift(a->out, a->in0, a->in1, s);
+    if (dir == DIR_BWD_DATA)
+        return fr_cpu_conv2d_backward_data_shift(a->out, a->in0, a->in1, s);
+    return fr_cpu_conv2d_backward_weight_shift(a->out, a->in0, a->in1, s);
+}
+
 #ifdef FR_HAVE_DNNL
 
 enum { LAYOUT_PLAIN = 0, LAYOUT_BLOCKED };
@@ -166,32 +200,10 @@ static bool dnnl_wins(const fr_conv_shape *s, int dir) {
     return dir != DIR_BWD_WEIGHT && s->c <= DNNL_MAX_IN_CHANNELS && s->k >= DNNL_MIN_OUT_CHANNELS;
 }
 
-/* One call of either path on the caller's buffers, in the kernels' order
- * (output first), which is also the order of every plan's arguments. */
-typedef struct {
-    void *out;
-    const void *in0, *in1;
-} conv_args;
-
-static fr_status run_path(const fr_dnnl_plan *p, const fr_conv_shape *s, int dir,
-                          const conv_args *a) {
+static fr_status run_plan(const fr_dnnl_plan *p, int dir, const conv_args *a) {
     static const char *const what[] = {"conv2d forward", "conv2d backward (data)",
                                        "conv2d backward (weight)"};
-    if (p)
-        return fr_dnnl_plan_run(p, (void *[]){a->out, (void *)a->in0, (void *)a->in1}, what[dir]);
-    if (dir == DIR_FWD)
-        return fr_cpu_conv2d_forward_im2col(a->out, a->in0, a->in1, s);
-    if (dir == DIR_BWD_DATA)
-        return fr_cpu_conv2d_backward_data_im2col(a->out, a->in0, a->in1, s);
-    return fr_cpu_conv2d_backward_weight_im2col(a->out, a->in0, a->in1, s);
-}
-
-static fr_status run_shift(const fr_conv_shape *s, int dir, const conv_args *a) {
-    if (dir == DIR_FWD)
-        return fr_cpu_conv2d_forward_shift(a->out, a->in0, a->in1, s);
-    if (dir == DIR_BWD_DATA)
-        return fr_cpu_conv2d_backward_data_shift(a->out, a->in0, a->in1, s);
-    return fr_cpu_conv2d_backward_weight_shift(a->out, a->in0, a->in1, s);
+    return fr_dnnl_plan_run(p, (void *[]){a->out, (void *)a->in0, (void *)a->in1}, what[dir]);
 }
 
 static fr_status run(const fr_conv_shape *s, int dir, const conv_args *a) {
@@ -199,37 +211,44 @@ static fr_status run(const fr_conv_shape *s, int dir, const conv_args *a) {
     const fr_dnnl_plan *p = NULL;
     if (backend == FR_CPU_CONV_IM2COL || s->n <= 0 || s->c <= 0 || s->k <= 0 || s->oh <= 0 ||
         s->ow <= 0)
-        return run_path(NULL, s, dir, a);
+        return run_reference(s, dir, a);
     if (backend != FR_CPU_CONV_AUTO) {
         p = plan_of(s, dir, backend == FR_CPU_CONV_DNNL_PLAIN ? LAYOUT_PLAIN : LAYOUT_BLOCKED,
                     &failed);
-        return failed != FR_OK ? failed : run_path(p, s, dir, a);
+        if (failed != FR_OK)
+            return failed;
+        return p ? run_plan(p, dir, a) : run_reference(s, dir, a);
     }
     if (dnnl_wins(s, dir)) {
         p = plan_of(s, dir, LAYOUT_BLOCKED, &failed);
         if (failed != FR_OK)
             return failed;
-        return run_path(p, s, dir, a);
+        return p ? run_plan(p, dir, a) : run_reference(s, dir, a);
     }
-    /* where oneDNN does not run, a 3x3 stride-1 pad-1 layer takes the
-     * shifted-plane kernels (the weight gradient always) */
-    if (fr_cpu_conv_shift_applies(s))
-        return run_shift(s, dir, a);
-    return run_path(NULL, s, dir, a);
+    return run_own(s, dir, a);
 }
 
 const char *fr_cpu_conv_impl(const fr_conv_shape *s, int direction) {
     fr_status failed;
-    if (backend == FR_CPU_CONV_AUTO && !dnnl_wins(s, direction) && fr_cpu_conv_shift_applies(s))
-        return "shift";
     if (backend == FR_CPU_CONV_IM2COL ||
         (backend == FR_CPU_CONV_AUTO && !dnnl_wins(s, direction)))
-        return "im2col";
+        return own_impl(s);
     const fr_dnnl_plan *p =
         plan_of(s, direction, backend == FR_CPU_CONV_DNNL_PLAIN ? LAYOUT_PLAIN : LAYOUT_BLOCKED,
                 &failed);
     return p ? p->impl : "im2col";
 }
+
+#else /* no oneDNN: frugal's own kernels only */
+
+const char *fr_cpu_conv_impl(const fr_conv_shape *s, int direction) {
+    (void)direction;
+    return own_impl(s);
+}
+
+static fr_status run(const fr_conv_shape *s, int dir, const conv_args *a) { return run_own(s, dir, a); }
+
+#endif
 
 fr_status fr_cpu_conv2d_forward(float *y, const float *x, const float *w, const fr_conv_shape *s) {
     return run(s, DIR_FWD, &(conv_args){y, x, w});
@@ -242,29 +261,3 @@ fr_status fr_cpu_conv2d_backward_data(float *dx, const float *dy, const float *w
 fr_status fr_cpu_conv2d_backward_weight(float *dw, const float *dy, const float *x, const fr_conv_shape *s) {
     return run(s, DIR_BWD_WEIGHT, &(conv_args){dw, dy, x});
 }
-
-#else /* no oneDNN: the reference is the only path */
-
-const char *fr_cpu_conv_impl(const fr_conv_shape *s, int direction) {
-    (void)direction;
-    return backend == FR_CPU_CONV_AUTO && fr_cpu_conv_shift_applies(s) ? "shift" : "im2col";
-}
-
-fr_status fr_cpu_conv2d_forward(float *y, const float *x, const float *w, const fr_conv_shape *s) {
-    if (backend == FR_CPU_CONV_AUTO && fr_cpu_conv_shift_applies(s))
-        return fr_cpu_conv2d_forward_shift(y, x, w, s);
-    return fr_cpu_conv2d_forward_im2col(y, x, w, s);
-}
-
-fr_status fr_cpu_conv2d_backward_data(float *dx, const float *dy, const float *w, const fr_conv_shape *s) {
-    if (backend == FR_CPU_CONV_AUTO && fr_cpu_conv_shift_applies(s))
-        return fr_cpu_conv2d_backward_data_shift(dx, dy, w, s);
-    return fr_cpu_conv2d_backward_data_im2col(dx, dy, w, s);
-}
-
-fr_status fr_cpu_conv2d_backward_weight(float *dw, const float *dy, const float *x, const fr_conv_shape *s) {
-    if (backend == FR_CPU_CONV_AUTO && fr_cpu_conv_shift_applies(s))
-        return fr_cpu_conv2d_backward_weight_shift(dw, dy, x, s);
-    return fr_cpu_conv2d_backward_weight_im2col(dw, dy, x, s);
-}
-#endif
