@@ -10,9 +10,11 @@ fr_status fr_cpu_abn_gamma(float *gamma_eff, const float *gamma, float eps, int 
     return FR_OK;
 }
 
+/* d|gamma|/dgamma is +1 at 0, and NaN at a NaN gamma (as PyTorch's abs
+ * backward: dy * sgn(NaN) = NaN), so a corrupt gamma is not hidden. */
 fr_status fr_cpu_abn_gamma_grad(float *dgamma, const float *dgamma_eff, const float *gamma, int c) {
     for (int i = 0; i < c; i++)
-        dgamma[i] = gamma[i] >= 0.0f ? dgamma_eff[i] : -dgamma_eff[i];
+        dgamma[i] = gamma[i] >= 0.0f ? dgamma_eff[i] : gamma[i] < 0.0f ? -dgamma_eff[i] : gamma[i];
     return FR_OK;
 }
 

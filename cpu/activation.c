@@ -9,8 +9,13 @@
  * The loops are `simd`: -O2 leaves them scalar, and the scalar select
  * compiles to a branch on the sign, which a random sign mispredicts half the
  * time (relu forward + backward were 17% of a ResNet-20 training step at
- * one thread, perf, 2026-12-01). The vector form is a compare and a blend,
- * the same function bit for bit (-0 and NaN give 0, as before). */
+ * one thread, perf, 2026-12-01). The vector form is a compare and a blend.
+ *
+ * NaN and the signed zero as PyTorch: relu(NaN) = NaN, relu(-0) = -0
+ * (`x < 0 ? 0 : x`; `x > 0 ? x : 0` would erase a NaN and hide a corrupt
+ * weight), and backward passes dy where y is NaN (its threshold_backward:
+ * y <= 0 ? 0 : dy). Leaky ReLU's `v > 0 ? v : v * slope` already keeps a
+ * NaN (NaN * slope), forward and backward. */
 #include "../tensor/kernels.h"
 #include "simd.h"
 
@@ -20,17 +25,17 @@
 fr_status fr_cpu_relu_forward(float *y, const float *x, size_t n) {
 #pragma omp parallel for simd if (n > FR_ACT_PAR_MIN) schedule(static)
     for (size_t i = 0; i < n; i++)
-        y[i] = x[i] > 0.0f ? x[i] : 0.0f;
+        y[i] = x[i] < 0.0f ? 0.0f : x[i];
     return FR_OK;
 }
 
 fr_status fr_cpu_relu_backward(float *dx, const float *dy, const float *y, size_t n) {
-    /* PyTorch's gradient at x == 0 is 0; y == 0 there, so the test y > 0
+    /* PyTorch's gradient at x == 0 is 0; y == 0 there, so the test y <= 0
      * gives the same. */
 #pragma omp parallel for simd if (n > FR_ACT_PAR_MIN) schedule(static)
     for (size_t i = 0; i < n; i++) {
         float g = dy[i];
-        dx[i] = y[i] > 0.0f ? g : 0.0f;
+        dx[i] = y[i] <= 0.0f ? 0.0f : g;
     }
     return FR_OK;
 }

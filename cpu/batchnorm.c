@@ -66,7 +66,7 @@ fr_status fr_cpu_batch_norm_stats(float *mean, float *var, const float *x, int n
         double m = count > 0 ? s / count : 0.0;
         double v = count > 0 ? ss / count - m * m : 0.0;
         mean[ch] = (float)(shift + m);
-        var[ch] = (float)(v > 0.0 ? v : 0.0);
+        var[ch] = (float)(v < 0.0 ? 0.0 : v); /* rounding's negatives, not a NaN, become 0 */
     }
     return FR_OK;
 }
@@ -140,7 +140,7 @@ fr_status fr_cpu_batch_norm_update_running(float *running_mean, float *running_v
 FR_BN_VEC static void plane_forward(float *yp, const float *xp, const float *rp, float mu, float sc,
                                     float b, fr_act act, float slope, int hw) {
     if (act == FR_ACT_RELU)
-        FR_BN_ACT_PLANE(v > 0.0f ? v : 0.0f);
+        FR_BN_ACT_PLANE(v < 0.0f ? 0.0f : v); /* relu_forward's: NaN stays */
     else if (act == FR_ACT_LEAKY_RELU)
         FR_BN_ACT_PLANE(v > 0.0f ? v : v * slope);
     else
@@ -177,7 +177,7 @@ FR_BN_VEC static void chunk_grad(float *g, const float *dy, const float *act_out
 #pragma omp simd
         for (int j = 0; j < len; j++) {
             float d = dy[j]; /* loaded unconditionally, or the select stays a branch */
-            g[j] = act_out[j] > 0.0f ? d : 0.0f;
+            g[j] = act_out[j] <= 0.0f ? 0.0f : d;
         }
     } else if (act_out) {
 #pragma omp simd
@@ -189,7 +189,7 @@ FR_BN_VEC static void chunk_grad(float *g, const float *dy, const float *act_out
 #pragma omp simd
         for (int j = 0; j < len; j++) {
             float pre = (xp[j] - mu) * sc + b, d = dy[j];
-            g[j] = pre > 0.0f ? d : 0.0f;
+            g[j] = pre <= 0.0f ? 0.0f : d;
         }
     } else {
 #pragma omp simd

@@ -6,10 +6,13 @@ __global__ void abn_gamma_kernel(float *gamma_eff, const float *gamma, float eps
     FR_CUDA_FOR(i, c) gamma_eff[i] = fabsf(gamma[i]) + eps;
 }
 
-/* d|gamma|/dgamma is taken as +1 at 0, like the CPU kernel. */
+/* d|gamma|/dgamma is taken as +1 at 0 and NaN at NaN, like the CPU kernel. */
 __global__ void abn_gamma_grad_kernel(float *dgamma, const float *dgamma_eff, const float *gamma,
                                       int c) {
-    FR_CUDA_FOR(i, c) dgamma[i] = gamma[i] >= 0.0f ? dgamma_eff[i] : -dgamma_eff[i];
+    FR_CUDA_FOR(i, c) {
+        float g = gamma[i];
+        dgamma[i] = g >= 0.0f ? dgamma_eff[i] : g < 0.0f ? -dgamma_eff[i] : g;
+    }
 }
 
 /* z = y >= 0 ? y : y / slope; xhat = (z - residual - beta) / gamma_eff, with

@@ -1,5 +1,6 @@
 /* activation.cu: ReLU and leaky ReLU on the GPU, the same arithmetic as
- * cpu/activation.c. Backward reads the output y (y > 0 exactly when
+ * cpu/activation.c (NaN and -0 as PyTorch: relu keeps them, backward passes
+ * dy where y is NaN). Backward reads the output y (y > 0 exactly when
  * x > 0), so an inplace forward loses nothing the gradient needs. Each thread
  * reads element i before writing it: y may be x, dx may be dy. */
 #include "internal.h"
@@ -7,12 +8,12 @@
 __global__ void relu_forward_kernel(float *y, const float *x, size_t n) {
     FR_CUDA_FOR(i, n) {
         float v = x[i];
-        y[i] = v > 0.0f ? v : 0.0f;
+        y[i] = v < 0.0f ? 0.0f : v;
     }
 }
 
 __global__ void relu_backward_kernel(float *dx, const float *dy, const float *y, size_t n) {
-    FR_CUDA_FOR(i, n) dx[i] = y[i] > 0.0f ? dy[i] : 0.0f;
+    FR_CUDA_FOR(i, n) dx[i] = y[i] <= 0.0f ? 0.0f : dy[i];
 }
 
 __global__ void leaky_relu_forward_kernel(float *y, const float *x, float slope, size_t n) {

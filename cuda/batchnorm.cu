@@ -89,7 +89,7 @@ extern "C" fr_status fr_cuda_batch_norm_update_running(float *running_mean, floa
 
 __device__ __forceinline__ float bn_act_value(float v, fr_act act, float slope) {
     if (act == FR_ACT_RELU)
-        return v > 0.0f ? v : 0.0f;
+        return v < 0.0f ? 0.0f : v; /* relu_forward's: NaN stays */
     if (act == FR_ACT_LEAKY_RELU) {
         float leak = v * slope;
         return v > 0.0f ? v : leak;
@@ -100,7 +100,7 @@ __device__ __forceinline__ float bn_act_value(float v, fr_act act, float slope) 
 /* relu_backward's / leaky_relu_backward's gradient from the sign source s */
 __device__ __forceinline__ float bn_act_grad(float g, float s, fr_act act, float slope) {
     if (act == FR_ACT_RELU)
-        return s > 0.0f ? g : 0.0f;
+        return s <= 0.0f ? 0.0f : g;
     if (act == FR_ACT_LEAKY_RELU) {
         float leak = g * slope;
         return s > 0.0f ? g : leak;

@@ -4,7 +4,7 @@
 
 __global__ void dropout_kernel(float *y, const float *x, float p, float scale, uint64_t seed,
                                size_t n) {
-    FR_CUDA_FOR(i, n) y[i] = fr_dropout_uniform(seed, i) >= p ? x[i] * scale : 0.0f;
+    FR_CUDA_FOR(i, n) y[i] = x[i] * (fr_dropout_uniform(seed, i) >= p ? scale : 0.0f); /* NaN * 0 = NaN */
 }
 
 extern "C" fr_status fr_cuda_dropout_forward(float *y, const float *x, float p, uint64_t seed, size_t n) {
