@@ -115,7 +115,7 @@ CONFIG_H := $(BUILD)/include/frugal/config.h
 PUBLIC_HEADERS := frugal.h tensor/fr_base.h tensor/shapes.h tensor/tensor.h tensor/memory.h \
   tensor/ops.h tensor/cuda.h autograd/autograd.h autograd/functions.h \
   nn/amp.h nn/blocks.h nn/build.h nn/checkpoint.h nn/cli.h nn/densenet.h nn/layers.h nn/model.h \
-  nn/optim.h nn/params.h nn/plan.h nn/planner.h nn/programs.h nn/registry.h nn/resnet.h nn/safetensors.h nn/schedule.h \
+  nn/optim.h nn/outfile.h nn/params.h nn/plan.h nn/planner.h nn/programs.h nn/registry.h nn/resnet.h nn/safetensors.h nn/schedule.h \
   nn/train.h dist/dist.h \
   data/augment.h data/dataset.h data/loader.h data/rng.h
 # The programs, installed as frugal-train, frugal-validate, frugal-memreport

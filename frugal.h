@@ -23,6 +23,7 @@
 #include "nn/densenet.h"
 #include "nn/model.h"
 #include "nn/optim.h"
+#include "nn/outfile.h"
 #include "nn/params.h"
 #include "nn/programs.h"
 #include "nn/registry.h"

@@ -284,8 +284,13 @@ static fr_status write_grid(fr_model *g, const char *path, fr_rng *rng) {
                 v = v < 0 ? 0 : v > 255 ? 255 : v;
                 out[((i / GRID) * S + y) * W + (i % GRID) * S + x] = (unsigned char)lrintf(v);
             }
-    if (st == FR_OK && !stbi_write_png(path, W, W, 1, out, W))
-        st = fr_error(FR_ERR_IO, "gan: cannot write %s", path);
+    int len = 0;
+    unsigned char *png = st == FR_OK ? stbi_write_png_to_mem(out, W, W, W, 1, &len) : NULL;
+    if (st == FR_OK && !png)
+        st = fr_error(FR_ERR_OOM, "gan: --out %s: out of memory encoding the PNG", path);
+    if (st == FR_OK)
+        st = fr_outfile_write(path, png, (size_t)len); /* its error names the path */
+    free(png);
     free(px);
     free(out);
     return st;
@@ -354,6 +359,7 @@ static fr_status train(const options *o, run *r) {
     fr_data_spec spec;
     fr_strategy strategy;
     FR_TRY(fr_data_spec_parse(o->data, &spec));
+    FR_TRY(fr_outfile_check("--out", o->out, NULL, 0)); /* before any step */
     FR_TRY(fr_strategy_parse(o->strategy, &strategy));
     FR_TRY(models_init(&r->m, strategy, (uint64_t)o->seed));
     if (!(r->ds = fr_data_open(&spec, true, o->limit)))

@@ -86,27 +86,6 @@ fr_status fr_cli_strategy(const char *flag, const char *text, fr_strategy *out) 
     return fr_error(FR_ERR_ARG, "%s: %s", flag, why);
 }
 
-fr_status fr_cli_check_save_path(const char *flag, const char *path) {
-    if (!path || !*path)
-        return fr_error(FR_ERR_ARG, "%s: the path is empty", flag);
-    struct stat sb;
-    if (stat(path, &sb) == 0 && !S_ISREG(sb.st_mode))
-        return fr_error(FR_ERR_ARG, "%s %s: not a regular file (a folder, FIFO or device)", flag, path);
-    char dir[1100];
-    const char *slash = strrchr(path, '/');
-    if (!slash)
-        snprintf(dir, sizeof dir, ".");
-    else
-        snprintf(dir, sizeof dir, "%.*s", slash == path ? 1 : (int)(slash - path), path);
-    if (slash && !slash[1])
-        return fr_error(FR_ERR_ARG, "%s %s: names a folder, not a file", flag, path);
-    if (stat(dir, &sb) != 0 || !S_ISDIR(sb.st_mode))
-        return fr_error(FR_ERR_IO, "%s %s: folder %s does not exist", flag, path, dir);
-    if (access(dir, W_OK | X_OK) != 0)
-        return fr_error(FR_ERR_IO, "%s %s: folder %s is not writable: %s", flag, path, dir, strerror(errno));
-    return FR_OK;
-}
-
 /* ---- program skeleton ---- */
 
 bool fr_cli_wants_help(int argc, char *const *argv) {

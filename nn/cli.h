@@ -34,10 +34,6 @@ fr_status fr_cli_precision(const char *flag, const char *text, fr_dtype *out);
 fr_status fr_cli_size(const char *flag, const char *text, size_t *out);
 /* A memory strategy (fr_strategy_parse), the error naming the flag. */
 fr_status fr_cli_strategy(const char *flag, const char *text, fr_strategy *out);
-/* Whether `path` can be written as a checkpoint, found before any work is
- * done: not empty, not a folder or other non-regular file, and its folder
- * exists and is writable. */
-fr_status fr_cli_check_save_path(const char *flag, const char *path);
 
 /* ---- program skeleton ---- */
 /* Whether argv holds --help or -h (anywhere: the usage wins over errors). */

@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "../autograd/autograd.h"
+#include "../tensor/ops.h"
 
 fr_params *fr_params_new(void) {
     fr_params *p = calloc(1, sizeof *p);
@@ -88,6 +89,24 @@ size_t fr_params_bytes(const fr_params *p) {
     for (int i = 0; i < p->count; i++)
         n += fr_nbytes(p->items[i].tensor);
     return n;
+}
+
+fr_status fr_params_find_nonfinite(const fr_params *p, int *index) {
+    *index = -1;
+    fr_status st = FR_OK;
+    for (int i = 0; p && i < p->count && st == FR_OK && *index < 0; i++) {
+        fr_tensor *t = p->items[i].tensor;
+        if (t->dtype != FR_F32)
+            continue;
+        fr_tensor *c = fr_is_contiguous(t) ? fr_retain(t) : fr_contiguous(t, FR_TAG_WORKSPACE);
+        fr_tensor *count = c ? fr_zeros(fr_device_of(t), FR_F32, 1, FR_SHAPE(1), FR_TAG_WORKSPACE) : NULL;
+        st = count ? fr_nonfinite_count_(count, c) : fr_last_status();
+        if (st == FR_OK && fr_item(count) > 0)
+            *index = i;
+        fr_release(count);
+        fr_release(c);
+    }
+    return st;
 }
 
 void fr_params_zero_grad(fr_params *p) {

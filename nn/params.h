@@ -69,6 +69,12 @@ int64_t fr_params_count(const fr_params *p);
 /* Bytes of every tensor in the registry, parameters and buffers. */
 size_t fr_params_bytes(const fr_params *p);
 
+/* The first parameter or buffer (in registration order) holding an inf or
+ * a NaN: *index is its index, or -1 when every f32 tensor is finite (the
+ * i32 counters cannot hold either). One read per tensor, so call it only
+ * once a loss came out non-finite, to name the culprit. */
+fr_status fr_params_find_nonfinite(const fr_params *p, int *index);
+
 /* Frees the .grad of every parameter (PyTorch's zero_grad(set_to_none=True):
  * no memory is held for gradients between steps). */
 void fr_params_zero_grad(fr_params *p);

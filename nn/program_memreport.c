@@ -395,11 +395,12 @@ static double sample_x(const options *o, const trace_buf *t, const series *s, si
 
 static int write_svg(const options *o, const fr_model *m, const row *rows, int n, const trace_buf *t,
                      const fr_memory_plan *plan) {
-    FILE *f = fopen(o->svg, "w");
-    if (!f) {
-        fprintf(stderr, "memreport: cannot write %s: %s\n", o->svg, strerror(errno));
+    fr_outfile *out = fr_outfile_open(o->svg);
+    if (!out) {
+        fprintf(stderr, "memreport: --svg: %s\n", fr_last_error());
         return 1;
     }
+    FILE *f = fr_outfile_stream(out);
     const double W = 1100, H = 560, left = 80, right = 320, top = 50, bottom = 60;
     const double pw = W - left - right, ph = H - top - bottom;
     double xmax = 0, ymax = 0;
@@ -511,8 +512,8 @@ static int write_svg(const options *o, const fr_model *m, const row *rows, int n
     fprintf(f, "</svg>\n");
 #undef PX
 #undef PY
-    if (fclose(f) != 0) {
-        fprintf(stderr, "memreport: writing %s failed: %s\n", o->svg, strerror(errno));
+    if (fr_outfile_commit(out) != FR_OK) {
+        fprintf(stderr, "memreport: --svg: %s\n", fr_last_error());
         return 1;
     }
     return 0;
@@ -631,6 +632,11 @@ static int parse_args(int argc, char **argv, options *o) {
             fprintf(stderr, "memreport: unknown option %s (see --help)\n", a);
             return -1;
         }
+    }
+    /* before any step is measured: memreport reads no file to protect */
+    if (o->svg && fr_outfile_check("--svg", o->svg, NULL, 0) != FR_OK) {
+        fprintf(stderr, "memreport: %s\n", fr_last_error());
+        return -1;
     }
     if (!o->strategies && o->memory_budget)
         o->strategies = "plain";

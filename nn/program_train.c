@@ -209,8 +209,9 @@ static fr_status parse_args(int argc, char **argv, options *o) {
     /* every flag error before any data is read or any step is taken */
     if (!o->resume)
         FR_TRY(fr_cli_model_check("--model", o->model));
+    /* the checkpoint may replace the one resumed from: no input to protect */
     if (o->save)
-        FR_TRY(fr_cli_check_save_path(o->save == o->resume ? "--resume" : "--save", o->save));
+        FR_TRY(fr_outfile_check(o->save == o->resume ? "--resume" : "--save", o->save, NULL, 0));
     if (o->data) {
         fr_data_spec spec;
         FR_TRY(fr_data_spec_parse(o->data, &spec));
@@ -231,9 +232,11 @@ typedef struct {
     int rank, world; /* 0 and 1 alone */
     fr_memory_plan plan; /* --memory-budget */
     bool plan_reported;  /* its measured peak printed */
+    fr_outfile_lock *save_lock; /* rank 0's, on --save, for the whole run */
 } run;
 
 static void run_free(run *r) {
+    fr_outfile_unlock(r->save_lock);
     fr_memory_plan_free(&r->plan);
     fr_dist_detach(r->dist);
     fr_loader_free(r->train_ld);
@@ -441,13 +444,18 @@ static fr_status train_epoch(run *r, fr_progress *pg, double *loss, double *acc,
         fr_release(y);
         FR_TRY(s);
         /* f16's loss scaler skips overflowing steps by design; anywhere else
-         * a non-finite loss or gradient means the run has diverged */
-        if (!isfinite(l) || (!stepped && r->scaler.dtype != FR_F16))
-            return fr_error(FR_ERR_ARG, "step %lld (epoch %lld, batch %lld): the %s is %s in %s training: "
+         * a non-finite loss or gradient means the run has diverged, and a
+         * non-finite loss is traced to the first tensor holding one */
+        if (!isfinite(l) || (!stepped && r->scaler.dtype != FR_F16)) {
+            char why[512] = "";
+            if (!isfinite(l))
+                fr_nonfinite_culprit(r->model, why, sizeof why);
+            return fr_error(FR_ERR_ARG, "step %lld (epoch %lld, batch %lld): the %s is %s in %s training%s%s: "
                             "stopping (lower --lr?); no checkpoint is written from this state",
                             (long long)st->step + 1, (long long)st->epoch + 1, (long long)st->batch + 1,
                             isfinite(l) ? "gradient" : "loss", isfinite(l) ? "not finite" : isnan(l) ? "NaN" : "inf",
-                            fr_dtype_name(r->scaler.dtype));
+                            fr_dtype_name(r->scaler.dtype), *why ? ", " : "", why);
+        }
         if (r->plan.units && !r->plan_reported && r->rank == 0) {
             fr_progress_break(pg);
             /* the optimizer's state appears at the end of the first step */
@@ -506,6 +514,12 @@ static fr_status train(run *r, const options *o) {
             n_test = (int64_t)sums[2];
             test_loss = n_test ? sums[0] / sums[2] : 0;
             test_acc = n_test ? sums[1] / sums[2] : 0;
+        }
+        if (!isfinite(test_loss)) {
+            char why[512];
+            return fr_error(FR_ERR_ARG, "epoch %lld: the test loss is %s: %s; no checkpoint is written from "
+                            "this state", (long long)st->epoch + 1, isnan(test_loss) ? "NaN" : "inf",
+                            fr_nonfinite_culprit(r->model, why, sizeof why));
         }
         double eval_secs = fr_cli_now() - t0;
         char mem[96], d1[32];
@@ -609,6 +623,14 @@ int fr_train_main(int argc, char **argv) {
         fr_cli_apply_limits(o.threads, o.memory_limit);
     if (s == FR_OK)
         s = start_dist(&o, &r);
+    if (s == FR_OK && o.save) {
+        /* before the checkpoint to resume is read: a second run on one
+         * destination is refused (rank 0 writes; the others hear of it) */
+        fr_status locked = r.rank == 0 ? fr_outfile_lock_take(o.save == o.resume ? "--resume" : "--save",
+                                                              o.save, &r.save_lock)
+                                       : FR_OK;
+        s = r.dist ? fr_dist_share_status(r.dist, 0, locked) : locked;
+    }
     if (s == FR_OK)
         s = setup(&o, &r);
     if (s == FR_OK && o.memory_budget)

@@ -15,6 +15,7 @@
  * precision the checkpoint records, else f32). --save-logits FILE writes the
  * eval pass's logits, labels and predictions, in dataset order, as
  * safetensors (docs/INSTALL.md reads them from Python). */
+#include <math.h>
 #include <omp.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -134,6 +135,10 @@ static fr_status setup(const options *o, run *r) {
     fr_data_spec spec;
     FR_TRY(fr_data_spec_parse(o->data ? o->data : info.is_training ? info.state.data : "fashion-mnist",
                               &spec));
+    if (o->save_logits) {
+        /* before any work: the logits never replace what is read */
+        FR_TRY(fr_outfile_check("--save-logits", o->save_logits, &o->checkpoint, 1));
+    }
     if (!spec.channels && info.in_channels)
         spec.channels = info.in_channels == 1 ? 1 : 3; /* a folder's images, as the model takes them */
     if (!(r->ds = fr_data_open(&spec, false, o->limit_test)))
@@ -285,6 +290,11 @@ static fr_status validate(run *r, const options *o) {
     double t0 = fr_cli_now(), loss, acc;
     int64_t n;
     FR_TRY(fr_evaluate(r->model, r->ld, &loss, &acc, &n));
+    if (!isfinite(loss)) { /* never an accuracy from a network that computes NaN */
+        char why[512];
+        return fr_error(FR_ERR_ARG, "%s: the test loss is %s: %s", o->checkpoint, isnan(loss) ? "NaN" : "inf",
+                        fr_nonfinite_culprit(r->model, why, sizeof why));
+    }
     double secs = fr_cli_now() - t0;
     size_t eval_peak = peak_with_model(r, before);
     size_t train_peak = 0;

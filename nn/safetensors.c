@@ -8,9 +8,6 @@
 
 #include <errno.h>
 #include <fcntl.h>
-#include <dirent.h>
-#include <libgen.h>
-#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -19,6 +16,7 @@
 
 #include "../cuda/fr_cuda.h"
 #include "json.h"
+#include "outfile.h"
 
 /* The format is little-endian and tensors are written from memory as they
  * are, so a big-endian host would need byte swaps this file does not have. */
@@ -746,81 +744,6 @@ static fr_status st_write_tensor(FILE *fp, const fr_tensor *t) {
     return st;
 }
 
-/* Makes the rename itself durable; a filesystem that cannot fsync a
- * directory still has the data, so failure here is not an error. */
-static void st_sync_dir(const char *path) {
-    char *copy = strdup(path);
-    if (!copy)
-        return;
-    int fd = open(dirname(copy), O_RDONLY | O_DIRECTORY);
-    if (fd >= 0) {
-        (void)fsync(fd);
-        close(fd);
-    }
-    free(copy);
-}
-
-/* Removes "<base>.tmp.<pid>" files beside `path` whose writer process is
- * gone (a save killed before its rename); a live process's file is left
- * alone, whoever it is. Best effort: a folder that cannot be read is skipped. */
-static void st_remove_dead_temps(const char *path) {
-    char *copy = strdup(path), *copy2 = strdup(path);
-    DIR *d = copy && copy2 ? opendir(dirname(copy)) : NULL;
-    if (d) {
-        const char *base = basename(copy2);
-        size_t blen = strlen(base);
-        for (struct dirent *e; (e = readdir(d));) {
-            const char *n = e->d_name;
-            if (strncmp(n, base, blen) || strncmp(n + blen, ".tmp.", 5))
-                continue;
-            char *end;
-            errno = 0;
-            long pid = strtol(n + blen + 5, &end, 10);
-            if (errno || *end || end == n + blen + 5 || pid <= 0 || pid == (long)getpid())
-                continue;
-            if (kill((pid_t)pid, 0) == 0 || errno != ESRCH)
-                continue; /* alive (or not ours to ask): never touched */
-            (void)unlinkat(dirfd(d), n, 0);
-        }
-        closedir(d);
-    }
-    free(copy);
-    free(copy2);
-}
-
-/* The file being written: unnamed (O_TMPFILE) where the filesystem allows,
- * so a writer killed at any moment before it links the data under its temp
- * name leaves nothing behind; else created under the temp name. */
-static FILE *st_create_temp(const char *path, const char *tmp, bool *unnamed) {
-    char *copy = strdup(path);
-    int fd = -1;
-    *unnamed = false;
-#ifdef O_TMPFILE
-    if (copy && (fd = open(dirname(copy), O_TMPFILE | O_WRONLY | O_CLOEXEC, 0666)) >= 0)
-        *unnamed = true;
-#endif
-    free(copy);
-    if (fd < 0) {
-        (void)unlink(tmp); /* ours: the pid is this process's */
-        fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
-    }
-    FILE *fp = fd >= 0 ? fdopen(fd, "wb") : NULL;
-    if (fd >= 0 && !fp) {
-        close(fd);
-        if (!*unnamed)
-            unlink(tmp);
-    }
-    return fp;
-}
-
-/* Gives an unnamed temp file its temp name, ready for the rename. */
-static int st_link_temp(FILE *fp, const char *tmp) {
-    char proc[64];
-    snprintf(proc, sizeof proc, "/proc/self/fd/%d", fileno(fp));
-    (void)unlink(tmp);
-    return linkat(AT_FDCWD, proc, AT_FDCWD, tmp, AT_SYMLINK_FOLLOW);
-}
-
 fr_status fr_st_writer_save(fr_st_writer *w, const char *path) {
     if (!w || !path)
         return fr_error(FR_ERR_ARG, "safetensors: save: writer or path is NULL");
@@ -828,24 +751,15 @@ fr_status fr_st_writer_save(fr_st_writer *w, const char *path) {
         qsort(w->e, (size_t)w->n, sizeof *w->e, wentry_cmp);
     st_buf hdr = {0};
     FR_TRY(st_build_header(w, &hdr));
-    size_t tlen = strlen(path) + 32;
-    char *tmp = malloc(tlen);
-    if (!tmp) {
-        free(hdr.s);
-        return fr_error(FR_ERR_OOM, "safetensors: save %s: out of memory", path);
-    }
-    snprintf(tmp, tlen, "%s.tmp.%ld", path, (long)getpid());
-    fr_status st = FR_OK;
     char why[768] = "";
-    st_remove_dead_temps(path);
-    bool unnamed;
-    FILE *fp = st_create_temp(path, tmp, &unnamed);
-    if (!fp) {
-        st = fr_error(FR_ERR_IO, "safetensors: cannot create %s: %s", tmp, strerror(errno));
-        free(tmp);
+    fr_outfile *out = fr_outfile_open(path);
+    if (!out) {
         free(hdr.s);
-        return st;
+        snprintf(why, sizeof why, "%s", fr_last_error());
+        return fr_error(fr_last_status(), "safetensors: save: %s", why);
     }
+    FILE *fp = fr_outfile_stream(out);
+    fr_status st = FR_OK;
     unsigned char lenbuf[8];
     for (int b = 0; b < 8; b++)
         lenbuf[b] = (unsigned char)((uint64_t)hdr.n >> (8 * b));
@@ -858,22 +772,16 @@ fr_status fr_st_writer_save(fr_st_writer *w, const char *path) {
             fr_error(st, "%s", why);
         }
     }
-    if (st == FR_OK && (fflush(fp) != 0 || fsync(fileno(fp)) != 0))
-        st = fr_error(FR_ERR_IO, "flush failed: %s", strerror(errno));
-    if (st == FR_OK && unnamed && st_link_temp(fp, tmp) != 0)
-        st = fr_error(FR_ERR_IO, "cannot link the written data as %s: %s", tmp, strerror(errno));
-    if (fclose(fp) != 0 && st == FR_OK)
-        st = fr_error(FR_ERR_IO, "close failed: %s", strerror(errno));
-    if (st == FR_OK && rename(tmp, path) != 0)
-        st = fr_error(FR_ERR_IO, "cannot rename %s to it: %s", tmp, strerror(errno));
+    free(hdr.s);
     if (st != FR_OK) {
         snprintf(why, sizeof why, "%s", fr_last_error());
-        remove(tmp);
-        fr_error(st, "safetensors: save %s failed (previous file left as it was): %s", path, why);
-    } else {
-        st_sync_dir(path);
+        fr_outfile_abort(out);
+        return fr_error(st, "safetensors: save %s failed (previous file left as it was): %s", path, why);
     }
-    free(tmp);
-    free(hdr.s);
+    st = fr_outfile_commit(out);
+    if (st != FR_OK) {
+        snprintf(why, sizeof why, "%s", fr_last_error());
+        fr_error(st, "safetensors: save: %s", why);
+    }
     return st;
 }

@@ -9,8 +9,9 @@
  * Reading validates everything before use: a malformed header, an unknown
  * dtype, offsets past the end of the file or overlapping, a shape that does
  * not match its byte count. Every error names the file and the field.
- * Writing is atomic: a temporary file beside the target, fsync, rename, so a
- * crash mid-write leaves the previous file intact. */
+ * Writing goes through nn/outfile.h: a regular file only, atomic (a
+ * temporary file beside the target, fsync, rename), so a crash or a failed
+ * write mid-way leaves the previous file intact. */
 #ifndef FR_SAFETENSORS_H
 #define FR_SAFETENSORS_H
 
@@ -60,7 +61,7 @@ void fr_st_writer_free(fr_st_writer *w);
  * tensor is retained until then). Duplicate names are an error. */
 fr_status fr_st_writer_add(fr_st_writer *w, const char *name, fr_tensor *t);
 fr_status fr_st_writer_add_metadata(fr_st_writer *w, const char *key, const char *value);
-/* Writes atomically (temp + fsync + rename). */
+/* Writes atomically (fr_outfile_open / fr_outfile_commit, nn/outfile.h). */
 fr_status fr_st_writer_save(fr_st_writer *w, const char *path);
 
 #ifdef __cplusplus

@@ -1,6 +1,7 @@
 /* train.c: the training step, evaluation and top-1 count; see train.h. */
 #include "train.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 
 #include "../autograd/functions.h"
@@ -158,3 +159,18 @@ fr_status fr_evaluate(fr_model *m, fr_loader *loader, double *loss, double *accu
     return FR_OK;
 }
 
+
+char *fr_nonfinite_culprit(const fr_model *m, char *buf, size_t len) {
+    int at = -1;
+    if (fr_params_find_nonfinite(m->params, &at) != FR_OK) {
+        snprintf(buf, len, "looking for a non-finite parameter failed: %s", fr_last_error());
+    } else if (at >= 0) {
+        const fr_param *p = &m->params->items[at];
+        snprintf(buf, len, "%s '%s' holds an inf or a NaN (the first in the model's order)",
+                 p->kind == FR_PARAMETER ? "parameter" : "buffer", p->name);
+    } else {
+        snprintf(buf, len, "every parameter and buffer is finite, so an inf or a NaN came from the input "
+                 "or from an overflow in %s", fr_dtype_name(m->cfg.precision));
+    }
+    return buf;
+}

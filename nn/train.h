@@ -48,6 +48,14 @@ fr_status fr_train_step(fr_model *m, fr_optim *opt, fr_loss_scaler *scaler, fr_t
  * loss and accuracy in [0, 1] (either may be NULL). */
 fr_status fr_evaluate(fr_model *m, fr_loader *loader, double *loss, double *accuracy, int64_t *images);
 
+/* Why a loss came out inf or NaN, into buf (returned), for the error a
+ * program reports: "parameter 'layer1.0.conv1.weight' holds an inf or a
+ * NaN" naming the first parameter or buffer of m that does
+ * (fr_params_find_nonfinite), else that every one is finite (the input or an
+ * overflow in m's precision). It reads every tensor: call it only after the
+ * loss came out non-finite, never on the normal path. */
+char *fr_nonfinite_culprit(const fr_model *m, char *buf, size_t len);
+
 #ifdef __cplusplus
 }
 #endif
