@@ -6,7 +6,6 @@
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
-#include <libgen.h>
 #include <signal.h>
 #include <stdlib.h>
 #include <string.h>
@@ -18,8 +17,6 @@
 #include "nn/checkpoint.h"
 #include "nn/resnet.h"
 #include "testlib.h"
-
-static char build_dir[512];
 
 static bool write_all(const char *path, const char *text) {
     FILE *f = fopen(path, "wb");
@@ -232,33 +229,6 @@ static void test_lock(void) {
 
 /* ---- the programs ---- */
 
-static int run_prog(const char *prog, const char *args, char *out, size_t len) {
-    char cmd[3000];
-    snprintf(cmd, sizeof cmd, "timeout 300 %s/examples/%s %s 2>&1", build_dir, prog, args);
-    FILE *p = popen(cmd, "r");
-    size_t n = p ? fread(out, 1, len - 1, p) : 0;
-    out[n] = '\0';
-    int rc = p ? pclose(p) : -1;
-    return rc != -1 && WIFEXITED(rc) ? WEXITSTATUS(rc) : -1;
-}
-
-/* The program must fail (not time out) with both needles in its output. */
-static void expect_fail(const char *prog, const char *args, const char *n1, const char *n2) {
-    static char out[65536];
-    int rc = run_prog(prog, args, out, sizeof out);
-    if (rc == 0 || rc == 124 || !strstr(out, n1) || (n2 && !strstr(out, n2))) {
-        fprintf(stderr, "    %s %s: exit %d, output lacks \"%s\"/\"%s\":\n%s\n", prog, args, rc, n1,
-                n2 ? n2 : "", out);
-        fr_t_failed_now = 1;
-    }
-}
-
-static bool have(const char *prog) {
-    char path[700];
-    snprintf(path, sizeof path, "%s/examples/%s", build_dir, prog);
-    return access(path, X_OK) == 0;
-}
-
 static bool have_fashion_mnist(void) {
     return access(FR_FASHION_MNIST_DIR "/t10k-images-idx3-ubyte.gz", R_OK) == 0 ||
            access(FR_FASHION_MNIST_DIR "/t10k-images-idx3-ubyte", R_OK) == 0;
@@ -268,7 +238,7 @@ static bool have_fashion_mnist(void) {
  * device: refused before any work, the checkpoint byte-identical. A
  * checkpoint with one NaN weight: an error naming it, not an accuracy. */
 static void test_validate_outputs(void) {
-    if (!have("validate") || !have_fashion_mnist())
+    if (!fr_t_have_example("validate") || !have_fashion_mnist())
         SKIP("validate or " FR_FASHION_MNIST_DIR " missing");
     const char *dir = fr_t_make_tmpdir("val");
     char ck[600], link_path[600], fifo[600], bad[600], args[2048];
@@ -286,7 +256,7 @@ static void test_validate_outputs(void) {
     for (int i = 0; i < 4; i++) {
         snprintf(args, sizeof args, "--checkpoint %s --limit-test 16 --batch 16 --threads 1 --save-logits %s",
                  ck, outs[i]);
-        expect_fail("validate", args, "--save-logits", needles[i]);
+        fr_t_example_fails("validate", args, "--save-logits", needles[i]);
     }
     char *after = read_all(ck, &n1);
     CHECK(before && after && n0 == n1 && !memcmp(before, after, n0));
@@ -303,27 +273,27 @@ static void test_validate_outputs(void) {
     CHECK_OK(fr_st_writer_save(w, bad));
     fr_st_writer_free(w);
     snprintf(args, sizeof args, "--checkpoint %s --model resnet8 --limit-test 16 --batch 16 --threads 1", bad);
-    expect_fail("validate", args, "the test loss is NaN", "parameter 'layer1.0.conv2.weight'");
+    fr_t_example_fails("validate", args, "the test loss is NaN", "parameter 'layer1.0.conv2.weight'");
     fr_model_free(m);
     fr_t_remove_tmpdir(dir);
 }
 
 /* memreport --svg and gan --out on a device or FIFO: refused at once. */
 static void test_other_outputs(void) {
-    if (!have("memreport"))
+    if (!fr_t_have_example("memreport"))
         SKIP("memreport not built");
     const char *dir = fr_t_make_tmpdir("svg");
     char fifo[600], args[1024];
     at(fifo, sizeof fifo, dir, "fifo");
     CHECK(mkfifo(fifo, 0600) == 0);
     snprintf(args, sizeof args, "--model resnet8 --batch 2 --size 8 --strategies plain --svg /dev/full");
-    expect_fail("memreport", args, "--svg /dev/full", "a device");
+    fr_t_example_fails("memreport", args, "--svg /dev/full", "a device");
     snprintf(args, sizeof args, "--model resnet8 --batch 2 --size 8 --strategies plain --svg %s", fifo);
-    expect_fail("memreport", args, "--svg", "a FIFO");
-    if (have("gan")) {
+    fr_t_example_fails("memreport", args, "--svg", "a FIFO");
+    if (fr_t_have_example("gan")) {
         snprintf(args, sizeof args, "--steps 1 --out %s", fifo);
-        expect_fail("gan", args, "--out", "a FIFO");
-        expect_fail("gan", "--steps 1 --out /dev/full", "--out /dev/full", "a device");
+        fr_t_example_fails("gan", args, "--out", "a FIFO");
+        fr_t_example_fails("gan", "--steps 1 --out /dev/full", "--out /dev/full", "a device");
     }
     fr_t_remove_tmpdir(dir);
 }
@@ -331,7 +301,7 @@ static void test_other_outputs(void) {
 /* train --save on a destination another process holds: refused at start
  * naming the holder's PID; a run leaves no lock file behind. */
 static void test_train_lock(void) {
-    if (!have("train"))
+    if (!fr_t_have_example("train"))
         SKIP("train not built");
     const char *dir = fr_t_make_tmpdir("tlock");
     char save[600], args[2048], pid[32];
@@ -340,32 +310,28 @@ static void test_train_lock(void) {
     fr_outfile_lock *l = NULL;
     CHECK_OK(fr_outfile_lock_take("--save", save, &l));
     snprintf(args, sizeof args, "--model resnet8 --epochs 1 --threads 1 --save %s", save);
-    expect_fail("train", args, "another run writes it", pid);
+    fr_t_example_fails("train", args, "another run writes it", pid);
     snprintf(args, sizeof args, "--resume %s --threads 1", save);
-    expect_fail("train", args, "--resume", pid);
+    fr_t_example_fails("train", args, "--resume", pid);
     fr_outfile_unlock(l);
     if (have_fashion_mnist()) {
         static char out[65536];
         snprintf(args, sizeof args, "--model resnet8 --epochs 1 --batch 16 --limit-train 32 --limit-test 16 "
                  "--threads 1 --save %s", save);
-        int rc = run_prog("train", args, out, sizeof out);
+        int rc = fr_t_run_example("", "train", args, out, sizeof out);
         CHECK(rc == 0 && strstr(out, "saved"));
         if (rc != 0)
             fprintf(stderr, "%s\n", out);
         CHECK(count_entries(dir, ".lock") == 0 && count_entries(dir, ".tmp.") == 0);
         /* resumed in place: the lock does not stand in its own way */
         snprintf(args, sizeof args, "--resume %s --threads 1", save);
-        rc = run_prog("train", args, out, sizeof out);
+        rc = fr_t_run_example("", "train", args, out, sizeof out);
         CHECK(rc == 0 && strstr(out, "nothing left to train"));
     }
     fr_t_remove_tmpdir(dir);
 }
 
-int main(int argc, char **argv) {
-    (void)argc;
-    char self[512];
-    snprintf(self, sizeof self, "%s", argv[0]);
-    snprintf(build_dir, sizeof build_dir, "%s/..", dirname(self));
+int main(void) {
     RUN(test_only_regular_files);
     RUN(test_atomic_replace);
     RUN(test_failed_write_leaves_nothing);

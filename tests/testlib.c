@@ -2,9 +2,12 @@
 #include "testlib.h"
 
 #include <ftw.h>
+#include <libgen.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 int fr_t_failed_now;
 const char *fr_t_skip_reason;
@@ -521,4 +524,43 @@ void fr_t_check_allocator_reuse(fr_device dev, const size_t *sizes, int k, int r
     CHECK(a && b && a != b);
     fr_mem_free(dev, a, 0, FR_TAG_TRANSIENT);
     fr_mem_free(dev, b, 0, FR_TAG_TRANSIENT);
+}
+
+/* ---- the example programs ---- */
+
+static const char *example_dir(void) {
+    static char dir[1024];
+    if (!dir[0]) {
+        char self[900];
+        ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
+        self[n > 0 ? n : 0] = '\0';
+        snprintf(dir, sizeof dir, "%s/../examples", n > 0 ? dirname(self) : ".");
+    }
+    return dir;
+}
+
+int fr_t_run_example(const char *prefix, const char *prog, const char *args, char *out, size_t len) {
+    char cmd[4096];
+    snprintf(cmd, sizeof cmd, "%s timeout 300 %s/%s %s 2>&1", prefix, example_dir(), prog, args);
+    FILE *p = popen(cmd, "r");
+    size_t n = p ? fread(out, 1, len - 1, p) : 0;
+    out[n] = '\0';
+    int rc = p ? pclose(p) : -1;
+    return rc != -1 && WIFEXITED(rc) ? WEXITSTATUS(rc) : -1;
+}
+
+bool fr_t_have_example(const char *prog) {
+    char path[1200];
+    snprintf(path, sizeof path, "%s/%s", example_dir(), prog);
+    return access(path, X_OK) == 0;
+}
+
+void fr_t_example_fails(const char *prog, const char *args, const char *n1, const char *n2) {
+    static char out[65536];
+    int rc = fr_t_run_example("", prog, args, out, sizeof out);
+    if (rc == 0 || rc == 124 || !strstr(out, n1) || (n2 && !strstr(out, n2))) {
+        fprintf(stderr, "    %s %s: exit %d, output lacks \"%s\"/\"%s\":\n%s\n", prog, args, rc, n1,
+                n2 ? n2 : "", out);
+        fr_t_failed_now = 1;
+    }
 }

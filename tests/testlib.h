@@ -212,4 +212,16 @@ void fr_t_step_free(fr_t_step *r, int n);
 void fr_t_compare_steps(const fr_model *m, const fr_t_step *ref, const fr_t_step *got, double tol,
                         const char *what);
 
+/* ---- the example programs (build/examples/<prog>, the build folder being
+ * the one above the running test's) ---- */
+/* Runs `<prefix> timeout 300 <build>/examples/<prog> <args> 2>&1` through
+ * the shell, its output (truncated to len - 1) into out; the exit status,
+ * 124 on the timeout, or -1. */
+int fr_t_run_example(const char *prefix, const char *prog, const char *args, char *out, size_t len);
+/* Whether <build>/examples/<prog> is there. */
+bool fr_t_have_example(const char *prog);
+/* The program must fail, not time out, with n1 and n2 (NULL: none) in its
+ * output; else the test fails, printing the output. */
+void fr_t_example_fails(const char *prog, const char *args, const char *n1, const char *n2);
+
 #endif
