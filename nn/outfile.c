@@ -113,7 +113,9 @@ fr_status fr_outfile_check(const char *flag, const char *path, const char *const
 /* ---- the atomic write ---- */
 
 struct fr_outfile {
-    FILE *fp;
+    FILE *fp;     /* writes through write_fd (fopencookie) */
+    int fd;
+    int err;      /* the errno of the first failed write(2), or 0 */
     char *path;   /* the file replaced (a link's target) */
     char *tmp;    /* "<path>.tmp.<pid>" */
     bool unnamed; /* O_TMPFILE: no name until linked as tmp */
@@ -146,6 +148,31 @@ static void remove_dead_temps(const char *path) {
     closedir(d);
 }
 
+/* The stream's write function: a failed write(2) is remembered with its
+ * errno, which stdio would not keep until the commit (ENOSPC for a full
+ * disk, EFBIG past the file size limit). */
+static ssize_t write_fd(void *cookie, const char *buf, size_t n) {
+    fr_outfile *f = cookie;
+    size_t done = 0;
+    while (done < n) {
+        ssize_t w = write(f->fd, buf + done, n - done);
+        if (w < 0 && errno == EINTR)
+            continue;
+        if (w <= 0) {
+            if (!f->err)
+                f->err = w < 0 ? errno : EIO;
+            return (ssize_t)done; /* short: stdio marks the stream in error */
+        }
+        done += (size_t)w;
+    }
+    return (ssize_t)done;
+}
+
+static int close_fd(void *cookie) {
+    fr_outfile *f = cookie;
+    return close(f->fd);
+}
+
 /* The file being written: unnamed (O_TMPFILE) where the filesystem allows,
  * so a writer killed at any moment before it links the data under its temp
  * name leaves nothing behind; else created under the temp name. */
@@ -167,7 +194,8 @@ static fr_status create_temp(fr_outfile *f) {
     struct stat sb;
     if (stat(f->path, &sb) == 0)
         (void)fchmod(fd, sb.st_mode & 07777);
-    if (!(f->fp = fdopen(fd, "wb"))) {
+    f->fd = fd;
+    if (!(f->fp = fopencookie(f, "wb", (cookie_io_functions_t){.write = write_fd, .close = close_fd}))) {
         int e = errno;
         close(fd);
         if (!f->unnamed)
@@ -211,9 +239,9 @@ FILE *fr_outfile_stream(fr_outfile *f) {
 }
 
 /* Gives an unnamed temp file its temp name, ready for the rename. */
-static int link_temp(FILE *fp, const char *tmp) {
+static int link_temp(int fd, const char *tmp) {
     char proc[64];
-    snprintf(proc, sizeof proc, "/proc/self/fd/%d", fileno(fp));
+    snprintf(proc, sizeof proc, "/proc/self/fd/%d", fd);
     (void)unlink(tmp);
     return linkat(AT_FDCWD, proc, AT_FDCWD, tmp, AT_SYMLINK_FOLLOW);
 }
@@ -235,13 +263,13 @@ fr_status fr_outfile_commit(fr_outfile *f) {
         return fr_error(FR_ERR_ARG, "outfile: commit of NULL");
     const char *what = NULL;
     int err = 0;
-    if (ferror(f->fp)) {
+    if (ferror(f->fp) || fflush(f->fp) != 0) { /* an earlier write failed (fprintf's go unchecked) */
         what = "write failed";
-        err = errno ? errno : EIO;
-    } else if (fflush(f->fp) != 0 || fsync(fileno(f->fp)) != 0) {
+        err = f->err ? f->err : errno ? errno : EIO;
+    } else if (fsync(f->fd) != 0) {
         what = "write failed";
         err = errno;
-    } else if (f->unnamed && link_temp(f->fp, f->tmp) != 0) {
+    } else if (f->unnamed && link_temp(f->fd, f->tmp) != 0) {
         what = "cannot name the written data";
         err = errno;
     }
@@ -288,7 +316,7 @@ fr_status fr_outfile_write(const char *path, const void *data, size_t n) {
     if (!f)
         return fr_last_status();
     if (n && fwrite(data, 1, n, f->fp) != n) {
-        int e = errno;
+        int e = f->err ? f->err : EIO;
         fr_outfile_abort(f);
         return fr_error(FR_ERR_IO, "cannot write %s (previous file left as it was): write failed: %s", path,
                         strerror(e));
