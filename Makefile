@@ -131,7 +131,7 @@ EXAMPLE_BIN := $(EXAMPLE_SRC:examples/%.c=$(BUILD)/examples/%)
 BENCH_SRC := $(filter-out bench/peak_alloc.c,$(wildcard bench/*.c))
 BENCH_BIN := $(BENCH_SRC:bench/%.c=$(BUILD)/bench/%) $(BUILD)/bench/peak_alloc.so
 
-.PHONY: all lib tests test test-only demo bench asan fuzz fuzz-build fuzz-seeds fixtures deps clean examples \
+.PHONY: all lib tests test test-only test-multihost demo bench asan fuzz fuzz-build fuzz-seeds fixtures deps clean examples \
   install uninstall check-install check-headers FORCE
 all: lib examples
 lib: $(LIB) $(SHLIB) $(CUDA_LIB)
@@ -247,6 +247,11 @@ test: deps
 
 test-only: all tests
 	@bash tests/run_tests.sh $(BUILD)/tests
+
+# Data parallel across network namespaces as hosts, over TCP (root only;
+# skips otherwise): tests/multihost.sh.
+test-multihost: all tests
+	@bash tests/multihost.sh $(BUILD)
 
 asan:
 	@ASAN_OPTIONS=allocator_may_return_null=1:detect_leaks=1 $(MAKE) --no-print-directory BUILD=build-asan CUDA=0 SAN=1 test-only

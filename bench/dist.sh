@@ -6,6 +6,8 @@
 # against the same when every all-reduce starts after backward; see
 # bench_dist.c). Prints the load average before and after.
 #   bash bench/dist.sh [builddir]     (DIST_STEPS, DIST_BATCH, DIST_MODEL, DIST_BUCKET_MB)
+# Across hosts over rate-limited TCP links (network namespaces; root), where
+# the overlap is measurable: bash tests/multihost.sh --bench [builddir].
 set -u
 build=${1:-build}
 bin="$build/bench/bench_dist"

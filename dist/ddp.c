@@ -197,9 +197,17 @@ static fr_status sync_finish(void *ctx) {
 
 static fr_status sync_any(void *ctx, bool *flag) { return fr_dist_any(ctx, flag); }
 
+/* The default bucket size of a CPU model, 0.05 MiB: over TCP what backward
+ * cannot hide is the last buckets (the first layers), so small buckets hide
+ * the most; tests/multihost.sh --bench measured ResNet-20/56 on 1 Gbit/s and
+ * 100 Mbit/s links hiding 71-97% of the all-reduce with 0.05 MiB against
+ * 35-69% with 25 MiB (bench/RESULTS.md, docs/DISTRIBUTED.md). GPU models keep
+ * 25 MiB (NCCL; PyTorch's DDP default). */
+#define CPU_BUCKET_BYTES ((size_t)52429)
+
 static fr_status build_buckets(fr_dist *d) {
     fr_params *p = d->model->params;
-    size_t cap = d->opt.bucket_bytes ? d->opt.bucket_bytes : 25 * MIB;
+    size_t cap = d->opt.bucket_bytes ? d->opt.bucket_bytes : d->dev == FR_CPU ? CPU_BUCKET_BYTES : 25 * MIB;
     size_t first_cap = d->opt.first_bucket_bytes ? d->opt.first_bucket_bytes : cap < MIB ? cap : MIB;
     int n = p->count;
     d->order = calloc((size_t)(n ? n : 1), sizeof *d->order);

@@ -7,8 +7,9 @@
  *  - fr_dist_attach broadcasts rank 0's parameters and buffers, so every
  *    replica starts the same, and hooks the model's training step
  *    (fr_model.grad_sync, called by fr_train_step);
- *  - gradients are grouped into buckets of about `bucket_bytes` (25 MiB, as
- *    PyTorch's DDP; the first bucket 1 MiB, also as DDP), in reverse
+ *  - gradients are grouped into buckets of about `bucket_bytes` (25 MiB on
+ *    GPUs, as PyTorch's DDP, the first bucket 1 MiB, also as DDP; 0.05 MiB
+ *    on the CPU, measured over TCP: docs/DISTRIBUTED.md), in reverse
  *    registry order, which is about the order backward finishes them. During
  *    the backward of a step's last micro-batch, the tape reports each
  *    parameter whose gradient is final (autograd.h: fr_set_grad_ready_hook);
@@ -62,7 +63,7 @@ extern "C" {
 typedef struct fr_dist fr_dist;
 
 typedef struct {
-    size_t bucket_bytes;       /* 0: 25 MiB */
+    size_t bucket_bytes;       /* 0: 25 MiB for a CUDA model, 0.05 MiB for a CPU model */
     size_t first_bucket_bytes; /* 0: 1 MiB, or bucket_bytes when smaller */
     bool sync_bn;              /* synchronised batch norm */
     bool no_overlap;           /* start every all-reduce after backward (benchmarks) */

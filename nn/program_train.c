@@ -93,7 +93,7 @@ static void usage(FILE *out) {
             "per process (P x N images a step), and each process trains on its shard of every batch\n"
             "  --dist                require MPI (implied when started by mpirun)\n"
             "  --sync-bn             batch norm statistics over all processes (default: per process)\n"
-            "  --bucket-mb X         gradient all-reduce bucket size (25)\n",
+            "  --bucket-mb X         gradient all-reduce bucket size (25 on GPUs, 0.05 on the CPU)\n",
             FR_FASHION_MNIST_DIR);
 }
 

@@ -6,9 +6,10 @@ cd "$(dirname "$0")/.."
 
 need=()
 have_pkg() { dpkg-query -W -f='${Status}' "$1" 2>/dev/null | grep -q "install ok installed"; }
-# clang-14, libclang-rt-14-dev (libFuzzer) and libomp-14-dev (OpenMP for clang): make fuzz
+# clang-14, libclang-rt-14-dev (libFuzzer) and libomp-14-dev (OpenMP for clang): make fuzz;
+# iptables: tests/multihost.sh's firewall and packet loss (make test-multihost)
 for p in build-essential pkg-config libopenblas-dev libdnnl-dev zlib1g-dev libpng-dev libturbojpeg0-dev libstb-dev dataset-fashion-mnist python3-torch python3-numpy python3-pip \
-    libopenmpi-dev openmpi-bin clang-14 libclang-rt-14-dev libomp-14-dev; do
+    libopenmpi-dev openmpi-bin clang-14 libclang-rt-14-dev libomp-14-dev iptables; do
     have_pkg "$p" || need+=("$p")
 done
 if [ ${#need[@]} -gt 0 ]; then

@@ -29,6 +29,11 @@
  *    relative (the sums are grouped differently), also under abn+recompute
  *    and recompute+checkpoint:1 (the replay re-runs the synchronised
  *    statistics);
+ *  - exact-hosts, sync-bn-hosts: for tests/multihost.sh, which runs them on
+ *    2 and 4 network namespaces over TCP: N ranks x 32 / N against 1
+ *    process x 32 x accum N (bit for bit for 2 ranks, else 1e-6 relative),
+ *    and synchronised BN against batch 32 (1e-6, parameters and running
+ *    statistics); the driver runs them with 2 ranks on this machine too;
  *  - resume: 3 steps, a checkpoint written by rank 0, new replicas loaded
  *    from it, 2 more steps: the parameters of 5 uninterrupted steps, bit for
  *    bit;
@@ -310,15 +315,20 @@ static void compare_models(const fr_model *a, const fr_model *b, double rtol, bo
     CHECK(worst <= rtol);
 }
 
-/* 2 ranks x 16 with the dist hooks against one process x 32 in `accum`
- * micro-batches, from rank 0's initial weights. */
+/* N ranks x 32 / N with the dist hooks against one process x 32 in
+ * `ref_accum` micro-batches (0: N), from rank 0's initial weights. */
 static void exact_case(run_cfg c, int ref_accum, double rtol, const char *what) {
     fr_dataset *ds = separable();
     int rank = fr_dist_rank(dist), world = fr_dist_world(dist);
+    if (32 % world) {
+        CHECK(!"the global batch of 32 must split evenly over the ranks");
+        fr_dataset_free(ds);
+        return;
+    }
     if (c.device == FR_CUDA)
         CHECK_OK(fr_dist_select_gpu(dist));
     replica dp, ref;
-    replica_new(&dp, ds, c, rank == 0 ? 3 : 77, 16, world);
+    replica_new(&dp, ds, c, rank == 0 ? 3 : 77, 32 / world, world);
     CHECK_OK(fr_dist_attach(dist, dp.m, &(fr_dist_options){.sync_bn = c.sync_bn, .first_bucket_bytes = 4096,
                                                            .bucket_bytes = 16384}));
     /* Synchronised BN is checked over one step. From the second step on the
@@ -339,8 +349,8 @@ static void exact_case(run_cfg c, int ref_accum, double rtol, const char *what) 
     fr_dist_detach(dist);
     run_cfg alone = c;
     alone.sync_bn = false;
-    replica_new(&ref, ds, alone, 3, 16 * world, 1);
-    train_steps(&ref, steps, ref_accum);
+    replica_new(&ref, ds, alone, 3, 32, 1);
+    train_steps(&ref, steps, ref_accum ? ref_accum : world);
     compare_models(dp.m, ref.m, rtol, c.sync_bn, what);
     replica_free(&dp);
     replica_free(&ref);
@@ -365,6 +375,17 @@ static void case_exact_bf16(void) { exact_case((run_cfg){"plain", FR_BF16, false
 static void case_sync_bn(void) { exact_case((run_cfg){"plain", FR_F32, true, FR_CPU}, 1, 1e-4, "sync BN vs batch 32"); }
 static void case_sync_bn_abn(void) {
     exact_case((run_cfg){"abn+recompute", FR_F32, true, FR_CPU}, 1, 1e-4, "sync BN (abn+recompute) vs batch 32");
+}
+
+/* Across hosts (tests/multihost.sh: 2 x 16 and 4 x 8 over TCP): with more
+ * than 2 ranks the all-reduce groups the sum otherwise than accumulation
+ * does, so 1e-6 relative there; synchronised BN to 1e-6 as well. */
+static void case_exact_hosts(void) {
+    exact_case((run_cfg){"plain", FR_F32, false, FR_CPU}, 0, fr_dist_world(dist) == 2 ? 0 : 1e-6,
+               "plain f32, accum = ranks");
+}
+static void case_sync_bn_hosts(void) {
+    exact_case((run_cfg){"plain", FR_F32, true, FR_CPU}, 1, 1e-6, "sync BN vs batch 32");
 }
 
 static void case_sync_bn_checkpoint(void) {
@@ -498,7 +519,8 @@ static const struct {
     {"exact", case_exact},       {"exact-recompute", case_exact_recompute},
     {"exact-bf16", case_exact_bf16}, {"sync-bn", case_sync_bn},
     {"sync-bn-abn", case_sync_bn_abn}, {"sync-bn-checkpoint", case_sync_bn_checkpoint},
-    {"resume", case_resume},
+    {"resume", case_resume},      {"exact-hosts", case_exact_hosts},
+    {"sync-bn-hosts", case_sync_bn_hosts},
     {"f16-skip", case_f16_skip}, {"die", case_die},
     {"error", case_error},
     {"exact-cuda", case_exact_cuda}, {"sync-bn-cuda", case_sync_bn_cuda},
@@ -638,6 +660,8 @@ static void test_sync_bn(void) { run_case("sync-bn", false, NULL); }
 static void test_sync_bn_abn(void) { run_case("sync-bn-abn", false, NULL); }
 static void test_sync_bn_checkpoint(void) { run_case("sync-bn-checkpoint", false, NULL); }
 static void test_resume(void) { run_case("resume", false, NULL); }
+static void test_exact_hosts(void) { run_case("exact-hosts", false, NULL); }
+static void test_sync_bn_hosts(void) { run_case("sync-bn-hosts", false, NULL); }
 static void test_f16_skip_together(void) { run_case("f16-skip", false, NULL); }
 static void test_dead_rank_ends_job(void) { run_case("die", true, NULL); }
 static void test_error_aborts_job(void) { run_case("error", true, "rank 1: train step: 3 labels for 16 images"); }
@@ -762,6 +786,8 @@ int main(int argc, char **argv) {
     RUN(test_sync_bn);
     RUN(test_sync_bn_abn);
     RUN(test_sync_bn_checkpoint);
+    RUN(test_exact_hosts);
+    RUN(test_sync_bn_hosts);
     RUN(test_resume);
     RUN(test_f16_skip_together);
     RUN(test_dead_rank_ends_job);
