@@ -65,6 +65,48 @@ extern "C" fr_status fr_cuda_select_device(int local_rank, int *chosen) {
 
 /* ---- copies and synchronisation ---- */
 
+/* A device-to-device copy on the one stream, also when the two ranges
+ * overlap (cudaMemcpyAsync leaves that undefined; fr_cuda_memcpy promises
+ * memmove's result like the CPU side). Overlapping ranges `shift` bytes
+ * apart are copied in pieces of `shift` bytes, from the end that is not
+ * overwritten first: each piece's source and destination are disjoint, and
+ * the stream runs the pieces in order, so a piece only overwrites source
+ * bytes an earlier piece has already copied. When that would take more
+ * than 64 pieces, the bytes go through a scratch block instead. */
+#define MAX_SHIFT_PIECES 64
+
+static fr_status copy_d2d(void *dst, const void *src, size_t nbytes) {
+    char *d = (char *)dst;
+    const char *s = (const char *)src;
+    if (d == s)
+        return FR_OK;
+    size_t shift = d < s ? (size_t)(s - d) : (size_t)(d - s);
+    if (shift >= nbytes) {
+        FR_CUDA_CHECK(cudaMemcpyAsync(d, s, nbytes, cudaMemcpyDeviceToDevice, 0));
+        return FR_OK;
+    }
+    if ((nbytes + shift - 1) / shift <= MAX_SHIFT_PIECES) {
+        for (size_t done = 0; done < nbytes; done += shift) {
+            size_t len = nbytes - done < shift ? nbytes - done : shift;
+            /* forwards when moving down, backwards when moving up */
+            size_t at = d < s ? done : nbytes - done - len;
+            FR_CUDA_CHECK(cudaMemcpyAsync(d + at, s + at, len, cudaMemcpyDeviceToDevice, 0));
+        }
+        return FR_OK;
+    }
+    /* Freed right after the second copy is enqueued: the allocator's blocks
+     * are reused only by work enqueued later on the same stream. */
+    void *tmp = fr_mem_alloc(FR_CUDA, nbytes, FR_TAG_WORKSPACE);
+    if (!tmp)
+        return fr_last_status();
+    cudaError_t e = cudaMemcpyAsync(tmp, s, nbytes, cudaMemcpyDeviceToDevice, 0);
+    if (e == cudaSuccess)
+        e = cudaMemcpyAsync(d, tmp, nbytes, cudaMemcpyDeviceToDevice, 0);
+    fr_mem_free(FR_CUDA, tmp, nbytes, FR_TAG_WORKSPACE);
+    FR_CUDA_CHECK(e);
+    return FR_OK;
+}
+
 extern "C" fr_status fr_cuda_memcpy(void *dst, const void *src, size_t nbytes, fr_copy_kind kind) {
     if (nbytes == 0)
         return FR_OK;
@@ -80,8 +122,7 @@ extern "C" fr_status fr_cuda_memcpy(void *dst, const void *src, size_t nbytes, f
         return FR_OK;
     case FR_COPY_D2D:
         /* Ordered on the one stream like a kernel; the host does not wait. */
-        FR_CUDA_CHECK(cudaMemcpyAsync(dst, src, nbytes, cudaMemcpyDeviceToDevice, 0));
-        return FR_OK;
+        return copy_d2d(dst, src, nbytes);
     }
     return fr_error(FR_ERR_ARG, "cuda memcpy: unknown copy kind %d", (int)kind);
 }
@@ -99,8 +140,7 @@ extern "C" fr_status fr_cuda_memcpy_async(void *dst, const void *src, size_t nby
         k = cudaMemcpyDeviceToHost;
         break;
     case FR_COPY_D2D:
-        k = cudaMemcpyDeviceToDevice;
-        break;
+        return copy_d2d(dst, src, nbytes);
     default:
         return fr_error(FR_ERR_ARG, "cuda memcpy async: unknown copy kind %d", (int)kind);
     }
@@ -184,10 +224,22 @@ extern "C" void fr_cuda_event_free(fr_cuda_event *e) {
 /* ---- cuBLAS ---- */
 
 /* cuBLAS is given its scratch from frugal's caching allocator instead of
- * allocating its own behind our back, so it shows in the reserved bytes. 4 MiB
- * is what NVIDIA suggests for FP32 GEMM on pre-Hopper parts and is ample for
- * SGEMM on Hopper too. */
+ * allocating its own behind our back, so it shows in the reserved bytes.
+ * The sizes are what cuBLAS's documentation recommends (cublasSetWorkspace):
+ * 32 MiB on Hopper (compute capability 9) and later, 4 MiB before; less can
+ * make cuBLAS pick slower kernels. */
 #define BLAS_WORKSPACE ((size_t)4 << 20)
+#define BLAS_WORKSPACE_HOPPER ((size_t)32 << 20)
+
+static size_t blas_workspace_bytes(void) {
+    int dev = 0, major = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess ||
+        cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess) {
+        (void)cudaGetLastError(); /* the handle's own calls report a broken device */
+        return BLAS_WORKSPACE;
+    }
+    return major >= 9 ? BLAS_WORKSPACE_HOPPER : BLAS_WORKSPACE;
+}
 
 static pthread_mutex_t blas_lock = PTHREAD_MUTEX_INITIALIZER;
 static cublasHandle_t blas_handle;
@@ -207,7 +259,7 @@ static fr_status create_blas_handle(cublasHandle_t *out) {
     size_t block = 0;
     void *ws = NULL;
     if (bs == CUBLAS_STATUS_SUCCESS) {
-        ws = fr_cuda_alloc(BLAS_WORKSPACE, &block);
+        ws = fr_cuda_alloc(blas_workspace_bytes(), &block);
         if (!ws)
             st = fr_last_status();
         else
