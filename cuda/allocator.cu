@@ -295,6 +295,11 @@ void *fr_cuda_alloc(size_t nbytes, size_t *block_bytes) {
         fr_error(FR_ERR_DEVICE, "cuda alloc: no CUDA device is available");
         return NULL;
     }
+    cudaError_t bind = fr_cuda_bind_thread();
+    if (bind != cudaSuccess) {
+        fr_error(FR_ERR_CUDA, "cuda alloc: cudaSetDevice: %s", cudaGetErrorString(bind));
+        return NULL;
+    }
     if (nbytes > SIZE_MAX / 2) {
         report_oom(nbytes, "larger than any device");
         return NULL;

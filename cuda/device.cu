@@ -53,12 +53,36 @@ extern "C" int fr_cuda_backend_probe(char *why, size_t len) {
     return n;
 }
 
+/* The device a process uses is per thread in CUDA (cudaSetDevice), while
+ * frugal's handles and caching allocator are per process: one process, one
+ * GPU. So the device chosen here is remembered, and every entry point that
+ * another thread may call first (the loader thread allocates, pins, copies
+ * and waits on events) binds its thread to it once. Before any choice (one
+ * GPU, no data parallelism) nothing is bound: device 0, CUDA's default. */
+static int selected_device = -1;
+static __thread int bound_device = -1;
+
+cudaError_t fr_cuda_bind_thread(void) {
+    int want = __atomic_load_n(&selected_device, __ATOMIC_ACQUIRE);
+    if (want < 0 || bound_device == want)
+        return cudaSuccess;
+    cudaError_t e = cudaSetDevice(want);
+    if (e != cudaSuccess) {
+        (void)cudaGetLastError();
+        return e;
+    }
+    bound_device = want;
+    return cudaSuccess;
+}
+
 extern "C" fr_status fr_cuda_select_device(int local_rank, int *chosen) {
     int n = fr_cuda_device_count();
     if (n <= 0)
         return fr_error(FR_ERR_DEVICE, "cuda: no GPU for local rank %d", local_rank);
     int dev = (local_rank < 0 ? 0 : local_rank) % n;
     FR_CUDA_CHECK(cudaSetDevice(dev));
+    bound_device = dev;
+    __atomic_store_n(&selected_device, dev, __ATOMIC_RELEASE);
     *chosen = dev;
     return FR_OK;
 }
@@ -110,6 +134,7 @@ static fr_status copy_d2d(void *dst, const void *src, size_t nbytes) {
 extern "C" fr_status fr_cuda_memcpy(void *dst, const void *src, size_t nbytes, fr_copy_kind kind) {
     if (nbytes == 0)
         return FR_OK;
+    FR_CUDA_CHECK(fr_cuda_bind_thread());
     switch (kind) {
     case FR_COPY_H2D:
         /* Synchronous, so the caller may reuse or free the host buffer as soon
@@ -131,6 +156,7 @@ extern "C" fr_status fr_cuda_memcpy_async(void *dst, const void *src, size_t nby
                                           fr_copy_kind kind) {
     if (nbytes == 0)
         return FR_OK;
+    FR_CUDA_CHECK(fr_cuda_bind_thread());
     cudaMemcpyKind k;
     switch (kind) {
     case FR_COPY_H2D:
@@ -149,6 +175,7 @@ extern "C" fr_status fr_cuda_memcpy_async(void *dst, const void *src, size_t nby
 }
 
 extern "C" fr_status fr_cuda_synchronize(void) {
+    FR_CUDA_CHECK(fr_cuda_bind_thread());
     FR_CUDA_CHECK(cudaDeviceSynchronize());
     return FR_OK;
 }
@@ -157,7 +184,9 @@ extern "C" fr_status fr_cuda_synchronize(void) {
 
 extern "C" void *fr_cuda_host_alloc(size_t nbytes) {
     void *p = NULL;
-    cudaError_t e = cudaMallocHost(&p, nbytes ? nbytes : 1);
+    cudaError_t e = fr_cuda_bind_thread();
+    if (e == cudaSuccess)
+        e = cudaMallocHost(&p, nbytes ? nbytes : 1);
     if (e != cudaSuccess) {
         (void)cudaGetLastError();
         fr_error(FR_ERR_OOM, "cuda host alloc: cannot pin %zu bytes: %s", nbytes,
@@ -193,7 +222,9 @@ extern "C" fr_cuda_event *fr_cuda_event_new(void) {
     }
     /* No timing (cheaper to record); blocking sync, so a thread that waits
      * (the loader's) sleeps instead of taking a core from the CPU kernels. */
-    cudaError_t err = cudaEventCreateWithFlags(&e->ev, cudaEventDisableTiming | cudaEventBlockingSync);
+    cudaError_t err = fr_cuda_bind_thread();
+    if (err == cudaSuccess)
+        err = cudaEventCreateWithFlags(&e->ev, cudaEventDisableTiming | cudaEventBlockingSync);
     if (err != cudaSuccess) {
         (void)cudaGetLastError();
         fr_error(FR_ERR_CUDA, "cuda event: cudaEventCreateWithFlags: %s", cudaGetErrorString(err));
@@ -204,6 +235,7 @@ extern "C" fr_cuda_event *fr_cuda_event_new(void) {
 }
 
 extern "C" fr_status fr_cuda_event_record(fr_cuda_event *e) {
+    FR_CUDA_CHECK(fr_cuda_bind_thread());
     FR_CUDA_CHECK(cudaEventRecord(e->ev, 0));
     return FR_OK;
 }

@@ -109,6 +109,7 @@ void harness_free(void *ptr);
 void harness_empty_cache(void);
 void harness_cache_stats(size_t *reserved, size_t *device_mallocs);
 static int harness_device_count(void) { return 1; }
+static cudaError_t fr_cuda_bind_thread(void) { return cudaSuccess; } /* one fake device */
 #define FR_CUDA_INTERNAL_H
 #include "../cuda/allocator.cu"
 
