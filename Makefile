@@ -98,7 +98,7 @@ ifeq ($(HAVE_CUDA),1)
     NCCL_FOUND := $(or $(NCCL_FOUND),$(call nccl_pair,$(CUDA_HOME)/include,$(CUDA_HOME)/lib64))
     NCCL_FOUND := $(or $(NCCL_FOUND),$(call nccl_pair,/usr/include,/usr/lib/x86_64-linux-gnu))
     ifeq ($(NCCL_FOUND),)
-      NCCL_WHEEL := $(shell python3 -c 'import glob, site; print(" ".join(glob.glob(site.getsitepackages()[0] + "/nvidia/nccl")))' 2>/dev/null)
+      NCCL_WHEEL := $(shell python3 -c 'import glob, os, site; print(" ".join(os.path.dirname(os.path.dirname(h)) for b in site.getsitepackages() for h in sorted(glob.glob(b + "/nvidia/*/include/nccl.h"))))' 2>/dev/null)
       NCCL_FOUND := $(if $(NCCL_WHEEL),$(call nccl_pair,$(firstword $(NCCL_WHEEL))/include,$(firstword $(NCCL_WHEEL))/lib))
     endif
   endif

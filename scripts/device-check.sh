@@ -169,6 +169,7 @@ preflight() {
     nvcc_bin=$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)
     echo "nvcc: $nvcc_bin: $("$nvcc_bin" --version 2>&1 | tail -n 1)"
     echo "cc: $(cc --version 2>&1 | head -n 1)"
+    echo "make: $(command -v make || echo 'none: nothing can be built')"
     echo "compute-sanitizer: $(command -v compute-sanitizer || ls /usr/local/cuda/bin/compute-sanitizer 2>/dev/null || echo none)"
     echo "mpirun: $(command -v mpirun || echo none)"
     [ -f "$carry_inc/stb/stb_image.h" ] || [ -f /usr/include/stb/stb_image.h ] ||
@@ -207,6 +208,7 @@ preflight() {
     nvidia-smi 2>&1 || echo "nvidia-smi failed"
 }
 t0=$SECONDS
+command -v make >/dev/null || { echo "device-check: no make on this machine" | tee "$summary"; exit 1; }
 preflight >"$OUT/env.txt" 2>&1
 mk=(make BUILD="$build" CUDA=1 LINEINFO=1 EXTRA_CFLAGS="-I$carry_inc" CUDA_EXTRA_LDFLAGS="$rpaths")
 { echo "== make print-cuda-config"; "${mk[@]}" print-cuda-config 2>&1; } >>"$OUT/env.txt"
