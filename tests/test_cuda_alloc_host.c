@@ -134,27 +134,43 @@ static void fresh(size_t capacity) {
 
 /* ---- tests ---- */
 
-/* Random allocations and frees: every live block is filled with its own
- * byte and checked intact when freed (an overlap would overwrite it);
- * block sizes follow the rounding and split rules exactly; the allocator's
- * reserved bytes are the fake device's; in steady state (the same sizes
- * again) no cudaMalloc happens. */
+/* Random allocations and frees: no new block overlaps a live one (checked
+ * as intervals against every live block); each block's first and last
+ * EDGE bytes are written with its own byte and found intact when it is
+ * freed (under ASan, a block reaching past its segment's host memory is
+ * caught too); block sizes follow the rounding and split rules exactly;
+ * the allocator's reserved bytes are the fake device's; in steady state
+ * (the same sizes again) no cudaMalloc happens. */
+#define EDGE ((size_t)64)
+
+static void mark(unsigned char *p, size_t n, unsigned char v) {
+    memset(p, v, n < EDGE ? n : EDGE);
+    if (n > EDGE)
+        memset(p + n - EDGE, v, EDGE);
+}
+
+static bool marked(const unsigned char *p, size_t n, unsigned char v) {
+    for (size_t i = 0; i < n; i++) {
+        if (i == EDGE && n > 2 * EDGE)
+            i = n - EDGE;
+        if (p[i] != v)
+            return false;
+    }
+    return true;
+}
+
 static void test_random_no_overlap_exact_bytes(void) {
     fresh((size_t)1 << 34);
     enum { LIVE = 64, OPS = 40000 };
     unsigned char *p[LIVE] = {NULL};
     size_t got[LIVE] = {0};
     uint32_t s = 12345;
-    int bad_size = 0, bad_fill = 0;
+    int bad_size = 0, bad_fill = 0, overlaps = 0;
     for (int op = 0; op < OPS; op++) {
         s = s * 1664525u + 1013904223u;
         int slot = (int)((s >> 8) % LIVE);
         if (p[slot]) {
-            for (size_t i = 0; i < got[slot]; i++)
-                if (p[slot][i] != (unsigned char)slot) {
-                    bad_fill++;
-                    break;
-                }
+            bad_fill += !marked(p[slot], got[slot], (unsigned char)slot);
             harness_free(p[slot]);
             p[slot] = NULL;
         } else {
@@ -171,13 +187,17 @@ static void test_random_no_overlap_exact_bytes(void) {
             ok = ok && ((uintptr_t)p[slot] & 511) == 0;
             if (!ok && bad_size++ == 0)
                 fprintf(stderr, "    %zu bytes: a block of %zu\n", n, got[slot]);
-            memset(p[slot], slot, got[slot]);
+            for (int o = 0; o < LIVE; o++)
+                if (o != slot && p[o] && p[o] < p[slot] + got[slot] && p[slot] < p[o] + got[o])
+                    overlaps++;
+            mark(p[slot], got[slot], (unsigned char)slot);
         }
         if (op % 997 == 0)
             CHECK(reserved_now() == fake.used);
     }
     CHECK(bad_size == 0);
     CHECK(bad_fill == 0);
+    CHECK(overlaps == 0);
     CHECK(fake.refused == 0);
     for (int i = 0; i < LIVE; i++)
         harness_free(p[i]);
