@@ -37,7 +37,10 @@
 # LD_LIBRARY_PATH gains them for frugal's programs only (the bench's PyTorch
 # side runs with the environment it came with, so its own CUDA libraries are
 # not shadowed). Environment: JOBS (default: the cores), DEVICE_CHECK_SECONDS,
-# DEVICE_CHECK_BUILD (the build folder, default build-cuda).
+# DEVICE_CHECK_BUILD (the build folder, default build-cuda), DEVICE_CHECK_PHASES
+# (the phases to run, default all: "tests im2col train nccl bench sanitizer").
+# A rerun on the still-warm machine rebuilds only what changed, e.g.
+#   DEVICE_CHECK_SECONDS=200 DEVICE_CHECK_PHASES="tests train" bash scripts/device-check.sh
 set -u -o pipefail
 
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -121,6 +124,13 @@ phase() {
     tar -czf "$work/raw.tar.gz" -C "$raw" . 2>/dev/null && mv -f "$work/raw.tar.gz" "$OUT/raw.tar.gz"
     return 0
 }
+
+# Phases left out by DEVICE_CHECK_PHASES (a rerun on a warm machine can ask
+# for a few: "tests train"); the build always runs.
+unwanted() {
+    [ -n "${DEVICE_CHECK_PHASES:-}" ] && case " $DEVICE_CHECK_PHASES " in *" $1 "*) false ;; *) true ;; esac
+}
+asked="not in DEVICE_CHECK_PHASES"
 
 # ---- preflight: where the pieces are (in this shell, so the settings stay) ----
 
@@ -244,7 +254,9 @@ sel=$work/tests && mkdir -p "$sel"
 for t in "${cuda_tests[@]}"; do
     [ -x "$build/tests/$t" ] && ln -s "$root/$build/tests/$t" "$sel/$t"
 done
-if [ "$lim" -eq 0 ]; then
+if unwanted tests; then
+    phase tests skip "$t0" "$asked"
+elif [ "$lim" -eq 0 ]; then
     phase tests FAIL "$t0" "no time left"
 else
     FR_TEST_TIMEOUT=120 timeout -k 10 "$lim" bash tests/run_tests.sh "$sel" >"$OUT/tests.log" 2>&1
@@ -255,7 +267,9 @@ else
 fi
 t0=$SECONDS
 lim=$(limit 90)
-if [ -n "$no_gpu" ]; then
+if unwanted im2col; then
+    phase im2col skip "$t0" "$asked"
+elif [ -n "$no_gpu" ]; then
     phase im2col skip "$t0" "$no_gpu"
 elif [ "$lim" -eq 0 ]; then
     phase im2col skip "$t0" "no time left"
@@ -282,7 +296,9 @@ ckpt=$work/resnet20.ckpt
 train=(timeout -k 5 "$lim" "$build/examples/train" --device cuda --model resnet20 --data "fashion-mnist:$data"
     --batch 64 --limit-train 12800 --limit-test 2000 --epochs 1 --schedule constant --log-every 20
     --save "$ckpt")
-if [ -z "$data" ]; then
+if unwanted train; then
+    phase train skip "$t0" "$asked"
+elif [ -z "$data" ]; then
     echo "device-check: no Fashion-MNIST (run --prepare and carry .carry)" >"$OUT/train.log"
     phase train "$([ -n "$no_gpu" ] && echo skip || echo FAIL)" "$t0" "no data: run --prepare and carry .carry"
 elif [ "$lim" -eq 0 ]; then
@@ -311,7 +327,9 @@ fi
 # data-parallel path (dist/ over NCCL) for a few steps, where MPI exists.
 t0=$SECONDS
 lim=$(limit 60)
-if ! grep -q '^nccl: header' "$OUT/env.txt"; then
+if unwanted nccl; then
+    phase nccl skip "$t0" "$asked"
+elif ! grep -q '^nccl: header' "$OUT/env.txt"; then
     phase nccl FAIL "$t0" "the backend was built without NCCL ($(grep -m1 '^nccl:' "$OUT/env.txt"))"
 elif [ -n "$no_gpu" ]; then
     phase nccl skip "$t0" "$no_gpu (test_nccl's cases skipped in tests)"
@@ -333,7 +351,9 @@ fi
 # ---- bench: the GPU section, fewer steps ----
 t0=$SECONDS
 lim=$(limit 150)
-if [ -n "$no_gpu" ]; then
+if unwanted bench; then
+    phase bench skip "$t0" "$asked"
+elif [ -n "$no_gpu" ]; then
     echo "device-check: the GPU bench is skipped: $no_gpu" >"$OUT/bench-gpu.md"
     phase bench skip "$t0" "$no_gpu"
 elif [ "$lim" -eq 0 ]; then
@@ -364,7 +384,9 @@ fi
 # ---- sanitizer: memcheck over the CUDA test programs, with what is left ----
 t0=$SECONDS
 sanitizer=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
-if [ -n "$no_gpu" ]; then
+if unwanted sanitizer; then
+    phase sanitizer skip "$t0" "$asked"
+elif [ -n "$no_gpu" ]; then
     echo "device-check: memcheck skipped: $no_gpu" >"$OUT/sanitizer.log"
     phase sanitizer skip "$t0" "$no_gpu"
 elif [ ! -x "$sanitizer" ]; then
