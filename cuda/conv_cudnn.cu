@@ -163,9 +163,11 @@ static plan *plan_find(const fr_conv_shape *s) {
     return NULL;
 }
 
-/* Points p's x and y descriptors at batch n. */
+/* Points p's x and y descriptors at batch n. Until both are set the plan
+ * holds no batch (-1), so a failure halfway is set again on the next call. */
 static fr_status plan_set_batch(plan *p, int n) {
     const fr_conv_shape *s = &p->shape;
+    p->shape.n = -1;
     FR_CUDNN_CHECK(cudnnSetTensor4dDescriptor(p->x, CUDNN_TENSOR_NCHW, CUDNN_DATA_FLOAT, n, s->c,
                                               s->h, s->w));
     FR_CUDNN_CHECK(cudnnSetTensor4dDescriptor(p->y, CUDNN_TENSOR_NCHW, CUDNN_DATA_FLOAT, n, s->k,

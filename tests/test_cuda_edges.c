@@ -3,7 +3,8 @@
  * capped grid's loop takes a second pass) and over 2^31 elements when the
  * device has the memory (64-bit indices); convolutions on buffers that are
  * not 16-byte aligned (views at an odd offset: cuDNN is skipped for them,
- * im2col must still agree with the CPU); device-to-device copies between
+ * im2col must still agree with the CPU); one convolution shape at several
+ * batch sizes (one cuDNN plan for all); device-to-device copies between
  * overlapping ranges (memmove's result); and whole training steps of a
  * ResNet-8 (forward, cross-entropy, backward, SGD with momentum) on the GPU
  * against the same steps on the CPU.
@@ -155,6 +156,37 @@ static void test_conv_misaligned(void) {
     fr_cuda_set_cudnn(cudnn);
 }
 
+/* One shape at batches 8, 3 and 8 again (a last, smaller batch, then the
+ * next epoch): cuDNN keeps one plan for the shape, re-pointed at each
+ * batch, and takes every call; every result agrees with the CPU. */
+static void test_conv_batches_share_a_plan(void) {
+    NEED_CUDA();
+    if (!fr_cuda_cudnn_enabled())
+        SKIP("cuDNN is off (FR_CUDNN=0)");
+    fr_conv_params p = {1, 1};
+    const int batches[] = {8, 3, 8};
+    for (int i = 0; i < 3; i++) {
+        int n = batches[i];
+        fr_t_pair x = PR_RAND(70 + (uint32_t)i, n, 6, 10, 10), w = PR_RAND(80, 7, 6, 3, 3);
+        fr_t_pair dy = PR_RAND(90 + (uint32_t)i, n, 7, 10, 10);
+        fr_t_pair y = PR_EMPTY(n, 7, 10, 10), dx = PR_EMPTY(n, 6, 10, 10), dw = PR_EMPTY(7, 6, 3, 3);
+        size_t dnn0, col0, dnn1, col1;
+        fr_cuda_conv_counts(&dnn0, &col0);
+        CHECK_OK(fr_conv2d_forward(y.c, x.c, w.c, NULL, p));
+        CHECK_OK(fr_conv2d_forward(y.g, x.g, w.g, NULL, p));
+        CHECK_OK(fr_conv2d_backward(dx.c, dw.c, NULL, dy.c, x.c, w.c, p));
+        CHECK_OK(fr_conv2d_backward(dx.g, dw.g, NULL, dy.g, x.g, w.g, p));
+        fr_cuda_conv_counts(&dnn1, &col1);
+        CHECK(dnn1 == dnn0 + 3 && col1 == col0);
+        fr_t_pair_check(y, 1e-4, 1e-4, "conv y, batch changes");
+        fr_t_pair_check(dx, 1e-4, 1e-4, "conv dx, batch changes");
+        fr_t_pair_check(dw, 1e-4, 1e-4, "conv dw, batch changes");
+        fr_t_pair *all[] = {&x, &w, &dy, &y, &dx, &dw};
+        for (size_t k = 0; k < sizeof all / sizeof *all; k++)
+            fr_t_pair_free(all[k]);
+    }
+}
+
 /* ---- overlapping device-to-device copies ---- */
 
 /* Shifts of 4 bytes (many pieces: through scratch), of a quarter (four
@@ -248,6 +280,7 @@ int main(void) {
     RUN(test_kernels_past_capped_grid);
     RUN(test_kernels_past_2_31);
     RUN(test_conv_misaligned);
+    RUN(test_conv_batches_share_a_plan);
     RUN(test_overlapping_d2d_copies);
     RUN(test_training_steps_match_cpu);
     return TEST_SUMMARY();
