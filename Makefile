@@ -1,7 +1,13 @@
 # frugal build. Targets: all (library + examples), test, demo, bench, asan,
-# fuzz, fixtures, install, uninstall, check-install, clean. CUDA is built when
+# fuzz, fixtures, install, uninstall, check-install, clean, bench-build (the
+# bench programs without running them), print-cuda-config. CUDA is built when
 # nvcc is found; CUDA=0 forces it off. BUILD selects the output folder so
 # sanitizer and CUDA builds never mix. docs/INSTALL.md describes install.
+# WERROR=0 turns warnings back into warnings (a newer compiler than CI's gcc
+# 12 / clang 14 may warn where they do not: scripts/device-check.sh retries
+# with it once); LINEINFO=1 gives the CUDA kernels source lines for
+# compute-sanitizer; TEST_TIMEOUT is each test program's limit in seconds in
+# `make test` (tests/run_tests.sh, FR_TEST_TIMEOUT, default 600).
 
 BUILD ?= build
 CC ?= cc
@@ -32,7 +38,8 @@ ifeq ($(NATIVE),1)
 endif
 OPT ?= -O2 $(MARCH)
 # -fPIC: the same objects make libfrugal.a and libfrugal.so.
-CFLAGS_BASE := -std=c11 -D_GNU_SOURCE -Wall -Wextra -Werror -fopenmp -fPIC -MMD -MP -I. \
+WERROR_FLAG := $(if $(filter 0,$(WERROR)),,-Werror)
+CFLAGS_BASE := -std=c11 -D_GNU_SOURCE -Wall -Wextra $(WERROR_FLAG) -fopenmp -fPIC -MMD -MP -I. \
   -I$(BUILD)/include/frugal $(OPT)
 LDLIBS := -lm -lpthread -lz -lpng16 -lturbojpeg -fopenmp -ldl
 # Programs linked with libfrugal.a export its symbols, which the CUDA backend
@@ -60,26 +67,54 @@ ifeq ($(SAN),1)
   OPT := -O1
 endif
 
+comma := ,
 NVCCFLAGS := -O3 -std=c++17 -I. --expt-relaxed-constexpr \
   -gencode arch=compute_90,code=sm_90 -gencode arch=compute_80,code=compute_80 \
-  -Xcompiler -Wall,-Wextra,-Werror,-fPIC -Xcudafe --diag_suppress=177
+  -Xcompiler -Wall,-Wextra$(if $(WERROR_FLAG),$(comma)-Werror),-fPIC -Xcudafe --diag_suppress=177 \
+  $(if $(filter 1,$(LINEINFO)),-lineinfo)
 # The CUDA kernels build into their own shared object, which the core opens
 # at run time (tensor/cuda_backend.c): no program or libfrugal.so links CUDA.
 CUDA_BACKEND_FILE := libfrugal_cuda.so.$(VERSION_MAJOR)
 ifeq ($(HAVE_CUDA),1)
   CU_SRC := $(wildcard cuda/*.cu)
   CUDA_LIB := $(BUILD)/$(CUDA_BACKEND_FILE)
-  CUDA_LDLIBS := -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcudnn -lcublas -lcudart
-  # NCCL (data parallelism on GPUs, cuda/nccl.cu) joins the backend when the
-  # toolkit has it; without it the backend lacks the fr_cuda_nccl_* entry
-  # points and the core says so (docs/DISTRIBUTED.md). Tests also get a copy
-  # of the backend linked without nccl.o, to check that message.
-  ifneq ($(wildcard $(CUDA_HOME)/include/nccl.h),)
+  # CUDA_EXTRA_LDFLAGS: more -L / -Wl,-rpath for libraries outside the
+  # toolkit (cuDNN or cuBLAS from Python wheels: scripts/device-check.sh).
+  CUDA_LDLIBS := -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 $(CUDA_EXTRA_LDFLAGS) \
+    -lcudnn -lcublas -lcudart
+  # NCCL (data parallelism on GPUs, cuda/nccl.cu) joins the backend when its
+  # header and its library are found, in the first of: NCCL_HOME (include/,
+  # lib/), the toolkit, /usr, and python3's nvidia-nccl wheel
+  # (site-packages/nvidia/nccl/{include,lib}, where a PyTorch image keeps
+  # it, as libnccl.so.2 only); NCCL=0 leaves it out. Without it the backend
+  # lacks the fr_cuda_nccl_* entry points and the core says so
+  # (docs/DISTRIBUTED.md); a header without its library is a warning here,
+  # not a failed link. Tests also get a copy of the backend linked without
+  # nccl.o, to check that message.
+  nccl_lib_in = $(firstword $(wildcard $(1)/libnccl.so $(1)/libnccl.so.[0-9]*))
+  nccl_pair = $(if $(wildcard $(1)/nccl.h),$(if $(call nccl_lib_in,$(2)),$(1):$(call nccl_lib_in,$(2)),$(eval NCCL_NOLIB += $(1))))
+  ifneq ($(NCCL),0)
+    NCCL_FOUND := $(if $(NCCL_HOME),$(call nccl_pair,$(NCCL_HOME)/include,$(NCCL_HOME)/lib))
+    NCCL_FOUND := $(or $(NCCL_FOUND),$(call nccl_pair,$(CUDA_HOME)/include,$(CUDA_HOME)/lib64))
+    NCCL_FOUND := $(or $(NCCL_FOUND),$(call nccl_pair,/usr/include,/usr/lib/x86_64-linux-gnu))
+    ifeq ($(NCCL_FOUND),)
+      NCCL_WHEEL := $(shell python3 -c 'import glob, os, site; print(" ".join(os.path.dirname(os.path.dirname(h)) for b in site.getsitepackages() for h in sorted(glob.glob(b + "/nvidia/*/include/nccl.h"))))' 2>/dev/null)
+      NCCL_FOUND := $(if $(NCCL_WHEEL),$(call nccl_pair,$(firstword $(NCCL_WHEEL))/include,$(firstword $(NCCL_WHEEL))/lib))
+    endif
+  endif
+  ifneq ($(NCCL_FOUND),)
     HAVE_NCCL := 1
-    CUDA_LDLIBS += -lnccl
+    NCCL_INC := $(firstword $(subst :, ,$(NCCL_FOUND)))
+    NCCL_LIB := $(lastword $(subst :, ,$(NCCL_FOUND)))
+    NVCCFLAGS += $(if $(filter /usr/include $(CUDA_HOME)/include,$(NCCL_INC)),,-I$(NCCL_INC))
+    NCCL_LIBDIR := $(patsubst %/,%,$(dir $(NCCL_LIB)))
+    CUDA_LDLIBS += -L$(NCCL_LIBDIR) -Wl,-rpath,$(NCCL_LIBDIR) -l:$(notdir $(NCCL_LIB))
     NO_NCCL_LIB := $(BUILD)/tests/no-nccl/$(CUDA_BACKEND_FILE)
   else
     CU_SRC := $(filter-out cuda/nccl.cu,$(CU_SRC))
+    ifneq ($(NCCL_NOLIB),)
+      $(warning nccl.h found in $(NCCL_NOLIB) but no libnccl.so beside it: the CUDA backend is built without NCCL)
+    endif
   endif
 endif
 # MPI for data parallelism (dist/) when Open MPI's mpicc is found, like
@@ -131,7 +166,7 @@ EXAMPLE_BIN := $(EXAMPLE_SRC:examples/%.c=$(BUILD)/examples/%)
 BENCH_SRC := $(filter-out bench/peak_alloc.c,$(wildcard bench/*.c))
 BENCH_BIN := $(BENCH_SRC:bench/%.c=$(BUILD)/bench/%) $(BUILD)/bench/peak_alloc.so
 
-.PHONY: all lib tests test test-only test-multihost demo bench asan fuzz fuzz-build fuzz-seeds fixtures deps clean examples \
+.PHONY: all lib tests test test-only test-multihost demo bench bench-build print-cuda-config asan fuzz fuzz-build fuzz-seeds fixtures deps clean examples \
   install uninstall check-install check-headers FORCE
 all: lib examples
 lib: $(LIB) $(SHLIB) $(CUDA_LIB)
@@ -173,7 +208,7 @@ $(CUDA_LIB): $(CU_OBJ) cuda/exports.map
 $(NO_NCCL_LIB): $(CU_OBJ) cuda/exports.map
 	@mkdir -p $(dir $@)
 	$(CXX) -shared -Wl,-soname,$(CUDA_BACKEND_FILE) -Wl,-Bsymbolic -Wl,--version-script,cuda/exports.map \
-	  $(filter-out $(BUILD)/cuda/nccl.cu.o,$(CU_OBJ)) $(filter-out -lnccl,$(CUDA_LDLIBS)) -o $@
+	  $(filter-out $(BUILD)/cuda/nccl.cu.o,$(CU_OBJ)) $(filter-out -l:libnccl%,$(CUDA_LDLIBS)) -o $@
 
 $(BUILD)/tests/%: tests/%.c $(TESTLIB_OBJ) $(LIB)
 	@mkdir -p $(dir $@)
@@ -246,7 +281,7 @@ test: deps
 	@$(MAKE) --no-print-directory test-only
 
 test-only: all tests
-	@bash tests/run_tests.sh $(BUILD)/tests
+	@FR_TEST_TIMEOUT=$(or $(TEST_TIMEOUT),$(FR_TEST_TIMEOUT),600) bash tests/run_tests.sh $(BUILD)/tests
 
 # Data parallel across network namespaces as hosts, over TCP (root only;
 # skips otherwise): tests/multihost.sh.
@@ -260,9 +295,20 @@ demo: deps
 	@$(MAKE) --no-print-directory all
 	@bash scripts/demo.sh $(BUILD)
 
+# The bench's programs (peak_alloc.c is the LD_PRELOAD shim peak_alloc.so,
+# not a program), built without running anything.
+bench-build: all $(BENCH_BIN)
+
 bench: deps
-	@$(MAKE) --no-print-directory all $(BENCH_BIN)
+	@$(MAKE) --no-print-directory bench-build
 	@bash bench/run.sh $(BUILD)
+
+# What the CUDA part of the build found (scripts/device-check.sh logs it).
+print-cuda-config:
+	@echo "nvcc: $(or $(NVCC),none)$(if $(HAVE_CUDA),, (CUDA off))"
+	@echo "nccl: $(if $(HAVE_NCCL),header $(NCCL_INC)/nccl.h library $(NCCL_LIB),none$(if $(NCCL_NOLIB), (nccl.h in $(NCCL_NOLIB) without its library)))"
+	@echo "cuda libraries: $(CUDA_LDLIBS)"
+	@echo "nvcc flags: $(NVCCFLAGS)"
 
 # libFuzzer harnesses (tests/fuzz/fuzz_*.c): the library rebuilt by clang 14
 # with coverage, ASan and UBSan in build-fuzz, each harness then run for

@@ -14,10 +14,12 @@
  *  - fr_cuda_empty_cache returns such whole free segments to the driver.
  * In steady state (the same sizes every step) no cudaMalloc happens at all.
  *
- * When cudaMalloc refuses, the cache's whole free segments go back to the
- * driver and the request is tried once more; if that fails too the error is
- * FR_ERR_OOM, and its message carries the ledger's CUDA report (in use and
- * peak per tag, reserved bytes), so a user sees what fills the device.
+ * When cudaMalloc refuses (cudaErrorMemoryAllocation), the cache's whole
+ * free segments go back to the driver and the request is tried once more; if
+ * that fails too the error is FR_ERR_OOM, and its message carries the
+ * ledger's CUDA report (in use and peak per tag, reserved bytes), so a user
+ * sees what fills the device. Any other cudaMalloc error (a sticky error
+ * after a kernel fault) is FR_ERR_CUDA and leaves the cache as it is.
  *
  * Reuse without events is safe because all work runs on the one (legacy
  * default) stream: a block freed while a kernel still reads it can only be
@@ -282,11 +284,20 @@ static void report_oom(size_t nbytes, const char *why) {
     free(text);
 }
 
-/* ---- the interface (fr_cuda.h) ---- */
+/* ---- the interface (fr_cuda.h, tensor/cuda.h) ----
+ * No extern "C" on the definitions: the declarations in fr_cuda.h and
+ * tensor/cuda.h give them C linkage, and without it this file also compiles
+ * as C, which the host-only harness tests/test_cuda_alloc_host.c does (a
+ * fake cudaMalloc, no GPU). */
 
-extern "C" void *fr_cuda_alloc(size_t nbytes, size_t *block_bytes) {
+void *fr_cuda_alloc(size_t nbytes, size_t *block_bytes) {
     if (fr_cuda_device_count() == 0) {
         fr_error(FR_ERR_DEVICE, "cuda alloc: no CUDA device is available");
+        return NULL;
+    }
+    cudaError_t bind = fr_cuda_bind_thread();
+    if (bind != cudaSuccess) {
+        fr_error(FR_ERR_CUDA, "cuda alloc: cudaSetDevice: %s", cudaGetErrorString(bind));
         return NULL;
     }
     if (nbytes > SIZE_MAX / 2) {
@@ -304,7 +315,7 @@ extern "C" void *fr_cuda_alloc(size_t nbytes, size_t *block_bytes) {
         size_t seg = pool == POOL_SMALL ? SMALL_SEGMENT : round_up(size, LARGE_ROUND);
         cudaError_t err;
         b = new_segment(pool, seg, &err);
-        if (!b && err != cudaSuccess) {
+        if (!b && err == cudaErrorMemoryAllocation) {
             /* Cached free segments may be what fills the device: give them
              * back and try once more. */
             release_free_segments();
@@ -312,6 +323,16 @@ extern "C" void *fr_cuda_alloc(size_t nbytes, size_t *block_bytes) {
         }
         if (!b) {
             pthread_mutex_unlock(&lock);
+            if (err != cudaSuccess && err != cudaErrorMemoryAllocation) {
+                /* Not a refusal but a device in trouble (a sticky error left
+                 * by a faulting kernel, a lost device): FR_ERR_CUDA, so that
+                 * callers that shrink their request on FR_ERR_OOM do not
+                 * retry on a dead context, and the cache is left alone (its
+                 * cudaFrees would fail the same way). */
+                fr_error(FR_ERR_CUDA, "cuda alloc: cudaMalloc of %zu bytes failed: %s (the device "
+                         "is in an error state, not out of memory)", seg, cudaGetErrorString(err));
+                return NULL;
+            }
             char why[160];
             if (err != cudaSuccess)
                 snprintf(why, sizeof why, "%s, also after returning the cached free segments",
@@ -338,7 +359,7 @@ extern "C" void *fr_cuda_alloc(size_t nbytes, size_t *block_bytes) {
     return p;
 }
 
-extern "C" void fr_cuda_free(void *ptr) {
+void fr_cuda_free(void *ptr) {
     if (!ptr)
         return;
     pthread_mutex_lock(&lock);
@@ -348,13 +369,13 @@ extern "C" void fr_cuda_free(void *ptr) {
     pthread_mutex_unlock(&lock);
 }
 
-extern "C" void fr_cuda_empty_cache(void) {
+void fr_cuda_empty_cache(void) {
     pthread_mutex_lock(&lock);
     release_free_segments();
     pthread_mutex_unlock(&lock);
 }
 
-extern "C" void fr_cuda_cache_stats(size_t *reserved, size_t *device_mallocs) {
+void fr_cuda_cache_stats(size_t *reserved, size_t *device_mallocs) {
     pthread_mutex_lock(&lock);
     if (reserved)
         *reserved = reserved_bytes;

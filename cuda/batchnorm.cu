@@ -6,15 +6,53 @@
  * adding the partial sums in a fixed tree: deterministic, no atomics.
  * Statistics are two-pass in float: first the mean, then the mean of squared
  * deviations from it, which cannot cancel catastrophically the way
- * E[x^2] - E[x]^2 does when |mean| >> std. */
+ * E[x^2] - E[x]^2 does when |mean| >> std.
+ *
+ * One block per channel keeps a layer of 16 channels on 16 of an H200's 132
+ * multiprocessors. Splitting a channel over several blocks needs a scratch
+ * buffer (in the ledger's workspace) and a second launch per pass, and
+ * changes the summation order; it waits for a GPU measurement of what these
+ * kernels cost in a step (scripts/device-check.sh's bench section). */
 #include "internal.h"
 
 #define BN_THREADS 512
 
-/* The i-th of channel ch's N*HW values. */
-__device__ inline size_t bn_index(size_t i, int ch, int c, int hw) {
-    size_t img = i / (size_t)hw, j = i % (size_t)hw;
-    return (img * (size_t)c + (size_t)ch) * (size_t)hw + j;
+/* Walks channel ch's N*HW values: i = first, first + step, ... below
+ * N*HW, `at` the index in x of the i-th one, (i / HW) * C*HW + ch*HW + i %
+ * HW. A 64-bit division and remainder per element cost more than the load;
+ * here they are taken once per thread, and each step adds the step's
+ * quotient and remainder, carrying into the next image. The values and
+ * their order are those of the direct formula, so the sums are unchanged.
+ *   for (bn_walk w(threadIdx.x, BN_THREADS, ch, c, hw); w.i < count; w.next()) x[w.at] */
+struct bn_walk {
+    size_t i, at, j, step, hw, jump, r, carry;
+    __device__ bn_walk(size_t first, size_t step_, int ch, int c, int hw_)
+        : i(first), step(step_), hw(hw_ > 0 ? (size_t)hw_ : 1) {
+        /* hw_ == 0 means no values (count 0): any hw avoids dividing by 0 */
+        j = first % hw;
+        at = (first / hw * (size_t)c + (size_t)ch) * hw + j;
+        r = step % hw;
+        jump = step / hw * (size_t)c * hw + r;
+        carry = ((size_t)c - 1) * hw; /* j wrapped: one image on, hw back */
+    }
+    __device__ void next() {
+        i += step;
+        at += jump;
+        j += r;
+        if (j >= hw) {
+            j -= hw;
+            at += carry;
+        }
+    }
+};
+
+/* The channel of element i of an (N, C, HW) tensor: 32-bit arithmetic when
+ * the tensor allows it (`small`, the same for the whole launch), which is
+ * several times cheaper on the GPU than 64-bit division. */
+__device__ __forceinline__ size_t bn_channel(size_t i, size_t hw, int c, bool small) {
+    if (small)
+        return ((unsigned)i / (unsigned)hw) % (unsigned)c;
+    return (i / hw) % (size_t)c;
 }
 
 __global__ void batch_norm_stats_kernel(float *mean, float *var, const float *x, int n, int c, int hw) {
@@ -22,12 +60,12 @@ __global__ void batch_norm_stats_kernel(float *mean, float *var, const float *x,
     int ch = blockIdx.x;
     size_t count = (size_t)n * (size_t)hw;
     float acc = 0.0f;
-    for (size_t i = threadIdx.x; i < count; i += BN_THREADS)
-        acc += x[bn_index(i, ch, c, hw)];
+    for (bn_walk w(threadIdx.x, BN_THREADS, ch, c, hw); w.i < count; w.next())
+        acc += x[w.at];
     float m = count ? fr_block_sum<float, BN_THREADS>(acc, sh) / (float)count : 0.0f;
     acc = 0.0f;
-    for (size_t i = threadIdx.x; i < count; i += BN_THREADS) {
-        float d = x[bn_index(i, ch, c, hw)] - m;
+    for (bn_walk w(threadIdx.x, BN_THREADS, ch, c, hw); w.i < count; w.next()) {
+        float d = x[w.at] - m;
         acc += d * d;
     }
     float v = count ? fr_block_sum<float, BN_THREADS>(acc, sh) / (float)count : 0.0f;
@@ -113,7 +151,7 @@ __global__ void bn_act_forward_kernel(float *y, const float *x, const float *res
                                       const float *beta, fr_act act, float slope, int c, size_t hw,
                                       size_t total) {
     FR_CUDA_FOR(i, total) {
-        size_t ch = (i / hw) % (size_t)c;
+        size_t ch = bn_channel(i, hw, c, total <= UINT32_MAX);
         float sc = invstd[ch] * gamma[ch];
         float v = __fadd_rn(__fmul_rn(x[i] - mean[ch], sc), beta[ch]);
         if (residual)
@@ -155,8 +193,8 @@ __global__ void bn_act_backward_kernel(float *dx, float *dz, float *dgamma, floa
     float mu = mean[ch], is = invstd[ch], sc = invstd[ch] * gamma[ch];
     float b = beta ? beta[ch] : 0.0f;
     float acc_dy = 0.0f, acc_dyxh = 0.0f;
-    for (size_t i = threadIdx.x; i < count; i += BN_THREADS) {
-        size_t at = bn_index(i, ch, c, hw);
+    for (bn_walk w(threadIdx.x, BN_THREADS, ch, c, hw); w.i < count; w.next()) {
+        size_t at = w.at;
         float s = act == FR_ACT_IDENTITY ? 0.0f
                   : act_out               ? act_out[at]
                                           : __fadd_rn(__fmul_rn(x[at] - mu, sc), b);
@@ -175,8 +213,8 @@ __global__ void bn_act_backward_kernel(float *dx, float *dz, float *dgamma, floa
     if (!dx || count == 0)
         return;
     float mdy = sdy / (float)count, mdyxh = sdyxh / (float)count, k = gamma[ch] * is;
-    for (size_t i = threadIdx.x; i < count; i += BN_THREADS) {
-        size_t at = bn_index(i, ch, c, hw);
+    for (bn_walk w(threadIdx.x, BN_THREADS, ch, c, hw); w.i < count; w.next()) {
+        size_t at = w.at;
         float g;
         if (dz) {
             g = dz[at];
@@ -219,7 +257,7 @@ __global__ void batch_norm_backward_data_kernel(float *dx, const float *dy, cons
                                    const float *dbeta, float inv_count, int c, size_t hw,
                                    size_t total) {
     FR_CUDA_FOR(i, total) {
-        size_t ch = (i / hw) % (size_t)c;
+        size_t ch = bn_channel(i, hw, c, total <= UINT32_MAX);
         float is = invstd[ch];
         float xh = (x[i] - mean[ch]) * is;
         dx[i] = gamma[ch] * is * (dy[i] - dbeta[ch] * inv_count - xh * (dgamma[ch] * inv_count));

@@ -2,12 +2,18 @@
  * convolution API (cudnn_cnn.h); conv.cu dispatches here first and runs its
  * im2col + cuBLAS path when this file declines.
  *
- * Plans. The first call for a shape (an fr_conv_shape) creates its four
- * descriptors; the first call of each direction (forward, backward-data,
+ * Plans. The first call for a shape (an fr_conv_shape, batch size aside)
+ * creates its four descriptors; the first call of each direction (forward, backward-data,
  * backward-filter) benchmarks cuDNN's algorithms with cudnnFind*AlgorithmEx
  * on the call's own buffers and a workspace from our allocator (the plain
  * Find variants would cudaMalloc behind the ledger). The usable algorithms,
  * fastest first, are kept in the plan; later calls look the plan up and run.
+ * A plan serves every batch size: a call with another batch than the last
+ * re-sets the x and y descriptors and asks each kept algorithm its
+ * workspace again (an algorithm that does not apply at that batch is
+ * skipped), so a DenseNet's last, smaller batch or validation's batch costs
+ * no second Find per layer; the ranking is the one Find made at the first
+ * batch.
  * Usable means: it succeeded; it is deterministic (the same inputs give the
  * same bits, like the rest of the backend; Find's timings may still pick
  * another algorithm in another process); it does not use tensor-op math (the
@@ -28,13 +34,20 @@
  * first call of the shape (fr_cuda_set_workspace_budget makes it again).
  *
  * A shape cuDNN refuses (setup fails, or Find fails or leaves no usable
- * algorithm) is remembered and always goes to im2col. Errors while running a
- * chosen algorithm are returned (FR_ERR_CUDA).
+ * algorithm) is remembered and always goes to im2col. A chosen algorithm
+ * that fails when run (a cuDNN 9 engine is loaded lazily, and a wheel
+ * install can lack its library; an engine can reject a shape only at run
+ * time) is dropped from the plan with a note on stderr, and the next one is
+ * tried, then im2col: a slower convolution, never a wrong one. A device in
+ * an error state (a kernel faulted) is not a failed algorithm: that error is
+ * returned (FR_ERR_CUDA).
  *
  * One mutex guards the table, the settings and the cuDNN handle, and is held
  * for the whole call: a cuDNN handle is for one thread at a time, and every
  * convolution runs on the one stream anyway. */
 #include <pthread.h>
+#include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -61,7 +74,8 @@ typedef struct {
 
 typedef struct {
     bool searched;
-    int n; /* 0 after a search: im2col for this direction */
+    int n;     /* 0 after a search: im2col for this direction */
+    int batch; /* the batch size the candidates' ws are for */
     candidate c[MAX_CANDIDATES];
 } choice;
 
@@ -138,11 +152,28 @@ static fr_status plan_setup(plan *p) {
     return FR_OK;
 }
 
+/* The plan of s's shape, whatever the batch size its descriptors hold now. */
 static plan *plan_find(const fr_conv_shape *s) {
-    for (int i = 0; i < n_plans; i++)
-        if (memcmp(&plans[i]->shape, s, sizeof *s) == 0)
+    for (int i = 0; i < n_plans; i++) {
+        fr_conv_shape key = *s;
+        key.n = plans[i]->shape.n;
+        if (memcmp(&plans[i]->shape, &key, sizeof key) == 0)
             return plans[i];
+    }
     return NULL;
+}
+
+/* Points p's x and y descriptors at batch n. Until both are set the plan
+ * holds no batch (-1), so a failure halfway is set again on the next call. */
+static fr_status plan_set_batch(plan *p, int n) {
+    const fr_conv_shape *s = &p->shape;
+    p->shape.n = -1;
+    FR_CUDNN_CHECK(cudnnSetTensor4dDescriptor(p->x, CUDNN_TENSOR_NCHW, CUDNN_DATA_FLOAT, n, s->c,
+                                              s->h, s->w));
+    FR_CUDNN_CHECK(cudnnSetTensor4dDescriptor(p->y, CUDNN_TENSOR_NCHW, CUDNN_DATA_FLOAT, n, s->k,
+                                              s->oh, s->ow));
+    p->shape.n = n;
+    return FR_OK;
 }
 
 /* A new plan in the table (marked broken when cuDNN refuses the shape), or
@@ -266,6 +297,17 @@ static void choose(choice *ch, const result *res, int n, cudnnHandle_t h, const 
         ch->c[ch->n].ws = need;
         ch->n++;
     }
+    ch->batch = p->shape.n;
+}
+
+/* The kept algorithms' workspace at the plan's current batch; those that do
+ * not apply there get SIZE_MAX (over any budget: skipped). */
+static void requery_ws(choice *ch, cudnnHandle_t h, const plan *p, direction d) {
+    for (int i = 0; i < ch->n; i++) {
+        size_t need = 0;
+        ch->c[i].ws = ws_size(h, p, d, ch->c[i].algo, &need) == CUDNN_STATUS_SUCCESS ? need : SIZE_MAX;
+    }
+    ch->batch = p->shape.n;
 }
 
 /* Fills p->dir[d]: Find with as much workspace as any algorithm wants (at
@@ -334,6 +376,10 @@ static bool worth_trying(const fr_conv_shape *s, const void *out, const void *a,
     return (((uintptr_t)out | (uintptr_t)a | (uintptr_t)b) & 15) == 0;
 }
 
+static const char *dir_name(direction d) {
+    return d == FWD ? "forward" : d == BWD_DATA ? "backward-data" : "backward-filter";
+}
+
 static fr_status conv_locked(direction d, float *out, const float *a, const float *b,
                              const fr_conv_shape *s, bool *ran) {
     *ran = false;
@@ -347,7 +393,15 @@ static fr_status conv_locked(direction d, float *out, const float *a, const floa
         return fr_last_status();
     if (p->broken)
         return FR_OK;
+    if (p->shape.n != s->n && plan_set_batch(p, s->n) != FR_OK) {
+        /* cuDNN refuses this batch: this call goes to im2col; the
+         * descriptors are set again on the next call */
+        fr_clear_error();
+        return FR_OK;
+    }
     choice *ch = &p->dir[d];
+    if (ch->searched && ch->batch != s->n)
+        requery_ws(ch, h, p, d);
     if (!ch->searched) {
         ch->searched = true;
         if (search(h, p, d, out, a, b) != FR_OK)
@@ -360,8 +414,21 @@ static fr_status conv_locked(direction d, float *out, const float *a, const floa
             continue; /* a slower algorithm needing less may still fit */
         fr_status st = execute(h, p, d, c.algo, out, a, b, ws, c.ws);
         fr_mem_free(FR_CUDA, ws, c.ws, FR_TAG_WORKSPACE);
-        *ran = st == FR_OK;
-        return st;
+        if (st == FR_OK) {
+            *ran = true;
+            return FR_OK;
+        }
+        /* cudaStreamQuery returns a sticky error, else success or not-ready */
+        cudaError_t dev = cudaStreamQuery(0);
+        if (dev != cudaSuccess && dev != cudaErrorNotReady)
+            return st;
+        fprintf(stderr, "frugal: cudnn conv: %s algorithm %d failed for (n %d, c %d, %dx%d, k %d, "
+                "%dx%d): %s; using the next one\n", dir_name(d), c.algo, s->n, s->c, s->h, s->w,
+                s->k, s->r, s->s, fr_last_error());
+        fr_clear_error();
+        memmove(&ch->c[i], &ch->c[i + 1], (size_t)(ch->n - i - 1) * sizeof ch->c[0]);
+        ch->n--;
+        i--;
     }
     return FR_OK;
 }

@@ -53,21 +53,88 @@ extern "C" int fr_cuda_backend_probe(char *why, size_t len) {
     return n;
 }
 
+/* The device a process uses is per thread in CUDA (cudaSetDevice), while
+ * frugal's handles and caching allocator are per process: one process, one
+ * GPU. So the device chosen here is remembered, and every entry point that
+ * another thread may call first (the loader thread allocates, pins, copies
+ * and waits on events) binds its thread to it once. Before any choice (one
+ * GPU, no data parallelism) nothing is bound: device 0, CUDA's default. */
+static int selected_device = -1;
+static __thread int bound_device = -1;
+
+cudaError_t fr_cuda_bind_thread(void) {
+    int want = __atomic_load_n(&selected_device, __ATOMIC_ACQUIRE);
+    if (want < 0 || bound_device == want)
+        return cudaSuccess;
+    cudaError_t e = cudaSetDevice(want);
+    if (e != cudaSuccess) {
+        (void)cudaGetLastError();
+        return e;
+    }
+    bound_device = want;
+    return cudaSuccess;
+}
+
 extern "C" fr_status fr_cuda_select_device(int local_rank, int *chosen) {
     int n = fr_cuda_device_count();
     if (n <= 0)
         return fr_error(FR_ERR_DEVICE, "cuda: no GPU for local rank %d", local_rank);
     int dev = (local_rank < 0 ? 0 : local_rank) % n;
     FR_CUDA_CHECK(cudaSetDevice(dev));
+    bound_device = dev;
+    __atomic_store_n(&selected_device, dev, __ATOMIC_RELEASE);
     *chosen = dev;
     return FR_OK;
 }
 
 /* ---- copies and synchronisation ---- */
 
+/* A device-to-device copy on the one stream, also when the two ranges
+ * overlap (cudaMemcpyAsync leaves that undefined; fr_cuda_memcpy promises
+ * memmove's result like the CPU side). Overlapping ranges `shift` bytes
+ * apart are copied in pieces of `shift` bytes, from the end that is not
+ * overwritten first: each piece's source and destination are disjoint, and
+ * the stream runs the pieces in order, so a piece only overwrites source
+ * bytes an earlier piece has already copied. When that would take more
+ * than 64 pieces, the bytes go through a scratch block instead. */
+#define MAX_SHIFT_PIECES 64
+
+static fr_status copy_d2d(void *dst, const void *src, size_t nbytes) {
+    char *d = (char *)dst;
+    const char *s = (const char *)src;
+    if (d == s)
+        return FR_OK;
+    size_t shift = d < s ? (size_t)(s - d) : (size_t)(d - s);
+    if (shift >= nbytes) {
+        FR_CUDA_CHECK(cudaMemcpyAsync(d, s, nbytes, cudaMemcpyDeviceToDevice, 0));
+        return FR_OK;
+    }
+    if ((nbytes + shift - 1) / shift <= MAX_SHIFT_PIECES) {
+        for (size_t done = 0; done < nbytes; done += shift) {
+            size_t len = nbytes - done < shift ? nbytes - done : shift;
+            /* forwards when moving down, backwards when moving up */
+            size_t at = d < s ? done : nbytes - done - len;
+            FR_CUDA_CHECK(cudaMemcpyAsync(d + at, s + at, len, cudaMemcpyDeviceToDevice, 0));
+        }
+        return FR_OK;
+    }
+    /* Freed right after the second copy is enqueued: the allocator's blocks
+     * are reused only by work enqueued later on the same stream. */
+    void *tmp = fr_mem_alloc(FR_CUDA, nbytes, FR_TAG_WORKSPACE);
+    if (!tmp)
+        return fr_last_status();
+    cudaError_t e = cudaMemcpyAsync(tmp, s, nbytes, cudaMemcpyDeviceToDevice, 0);
+    if (e == cudaSuccess)
+        e = cudaMemcpyAsync(d, tmp, nbytes, cudaMemcpyDeviceToDevice, 0);
+    fr_mem_free(FR_CUDA, tmp, nbytes, FR_TAG_WORKSPACE);
+    FR_CUDA_CHECK(e);
+    return FR_OK;
+}
+
 extern "C" fr_status fr_cuda_memcpy(void *dst, const void *src, size_t nbytes, fr_copy_kind kind) {
     if (nbytes == 0)
         return FR_OK;
+    FR_CUDA_CHECK(fr_cuda_bind_thread());
     switch (kind) {
     case FR_COPY_H2D:
         /* Synchronous, so the caller may reuse or free the host buffer as soon
@@ -80,8 +147,7 @@ extern "C" fr_status fr_cuda_memcpy(void *dst, const void *src, size_t nbytes, f
         return FR_OK;
     case FR_COPY_D2D:
         /* Ordered on the one stream like a kernel; the host does not wait. */
-        FR_CUDA_CHECK(cudaMemcpyAsync(dst, src, nbytes, cudaMemcpyDeviceToDevice, 0));
-        return FR_OK;
+        return copy_d2d(dst, src, nbytes);
     }
     return fr_error(FR_ERR_ARG, "cuda memcpy: unknown copy kind %d", (int)kind);
 }
@@ -90,6 +156,7 @@ extern "C" fr_status fr_cuda_memcpy_async(void *dst, const void *src, size_t nby
                                           fr_copy_kind kind) {
     if (nbytes == 0)
         return FR_OK;
+    FR_CUDA_CHECK(fr_cuda_bind_thread());
     cudaMemcpyKind k;
     switch (kind) {
     case FR_COPY_H2D:
@@ -99,8 +166,7 @@ extern "C" fr_status fr_cuda_memcpy_async(void *dst, const void *src, size_t nby
         k = cudaMemcpyDeviceToHost;
         break;
     case FR_COPY_D2D:
-        k = cudaMemcpyDeviceToDevice;
-        break;
+        return copy_d2d(dst, src, nbytes);
     default:
         return fr_error(FR_ERR_ARG, "cuda memcpy async: unknown copy kind %d", (int)kind);
     }
@@ -109,6 +175,7 @@ extern "C" fr_status fr_cuda_memcpy_async(void *dst, const void *src, size_t nby
 }
 
 extern "C" fr_status fr_cuda_synchronize(void) {
+    FR_CUDA_CHECK(fr_cuda_bind_thread());
     FR_CUDA_CHECK(cudaDeviceSynchronize());
     return FR_OK;
 }
@@ -117,7 +184,9 @@ extern "C" fr_status fr_cuda_synchronize(void) {
 
 extern "C" void *fr_cuda_host_alloc(size_t nbytes) {
     void *p = NULL;
-    cudaError_t e = cudaMallocHost(&p, nbytes ? nbytes : 1);
+    cudaError_t e = fr_cuda_bind_thread();
+    if (e == cudaSuccess)
+        e = cudaMallocHost(&p, nbytes ? nbytes : 1);
     if (e != cudaSuccess) {
         (void)cudaGetLastError();
         fr_error(FR_ERR_OOM, "cuda host alloc: cannot pin %zu bytes: %s", nbytes,
@@ -153,7 +222,9 @@ extern "C" fr_cuda_event *fr_cuda_event_new(void) {
     }
     /* No timing (cheaper to record); blocking sync, so a thread that waits
      * (the loader's) sleeps instead of taking a core from the CPU kernels. */
-    cudaError_t err = cudaEventCreateWithFlags(&e->ev, cudaEventDisableTiming | cudaEventBlockingSync);
+    cudaError_t err = fr_cuda_bind_thread();
+    if (err == cudaSuccess)
+        err = cudaEventCreateWithFlags(&e->ev, cudaEventDisableTiming | cudaEventBlockingSync);
     if (err != cudaSuccess) {
         (void)cudaGetLastError();
         fr_error(FR_ERR_CUDA, "cuda event: cudaEventCreateWithFlags: %s", cudaGetErrorString(err));
@@ -164,6 +235,7 @@ extern "C" fr_cuda_event *fr_cuda_event_new(void) {
 }
 
 extern "C" fr_status fr_cuda_event_record(fr_cuda_event *e) {
+    FR_CUDA_CHECK(fr_cuda_bind_thread());
     FR_CUDA_CHECK(cudaEventRecord(e->ev, 0));
     return FR_OK;
 }
@@ -184,10 +256,22 @@ extern "C" void fr_cuda_event_free(fr_cuda_event *e) {
 /* ---- cuBLAS ---- */
 
 /* cuBLAS is given its scratch from frugal's caching allocator instead of
- * allocating its own behind our back, so it shows in the reserved bytes. 4 MiB
- * is what NVIDIA suggests for FP32 GEMM on pre-Hopper parts and is ample for
- * SGEMM on Hopper too. */
+ * allocating its own behind our back, so it shows in the reserved bytes.
+ * The sizes are what cuBLAS's documentation recommends (cublasSetWorkspace):
+ * 32 MiB on Hopper (compute capability 9) and later, 4 MiB before; less can
+ * make cuBLAS pick slower kernels. */
 #define BLAS_WORKSPACE ((size_t)4 << 20)
+#define BLAS_WORKSPACE_HOPPER ((size_t)32 << 20)
+
+static size_t blas_workspace_bytes(void) {
+    int dev = 0, major = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess ||
+        cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess) {
+        (void)cudaGetLastError(); /* the handle's own calls report a broken device */
+        return BLAS_WORKSPACE;
+    }
+    return major >= 9 ? BLAS_WORKSPACE_HOPPER : BLAS_WORKSPACE;
+}
 
 static pthread_mutex_t blas_lock = PTHREAD_MUTEX_INITIALIZER;
 static cublasHandle_t blas_handle;
@@ -207,7 +291,7 @@ static fr_status create_blas_handle(cublasHandle_t *out) {
     size_t block = 0;
     void *ws = NULL;
     if (bs == CUBLAS_STATUS_SUCCESS) {
-        ws = fr_cuda_alloc(BLAS_WORKSPACE, &block);
+        ws = fr_cuda_alloc(blas_workspace_bytes(), &block);
         if (!ws)
             st = fr_last_status();
         else

@@ -9,6 +9,12 @@
 #include "../tensor/memory.h"
 #include "check.h"
 
+/* Binds the calling thread to the GPU fr_cuda_select_device chose (once per
+ * thread; nothing before a choice). Entry points another thread may call
+ * first (allocation, copies, events, pinned memory) call it: the device is
+ * per thread in CUDA, frugal's handles and cache per process (device.cu). */
+cudaError_t fr_cuda_bind_thread(void);
+
 /* The process-wide cuBLAS handle, created on first use (thread-safe). cuBLAS
  * forbids two threads using one handle at the same time; in frugal only the
  * training thread runs GEMMs (the loader thread only allocates and copies). */
