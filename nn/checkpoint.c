@@ -232,9 +232,57 @@ typedef struct {
 
 static fr_status get_str(meta_src m, const char *key, const char **out) {
     *out = fr_st_metadata(m.f, key);
+    const char *kind = fr_st_metadata_kind(m.f, key);
+    if (!*out && kind)
+        return fr_error(FR_ERR_FORMAT, "checkpoint %s: metadata field \"%s\" is %s, expected a JSON string "
+                        "(frugal writes every field as one)", m.path, key, kind);
     if (!*out)
         return fr_error(FR_ERR_FORMAT, "checkpoint %s: metadata field \"%s\" is missing", m.path, key);
     return FR_OK;
+}
+
+/* Whether `key` is one a frugal checkpoint's reader takes (fill_writer's). */
+static bool known_key(const char *key, bool frugal) {
+    static const char *const keys[] = {
+        "format", "format_version", "model", "in_channels", "num_classes", "strategy", AMP_PRECISION,
+        AMP_SCALE, AMP_TRACKER, AMP_SKIPPED, "optimizer", "optimizer.lr", "optimizer.momentum",
+        "optimizer.dampening", "optimizer.weight_decay", "optimizer.nesterov", "optimizer.beta1",
+        "optimizer.beta2", "optimizer.eps", "training", "epoch", "batch", "step", "seed", "batch_size",
+        "accum", "epochs", "augment", "limit_train", "data", "dist.world_size", "dist.sync_bn", "schedule",
+        "schedule.base_lr", "schedule.milestones", "schedule.gamma", "schedule.total_steps",
+        "schedule.eta_min", "schedule.warmup_steps", "schedule.warmup_start_factor"};
+    if (!frugal) /* a weights file: only "format" is read, to tell it from a checkpoint */
+        return !strcmp(key, "format");
+    for (size_t i = 0; i < sizeof keys / sizeof *keys; i++)
+        if (!strcmp(key, keys[i]))
+            return true;
+    return false;
+}
+
+/* One line on stderr naming the metadata keys frugal does not read (and
+ * the kind of any value that is not a string), once per file in a row: a
+ * run reads a checkpoint's metadata more than once. They are ignored: the
+ * format lets every tool add its own (Hugging Face writes "format": "pt"). */
+static void note_unknown_keys(const fr_st_file *f, const char *path, bool frugal) {
+    static char last[1024];
+    char list[900] = "";
+    size_t used = 0;
+    int n = 0;
+    for (int i = 0; i < fr_st_metadata_count(f); i++) {
+        const char *key = fr_st_metadata_key(f, i), *kind = fr_st_metadata_kind(f, key);
+        if (known_key(key, frugal) && fr_st_metadata(f, key))
+            continue;
+        if (used < sizeof list)
+            used += (size_t)snprintf(list + used, sizeof list - used, "%s\"%.100s\"%s%s%s", n ? ", " : "",
+                                     key, strcmp(kind, "a string") ? " (" : "",
+                                     strcmp(kind, "a string") ? kind : "", strcmp(kind, "a string") ? ")" : "");
+        n++;
+    }
+    if (!n || !strncmp(last, path, sizeof last - 1))
+        return;
+    snprintf(last, sizeof last, "%s", path);
+    fprintf(stderr, "note: %s: ignoring %d __metadata__ key%s frugal does not read: %s%s\n", path, n,
+            n == 1 ? "" : "s", list, used >= sizeof list ? "..." : "");
 }
 
 static fr_status get_int(meta_src m, const char *key, int64_t lo, int64_t hi, int64_t *out) {
@@ -443,11 +491,19 @@ static fr_status read_info(const fr_st_file *f, const char *path, fr_ckpt_info *
     memset(info, 0, sizeof *info);
     meta_src m = {f, path};
     const char *format = fr_st_metadata(f, "format");
-    if (!format)
+    /* Another tool's "format" ("pt" from PyTorch / Hugging Face) or none: a
+     * plain weights file. A frugal field beside another format is a
+     * checkpoint whose "format" was damaged, not a weights file. */
+    bool frugal = format && !strcmp(format, FR_CKPT_FORMAT);
+    if (!frugal && fr_st_metadata_kind(f, "format_version"))
+        return fr_error(FR_ERR_FORMAT, "checkpoint %s: metadata field \"format\" is %s%s%s, expected "
+                        "\"%s\" (the file has frugal's \"format_version\")", path, format ? "\"" : "",
+                        format ? format : fr_st_metadata_kind(f, "format") ? fr_st_metadata_kind(f, "format")
+                                                                          : "missing",
+                        format ? "\"" : "", FR_CKPT_FORMAT);
+    note_unknown_keys(f, path, frugal);
+    if (!frugal)
         return FR_OK; /* a plain weights file */
-    if (strcmp(format, FR_CKPT_FORMAT))
-        return fr_error(FR_ERR_FORMAT, "checkpoint %s: metadata field \"format\" is \"%s\", not \"%s\"",
-                        path, format, FR_CKPT_FORMAT);
     int64_t v;
     const char *s;
     FR_TRY(get_int(m, "format_version", 1, INT32_MAX, &v));
@@ -584,6 +640,34 @@ static bool known_optim_name(const fr_optim *opt, const char *name) {
     return false;
 }
 
+/* The values of a file's tensor `name` (f32 or i32) before any is used:
+ * finite, and >= 0 where `nonneg` (Adam's second moment, a step count), so
+ * a resumed run cannot start from state no step produces (an infinite
+ * momentum buffer, a negative step). The error names the tensor and the
+ * first bad element. */
+static fr_status check_values(const fr_st_file *f, const char *path, const char *name, bool nonneg) {
+    fr_tensor *t = fr_st_get(f, name, FR_CPU, FR_TAG_WORKSPACE);
+    if (!t)
+        return fr_last_status();
+    int64_t n = fr_numel(t), i = 0;
+    bool i32 = t->dtype == FR_I32;
+    const float *x = i32 ? NULL : fr_data_f32(t);
+    const int32_t *k = i32 ? (const int32_t *)fr_data(t) : NULL;
+    for (; i < n; i++)
+        if (i32 ? k[i] < 0 || k[i] == INT32_MAX : !isfinite(x[i]) || (nonneg && x[i] < 0))
+            break;
+    fr_status st = FR_OK;
+    if (i < n && i32)
+        st = fr_error(FR_ERR_FORMAT, "checkpoint %s: tensor %s holds %d at element %lld, expected a step "
+                      "count in [0, %d)", path, name, (int)k[i], (long long)i, INT32_MAX);
+    else if (i < n)
+        st = fr_error(FR_ERR_FORMAT, "checkpoint %s: tensor %s holds %g at element %lld, expected a finite "
+                      "number%s: optimizer state no step produces", path, name, (double)x[i], (long long)i,
+                      nonneg ? " >= 0" : "");
+    fr_release(t);
+    return st;
+}
+
 static fr_status check_optim(const fr_st_file *f, const char *path, const fr_optim *opt,
                              const fr_ckpt_info *info) {
     char name[FR_NAME_MAX + 64];
@@ -601,13 +685,16 @@ static fr_status check_optim(const fr_st_file *f, const char *path, const fr_opt
             continue;
         snprintf(name, sizeof name, OPTIM_PREFIX STEP_SLOT ".%s", e->name);
         FR_TRY(check_entry(f, path, name, NULL, FR_I32, 0));
+        FR_TRY(check_values(f, path, name, true));
         for (int slot = 0; slot < 2; slot++) {
             const char *sname = fr_optim_state_name(opt, slot);
             if (!sname)
                 continue;
             snprintf(name, sizeof name, OPTIM_PREFIX "%s.%s", sname, e->name);
-            if (fr_st_find(f, name) >= 0)
+            if (fr_st_find(f, name) >= 0) {
                 FR_TRY(check_entry(f, path, name, e->tensor, FR_F32, 0));
+                FR_TRY(check_values(f, path, name, slot == 1));
+            }
         }
     }
     for (int j = 0; j < fr_st_count(f); j++) {

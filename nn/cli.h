@@ -39,6 +39,22 @@ fr_status fr_cli_strategy(const char *flag, const char *text, fr_strategy *out);
  * exists and is writable. */
 fr_status fr_cli_check_save_path(const char *flag, const char *path);
 
+/* The flags a program has read so far, to refuse a flag given twice (the
+ * last one would silently win) and two flags that contradict each other. */
+enum { FR_CLI_MAX_FLAGS = 64 };
+typedef struct {
+    const char *flag[FR_CLI_MAX_FLAGS], *value[FR_CLI_MAX_FLAGS]; /* value NULL: a switch */
+    int n;
+} fr_cli_seen;
+/* Records `flag` (with its value, or NULL); FR_ERR_ARG naming both uses
+ * when it was given before. */
+fr_status fr_cli_seen_add(fr_cli_seen *s, const char *flag, const char *value);
+/* The value `flag` was given with ("" for a switch), NULL if not given. */
+const char *fr_cli_seen_get(const fr_cli_seen *s, const char *flag);
+/* FR_ERR_ARG naming both when flags a and b were both given: `why` says
+ * what each would do. */
+fr_status fr_cli_conflict(const fr_cli_seen *s, const char *a, const char *b, const char *why);
+
 /* ---- program skeleton ---- */
 /* Whether argv holds --help or -h (anywhere: the usage wins over errors). */
 bool fr_cli_wants_help(int argc, char *const *argv);
