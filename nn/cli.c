@@ -333,9 +333,13 @@ fr_dataset *fr_data_open(const fr_data_spec *spec, bool train, int64_t limit) {
         ds = fr_dataset_load_cifar100(spec->dir, train);
         break;
     case FR_DATA_FOLDER:
+        /* the test split's labels are the training split's class names:
+         * the same name, the same label, whichever classes each split holds;
+         * --limit-* take a stratified prefix (dataset.h) */
         snprintf(sub, sizeof sub, "%s/%s", spec->dir, train ? "train" : "test");
+        snprintf(labels, sizeof labels, "%s/train", spec->dir);
         if (fr_dataset_check_dir(what, spec->dir) == FR_OK)
-            ds = fr_dataset_load_folder(sub, spec->channels);
+            ds = fr_dataset_load_folder_split(sub, spec->channels, train ? NULL : labels, limit);
         break;
     default:
         fr_error(FR_ERR_ARG, "data: unknown kind %d", (int)spec->kind);

@@ -103,7 +103,10 @@ typedef struct {
  * in [0, K)) or ",channels=C" (folders: convert every image to C = 1 or 3). */
 fr_status fr_data_spec_parse(const char *text, fr_data_spec *out);
 /* The training or test split, keeping the first `limit` images when
- * limit > 0. IDX files are looked up as <name>.gz, then <name>. */
+ * limit > 0 (folders: a stratified prefix, the i-th image of every class
+ * before the (i+1)-th of any). IDX files are looked up as <name>.gz, then
+ * <name>. A folder's test split is labelled by DIR/train's class names (a
+ * test class that training lacks is an error naming it). */
 fr_dataset *fr_data_open(const fr_data_spec *spec, bool train, int64_t limit);
 /* The dataset's normalisation; with `augment`, the training augmentation:
  * CIFAR and image folders pad-4 random crop + horizontal flip;

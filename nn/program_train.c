@@ -74,7 +74,8 @@ static void usage(FILE *out) {
             "  --seed N              weights, shuffling and augmentation (42)\n"
             "  --augment, --no-augment  random crop + flip (default on for CIFAR and folders, off for\n"
             "                        (Fashion-)MNIST)\n"
-            "  --limit-train N       use only the first N training images (0 = all)\n"
+            "  --limit-train N       use only the first N training images (0 = all; a folder:\n"
+            "                        the first of every class, then the second, ...)\n"
             "  --limit-test N        use only the first N test images (0 = all)\n"
             "  --save PATH           training checkpoint at the end of every epoch\n"
             "  --resume PATH         continue the run saved in PATH (its settings are used; saves to\n"
@@ -326,6 +327,11 @@ static fr_status setup(const options *o, run *r) {
     spec.channels = (int)r->train_ds->c; /* a folder's test split takes the training split's */
     if (!(r->test_ds = fr_data_open(&spec, false, o->limit_test)))
         return fr_last_status();
+    if (r->test_ds->h != r->train_ds->h || r->test_ds->w != r->train_ds->w)
+        return fr_error(FR_ERR_FORMAT, "--data %s: the test split's images are %lldx%lld (WxH), the training "
+                        "split's %lldx%lld: a model trained on one size is not tested on another",
+                        spec.dir, (long long)r->test_ds->w, (long long)r->test_ds->h,
+                        (long long)r->train_ds->w, (long long)r->train_ds->h);
     if (r->test_ds->num_classes > r->train_ds->num_classes || r->test_ds->c != r->train_ds->c)
         return fr_error(FR_ERR_FORMAT, "--data %s: the test split (%d classes, %lld channels) does not "
                         "match the training split (%d classes, %lld channels)", spec.dir,

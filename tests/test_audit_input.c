@@ -22,6 +22,7 @@
 
 #include "testlib.h"
 #include "nn/checkpoint.h"
+#include "data/image.h"
 #include "nn/cli.h"
 #include "nn/registry.h"
 
@@ -104,83 +105,45 @@ static void test_checkpoint_k_strict(void) {
 
 /* ---- the programs ---- */
 
-static int run_prog(const char *prog, const char *args, char *out, size_t len) {
-    char cmd[3000];
-    snprintf(cmd, sizeof cmd, "timeout 300 %s/examples/%s %s 2>&1", build_dir, prog, args);
-    FILE *p = popen(cmd, "r");
-    size_t n = p ? fread(out, 1, len - 1, p) : 0;
-    out[n] = '\0';
-    int rc = p ? pclose(p) : -1;
-    return rc != -1 && WIFEXITED(rc) ? WEXITSTATUS(rc) : -1;
-}
-
-/* The program must fail (not time out) with both needles in its output. */
-static void expect_fail(const char *prog, const char *args, const char *n1, const char *n2) {
-    static char out[65536];
-    int rc = run_prog(prog, args, out, sizeof out);
-    if (rc == 0 || rc == 124 || !strstr(out, n1) || (n2 && !strstr(out, n2))) {
-        fprintf(stderr, "    %s %s: exit %d, output lacks \"%s\"/\"%s\":\n%s\n", prog, args, rc, n1,
-                n2 ? n2 : "", out);
-        fr_t_failed_now = 1;
-    }
-}
-
-static bool programs_built(void) {
-    char path[600];
-    const char *progs[] = {"train", "validate", "memreport"};
-    for (int i = 0; i < 3; i++) {
-        snprintf(path, sizeof path, "%s/examples/%s", build_dir, progs[i]);
-        if (access(path, X_OK) != 0)
-            return false;
-    }
-    return true;
-}
 
 static void test_programs_flags(void) {
-    if (!programs_built())
+    if (!fr_t_examples_built(build_dir))
         SKIP("examples not built");
     /* a data folder that does not exist: each flag error comes before it is read */
     const char *d = "--data cifar10:/nonexistent-frugal-test";
     char args[1024];
     snprintf(args, sizeof args, "--batch 8 --batch 16 %s", d);
-    expect_fail("train", args, "--batch is given twice", "\"--batch 8\", then \"--batch 16\"");
+    fr_t_expect_example_fails(build_dir, "train", args, "--batch is given twice", "\"--batch 8\", then \"--batch 16\"");
     snprintf(args, sizeof args, "--nesterov --nesterov %s", d);
-    expect_fail("train", args, "--nesterov is given twice", NULL);
+    fr_t_expect_example_fails(build_dir, "train", args, "--nesterov is given twice", NULL);
     snprintf(args, sizeof args, "--augment --no-augment %s", d);
-    expect_fail("train", args, "--augment conflicts with --no-augment", NULL);
+    fr_t_expect_example_fails(build_dir, "train", args, "--augment conflicts with --no-augment", NULL);
     snprintf(args, sizeof args, "--accum 4 --memory-budget 64M %s", d);
-    expect_fail("train", args, "--accum 4 conflicts with --memory-budget 64M", NULL);
+    fr_t_expect_example_fails(build_dir, "train", args, "--accum 4 conflicts with --memory-budget 64M", NULL);
     snprintf(args, sizeof args, "--optimizer adam --momentum 0.5 %s", d);
-    expect_fail("train", args, "--optimizer adam conflicts with --momentum 0.5", NULL);
+    fr_t_expect_example_fails(build_dir, "train", args, "--optimizer adam conflicts with --momentum 0.5", NULL);
     snprintf(args, sizeof args, "--batch 8 --accum 9 %s", d);
-    expect_fail("train", args, "--accum 9 is larger than --batch 8", NULL);
+    fr_t_expect_example_fails(build_dir, "train", args, "--accum 9 is larger than --batch 8", NULL);
     snprintf(args, sizeof args, "--memory-limit ' -1M' %s", d);
-    expect_fail("train", args, "--memory-limit", "\" -1M\" is not a size");
+    fr_t_expect_example_fails(build_dir, "train", args, "--memory-limit", "\" -1M\" is not a size");
     snprintf(args, sizeof args, "--strategy checkpoint:4294967297 %s", d);
-    expect_fail("train", args, "--strategy", "checkpoint:4294967297");
+    fr_t_expect_example_fails(build_dir, "train", args, "--strategy", "checkpoint:4294967297");
     snprintf(args, sizeof args, "--model densenet-bc-9994-k4096 %s", d);
-    expect_fail("train", args, "densenet-bc-9994-k4096", "ceiling");
+    fr_t_expect_example_fails(build_dir, "train", args, "densenet-bc-9994-k4096", "ceiling");
     snprintf(args, sizeof args, "--checkpoint a --checkpoint b %s", d);
-    expect_fail("validate", args, "--checkpoint is given twice", NULL);
-    expect_fail("memreport", "--batch 1 --batch 2", "--batch is given twice", NULL);
-    expect_fail("memreport", "--batch ' 5'", "--batch", "\" 5\"");
-    expect_fail("memreport", "--seed -1", "--seed", NULL);
-    expect_fail("memreport", "--model densenet-bc-9994-k4096", "densenet-bc-9994-k4096", "ceiling");
+    fr_t_expect_example_fails(build_dir, "validate", args, "--checkpoint is given twice", NULL);
+    fr_t_expect_example_fails(build_dir, "memreport", "--batch 1 --batch 2", "--batch is given twice", NULL);
+    fr_t_expect_example_fails(build_dir, "memreport", "--batch ' 5'", "--batch", "\" 5\"");
+    fr_t_expect_example_fails(build_dir, "memreport", "--seed -1", "--seed", NULL);
+    fr_t_expect_example_fails(build_dir, "memreport", "--model densenet-bc-9994-k4096", "densenet-bc-9994-k4096", "ceiling");
 }
 
 /* ---- files ---- */
 
+/* The whole file (fr_read_regular_file), or NULL. */
 static char *read_all(const char *path, size_t *len) {
-    FILE *f = fopen(path, "rb");
-    if (!f)
-        return NULL;
-    fseek(f, 0, SEEK_END);
-    long n = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    char *b = malloc((size_t)n + 1);
-    *len = b ? fread(b, 1, (size_t)n, f) : 0;
-    fclose(f);
-    return b;
+    uint8_t *b;
+    return fr_read_regular_file(path, (size_t)1 << 26, &b, len) == FR_OK ? (char *)b : NULL;
 }
 
 static bool write_all(const char *path, const void *b, size_t n) {
@@ -235,32 +198,20 @@ static bool patch_float(const char *path, float from, float to) {
     return ok;
 }
 
-typedef struct {
-    fr_model *m;
-    fr_optim *opt;
-    fr_train_state st;
-} small_run;
-
-static bool small_init(small_run *r) {
-    memset(r, 0, sizeof *r);
-    r->m = fr_model_create("resnet8", 1, 2, 5);
-    r->opt = r->m ? fr_sgd_new(r->m->params, (fr_sgd_options){.lr = 0.1, .momentum = 0.9}) : NULL;
-    r->st = (fr_train_state){.seed = 5, .batch_size = 4, .accum = 1, .epochs = 2, .epoch = 1, .step = 3};
-    snprintf(r->st.data, sizeof r->st.data, "synthetic");
-    return r->opt && fr_schedule_cosine(&r->st.schedule, 0.1, 6, 0.0) == FR_OK;
-}
-
-static void small_free(small_run *r) {
-    fr_optim_free(r->opt);
-    fr_model_free(r->m);
-}
-
 static void test_checkpoint_optimizer_state_checked(void) {
     const char *dir = fr_t_make_tmpdir("optstate");
     char path[600];
     snprintf(path, sizeof path, "%s/run.safetensors", dir);
-    small_run r;
-    CHECK(small_init(&r));
+    fr_model *m = fr_model_create("resnet8", 1, 2, 5);
+    fr_optim *opt = fr_sgd_new(m->params, (fr_sgd_options){.lr = 0.1, .momentum = 0.9});
+    fr_train_state ts = {.seed = 5, .batch_size = 4, .accum = 1, .epochs = 2, .epoch = 1, .step = 3};
+    snprintf(ts.data, sizeof ts.data, "synthetic");
+    CHECK_OK(fr_schedule_cosine(&ts.schedule, 0.1, 6, 0.0));
+    struct {
+        fr_model *m;
+        fr_optim *opt;
+        fr_train_state st;
+    } r = {m, opt, ts};
     const char *p0 = r.m->params->items[0].name;
     /* a momentum buffer with one recognisable value, then made infinite in the file */
     r.opt->state[0][0] = fr_zeros_like(r.m->params->items[0].tensor, FR_TAG_OPTIM);
@@ -279,7 +230,8 @@ static void test_checkpoint_optimizer_state_checked(void) {
     st = fr_ckpt_load(path, r.m, r.opt, NULL, &r.st);
     CHECK_ERR(st, FR_ERR_FORMAT, "optim.step.");
     CHECK_ERR(st, FR_ERR_FORMAT, "holds -7");
-    small_free(&r);
+    fr_optim_free(opt);
+    fr_model_free(m);
     fr_t_remove_tmpdir(dir);
 }
 
@@ -342,7 +294,7 @@ static void test_metadata_other_values_ignored(void) {
 }
 
 static void test_metadata_note_printed_once(void) {
-    if (!programs_built())
+    if (!fr_t_examples_built(build_dir))
         SKIP("examples not built");
     const char *dir = fr_t_make_tmpdir("meta25p");
     char path[600], args[1400];
@@ -354,7 +306,7 @@ static void test_metadata_note_printed_once(void) {
     /* a data set that is not there: validate reads the checkpoint's metadata, then fails on it */
     snprintf(args, sizeof args, "--checkpoint %s --data mnist:%s/none", path, dir);
     static char out[65536];
-    int rc = run_prog("validate", args, out, sizeof out);
+    int rc = fr_t_run_example(build_dir, "validate", args, out, sizeof out);
     char *first = strstr(out, "hub.flag");
     CHECK(rc != 0 && first && strstr(out, "ignoring 1 __metadata__ key") && strstr(out, "(a boolean)"));
     CHECK(!first || !strstr(first + 1, "hub.flag"));

@@ -5,6 +5,8 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 int fr_t_failed_now;
 const char *fr_t_skip_reason;
@@ -521,4 +523,38 @@ void fr_t_check_allocator_reuse(fr_device dev, const size_t *sizes, int k, int r
     CHECK(a && b && a != b);
     fr_mem_free(dev, a, 0, FR_TAG_TRANSIENT);
     fr_mem_free(dev, b, 0, FR_TAG_TRANSIENT);
+}
+
+/* ---- the example programs ---- */
+
+int fr_t_run_example(const char *build_dir, const char *prog, const char *args, char *out, size_t len) {
+    char cmd[3000];
+    snprintf(cmd, sizeof cmd, "timeout 300 %s/examples/%s %s 2>&1", build_dir, prog, args);
+    FILE *p = popen(cmd, "r");
+    size_t n = p ? fread(out, 1, len - 1, p) : 0;
+    out[n] = '\0';
+    int rc = p ? pclose(p) : -1;
+    return rc != -1 && WIFEXITED(rc) ? WEXITSTATUS(rc) : -1;
+}
+
+void fr_t_expect_example_fails(const char *build_dir, const char *prog, const char *args, const char *n1,
+                               const char *n2) {
+    static char out[65536];
+    int rc = fr_t_run_example(build_dir, prog, args, out, sizeof out);
+    if (rc == 0 || rc == 124 || !strstr(out, n1) || (n2 && !strstr(out, n2))) {
+        fprintf(stderr, "    %s %s: exit %d, output lacks \"%s\"/\"%s\":\n%s\n", prog, args, rc, n1,
+                n2 ? n2 : "", out);
+        fr_t_failed_now = 1;
+    }
+}
+
+bool fr_t_examples_built(const char *build_dir) {
+    const char *progs[] = {"train", "validate", "memreport"};
+    char path[700];
+    for (int i = 0; i < 3; i++) {
+        snprintf(path, sizeof path, "%s/examples/%s", build_dir, progs[i]);
+        if (access(path, X_OK) != 0)
+            return false;
+    }
+    return true;
 }

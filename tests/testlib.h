@@ -212,4 +212,15 @@ void fr_t_step_free(fr_t_step *r, int n);
 void fr_t_compare_steps(const fr_model *m, const fr_t_step *ref, const fr_t_step *got, double tol,
                         const char *what);
 
+/* ---- the example programs ---- */
+/* Runs build_dir/examples/<prog> with `args` (shell words) under a 300 s
+ * timeout, stdout and stderr into out; its exit status, or -1. */
+int fr_t_run_example(const char *build_dir, const char *prog, const char *args, char *out, size_t len);
+/* The program must fail (not time out) with both needles (n2 may be NULL)
+ * in its output; else the test fails, showing it. */
+void fr_t_expect_example_fails(const char *build_dir, const char *prog, const char *args, const char *n1,
+                               const char *n2);
+/* Whether train, validate and memreport are built under build_dir. */
+bool fr_t_examples_built(const char *build_dir);
+
 #endif
