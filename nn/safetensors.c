@@ -170,6 +170,8 @@ static fr_status st_parse_entry(fr_st_file *f, st_entry *e, const fr_json *v) {
     return FR_OK;
 }
 
+FR_STATIC_ASSERT(FR_JSON_NULL == 6, "metadata value kinds, in fr_json_kind's order");
+
 static fr_status st_parse_metadata(fr_st_file *f, const fr_json *v) {
     if (v->kind != FR_JSON_OBJ)
         return fr_error(FR_ERR_FORMAT, "safetensors: %s: \"__metadata__\" is not an object", f->path);
