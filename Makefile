@@ -313,7 +313,7 @@ print-cuda-config:
 # libFuzzer harnesses (tests/fuzz/fuzz_*.c): the library rebuilt by clang 14
 # with coverage, ASan and UBSan in build-fuzz, each harness then run for
 # FUZZ_SECONDS on a copy of its committed seed corpus (tests/fuzz/run.sh;
-# five harnesses, so the default is about ten minutes in all). Crashes, leaks
+# seven harnesses, so the default is about fourteen minutes in all). Crashes, leaks
 # and hangs (an input over 10 s) fail the target and are kept under
 # build-fuzz/artifacts.
 FUZZ_CC ?= clang-14

@@ -16,7 +16,8 @@
  *    of 1 label byte + 3072 pixel bytes (planes R, G, B of 32 x 32).
  *  - CIFAR-100 binary: train.bin or test.bin, records of coarse label, fine
  *    label, 3072 pixel bytes; the fine label (100 classes) is used.
- *  - image folders: one sub-folder per class, classes numbered in name order;
+ *  - image folders: one sub-folder per class, classes numbered in name order
+ *    (a test split: in the training split's name order, by name);
  *    PNG, JPEG or BMP files of one common size, decoded by libpng,
  *    libjpeg-turbo or data/image_bmp.c after the checks of data/image.h.
  *
@@ -56,6 +57,16 @@ fr_dataset *fr_dataset_load_cifar100(const char *dir, bool train);
  * when any image of the folder has colour, else 1 (decided from every file,
  * so the order of names cannot change it). Errors name the file. */
 fr_dataset *fr_dataset_load_folder(const char *dir, int channels);
+/* One split of a folder data set, as fr_dataset_load_folder, with:
+ * classes_dir (or NULL: dir itself) the folder whose sorted class
+ * sub-folder names number the labels: a test split takes the training
+ * split's, so the same name is the same label in both, and a class of dir
+ * that classes_dir lacks is an error naming it; num_classes is then
+ * classes_dir's count. limit > 0 keeps that many images, a stratified
+ * prefix (the first image of every class, then the second of every class,
+ * ...), only they decoded. */
+fr_dataset *fr_dataset_load_folder_split(const char *dir, int channels, const char *classes_dir,
+                                         int64_t limit);
 
 /* An empty dataset to fill in place: images and labels allocated, contents
  * undefined; class_names NULL. */

@@ -74,14 +74,71 @@ static fr_status list_dir(name_list *out, const char *dir, bool want_dirs) {
     return st;
 }
 
+/* The label of each of dir's classes: its index among `names` (sorted),
+ * the training split's classes; an error names a class they lack. */
+static fr_status map_classes(const name_list *classes, const char *dir, const name_list *names,
+                             const char *names_dir, int *label_of) {
+    for (int k = 0; k < classes->n; k++) {
+        char **hit = bsearch(&classes->items[k], names->items, (size_t)names->n, sizeof *names->items,
+                             cmp_str);
+        if (!hit) {
+            char list[512] = "";
+            size_t used = 0;
+            for (int j = 0; j < names->n && used < sizeof list; j++)
+                used += (size_t)snprintf(list + used, sizeof list - used, "%s%s", j ? ", " : "",
+                                         names->items[j]);
+            return fr_error(FR_ERR_FORMAT, "image folder: class \"%s\" of %s is not a class of %s (its "
+                            "classes: %s%s): the labels would not mean the same", classes->items[k], dir,
+                            names_dir, list, used >= sizeof list ? "..." : "");
+        }
+        label_of[k] = (int)(hit - names->items);
+    }
+    return FR_OK;
+}
+
+/* Keeps `limit` of the listed files, a stratified prefix: the first file
+ * of every class, then the second of every class, ... (files are listed
+ * class by class), in their listed order; not the first classes whole. */
+static void keep_stratified(name_list *files, int *labels, const int *first, int n_classes,
+                            int64_t limit) {
+    if (limit <= 0 || limit >= files->n)
+        return;
+    bool *keep = calloc((size_t)files->n, sizeof *keep);
+    if (!keep)
+        return; /* caught below: the count stays over the limit */
+    int64_t kept = 0;
+    for (int r = 0; kept < limit; r++)
+        for (int k = 0; k < n_classes && kept < limit; k++)
+            if (first[k] + r < first[k + 1]) {
+                keep[first[k] + r] = true;
+                kept++;
+            }
+    int out = 0;
+    for (int i = 0; i < files->n; i++) {
+        if (!keep[i]) {
+            free(files->items[i]);
+            continue;
+        }
+        files->items[out] = files->items[i];
+        labels[out++] = labels[i];
+    }
+    files->n = out;
+    free(keep);
+}
+
 fr_dataset *fr_dataset_load_folder(const char *dir, int channels) {
-    if (!dir || (channels != 0 && channels != 1 && channels != 3)) {
-        fr_error(FR_ERR_ARG, "image folder: dir must be given and channels be 0, 1 or 3 (got %d)",
-                 channels);
+    return fr_dataset_load_folder_split(dir, channels, NULL, 0);
+}
+
+fr_dataset *fr_dataset_load_folder_split(const char *dir, int channels, const char *classes_dir,
+                                         int64_t limit) {
+    if (!dir || (channels != 0 && channels != 1 && channels != 3) || limit < 0) {
+        fr_error(FR_ERR_ARG, "image folder: dir must be given, channels be 0, 1 or 3 (got %d) and limit "
+                 ">= 0", channels);
         return NULL;
     }
-    name_list classes = {0}, files = {0};
-    int *labels = NULL, w0 = 0, h0 = 0;
+    name_list classes = {0}, files = {0}, names = {0};
+    int *labels = NULL, *label_of = NULL, *first = NULL, w0 = 0, h0 = 0;
     fr_dataset *ds = NULL;
     char path[4096];
     if (fr_dataset_check_dir("image folder", dir) != FR_OK || list_dir(&classes, dir, true) != FR_OK)
@@ -90,6 +147,24 @@ fr_dataset *fr_dataset_load_folder(const char *dir, int channels) {
         fr_error(FR_ERR_FORMAT, "image folder: %s has no class sub-folders", dir);
         goto done;
     }
+    /* the labels: the classes of classes_dir (the training split) by name */
+    if (classes_dir && (fr_dataset_check_dir("image folder", classes_dir) != FR_OK ||
+                        list_dir(&names, classes_dir, true) != FR_OK))
+        goto done;
+    if (classes_dir && names.n == 0) {
+        fr_error(FR_ERR_FORMAT, "image folder: %s has no class sub-folders", classes_dir);
+        goto done;
+    }
+    label_of = calloc((size_t)classes.n, sizeof *label_of);
+    first = calloc((size_t)classes.n + 1, sizeof *first);
+    if (!label_of || !first) {
+        fr_error(FR_ERR_OOM, "image folder: out of memory listing files");
+        goto done;
+    }
+    for (int k = 0; k < classes.n; k++)
+        label_of[k] = k;
+    if (classes_dir && map_classes(&classes, dir, &names, classes_dir, label_of) != FR_OK)
+        goto done;
     /* pass 1: list, and check every file's header */
     for (int k = 0; k < classes.n; k++) {
         name_list in_class = {0};
@@ -102,14 +177,21 @@ fr_dataset *fr_dataset_load_folder(const char *dir, int channels) {
             st = fr_error(FR_ERR_OOM, "image folder: out of memory listing files");
         if (grown)
             labels = grown;
+        first[k] = files.n;
         for (int i = 0; st == FR_OK && i < in_class.n; i++) {
             snprintf(path, sizeof path, "%s/%s/%s", dir, classes.items[k], in_class.items[i]);
-            labels[files.n] = k;
+            labels[files.n] = label_of[k];
             st = list_add(&files, path);
         }
         list_free(&in_class);
         if (st != FR_OK)
             goto done;
+    }
+    first[classes.n] = files.n;
+    keep_stratified(&files, labels, first, classes.n, limit);
+    if (limit > 0 && files.n > limit) {
+        fr_error(FR_ERR_OOM, "image folder: out of memory choosing %lld images", (long long)limit);
+        goto done;
     }
     int widest = 0;
     for (int i = 0; i < files.n; i++) {
@@ -139,7 +221,8 @@ fr_dataset *fr_dataset_load_folder(const char *dir, int channels) {
     if (!channels)
         channels = widest;
     const char *slash = strrchr(dir, '/');
-    ds = fr_dataset_new(slash && slash[1] ? slash + 1 : dir, files.n, channels, h0, w0, classes.n);
+    name_list *numbered = classes_dir ? &names : &classes;
+    ds = fr_dataset_new(slash && slash[1] ? slash + 1 : dir, files.n, channels, h0, w0, numbered->n);
     if (!ds)
         goto done;
     /* pass 2: decode into (N, C, H, W), converted from the files' HWC */
@@ -164,7 +247,7 @@ fr_dataset *fr_dataset_load_folder(const char *dir, int channels) {
         }
         lab[i] = labels[i];
     }
-    ds->class_names = calloc((size_t)classes.n, sizeof *ds->class_names);
+    ds->class_names = calloc((size_t)numbered->n, sizeof *ds->class_names);
     if (!ds->class_names) {
         fr_error(FR_ERR_OOM, "image folder: out of memory");
         fr_dataset_free(ds);
@@ -172,13 +255,16 @@ fr_dataset *fr_dataset_load_folder(const char *dir, int channels) {
         goto done;
     }
     /* hand the class names over */
-    for (int k = 0; k < classes.n; k++) {
-        ds->class_names[k] = classes.items[k];
-        classes.items[k] = NULL;
+    for (int k = 0; k < numbered->n; k++) {
+        ds->class_names[k] = numbered->items[k];
+        numbered->items[k] = NULL;
     }
 done:
     list_free(&classes);
+    list_free(&names);
     list_free(&files);
     free(labels);
+    free(label_of);
+    free(first);
     return ds;
 }

@@ -5,6 +5,7 @@
  * so the only way a load can fail after it has started changing the model is
  * a failing copy into memory already checked and allocated. */
 #include "checkpoint.h"
+#include "checkpoint_impl.h"
 
 #include <errno.h>
 #include <float.h>
@@ -13,23 +14,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-
-#define OPTIM_PREFIX "optim."
-#define STEP_SLOT "step"
-#define AMP_PRECISION "amp.precision"
-#define AMP_SCALE "amp.scale"
-#define AMP_TRACKER "amp.growth_tracker"
-#define AMP_SKIPPED "amp.skipped"
-/* Counters stay below 2^53: exact as doubles (the schedule's arithmetic) and
- * far from overflowing as the run goes on. */
-#define MAX_COUNT ((int64_t)1 << 53)
-/* Hyperparameters a file may hold: finite and within these. */
-#define MAX_RATE 1e6
-
-static const char *const optim_kind_names[FR_OPTIM_KIND_COUNT] = {"sgd", "adam", "adamw"};
-static const char *const sched_kind_names[FR_SCHED_KIND_COUNT] = {"constant", "step", "cosine"};
-FR_STATIC_ASSERT(FR_OPTIM_KIND_COUNT == 3, "optimizer kind names");
-FR_STATIC_ASSERT(FR_SCHED_KIND_COUNT == 3, "schedule kind names");
 
 /* ---- writing ---- */
 
@@ -223,287 +207,6 @@ fr_status fr_ckpt_save(const char *path, const fr_model *m, const fr_optim *opt,
     return s;
 }
 
-/* ---- reading metadata ---- */
-
-typedef struct {
-    const fr_st_file *f;
-    const char *path;
-} meta_src;
-
-static fr_status get_str(meta_src m, const char *key, const char **out) {
-    *out = fr_st_metadata(m.f, key);
-    if (!*out)
-        return fr_error(FR_ERR_FORMAT, "checkpoint %s: metadata field \"%s\" is missing", m.path, key);
-    return FR_OK;
-}
-
-static fr_status get_int(meta_src m, const char *key, int64_t lo, int64_t hi, int64_t *out) {
-    const char *s;
-    FR_TRY(get_str(m, key, &s));
-    char *end;
-    errno = 0;
-    long long v = strtoll(s, &end, 10);
-    if (end == s || *end || errno || v < lo || v > hi)
-        return fr_error(FR_ERR_FORMAT, "checkpoint %s: metadata field \"%s\" is \"%s\", expected an "
-                        "integer in [%" PRId64 ", %" PRId64 "]", m.path, key, s, lo, hi);
-    *out = v;
-    return FR_OK;
-}
-
-/* A number (inf allowed, NaN not). */
-static fr_status get_number(meta_src m, const char *key, double *out) {
-    const char *s;
-    FR_TRY(get_str(m, key, &s));
-    char *end;
-    errno = 0;
-    double v = strtod(s, &end);
-    if (end == s || *end || errno || v != v)
-        return fr_error(FR_ERR_FORMAT, "checkpoint %s: metadata field \"%s\" is \"%s\", expected a "
-                        "number", m.path, key, s);
-    *out = v;
-    return FR_OK;
-}
-
-/* A finite number in [lo, hi] (lo excluded when open_lo). */
-static fr_status get_double(meta_src m, const char *key, double lo, double hi, bool open_lo, double *out) {
-    double v;
-    FR_TRY(get_number(m, key, &v));
-    if (!isfinite(v) || v < lo || v > hi || (open_lo && v == lo))
-        return fr_error(FR_ERR_FORMAT, "checkpoint %s: metadata field \"%s\" is \"%s\", expected a "
-                        "finite number in %s%g, %g]", m.path, key, fr_st_metadata(m.f, key),
-                        open_lo ? "(" : "[", lo, hi);
-    *out = v;
-    return FR_OK;
-}
-
-static fr_status get_choice(meta_src m, const char *key, const char *const *names, int n, int *out) {
-    const char *s;
-    FR_TRY(get_str(m, key, &s));
-    for (int i = 0; i < n; i++)
-        if (names[i] && !strcmp(s, names[i])) {
-            *out = i;
-            return FR_OK;
-        }
-    return fr_error(FR_ERR_FORMAT, "checkpoint %s: metadata field \"%s\" has the unknown value \"%s\"",
-                    m.path, key, s);
-}
-
-static fr_status get_schedule(meta_src m, fr_schedule *out) {
-    int kind = 0;
-    double base_lr, gamma, eta_min, factor;
-    int64_t total, warmup, milestones[FR_SCHED_MAX_MILESTONES];
-    const char *list;
-    FR_TRY(get_choice(m, "schedule", sched_kind_names, FR_SCHED_KIND_COUNT, &kind));
-    FR_TRY(get_double(m, "schedule.base_lr", 0, MAX_RATE, false, &base_lr));
-    FR_TRY(get_double(m, "schedule.gamma", 0, MAX_RATE, false, &gamma));
-    FR_TRY(get_double(m, "schedule.eta_min", 0, MAX_RATE, false, &eta_min));
-    FR_TRY(get_double(m, "schedule.warmup_start_factor", 0, 1, false, &factor));
-    FR_TRY(get_int(m, "schedule.total_steps", 0, MAX_COUNT, &total));
-    FR_TRY(get_int(m, "schedule.warmup_steps", 0, MAX_COUNT, &warmup));
-    FR_TRY(get_str(m, "schedule.milestones", &list));
-    int n = 0;
-    for (const char *p = list; *p;) {
-        char *end;
-        errno = 0;
-        long long v = strtoll(p, &end, 10);
-        if (end == p || errno || n == FR_SCHED_MAX_MILESTONES || (*end && *end != ',') || v < 0 ||
-            v > MAX_COUNT)
-            return fr_error(FR_ERR_FORMAT, "checkpoint %s: metadata field \"schedule.milestones\" is "
-                            "\"%s\", expected up to %d comma-separated integers", m.path, list,
-                            FR_SCHED_MAX_MILESTONES);
-        milestones[n++] = v;
-        p = *end ? end + 1 : end;
-    }
-    /* Rebuilt through the constructors, so a file cannot smuggle in a
-     * schedule they would refuse. */
-    fr_schedule s;
-    fr_status st = kind == FR_SCHED_CONSTANT ? fr_schedule_constant(&s, base_lr)
-                   : kind == FR_SCHED_STEP   ? fr_schedule_step(&s, base_lr, milestones, n, gamma)
-                                             : fr_schedule_cosine(&s, base_lr, total, eta_min);
-    if (st == FR_OK && warmup > 0)
-        st = fr_schedule_warmup(&s, warmup, factor);
-    if (st != FR_OK) {
-        char why[256];
-        snprintf(why, sizeof why, "%s", fr_last_error());
-        return fr_error(FR_ERR_FORMAT, "checkpoint %s: bad schedule: %s", m.path, why);
-    }
-    *out = s;
-    return FR_OK;
-}
-
-static fr_status get_optim(meta_src m, fr_ckpt_info *info) {
-    static const char *const with_none[FR_OPTIM_KIND_COUNT + 1] = {"sgd", "adam", "adamw", "none"};
-    int kind = 0;
-    FR_TRY(get_choice(m, "optimizer", with_none, FR_OPTIM_KIND_COUNT + 1, &kind));
-    if (kind == FR_OPTIM_KIND_COUNT)
-        return FR_OK;
-    info->has_optim = true;
-    info->optim_kind = (fr_optim_kind)kind;
-    if (kind == FR_OPTIM_SGD) {
-        int64_t nesterov;
-        FR_TRY(get_double(m, "optimizer.lr", 0, MAX_RATE, false, &info->sgd.lr));
-        FR_TRY(get_double(m, "optimizer.momentum", 0, 1, false, &info->sgd.momentum));
-        FR_TRY(get_double(m, "optimizer.dampening", 0, 1, false, &info->sgd.dampening));
-        FR_TRY(get_double(m, "optimizer.weight_decay", 0, MAX_RATE, false, &info->sgd.weight_decay));
-        FR_TRY(get_int(m, "optimizer.nesterov", 0, 1, &nesterov));
-        info->sgd.nesterov = nesterov;
-        return FR_OK;
-    }
-    FR_TRY(get_double(m, "optimizer.lr", 0, MAX_RATE, false, &info->adam.lr));
-    FR_TRY(get_double(m, "optimizer.beta1", 0, 1, false, &info->adam.beta1));
-    FR_TRY(get_double(m, "optimizer.beta2", 0, 1, false, &info->adam.beta2));
-    FR_TRY(get_double(m, "optimizer.eps", 0, 1, true, &info->adam.eps));
-    if (info->adam.beta1 >= 1 || info->adam.beta2 >= 1)
-        return fr_error(FR_ERR_FORMAT, "checkpoint %s: metadata fields optimizer.beta1 and beta2 must be "
-                        "below 1", m.path);
-    return get_double(m, "optimizer.weight_decay", 0, MAX_RATE, false, &info->adam.weight_decay);
-}
-
-static fr_status get_state(meta_src m, fr_train_state *st) {
-    int64_t v;
-    const char *s;
-    FR_TRY(get_int(m, "epoch", 0, INT32_MAX, &st->epoch));
-    FR_TRY(get_int(m, "batch", 0, MAX_COUNT, &st->batch));
-    FR_TRY(get_int(m, "step", 0, MAX_COUNT, &st->step));
-    FR_TRY(get_str(m, "seed", &s));
-    char *end;
-    errno = 0;
-    unsigned long long seed = strtoull(s, &end, 10);
-    if (end == s || *end || errno || *s == '-')
-        return fr_error(FR_ERR_FORMAT, "checkpoint %s: metadata field \"seed\" is \"%s\", expected an "
-                        "unsigned integer", m.path, s);
-    st->seed = seed;
-    FR_TRY(get_int(m, "batch_size", 1, INT32_MAX, &v));
-    st->batch_size = (int)v;
-    FR_TRY(get_int(m, "accum", 1, INT32_MAX, &v));
-    st->accum = (int)v;
-    FR_TRY(get_int(m, "epochs", 0, INT32_MAX, &v));
-    st->epochs = (int)v;
-    if (st->epoch > st->epochs || (st->epoch == st->epochs && st->batch > 0))
-        return fr_error(FR_ERR_FORMAT, "checkpoint %s: metadata field \"epoch\" is %" PRId64 " (batch %"
-                        PRId64 "), past the run's %d epochs", m.path, st->epoch, st->batch, st->epochs);
-    FR_TRY(get_int(m, "augment", 0, 1, &v));
-    st->augment = v;
-    FR_TRY(get_int(m, "limit_train", 0, INT64_MAX, &st->limit_train));
-    FR_TRY(get_str(m, "data", &s));
-    if (strlen(s) >= sizeof st->data)
-        return fr_error(FR_ERR_FORMAT, "checkpoint %s: metadata field \"data\" is longer than %zu bytes",
-                        m.path, sizeof st->data - 1);
-    snprintf(st->data, sizeof st->data, "%s", s);
-    st->world_size = 1;
-    st->sync_bn = false;
-    if (fr_st_metadata(m.f, "dist.world_size")) {
-        FR_TRY(get_int(m, "dist.world_size", 1, INT32_MAX, &v));
-        st->world_size = (int)v;
-        FR_TRY(get_int(m, "dist.sync_bn", 0, 1, &v));
-        st->sync_bn = v;
-    }
-    return get_schedule(m, &st->schedule);
-}
-
-/* amp.*: the precision (f32 when absent: files from before mixed
- * precision) and, all three or none, the scaler's fields. Checked here as
- * far as the file alone allows; the tracker against the scaler's growth
- * interval is checked at load, by fr_loss_scaler_set_state. */
-static fr_status get_amp(meta_src m, fr_train_state *st) {
-    const char *s = fr_st_metadata(m.f, AMP_PRECISION);
-    st->precision = FR_F32;
-    if (s && fr_precision_parse(s, &st->precision) != FR_OK)
-        return fr_error(FR_ERR_FORMAT, "checkpoint %s: metadata field \"" AMP_PRECISION "\" is \"%s\", "
-                        "expected f32, f16 or bf16", m.path, s);
-    const char *keys[3] = {AMP_SCALE, AMP_TRACKER, AMP_SKIPPED};
-    int present = 0;
-    for (int k = 0; k < 3; k++)
-        present += fr_st_metadata(m.f, keys[k]) != NULL;
-    st->has_scaler = present > 0;
-    if (!present)
-        return FR_OK;
-    if (!s)
-        return fr_error(FR_ERR_FORMAT, "checkpoint %s: loss scaler state without metadata field "
-                        "\"" AMP_PRECISION "\"", m.path);
-    double scale;
-    int64_t tracker, skipped;
-    FR_TRY(get_number(m, AMP_SCALE, &scale));
-    /* as an f32 (what the scaler holds): not 0 after rounding, not inf */
-    if (!(scale > 0 && scale <= FLT_MAX && (float)scale > 0))
-        return fr_error(FR_ERR_FORMAT, "checkpoint %s: metadata field \"" AMP_SCALE "\" is \"%s\", "
-                        "expected a finite number > 0", m.path, fr_st_metadata(m.f, AMP_SCALE));
-    FR_TRY(get_int(m, AMP_TRACKER, 0, INT32_MAX, &tracker));
-    FR_TRY(get_int(m, AMP_SKIPPED, 0, INT64_MAX, &skipped));
-    if (st->precision != FR_F16 && scale != 1.0)
-        return fr_error(FR_ERR_FORMAT, "checkpoint %s: metadata field \"" AMP_SCALE "\" is \"%s\", "
-                        "but training in %s keeps the loss scale at 1", m.path,
-                        fr_st_metadata(m.f, AMP_SCALE), fr_dtype_name(st->precision));
-    st->scaler = (fr_loss_scaler_state){.scale = (float)scale, .growth_tracker = (int)tracker,
-                                        .skipped = skipped};
-    return FR_OK;
-}
-
-static fr_status read_info(const fr_st_file *f, const char *path, fr_ckpt_info *info) {
-    memset(info, 0, sizeof *info);
-    meta_src m = {f, path};
-    const char *format = fr_st_metadata(f, "format");
-    if (!format)
-        return FR_OK; /* a plain weights file */
-    if (strcmp(format, FR_CKPT_FORMAT))
-        return fr_error(FR_ERR_FORMAT, "checkpoint %s: metadata field \"format\" is \"%s\", not \"%s\"",
-                        path, format, FR_CKPT_FORMAT);
-    int64_t v;
-    const char *s;
-    FR_TRY(get_int(m, "format_version", 1, INT32_MAX, &v));
-    if (v > FR_CKPT_VERSION)
-        return fr_error(FR_ERR_FORMAT, "checkpoint %s: format version %" PRId64 " is newer than this "
-                        "frugal reads (%d)", path, v, FR_CKPT_VERSION);
-    info->version = (int)v;
-    FR_TRY(get_str(m, "model", &s));
-    if (!*s || strlen(s) >= sizeof info->model)
-        return fr_error(FR_ERR_FORMAT, "checkpoint %s: metadata field \"model\" (\"%s\") is empty or "
-                        "too long", path, s);
-    snprintf(info->model, sizeof info->model, "%s", s);
-    /* The model these describe is made before its tensors can be compared
-     * with the file's: bound them by the file first, so a corrupt count
-     * cannot become a huge allocation. Each is a dimension of some tensor
-     * (first conv, classifier), so neither exceeds the largest one's size. */
-    int64_t largest = 1;
-    for (int j = 0; j < fr_st_count(f); j++) {
-        int64_t numel = 1;
-        for (int d = 0; d < fr_st_ndim(f, j); d++)
-            numel *= fr_st_shape(f, j)[d];
-        largest = numel > largest ? numel : largest;
-    }
-    FR_TRY(get_int(m, "in_channels", 1, largest < INT32_MAX ? largest : INT32_MAX, &v));
-    info->in_channels = (int)v;
-    FR_TRY(get_int(m, "num_classes", 1, largest < INT32_MAX ? largest : INT32_MAX, &v));
-    info->num_classes = (int)v;
-    FR_TRY(get_str(m, "strategy", &s));
-    if (fr_strategy_parse(s, &info->strategy) != FR_OK) {
-        char why[256];
-        snprintf(why, sizeof why, "%s", fr_last_error());
-        return fr_error(FR_ERR_FORMAT, "checkpoint %s: metadata field \"strategy\": %s", path, why);
-    }
-    FR_TRY(get_amp(m, &info->state));
-    FR_TRY(get_optim(m, info));
-    const char *training = fr_st_metadata(f, "training");
-    if (!training)
-        return FR_OK; /* weights with model metadata */
-    if (strcmp(training, "1"))
-        return fr_error(FR_ERR_FORMAT, "checkpoint %s: metadata field \"training\" is \"%s\", expected \"1\" "
-                        "(or no such field, for a weights file)", path, training);
-    info->is_training = true;
-    return get_state(m, &info->state);
-}
-
-fr_status fr_ckpt_read_info(const char *path, fr_ckpt_info *info) {
-    if (!path || !info)
-        return fr_error(FR_ERR_ARG, "checkpoint: read_info: path or info is NULL");
-    fr_st_file *f = fr_st_open(path);
-    if (!f)
-        return fr_last_status();
-    fr_status st = read_info(f, path, info);
-    fr_st_close(f);
-    return st;
-}
-
 /* ---- loading ---- */
 
 static bool shape_is(const fr_st_file *f, int j, const fr_tensor *t) {
@@ -584,6 +287,34 @@ static bool known_optim_name(const fr_optim *opt, const char *name) {
     return false;
 }
 
+/* The values of a file's tensor `name` (f32 or i32) before any is used:
+ * finite, and >= 0 where `nonneg` (Adam's second moment, a step count), so
+ * a resumed run cannot start from state no step produces (an infinite
+ * momentum buffer, a negative step). The error names the tensor and the
+ * first bad element. */
+static fr_status check_values(const fr_st_file *f, const char *path, const char *name, bool nonneg) {
+    fr_tensor *t = fr_st_get(f, name, FR_CPU, FR_TAG_WORKSPACE);
+    if (!t)
+        return fr_last_status();
+    int64_t n = fr_numel(t), i = 0;
+    bool i32 = t->dtype == FR_I32;
+    const float *x = i32 ? NULL : fr_data_f32(t);
+    const int32_t *k = i32 ? (const int32_t *)fr_data(t) : NULL;
+    for (; i < n; i++)
+        if (i32 ? k[i] < 0 || k[i] == INT32_MAX : !isfinite(x[i]) || (nonneg && x[i] < 0))
+            break;
+    fr_status st = FR_OK;
+    if (i < n && i32)
+        st = fr_error(FR_ERR_FORMAT, "checkpoint %s: tensor %s holds %d at element %lld, expected a step "
+                      "count in [0, %d)", path, name, (int)k[i], (long long)i, INT32_MAX);
+    else if (i < n)
+        st = fr_error(FR_ERR_FORMAT, "checkpoint %s: tensor %s holds %g at element %lld, expected a finite "
+                      "number%s: optimizer state no step produces", path, name, (double)x[i], (long long)i,
+                      nonneg ? " >= 0" : "");
+    fr_release(t);
+    return st;
+}
+
 static fr_status check_optim(const fr_st_file *f, const char *path, const fr_optim *opt,
                              const fr_ckpt_info *info) {
     char name[FR_NAME_MAX + 64];
@@ -601,13 +332,16 @@ static fr_status check_optim(const fr_st_file *f, const char *path, const fr_opt
             continue;
         snprintf(name, sizeof name, OPTIM_PREFIX STEP_SLOT ".%s", e->name);
         FR_TRY(check_entry(f, path, name, NULL, FR_I32, 0));
+        FR_TRY(check_values(f, path, name, true));
         for (int slot = 0; slot < 2; slot++) {
             const char *sname = fr_optim_state_name(opt, slot);
             if (!sname)
                 continue;
             snprintf(name, sizeof name, OPTIM_PREFIX "%s.%s", sname, e->name);
-            if (fr_st_find(f, name) >= 0)
+            if (fr_st_find(f, name) >= 0) {
                 FR_TRY(check_entry(f, path, name, e->tensor, FR_F32, 0));
+                FR_TRY(check_values(f, path, name, slot == 1));
+            }
         }
     }
     for (int j = 0; j < fr_st_count(f); j++) {
@@ -708,7 +442,7 @@ fr_status fr_ckpt_load(const char *path, fr_model *m, fr_optim *opt, fr_loss_sca
     if (!f)
         return fr_last_status();
     fr_ckpt_info info;
-    fr_status st = read_info(f, path, &info);
+    fr_status st = fr_ckpt_read_info_from(f, path, &info);
     if (st == FR_OK)
         st = check_model(f, path, m, &info);
     if (st == FR_OK && opt)

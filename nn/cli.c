@@ -15,13 +15,32 @@
 
 /* ---- flag values ---- */
 
+/* Whether text is a plain decimal: an optional '-' (only when `sign` allows
+ * it), then digits only. strtoll and strtoull skip leading whitespace and
+ * take '+' and '-' (strtoull wraps "-1" to 2^64 - 1), so the text is
+ * checked before they see it. */
+static bool plain_decimal(const char *text, bool sign) {
+    if (!text)
+        return false;
+    if (sign && *text == '-')
+        text++;
+    if (!*text)
+        return false;
+    for (; *text; text++)
+        if (*text < '0' || *text > '9')
+            return false;
+    return true;
+}
+
 fr_status fr_cli_int(const char *flag, const char *text, int64_t lo, int64_t hi, int64_t *out) {
-    char *end;
+    char *end = NULL;
     errno = 0;
-    long long v = text ? strtoll(text, &end, 10) : 0;
-    if (!text || end == text || *end || errno || v < lo || v > hi)
-        return fr_error(FR_ERR_ARG, "%s: \"%s\" is not an integer in [%" PRId64 ", %" PRId64 "]", flag,
-                        text ? text : "", lo, hi);
+    bool ok = plain_decimal(text, lo < 0);
+    long long v = ok ? strtoll(text, &end, 10) : 0;
+    if (!ok || *end || errno || v < lo || v > hi)
+        return fr_error(FR_ERR_ARG, "%s: \"%s\" is not an integer in [%" PRId64 ", %" PRId64 "] (digits "
+                        "only: no spaces, no '+'%s)", flag, text ? text : "", lo, hi,
+                        lo < 0 ? "" : ", no '-'");
     *out = v;
     return FR_OK;
 }
@@ -29,8 +48,12 @@ fr_status fr_cli_int(const char *flag, const char *text, int64_t lo, int64_t hi,
 fr_status fr_cli_double(const char *flag, const char *text, double lo, double hi, double *out) {
     char *end;
     errno = 0;
-    double v = text ? strtod(text, &end) : 0;
-    if (!text || end == text || *end || errno || !(v >= lo && v <= hi))
+    /* strtod skips leading whitespace and reads "nan", "inf" and hex:
+     * a flag value starts with a digit, '.' or a '-' before one */
+    const char *p = text && *text == '-' ? text + 1 : text;
+    bool ok = p && ((*p >= '0' && *p <= '9') || *p == '.') && !strpbrk(text, " \t\n\vxXpP");
+    double v = ok ? strtod(text, &end) : 0;
+    if (!ok || end == text || *end || errno || !(v >= lo && v <= hi))
         return fr_error(FR_ERR_ARG, "%s: \"%s\" is not a number in [%g, %g]", flag, text ? text : "", lo,
                         hi);
     *out = v;
@@ -59,21 +82,27 @@ fr_status fr_cli_precision(const char *flag, const char *text, fr_dtype *out) {
 }
 
 fr_status fr_cli_size(const char *flag, const char *text, size_t *out) {
-    char *end = (char *)text;
-    errno = 0;
-    unsigned long long v = text && *text != '-' ? strtoull(text, &end, 10) : 0;
+    char digits[32];
+    size_t len = text ? strlen(text) : 0;
     int shift = 0;
-    if (text && end != text && !errno) {
-        switch (*end) {
-        case 'K': case 'k': shift = 10; end++; break;
-        case 'M': case 'm': shift = 20; end++; break;
-        case 'G': case 'g': shift = 30; end++; break;
-        default: break;
-        }
+    switch (len ? text[len - 1] : 0) {
+    case 'K': case 'k': shift = 10; len--; break;
+    case 'M': case 'm': shift = 20; len--; break;
+    case 'G': case 'g': shift = 30; len--; break;
+    default: break;
     }
-    if (!text || end == text || *end || errno || v == 0 || v > (SIZE_MAX >> shift))
-        return fr_error(FR_ERR_ARG, "%s: \"%s\" is not a size (a whole number > 0 of bytes, with an "
-                        "optional K, M or G suffix)", flag, text ? text : "");
+    bool ok = len > 0 && len < sizeof digits;
+    if (ok) {
+        memcpy(digits, text, len);
+        digits[len] = '\0';
+        ok = plain_decimal(digits, false);
+    }
+    errno = 0;
+    unsigned long long v = ok ? strtoull(digits, NULL, 10) : 0;
+    if (!ok || errno || v == 0 || v > (SIZE_MAX >> shift))
+        return fr_error(FR_ERR_ARG, "%s: \"%s\" is not a size (a whole number > 0 of bytes, digits "
+                        "only, with an optional K, M or G suffix, at most %zu bytes)", flag,
+                        text ? text : "", (size_t)SIZE_MAX);
     *out = (size_t)v << shift;
     return FR_OK;
 }
@@ -84,6 +113,42 @@ fr_status fr_cli_strategy(const char *flag, const char *text, fr_strategy *out) 
     char why[512];
     snprintf(why, sizeof why, "%s", fr_last_error());
     return fr_error(FR_ERR_ARG, "%s: %s", flag, why);
+}
+
+static void flag_text(char *buf, size_t len, const char *flag, const char *value) {
+    snprintf(buf, len, value ? "%s %s" : "%s", flag, value ? value : "");
+}
+
+fr_status fr_cli_seen_add(fr_cli_seen *s, const char *flag, const char *value) {
+    for (int i = 0; i < s->n; i++) {
+        if (strcmp(s->flag[i], flag))
+            continue;
+        char first[300], again[300];
+        flag_text(first, sizeof first, s->flag[i], s->value[i]);
+        flag_text(again, sizeof again, flag, value);
+        return fr_error(FR_ERR_ARG, "%s is given twice (\"%s\", then \"%s\"): give it once", flag, first,
+                        again);
+    }
+    if (s->n == FR_CLI_MAX_FLAGS)
+        return fr_error(FR_ERR_ARG, "more than %d flags", FR_CLI_MAX_FLAGS);
+    s->flag[s->n] = flag;
+    s->value[s->n++] = value;
+    return FR_OK;
+}
+
+const char *fr_cli_seen_get(const fr_cli_seen *s, const char *flag) {
+    for (int i = 0; i < s->n; i++)
+        if (!strcmp(s->flag[i], flag))
+            return s->value[i] ? s->value[i] : "";
+    return NULL;
+}
+
+fr_status fr_cli_conflict(const fr_cli_seen *s, const char *a, const char *b, const char *why) {
+    const char *va = fr_cli_seen_get(s, a), *vb = fr_cli_seen_get(s, b);
+    if (!va || !vb)
+        return FR_OK;
+    return fr_error(FR_ERR_ARG, "%s%s%s conflicts with %s%s%s: %s", a, *va ? " " : "", va, b, *vb ? " " : "",
+                    vb, why);
 }
 
 /* ---- program skeleton ---- */
@@ -247,9 +312,13 @@ fr_dataset *fr_data_open(const fr_data_spec *spec, bool train, int64_t limit) {
         ds = fr_dataset_load_cifar100(spec->dir, train);
         break;
     case FR_DATA_FOLDER:
+        /* the test split's labels are the training split's class names:
+         * the same name, the same label, whichever classes each split holds;
+         * --limit-* take a stratified prefix (dataset.h) */
         snprintf(sub, sizeof sub, "%s/%s", spec->dir, train ? "train" : "test");
+        snprintf(labels, sizeof labels, "%s/train", spec->dir);
         if (fr_dataset_check_dir(what, spec->dir) == FR_OK)
-            ds = fr_dataset_load_folder(sub, spec->channels);
+            ds = fr_dataset_load_folder_split(sub, spec->channels, train ? NULL : labels, limit);
         break;
     default:
         fr_error(FR_ERR_ARG, "data: unknown kind %d", (int)spec->kind);

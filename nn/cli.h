@@ -35,6 +35,22 @@ fr_status fr_cli_size(const char *flag, const char *text, size_t *out);
 /* A memory strategy (fr_strategy_parse), the error naming the flag. */
 fr_status fr_cli_strategy(const char *flag, const char *text, fr_strategy *out);
 
+/* The flags a program has read so far, to refuse a flag given twice (the
+ * last one would silently win) and two flags that contradict each other. */
+enum { FR_CLI_MAX_FLAGS = 64 };
+typedef struct {
+    const char *flag[FR_CLI_MAX_FLAGS], *value[FR_CLI_MAX_FLAGS]; /* value NULL: a switch */
+    int n;
+} fr_cli_seen;
+/* Records `flag` (with its value, or NULL); FR_ERR_ARG naming both uses
+ * when it was given before. */
+fr_status fr_cli_seen_add(fr_cli_seen *s, const char *flag, const char *value);
+/* The value `flag` was given with ("" for a switch), NULL if not given. */
+const char *fr_cli_seen_get(const fr_cli_seen *s, const char *flag);
+/* FR_ERR_ARG naming both when flags a and b were both given: `why` says
+ * what each would do. */
+fr_status fr_cli_conflict(const fr_cli_seen *s, const char *a, const char *b, const char *why);
+
 /* ---- program skeleton ---- */
 /* Whether argv holds --help or -h (anywhere: the usage wins over errors). */
 bool fr_cli_wants_help(int argc, char *const *argv);
@@ -83,7 +99,10 @@ typedef struct {
  * in [0, K)) or ",channels=C" (folders: convert every image to C = 1 or 3). */
 fr_status fr_data_spec_parse(const char *text, fr_data_spec *out);
 /* The training or test split, keeping the first `limit` images when
- * limit > 0. IDX files are looked up as <name>.gz, then <name>. */
+ * limit > 0 (folders: a stratified prefix, the i-th image of every class
+ * before the (i+1)-th of any). IDX files are looked up as <name>.gz, then
+ * <name>. A folder's test split is labelled by DIR/train's class names (a
+ * test class that training lacks is an error naming it). */
 fr_dataset *fr_data_open(const fr_data_spec *spec, bool train, int64_t limit);
 /* The dataset's normalisation; with `augment`, the training augmentation:
  * CIFAR and image folders pad-4 random crop + horizontal flip;

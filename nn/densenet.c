@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "build.h"
+#include "registry.h"
 
 enum { BLOCKS = 3, DEFAULT_GROWTH = 12, BOTTLENECK = 4 };
 
@@ -46,6 +47,32 @@ static void densenet_build(fr_module *net, int per_block, int growth, int in_cha
     fr_norm_new(features, "norm5", (fr_norm_opts){.channels = width, .act = FR_ACT_RELU});
     fr_global_avg_pool_new(net, "pool");
     fr_linear_new(net, "classifier", (fr_linear_opts){.in = width, .out = num_classes});
+}
+
+/* The parameters and the f32 activation bytes of one 32x32 image (each
+ * layer's concatenation, BN, conv and pool outputs once) densenet_build
+ * would make, from the numbers alone: checked against the ceilings
+ * (nn/registry.h) before any allocation. Mirrors densenet_build. */
+static void densenet_size(int per_block, int growth, int in_channels, int num_classes, double *params,
+                          double *act) {
+    double k = growth, width = 2 * k, hw = 32 * 32, mid = BOTTLENECK * k;
+    *params = 9.0 * in_channels * width;
+    *act = width * hw;
+    for (int b = 0; b < BLOCKS; b++) {
+        for (int j = 0; j < per_block; j++, width += k) {
+            *params += 2 * width + width * mid + 2 * mid + 9 * mid * k;
+            *act += (2 * width + 2 * mid + k) * hw;
+        }
+        if (b == BLOCKS - 1)
+            break;
+        double half = (double)((int64_t)width / 2);
+        *params += 2 * width + width * half;
+        *act += (width + half) * hw + half * hw / 4;
+        width = half;
+        hw /= 4;
+    }
+    *params += 2 * width + width * num_classes + num_classes;
+    *act = 4 * (*act + width * hw + width + num_classes);
 }
 
 /* Reads a positive decimal at *p (at most 5 digits) and advances past it. */
@@ -102,6 +129,10 @@ fr_model *fr_densenet_create(const char *name, int growth, int in_channels, int 
                              "growth %d at most 4096", name, in_channels, num_classes, growth);
         return NULL;
     }
+    double params, act;
+    densenet_size((depth - 4) / 6, growth, in_channels, num_classes, &params, &act);
+    if (fr_model_check_size(name, params, act) != FR_OK)
+        return NULL;
     char canonical[32];
     snprintf(canonical, sizeof canonical, "densenet-bc-%d-k%d", depth, growth);
     fr_model *m = fr_model_new(canonical, in_channels, num_classes, seed);

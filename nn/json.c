@@ -216,6 +216,33 @@ static fr_status j_container(j_parser *p, fr_json *v, int depth) {
     }
 }
 
+static size_t j_digits(j_parser *p) {
+    size_t start = p->i;
+    while (p->i < p->n && p->s[p->i] >= '0' && p->s[p->i] <= '9')
+        p->i++;
+    return p->i - start;
+}
+
+/* The rest of a number with a fraction or an exponent (RFC 8259's
+ * grammar): read, its value not kept (FR_JSON_NUM: nothing frugal reads
+ * is one; a metadata value that is one is named and ignored). */
+static fr_status j_fraction(j_parser *p, fr_json *v) {
+    if (p->s[p->i] == '.') {
+        p->i++;
+        if (!j_digits(p))
+            return j_fail(p, "expected a digit after '.'");
+    }
+    if (p->i < p->n && (p->s[p->i] == 'e' || p->s[p->i] == 'E')) {
+        p->i++;
+        if (p->i < p->n && (p->s[p->i] == '+' || p->s[p->i] == '-'))
+            p->i++;
+        if (!j_digits(p))
+            return j_fail(p, "expected a digit in the exponent");
+    }
+    v->kind = FR_JSON_NUM;
+    return FR_OK;
+}
+
 static fr_status j_int(j_parser *p, fr_json *v) {
     bool neg = p->s[p->i] == '-';
     if (neg)
@@ -233,7 +260,7 @@ static fr_status j_int(j_parser *p, fr_json *v) {
         p->i++;
     }
     if (p->i < p->n && (p->s[p->i] == '.' || p->s[p->i] == 'e' || p->s[p->i] == 'E'))
-        return j_fail(p, "numbers must be integers");
+        return j_fraction(p, v);
     v->kind = FR_JSON_INT;
     v->num = neg ? -(int64_t)x : (int64_t)x;
     return FR_OK;
@@ -257,7 +284,17 @@ static fr_status j_value(j_parser *p, fr_json *v, int depth) {
     }
     if (c == '-' || (c >= '0' && c <= '9'))
         return j_int(p, v);
-    return j_fail(p, "expected an object, array, string or integer");
+    static const char *const words[] = {"true", "false", "null"};
+    for (int w = 0; w < 3; w++) {
+        size_t len = strlen(words[w]);
+        if (p->n - p->i >= len && !memcmp(p->s + p->i, words[w], len)) {
+            p->i += len;
+            v->kind = w < 2 ? FR_JSON_BOOL : FR_JSON_NULL;
+            v->num = w == 0;
+            return FR_OK;
+        }
+    }
+    return j_fail(p, "expected an object, array, string, number, true, false or null");
 }
 
 fr_status fr_json_parse(fr_json *root, const char *text, size_t len, const char *context) {

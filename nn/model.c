@@ -4,9 +4,25 @@
 #include "../autograd/functions.h"
 #include "module_impl.h"
 
+#include <errno.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+
+/* K of "checkpoint:K": digits only, 1 to 2^31 - 1 (strtol skips blanks,
+ * takes signs, and its long does not fit an int: "4294967297" was 1). */
+static bool checkpoint_k(const char *text, int *out) {
+    if (!*text || strspn(text, "0123456789") != strlen(text))
+        return false;
+    char *end;
+    errno = 0;
+    long long v = strtoll(text, &end, 10);
+    if (errno || v < 1 || v > INT32_MAX)
+        return false;
+    *out = (int)v;
+    return true;
+}
 
 fr_status fr_strategy_parse(const char *text, fr_strategy *out) {
     static const char *const choices =
@@ -23,7 +39,6 @@ fr_status fr_strategy_parse(const char *text, fr_strategy *out) {
                 return fr_error(FR_ERR_ARG, "unknown memory strategy \"%s\" (choose %s)", text, choices);
             memcpy(word, p, len);
             word[len] = '\0';
-            char *end;
             /* each switch once: "abn+abn" or a trailing '+' is a typo, not a strategy */
             const char *rest = p + len;
             size_t wlen = strcspn(word, ":");
@@ -43,8 +58,7 @@ fr_status fr_strategy_parse(const char *text, fr_strategy *out) {
                 s.abn_reference = true;
             else if (!strcmp(word, "checkpoint"))
                 s.checkpoint = -1;
-            else if (!strncmp(word, "checkpoint:", 11) && word[11] &&
-                     (s.checkpoint = (int)strtol(word + 11, &end, 10)) > 0 && !*end)
+            else if (!strncmp(word, "checkpoint:", 11) && checkpoint_k(word + 11, &s.checkpoint))
                 ;
             else
                 return fr_error(FR_ERR_ARG, "unknown memory strategy \"%s\" in \"%s\" (choose %s)",

@@ -549,12 +549,11 @@ static void usage(FILE *out) {
             DEFAULT_STRATEGIES);
 }
 
+/* fr_cli_int's digits-only integer (no blanks, signs or wrap-around). */
 static bool parse_int(const char *flag, const char *text, int min, int *out) {
-    char *end;
-    errno = 0;
-    long v = strtol(text, &end, 10);
-    if (errno || end == text || *end || v < min || v > INT_MAX) {
-        fprintf(stderr, "memreport: %s wants an integer >= %d, got \"%s\"\n", flag, min, text);
+    int64_t v;
+    if (fr_cli_int(flag, text, min, INT_MAX, &v) != FR_OK) {
+        fprintf(stderr, "memreport: %s\n", fr_last_error());
         return false;
     }
     *out = (int)v;
@@ -565,6 +564,7 @@ static bool parse_int(const char *flag, const char *text, int min, int *out) {
 static int parse_args(int argc, char **argv, options *o) {
     *o = (options){.model = "resnet56", .batch = 64, .size = 32, .in_channels = 3, .classes = 10,
                    .steps = 1, .device = FR_CPU, .seed = 1};
+    fr_cli_seen seen = {.n = 0};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
@@ -576,6 +576,10 @@ static int parse_args(int argc, char **argv, options *o) {
             return -1;
         }
         const char *v = argv[++i];
+        if (fr_cli_seen_add(&seen, a, v) != FR_OK) {
+            fprintf(stderr, "memreport: %s\n", fr_last_error());
+            return -1;
+        }
         int seed;
         if (!strcmp(a, "--model"))
             o->model = v;

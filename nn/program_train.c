@@ -74,7 +74,8 @@ static void usage(FILE *out) {
             "  --seed N              weights, shuffling and augmentation (42)\n"
             "  --augment, --no-augment  random crop + flip (default on for CIFAR and folders, off for\n"
             "                        (Fashion-)MNIST)\n"
-            "  --limit-train N       use only the first N training images (0 = all)\n"
+            "  --limit-train N       use only the first N training images (0 = all; a folder:\n"
+            "                        the first of every class, then the second, ...)\n"
             "  --limit-test N        use only the first N test images (0 = all)\n"
             "  --save PATH           training checkpoint at the end of every epoch\n"
             "  --resume PATH         continue the run saved in PATH (its settings are used; saves to\n"
@@ -113,10 +114,16 @@ static bool is_value_flag(const char *a) {
 static fr_status parse_args(int argc, char **argv, options *o) {
     *o = (options){.model = "resnet20", .strategy = NULL, .batch = 128, .accum = 1, .epochs = 10,
                    .seed = 42, .lr = -1, .momentum = 0.9, .wd = -1, .augment = -1, .log_every = 50};
+    fr_cli_seen seen = {.n = 0};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         const char *v = i + 1 < argc ? argv[i + 1] : NULL;
         bool trajectory = true;
+        bool is_switch = !strcmp(a, "--nesterov") || !strcmp(a, "--sync-bn") || !strcmp(a, "--dist") ||
+                         !strcmp(a, "--augment") || !strcmp(a, "--no-augment");
+        if (!is_switch && (!is_value_flag(a) || !v))
+            return fr_cli_bad_flag("train", a, is_value_flag(a));
+        FR_TRY(fr_cli_seen_add(&seen, a, is_switch ? NULL : v));
         if (!strcmp(a, "--nesterov")) {
             o->nesterov = true;
         } else if (!strcmp(a, "--sync-bn")) {
@@ -126,8 +133,6 @@ static fr_status parse_args(int argc, char **argv, options *o) {
             trajectory = false;
         } else if (!strcmp(a, "--augment") || !strcmp(a, "--no-augment")) {
             o->augment = !strcmp(a, "--augment");
-        } else if (!is_value_flag(a) || !v) {
-            return fr_cli_bad_flag("train", a, is_value_flag(a));
         } else {
             i++;
             trajectory = false;
@@ -195,6 +200,17 @@ static fr_status parse_args(int argc, char **argv, options *o) {
         if (trajectory && !o->trajectory_flag)
             o->trajectory_flag = a;
     }
+    FR_TRY(fr_cli_conflict(&seen, "--augment", "--no-augment", "one turns augmentation on, the other off"));
+    FR_TRY(fr_cli_conflict(&seen, "--accum", "--memory-budget", "the budget's plan chooses the "
+                           "micro-batches"));
+    if (o->optimizer != OPT_SGD) {
+        FR_TRY(fr_cli_conflict(&seen, "--optimizer", "--momentum", "momentum is an SGD setting (adam and "
+                               "adamw use their betas)"));
+        FR_TRY(fr_cli_conflict(&seen, "--optimizer", "--nesterov", "Nesterov momentum is an SGD setting"));
+    }
+    if (o->accum > o->batch)
+        return fr_error(FR_ERR_ARG, "--accum %lld is larger than --batch %lld: a micro-batch needs at least "
+                        "one image", (long long)o->accum, (long long)o->batch);
     /* defaults that depend on the optimizer */
     if (o->lr < 0)
         o->lr = o->optimizer == OPT_SGD ? 0.1 : 1e-3;
@@ -314,6 +330,11 @@ static fr_status setup(const options *o, run *r) {
     spec.channels = (int)r->train_ds->c; /* a folder's test split takes the training split's */
     if (!(r->test_ds = fr_data_open(&spec, false, o->limit_test)))
         return fr_last_status();
+    if (r->test_ds->h != r->train_ds->h || r->test_ds->w != r->train_ds->w)
+        return fr_error(FR_ERR_FORMAT, "--data %s: the test split's images are %lldx%lld (WxH), the training "
+                        "split's %lldx%lld: a model trained on one size is not tested on another",
+                        spec.dir, (long long)r->test_ds->w, (long long)r->test_ds->h,
+                        (long long)r->train_ds->w, (long long)r->train_ds->h);
     if (r->test_ds->num_classes > r->train_ds->num_classes || r->test_ds->c != r->train_ds->c)
         return fr_error(FR_ERR_FORMAT, "--data %s: the test split (%d classes, %lld channels) does not "
                         "match the training split (%d classes, %lld channels)", spec.dir,
@@ -322,6 +343,10 @@ static fr_status setup(const options *o, run *r) {
     fr_device dev = o->device ? FR_CUDA : FR_CPU;
     FR_TRY(shard_batch(o, r));
     int batch = st->batch_size / r->world; /* this process's part of each step */
+    if (st->accum > batch)
+        return fr_error(FR_ERR_ARG, "%s: %d micro-batches (--accum) of %d images a process (--batch): a "
+                        "micro-batch needs at least one image", o->resume ? o->resume : "--accum",
+                        st->accum, batch);
     fr_loader_config lc = {.batch_size = batch, .shuffle = true, .drop_last = true, .seed = st->seed,
                            .aug = fr_data_augment(spec.kind, r->train_ds, st->augment), .device = dev,
                            .prefetch = true, .shards = r->world, .shard = r->rank};

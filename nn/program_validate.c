@@ -60,6 +60,7 @@ static void usage(FILE *out) {
 
 static fr_status parse_args(int argc, char **argv, options *o) {
     *o = (options){.batch = 128};
+    fr_cli_seen seen = {.n = 0};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         static const char *const known[] = {"--checkpoint", "--model", "--data", "--strategy",
@@ -71,6 +72,7 @@ static fr_status parse_args(int argc, char **argv, options *o) {
             ok |= !strcmp(a, known[k]);
         if (!ok || !v)
             return fr_cli_bad_flag("validate", a, ok);
+        FR_TRY(fr_cli_seen_add(&seen, a, v));
         i++;
         if (!strcmp(a, "--checkpoint"))
             o->checkpoint = v;
@@ -144,9 +146,26 @@ static fr_status setup(const options *o, run *r) {
     if (!(r->ds = fr_data_open(&spec, false, o->limit_test)))
         return fr_last_status();
     int classes = info.num_classes ? info.num_classes : r->ds->num_classes;
+    if (r->ds->num_classes > classes)
+        return fr_error(FR_ERR_FORMAT, "--data %s has %d classes, but the model %s in %s has %d outputs: "
+                        "its labels cannot be scored by this model", o->data ? o->data : spec.dir,
+                        r->ds->num_classes, name, o->checkpoint, classes);
     if (!(r->model = fr_cli_model_create(name, (int)r->ds->c, classes, 0)))
         return fr_last_status();
     r->model->cfg.strategy = info.strategy;
+    /* abn replaces each BN + ReLU by BN + leaky ReLU (nn/model.h): another
+     * function than the one the weights were trained as. The checkpoint's
+     * "strategy" field says which; a file without it was trained plain. */
+    bool leaky = info.strategy.abn || info.strategy.abn_reference;
+    if (o->strategy && (o->strat.abn || o->strat.abn_reference) != leaky) {
+        char trained[96];
+        fr_strategy_format(info.strategy, trained, sizeof trained);
+        return fr_error(FR_ERR_ARG, "--strategy %s: abn changes the network's function, and %s was "
+                        "trained %s it (its strategy: %s%s); validate it with%s abn", o->strategy,
+                        o->checkpoint, leaky ? "with" : "without", trained,
+                        info.model[0] ? "" : ", as a weights file without frugal metadata",
+                        leaky ? "" : "out");
+    }
     if (o->strategy)
         r->model->cfg.strategy = o->strat;
     /* any precision evaluates any weights: they stay f32 */

@@ -70,6 +70,18 @@ fr_model *fr_model_create(const char *name, int in_channels, int num_classes, ui
     return NULL;
 }
 
+fr_status fr_model_check_size(const char *name, double params, double activation_bytes) {
+    if (!(params <= (double)FR_MODEL_MAX_PARAMS))
+        return fr_error(FR_ERR_ARG, "model %s: %.4g parameters, over the ceiling of %lld "
+                        "(FR_MODEL_MAX_PARAMS); nothing was allocated", name, params,
+                        (long long)FR_MODEL_MAX_PARAMS);
+    if (!(activation_bytes <= (double)FR_MODEL_MAX_ACTIVATION_BYTES))
+        return fr_error(FR_ERR_ARG, "model %s: %.4g activation bytes per 32x32 image, over the ceiling "
+                        "of %lld (4 GiB, FR_MODEL_MAX_ACTIVATION_BYTES); nothing was allocated", name,
+                        activation_bytes, (long long)FR_MODEL_MAX_ACTIVATION_BYTES);
+    return FR_OK;
+}
+
 int fr_model_registry_count(void) {
     register_builtins();
     return count;

@@ -32,6 +32,19 @@ fr_status fr_model_register(const char *name, bool family, fr_model_ctor create,
  * on the CPU with the plain strategy; NULL with FR_ERR_ARG listing every
  * registered usage when nothing matches. */
 fr_model *fr_model_create(const char *name, int in_channels, int num_classes, uint64_t seed);
+/* The size ceilings every built-in model name is checked against before
+ * anything is allocated (nn/resnet.c, nn/densenet.c compute both from the
+ * name's numbers, the input channels and the class count alone): the
+ * parameters (weights and biases, 2^28: 1 GiB in f32) and the activation
+ * bytes of one 32x32 image, f32, every layer's output counted once (4 GiB):
+ * what a name could ask for past these is a typo or an attack, not a model
+ * this library trains. */
+#define FR_MODEL_MAX_PARAMS ((int64_t)1 << 28)
+#define FR_MODEL_MAX_ACTIVATION_BYTES ((int64_t)1 << 32)
+/* FR_OK when both estimates are within the ceilings; else FR_ERR_ARG naming
+ * the model, the estimate and the ceiling. Counts as doubles: a name's
+ * numbers multiplied out may pass 2^63. */
+fr_status fr_model_check_size(const char *name, double params, double activation_bytes);
 /* The registered entries, built-ins first: how many, and the usage of i. */
 int fr_model_registry_count(void);
 const char *fr_model_registry_usage(int i);

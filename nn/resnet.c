@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "build.h"
+#include "registry.h"
 
 enum { STAGES = 3, EXPANSION = 4 };
 static const int stage_width[STAGES] = {16, 32, 64};
@@ -111,6 +112,45 @@ static void resnet_build(fr_module *net, bool preact, int per_stage, int in_chan
     fr_linear_new(net, "fc", (fr_linear_opts){.in = width, .out = num_classes});
 }
 
+/* The parameters and the f32 activation bytes of one 32x32 image (every
+ * conv, BN and add output once) that resnet_build would make, from the
+ * numbers alone: checked against the ceilings (nn/registry.h) before any
+ * allocation. Mirrors resnet_build block by block. */
+static void resnet_size(bool preact, int per_stage, int in_channels, int num_classes, double *params,
+                        double *act) {
+    double width = stage_width[0], hw = 32 * 32;
+    *params = 9.0 * in_channels * width + (preact ? 0 : 2 * width);
+    *act = (preact ? 1 : 2) * width * hw;
+    for (int s = 0; s < STAGES; s++) {
+        for (int j = 0; j < per_stage; j++) {
+            bool down = s > 0 && j == 0;
+            double hw_out = down ? hw / 4 : hw, planes = stage_width[s];
+            if (preact) {
+                double out = planes * EXPANSION;
+                *params += 2 * width + width * planes + 2 * planes + 9 * planes * planes + 2 * planes +
+                           planes * out;
+                *act += width * hw + planes * hw + 2 * planes * hw + planes * hw_out * 2 + out * hw_out * 2;
+                if (down || width != out) {
+                    *params += width * out;
+                    *act += out * hw_out;
+                }
+                width = out;
+            } else {
+                *params += 9 * width * planes + 2 * planes + 9 * planes * planes + 2 * planes;
+                *act += 4 * planes * hw_out;
+                if (down || width != planes) {
+                    *params += width * planes + 2 * planes;
+                    *act += 2 * planes * hw_out;
+                }
+                width = planes;
+            }
+            hw = hw_out;
+        }
+    }
+    *params += (preact ? 2 * width : 0) + width * num_classes + num_classes;
+    *act = 4 * (*act + (preact ? width * hw : 0) + width + num_classes);
+}
+
 /* "resnet20" -> preact false, depth 20; false when the name is not a form
  * we know. */
 static bool parse_name(const char *name, bool *preact, int *depth) {
@@ -151,6 +191,10 @@ fr_model *fr_resnet_create(const char *name, int in_channels, int num_classes, u
                  in_channels, num_classes);
         return NULL;
     }
+    double params, act;
+    resnet_size(preact, (depth - 2) / per_block, in_channels, num_classes, &params, &act);
+    if (fr_model_check_size(name, params, act) != FR_OK)
+        return NULL;
     fr_model *m = fr_model_new(name, in_channels, num_classes, seed);
     if (m)
         resnet_build(fr_model_root(m), preact, (depth - 2) / per_block, in_channels, num_classes);

@@ -72,7 +72,8 @@ struct fr_st_file {
     int n;
     st_entry *e;          /* sorted by name */
     int n_meta;
-    char **meta_keys, **meta_vals;
+    char **meta_keys, **meta_vals; /* a value NULL: not a JSON string */
+    const char **meta_kinds;       /* what each value is ("a string", "null", ...) */
 };
 
 static int entry_cmp(const void *a, const void *b) {
@@ -98,6 +99,7 @@ void fr_st_close(fr_st_file *f) {
     free(f->e);
     free(f->meta_keys);
     free(f->meta_vals);
+    free(f->meta_kinds);
     free(f->path);
     free(f);
 }
@@ -166,26 +168,33 @@ static fr_status st_parse_entry(fr_st_file *f, st_entry *e, const fr_json *v) {
     return FR_OK;
 }
 
+FR_STATIC_ASSERT(FR_JSON_NULL == 6, "metadata value kinds, in fr_json_kind's order");
+
 static fr_status st_parse_metadata(fr_st_file *f, const fr_json *v) {
     if (v->kind != FR_JSON_OBJ)
         return fr_error(FR_ERR_FORMAT, "safetensors: %s: \"__metadata__\" is not an object", f->path);
     f->meta_keys = calloc((size_t)v->n + 1, sizeof *f->meta_keys);
     f->meta_vals = calloc((size_t)v->n + 1, sizeof *f->meta_vals);
-    if (!f->meta_keys || !f->meta_vals)
+    f->meta_kinds = calloc((size_t)v->n + 1, sizeof *f->meta_kinds);
+    if (!f->meta_keys || !f->meta_vals || !f->meta_kinds)
         return fr_error(FR_ERR_OOM, "safetensors: %s: out of memory reading metadata", f->path);
     for (int k = 0; k < v->n; k++) {
-        if (v->kids[k].kind != FR_JSON_STR)
-            return fr_error(FR_ERR_FORMAT, "safetensors: %s: metadata value of \"%s\" is not a string",
-                            f->path, v->keys[k]);
         for (int j = 0; j < k; j++)
             if (!strcmp(v->keys[j], v->keys[k]))
                 return fr_error(FR_ERR_FORMAT, "safetensors: %s: metadata key \"%s\" appears twice",
                                 f->path, v->keys[k]);
+        /* The format says string values; other tools write other JSON
+         * there. Kept as a key without a value: the reader of a key it
+         * needs names it (nn/checkpoint.c), any other is ignored. */
+        bool str = v->kids[k].kind == FR_JSON_STR;
         f->meta_keys[k] = strdup(v->keys[k]);
-        f->meta_vals[k] = strdup(v->kids[k].str);
+        f->meta_vals[k] = str ? strdup(v->kids[k].str) : NULL;
         f->n_meta = k + 1;
-        if (!f->meta_keys[k] || !f->meta_vals[k])
+        if (!f->meta_keys[k] || (str && !f->meta_vals[k]))
             return fr_error(FR_ERR_OOM, "safetensors: %s: out of memory reading metadata", f->path);
+        static const char *const kinds[] = {"an object", "an array", "a string", "a number", "a number",
+                                            "a boolean", "null"};
+        f->meta_kinds[k] = kinds[v->kids[k].kind];
     }
     return FR_OK;
 }
@@ -381,6 +390,22 @@ const char *fr_st_metadata(const fr_st_file *f, const char *key) {
     for (int i = 0; i < f->n_meta; i++)
         if (!strcmp(f->meta_keys[i], key))
             return f->meta_vals[i];
+    return NULL;
+}
+
+int fr_st_metadata_count(const fr_st_file *f) {
+    return f ? f->n_meta : 0;
+}
+
+const char *fr_st_metadata_key(const fr_st_file *f, int i) {
+    FR_ASSERT(f && i >= 0 && i < f->n_meta);
+    return f->meta_keys[i];
+}
+
+const char *fr_st_metadata_kind(const fr_st_file *f, const char *key) {
+    for (int i = 0; f && key && i < f->n_meta; i++)
+        if (!strcmp(f->meta_keys[i], key))
+            return f->meta_kinds[i];
     return NULL;
 }
 

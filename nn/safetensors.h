@@ -3,7 +3,7 @@
  * Format: 8-byte little-endian header length, a JSON object mapping each
  * tensor name to {"dtype", "shape", "data_offsets": [begin, end]} (offsets
  * relative to the end of the header) plus an optional "__metadata__" object of
- * string values, then the raw little-endian data. Files written here load with
+ * string values (other JSON values are kept as keys without a value), then the raw little-endian data. Files written here load with
  * PyTorch's `safetensors` package and the other way round.
  *
  * Reading validates everything before use: a malformed header, an unknown
@@ -44,8 +44,15 @@ bool fr_st_is_i64(const fr_st_file *f, int i);
 /* FR_OK when every value of entry i (I64) fits in i32; FR_ERR_FORMAT naming
  * the file, the tensor, the element and its value otherwise. */
 fr_status fr_st_check_i64_fits_i32(const fr_st_file *f, int i);
-/* A metadata value, or NULL. */
+/* A metadata value, or NULL (absent, or not a JSON string). */
 const char *fr_st_metadata(const fr_st_file *f, const char *key);
+/* The metadata keys, string-valued or not, in file order. */
+int fr_st_metadata_count(const fr_st_file *f);
+const char *fr_st_metadata_key(const fr_st_file *f, int i);
+/* What the value of `key` is: "a string", "null", "a boolean", "a number",
+ * "an array" or "an object" (the format wants strings; other tools write
+ * the rest); NULL when absent. */
+const char *fr_st_metadata_kind(const fr_st_file *f, const char *key);
 
 /* A new tensor holding the named entry, on `dev`. NULL with an error naming
  * the file and the tensor when absent. */

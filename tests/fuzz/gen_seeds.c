@@ -3,6 +3,7 @@
  * small valid file of its format, plus a few near-misses, so the fuzzer
  * starts from inputs that reach deep into each reader. */
 #include <errno.h>
+#include <png.h>
 #include <sys/stat.h>
 #include <zlib.h>
 
@@ -142,6 +143,49 @@ static void image_seeds(void) {
     remove(tmp);
 }
 
+/* A 16-bit PNG (bits 16) of `type`, interlaced or not, through libpng's
+ * writer (stb writes 8 bits only): the paths of issue 25's decoding fix. */
+static void png_seed(const char *name, int type, int bits, bool interlace) {
+    const char *tmp = "tests/fuzz/corpus/.tmp-png";
+    FILE *f = fopen(tmp, "wb");
+    png_structp png = png_create_write_struct(PNG_LIBPNG_VER_STRING, NULL, NULL, NULL);
+    png_infop info = png_create_info_struct(png);
+    if (!f || !info || setjmp(png_jmpbuf(png)))
+        abort();
+    png_init_io(png, f);
+    png_set_IHDR(png, info, 9, 5, bits, type, interlace ? PNG_INTERLACE_ADAM7 : PNG_INTERLACE_NONE,
+                 PNG_COMPRESSION_TYPE_DEFAULT, PNG_FILTER_TYPE_DEFAULT);
+    png_color palette[4] = {{0, 0, 0}, {255, 0, 0}, {0, 255, 0}, {0, 0, 255}};
+    png_byte trans[2] = {0, 128};
+    if (type == PNG_COLOR_TYPE_PALETTE) {
+        png_set_PLTE(png, info, palette, 4);
+        png_set_tRNS(png, info, trans, 2, NULL);
+    }
+    png_set_gAMA(png, info, 1 / 2.2);
+    png_write_info(png, info);
+    uint8_t row[9 * 8];
+    for (size_t k = 0; k < sizeof row; k++)
+        row[k] = (uint8_t)(type == PNG_COLOR_TYPE_PALETTE ? k % 4 : k * 37);
+    int passes = png_set_interlace_handling(png);
+    for (int p = 0; p < passes; p++)
+        for (int y = 0; y < 5; y++)
+            png_write_row(png, row);
+    png_write_end(png, NULL);
+    png_destroy_write_struct(&png, &info);
+    fclose(f);
+    size_t n;
+    uint8_t *b = slurp(tmp, &n);
+    seed("image_folder", name, b, n);
+    remove(tmp);
+}
+
+static void png_seeds(void) {
+    png_seed("rgb16.png", PNG_COLOR_TYPE_RGB, 16, false);
+    png_seed("rgba16-interlaced.png", PNG_COLOR_TYPE_RGBA, 16, true);
+    png_seed("grey-alpha16.png", PNG_COLOR_TYPE_GRAY_ALPHA, 16, false);
+    png_seed("palette-trns-interlaced.png", PNG_COLOR_TYPE_PALETTE, 8, true);
+}
+
 static void st_seeds(void) {
     mkdirs("safetensors");
     mkdirs("checkpoint");
@@ -195,6 +239,7 @@ int main(void) {
     idx_seeds();
     cifar_seeds();
     image_seeds();
+    png_seeds();
     st_seeds();
     printf("seeds written under %s\n", root);
     return 0;
