@@ -8,12 +8,12 @@
  * data set read before --limit-train cut it, the blocks of other sizes of
  * every earlier step), so the process held twice what the ledger said.
  *
- * The rule (docs/ARCHITECTURE.md, "Memory"): the bytes held from the system
- * (`reserved`: blocks in use at their class size, plus cached ones) never
- * exceed FR_CPU_RESERVE_PCT percent of the ledger's peak since the last
- * fr_cpu_reset_peak, nor a limit set by fr_cpu_set_limit (tensor/memory.c
- * holds the ledger's bytes in use under that limit too), except by the
- * size-class rounding of blocks in use.
+ * The rule (docs/ARCHITECTURE.md, "Memory: the bounded CPU cache"): the
+ * bytes held from the system (`reserved`: blocks in use at their class
+ * size, plus cached ones) never exceed FR_CPU_RESERVE_PCT percent of the
+ * ledger's peak since the last fr_cpu_reset_peak, nor a limit set by
+ * fr_cpu_set_limit (tensor/memory.c holds the ledger's bytes in use under
+ * that limit too), except by the size-class rounding of blocks in use.
  *  - size classes: multiples of 64 bytes up to 4 KiB, then eight classes per
  *    power of two (at most 12.5% rounding);
  *  - a freed block goes to the free list of its class (reused first) and to

@@ -231,6 +231,17 @@ fr_status fr_mem_probe_host(size_t nbytes, const char *what) {
                     fr_mem_format_bytes(fr_mem_total_current(FR_CPU), used, sizeof used), cap);
 }
 
+fr_status fr_mem_process_reset_peak(void) {
+    FILE *f = fopen("/proc/self/clear_refs", "w");
+    if (!f)
+        return fr_error(FR_ERR_IO, "cannot restart the process's peak resident memory: "
+                        "/proc/self/clear_refs cannot be opened");
+    bool ok = fputs("5", f) >= 0; /* 5: reset the peak resident set size */
+    ok &= fclose(f) == 0;
+    return ok ? FR_OK : fr_error(FR_ERR_IO, "cannot restart the process's peak resident memory: "
+                                 "writing /proc/self/clear_refs failed");
+}
+
 void fr_mem_set_trace(fr_mem_trace_fn fn, void *user) {
     pthread_mutex_lock(&ledger_lock);
     trace_fn = fn;

@@ -78,6 +78,9 @@ void fr_mem_set_limit(fr_device dev, size_t max_bytes);
  * Everything counts: the ledger's blocks, the cache, the libraries' code
  * and buffers, thread stacks. */
 void fr_mem_process(size_t *rss, size_t *hwm);
+/* Restarts VmHWM at VmRSS (/proc/self/clear_refs), so fr_mem_process's
+ * peak covers what follows; FR_ERR_IO where the system does not allow it. */
+fr_status fr_mem_process_reset_peak(void);
 /* Whether the system would give this process `nbytes` more of host
  * address space now (mapped and unmapped at once, never touched): for
  * libraries that allocate outside the ledger and cannot fail cleanly
