@@ -1,23 +1,44 @@
 /* cpu/allocator.h: the CPU caching allocator behind fr_mem_alloc (the twin of
  * cuda/allocator.cu). Internal: tensor/memory.c is its only caller, and the
  * ledger counts requested bytes above it, so caching never changes a
- * ledger figure. */
+ * ledger figure. The cache is bounded (cpu/allocator.c says how). */
 #ifndef FR_CPU_ALLOCATOR_H
 #define FR_CPU_ALLOCATOR_H
 
 #include "../tensor/fr_base.h"
 
+/* `reserved` stays within this percentage of the peak of requested bytes
+ * since the last fr_cpu_reset_peak (plus the rounding of blocks in use). */
+#define FR_CPU_RESERVE_PCT 115
+/* Blocks from this class size up are mapped with mmap (and given back with
+ * munmap); smaller ones come from malloc. */
+#define FR_CPU_MMAP_MIN ((size_t)256 << 10)
+
 /* A 64-byte aligned block of at least nbytes (a unique pointer for 0), from
  * the cache when a freed block of the same size class is there, else from
- * the system (after emptying the cache once if the system refuses). NULL
- * when the system refuses; sets no error (the caller does). */
+ * the system after giving back cached blocks over the bound or the limit
+ * (and emptying the cache once if the system refuses). NULL when the system
+ * refuses; sets no error (the caller does). */
 void *fr_cpu_alloc(size_t nbytes);
 /* Returns a block fr_cpu_alloc(nbytes) gave to the cache. */
 void fr_cpu_free(void *ptr, size_t nbytes);
 /* Returns every cached block to the system. */
 void fr_cpu_empty_cache(void);
-/* Bytes held from the system (blocks in use at their class size, plus
- * cached ones) and system allocations since the start. */
+/* Starts a new peak at the bytes in use now and gives back cached blocks
+ * over the bound it sets; the peak of reserved bytes restarts too. */
+void fr_cpu_reset_peak(void);
+/* A cap on reserved bytes (0 = none): cached blocks over it are given back,
+ * and none is kept that would pass it. */
+void fr_cpu_set_limit(size_t max_bytes);
+
+typedef struct {
+    size_t reserved;      /* held from the system: blocks in use (class size) + cached */
+    size_t reserved_peak; /* highest `reserved` since the last fr_cpu_reset_peak */
+    size_t cached;        /* of which free, kept for reuse */
+    size_t system_allocs; /* mmap, mremap and posix_memalign calls since the start */
+} fr_cpu_cache;
+void fr_cpu_cache_info(fr_cpu_cache *out);
+/* Reserved bytes and system allocations (fr_cpu_cache_info's). */
 void fr_cpu_cache_stats(size_t *reserved, size_t *system_allocs);
 
 #endif

@@ -8,8 +8,10 @@
  *
  * For every strategy it runs one warm-up step (forward, cross-entropy,
  * backward, SGD-momentum step; the first one creates the optimizer state),
- * then --steps timed steps, and prints one row: the peak bytes of each ledger
- * tag over the timed steps, the total peak, and the median step time. Then,
+ * then --steps timed steps (on the CPU after one more untimed step, which
+ * refills the allocator's cache that resetting the peaks trimmed), and
+ * prints one row: the peak bytes of each ledger tag over the timed steps,
+ * the total peak, and the median step time. Then,
  * for plain (or the first strategy when plain is not in the list), the bytes
  * per tag at the moment the total peaked: where the peak comes from.
  * With --svg it draws the bytes in use over the first timed step of every
@@ -203,6 +205,7 @@ typedef struct {
     bool ok;
     char error[160];
     fr_mem_stats mem;   /* peaks over the timed steps */
+    size_t resident;    /* the process's peak resident bytes over them (0: unknown) */
     double step_ms;     /* median */
     series trace;
     bool planned;       /* the planner's step for --memory-budget */
@@ -249,6 +252,16 @@ static void run_strategy(const options *o, trainer *tr, row *r, const fr_memory_
         return;
     }
     fr_mem_reset_peak();
+    bool hwm_restarted = fr_mem_process_reset_peak() == FR_OK;
+    /* The reset gave back the cached blocks over the new bound (the earlier
+     * rows' and most of this one's warm-up step: cpu/allocator.c), so one
+     * more untimed step fills the cache again; its peaks are the timed
+     * steps' (the same step), and the timings leave out its page faults. */
+    if (o->device == FR_CPU && train_step(tr, NULL) != FR_OK) {
+        snprintf(r->error, sizeof r->error, "%s", fr_last_error());
+        free(times);
+        return;
+    }
     for (int i = 0; i < o->steps; i++) {
         double t0 = now_ms();
         if (train_step(tr, i == 0 ? &r->trace : NULL) != FR_OK) {
@@ -259,6 +272,10 @@ static void run_strategy(const options *o, trainer *tr, row *r, const fr_memory_
         times[i] = now_ms() - t0;
     }
     fr_mem_get_stats(o->device, &r->mem);
+    size_t rss;
+    r->resident = 0;
+    if (hwm_restarted)
+        fr_mem_process(&rss, &r->resident);
     qsort(times, (size_t)o->steps, sizeof *times, cmp_double);
     r->step_ms = o->steps % 2 ? times[o->steps / 2]
                               : 0.5 * (times[o->steps / 2 - 1] + times[o->steps / 2]);
@@ -355,6 +372,26 @@ static void print_table(const options *o, const row *rows, int n, const trace_bu
                    "  (nn/plan.h); checkpoint:K puts K blocks in a segment.\n");
             break;
         }
+}
+
+/* What the process really held beside what the ledger counted (CPU). */
+static void print_real_memory(const row *rows, int n) {
+    printf("\nreal memory over the timed steps (MiB): allocated = the ledger's peak, reserved = the\n"
+           "caching allocator's peak (blocks in use at their size class + cached ones), resident =\n"
+           "the process's peak resident set (VmHWM, restarted for each row; code, libraries and\n"
+           "thread stacks included)\n");
+    printf("%-22s %10s %10s %8s %10s\n", "strategy", "allocated", "reserved", "res/all", "resident");
+    for (int i = 0; i < n; i++) {
+        const row *r = &rows[i];
+        if (!r->ok)
+            continue;
+        printf("%-22s %10.2f %10.2f %7.2fx", r->label, mib(r->mem.total_peak), mib(r->mem.reserved_peak),
+               r->mem.total_peak ? (double)r->mem.reserved_peak / (double)r->mem.total_peak : 0.0);
+        if (r->resident)
+            printf(" %10.2f\n", mib(r->resident));
+        else
+            printf(" %10s\n", "-");
+    }
 }
 
 static void print_peak_breakdown(const row *r) {
@@ -751,6 +788,8 @@ int fr_memreport_main(int argc, char **argv) {
         run_strategy(&o, &tr, &rows[i], &plan);
     fr_mem_set_trace(NULL, NULL);
     print_table(&o, rows, n_rows, &trace);
+    if (o.device == FR_CPU)
+        print_real_memory(rows, n_rows);
     if (plan.units && rows[n_rows - 1].ok) {
         printf("\n");
         fr_plan_print_measured(&plan, rows[n_rows - 1].mem.total_peak, 0, stdout);

@@ -578,6 +578,19 @@ static fr_status train(run *r, const options *o) {
            fr_cli_format_duration(fr_cli_now() - pg.t_start, total, sizeof total),
            fr_dtype_name(r->model->cfg.precision), amp);
     fr_mem_report(stdout);
+    if (pg.dev == FR_CPU) { /* what the process really held, beside what the ledger counted */
+        fr_mem_stats ms;
+        fr_mem_get_stats(FR_CPU, &ms);
+        size_t rss, hwm;
+        fr_mem_process(&rss, &hwm);
+        char a[32], b[32], c[32];
+        printf("memory side by side: allocated peak %s | reserved peak %s (%.2fx) | process resident "
+               "peak %s (VmHWM over the whole run: code, libraries and thread stacks included)\n",
+               fr_mem_format_bytes(ms.total_peak, a, sizeof a),
+               fr_mem_format_bytes(ms.reserved_peak, b, sizeof b),
+               ms.total_peak ? (double)ms.reserved_peak / (double)ms.total_peak : 0.0,
+               fr_mem_format_bytes(hwm, c, sizeof c));
+    }
     if (r->dist) {
         fr_dist_stats ds = fr_dist_get_stats(r->dist);
         char bytes[32];

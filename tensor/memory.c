@@ -123,15 +123,33 @@ void fr_mem_retag(fr_device dev, size_t nbytes, fr_mem_tag from, fr_mem_tag to) 
     pthread_mutex_unlock(&ledger_lock);
 }
 
+/* Whether anything was ever allocated on the GPU: asking the CUDA backend
+ * about its cache before that would open it (dlopen of cuDNN and cuBLAS
+ * maps over 130 MiB of their code into a CPU run). */
+static bool cuda_used(void) {
+    pthread_mutex_lock(&ledger_lock);
+    bool used = ledger[FR_CUDA].n_allocs > 0;
+    pthread_mutex_unlock(&ledger_lock);
+    return used;
+}
+
 void fr_mem_get_stats(fr_device dev, fr_mem_stats *out) {
     FR_ASSERT((unsigned)dev < FR_DEVICE_COUNT);
     pthread_mutex_lock(&ledger_lock);
     *out = ledger[dev];
     pthread_mutex_unlock(&ledger_lock);
-    if (dev == FR_CUDA)
-        fr_cuda_cache_stats(&out->reserved, &out->device_mallocs);
-    else
-        fr_cpu_cache_stats(&out->reserved, &out->device_mallocs);
+    if (dev == FR_CUDA) {
+        out->reserved = out->device_mallocs = 0;
+        if (out->n_allocs > 0)
+            fr_cuda_cache_stats(&out->reserved, &out->device_mallocs);
+        out->reserved_peak = out->reserved;
+    } else {
+        fr_cpu_cache c;
+        fr_cpu_cache_info(&c);
+        out->reserved = c.reserved;
+        out->reserved_peak = c.reserved_peak;
+        out->device_mallocs = c.system_allocs;
+    }
 }
 
 size_t fr_mem_current(fr_device dev, fr_mem_tag tag) {
@@ -164,17 +182,37 @@ void fr_mem_reset_peak(void) {
         s->total_peak = s->total_current;
     }
     pthread_mutex_unlock(&ledger_lock);
+    fr_cpu_reset_peak();
 }
 
 void fr_mem_set_limit(fr_device dev, size_t max_bytes) {
     pthread_mutex_lock(&ledger_lock);
     limits[dev] = max_bytes;
     pthread_mutex_unlock(&ledger_lock);
+    if (dev == FR_CPU)
+        fr_cpu_set_limit(max_bytes);
 }
 
 void fr_mem_empty_cache(void) {
     fr_cpu_empty_cache();
-    fr_cuda_empty_cache();
+    if (cuda_used())
+        fr_cuda_empty_cache();
+}
+
+void fr_mem_process(size_t *rss, size_t *hwm) {
+    *rss = *hwm = 0;
+    FILE *f = fopen("/proc/self/status", "r");
+    if (!f)
+        return;
+    char line[256];
+    unsigned long long kib;
+    while (fgets(line, sizeof line, f)) {
+        if (sscanf(line, "VmRSS: %llu kB", &kib) == 1)
+            *rss = (size_t)kib << 10;
+        else if (sscanf(line, "VmHWM: %llu kB", &kib) == 1)
+            *hwm = (size_t)kib << 10;
+    }
+    fclose(f);
 }
 
 fr_status fr_mem_probe_host(size_t nbytes, const char *what) {
@@ -191,6 +229,17 @@ fr_status fr_mem_probe_host(size_t nbytes, const char *what) {
                     "(%s in use in it) and the system refused (address-space limit, ulimit -v: %s)", what,
                     fr_mem_format_bytes(nbytes, want, sizeof want),
                     fr_mem_format_bytes(fr_mem_total_current(FR_CPU), used, sizeof used), cap);
+}
+
+fr_status fr_mem_process_reset_peak(void) {
+    FILE *f = fopen("/proc/self/clear_refs", "w");
+    if (!f)
+        return fr_error(FR_ERR_IO, "cannot restart the process's peak resident memory: "
+                        "/proc/self/clear_refs cannot be opened");
+    bool ok = fputs("5", f) >= 0; /* 5: reset the peak resident set size */
+    ok &= fclose(f) == 0;
+    return ok ? FR_OK : fr_error(FR_ERR_IO, "cannot restart the process's peak resident memory: "
+                                 "writing /proc/self/clear_refs failed");
 }
 
 void fr_mem_set_trace(fr_mem_trace_fn fn, void *user) {
@@ -221,12 +270,21 @@ void fr_mem_report(FILE *out) {
         fr_mem_get_stats((fr_device)d, &s);
         if (s.n_allocs == 0)
             continue;
-        char a[32], b[32], c[32];
+        char a[32], b[32], c[32], e[32];
         fprintf(out, "memory on %s: %s in use, peak %s", fr_device_name((fr_device)d),
                 fr_mem_format_bytes(s.total_current, a, sizeof a),
                 fr_mem_format_bytes(s.total_peak, b, sizeof b));
-        fprintf(out, ", reserved %s, %zu %s calls", fr_mem_format_bytes(s.reserved, c, sizeof c),
-                s.device_mallocs, d == FR_CUDA ? "cudaMalloc" : "system allocation");
+        fprintf(out, ", reserved %s", fr_mem_format_bytes(s.reserved, c, sizeof c));
+        if (d == FR_CPU)
+            fprintf(out, " (peak %s)", fr_mem_format_bytes(s.reserved_peak, e, sizeof e));
+        fprintf(out, ", %zu %s calls", s.device_mallocs, d == FR_CUDA ? "cudaMalloc" : "system allocation");
+        if (d == FR_CPU) {
+            size_t rss, hwm;
+            fr_mem_process(&rss, &hwm);
+            if (hwm)
+                fprintf(out, "; process resident %s (peak %s)", fr_mem_format_bytes(rss, a, sizeof a),
+                        fr_mem_format_bytes(hwm, b, sizeof b));
+        }
         fprintf(out, "\n  %-11s %14s %14s %14s\n", "tag", "current", "peak", "at peak");
         for (int t = 0; t < FR_TAG_COUNT; t++)
             fprintf(out, "  %-11s %14s %14s %14s\n", tag_names[t],

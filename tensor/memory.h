@@ -41,6 +41,8 @@ typedef struct {
     size_t live_blocks;            /* allocations not yet freed */
     size_t n_allocs;               /* allocations since program start */
     size_t reserved;               /* bytes the caching allocator holds (in use + cached) */
+    size_t reserved_peak;          /* highest `reserved` since the last reset (CPU; on CUDA
+                                      `reserved` now) */
     size_t device_mallocs;         /* system allocations since start (cudaMalloc on CUDA,
                                       posix_memalign on the CPU) */
 } fr_mem_stats;
@@ -62,11 +64,23 @@ size_t fr_mem_current(fr_device dev, fr_mem_tag tag);
 size_t fr_mem_peak(fr_device dev, fr_mem_tag tag);
 size_t fr_mem_total_current(fr_device dev);
 size_t fr_mem_total_peak(fr_device dev);
-/* Sets every peak (all devices) to its current value. */
+/* Sets every peak (all devices) to its current value. On the CPU this also
+ * gives back cached blocks over the allocator's bound for the new peak
+ * (cpu/allocator.c: reserved <= 115% of the ledger's peak since the reset). */
 void fr_mem_reset_peak(void);
 /* A cap on total bytes in use on `dev` (0 = none); used to test and to
- * simulate small devices. */
+ * simulate small devices. On the CPU the caching allocator keeps its
+ * reserved bytes under it too (cached blocks are given back first), so the
+ * process holds what a device of that size could. */
 void fr_mem_set_limit(fr_device dev, size_t max_bytes);
+/* This process's resident memory now and its high-water mark (VmRSS and
+ * VmHWM of /proc/self/status), in bytes; 0 and 0 where /proc is not there.
+ * Everything counts: the ledger's blocks, the cache, the libraries' code
+ * and buffers, thread stacks. */
+void fr_mem_process(size_t *rss, size_t *hwm);
+/* Restarts VmHWM at VmRSS (/proc/self/clear_refs), so fr_mem_process's
+ * peak covers what follows; FR_ERR_IO where the system does not allow it. */
+fr_status fr_mem_process_reset_peak(void);
 /* Whether the system would give this process `nbytes` more of host
  * address space now (mapped and unmapped at once, never touched): for
  * libraries that allocate outside the ledger and cannot fail cleanly

@@ -526,6 +526,21 @@ void fr_t_check_allocator_reuse(fr_device dev, const size_t *sizes, int k, int r
     fr_mem_free(dev, b, 0, FR_TAG_TRANSIENT);
 }
 
+float fr_t_train_step(fr_model *m, fr_optim *opt, fr_tensor *x, fr_tensor *y) {
+    fr_tensor *logits = fr_model_forward(m, x, true);
+    fr_tensor *loss = logits ? fr_cross_entropy(logits, y) : NULL;
+    fr_release(logits);
+    CHECK_NOTNULL(loss);
+    if (!loss)
+        return NAN;
+    CHECK_OK(fr_backward(loss));
+    CHECK_OK(fr_optim_step(opt));
+    fr_optim_zero_grad(opt);
+    float v = fr_item(loss);
+    fr_release(loss);
+    return v;
+}
+
 /* ---- the example programs ---- */
 
 static const char *example_dir(void) {

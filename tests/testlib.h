@@ -128,6 +128,10 @@ fr_tensor *fr_t_weighted_sum(fr_tensor *y, uint32_t seed);
  * pointers. On the CPU each block is also checked 64-byte aligned and
  * written in full. */
 void fr_t_check_allocator_reuse(fr_device dev, const size_t *sizes, int k, int rounds);
+/* One training step of m on (x, y): forward, cross-entropy, backward,
+ * optimizer step, gradients zeroed. Returns the loss (NaN, with the test
+ * failed, when a part of it fails). */
+float fr_t_train_step(fr_model *m, fr_optim *opt, fr_tensor *x, fr_tensor *y);
 bool fr_t_have_cuda(void);
 
 /* Skips the test unless CUDA tests can run here (see fr_t_have_cuda). */
