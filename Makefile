@@ -132,7 +132,7 @@ BENCH_SRC := $(filter-out bench/peak_alloc.c,$(wildcard bench/*.c))
 BENCH_BIN := $(BENCH_SRC:bench/%.c=$(BUILD)/bench/%) $(BUILD)/bench/peak_alloc.so
 
 .PHONY: all lib tests test test-only test-multihost demo bench asan fuzz fuzz-build fuzz-seeds fixtures deps clean examples \
-  install uninstall check-install check-headers FORCE
+  install uninstall check-install check-headers check-docs FORCE
 all: lib examples
 lib: $(LIB) $(SHLIB) $(CUDA_LIB)
 examples: $(EXAMPLE_BIN)
@@ -213,6 +213,10 @@ $(BUILD)/frugal.pc: FORCE
 check-headers:
 	@bash scripts/check-headers.sh $(PUBLIC_HEADERS)
 
+# Every repository path and fr_/FR_ name the docs and comments cite exists.
+check-docs:
+	@python3 scripts/check-docs.py
+
 INSTALLED_LIBS := libfrugal.a libfrugal.so libfrugal.so.$(VERSION_MAJOR) libfrugal.so.$(VERSION) \
   $(CUDA_BACKEND_FILE)
 install: check-headers all $(INSTALL_BIN) $(BUILD)/frugal.pc
@@ -237,15 +241,19 @@ uninstall:
 check-install:
 	@bash tests/install_test.sh $(BUILD) $(if $(CUDA),CUDA=$(CUDA))
 
+# Each of test, demo, bench and fuzz installs its own set of Debian packages
+# first (scripts/install-deps.sh has the table), then builds in a sub-make
+# that sees what was installed; deps installs every set.
 deps:
-	@bash scripts/install-deps.sh
+	@bash scripts/install-deps.sh all
 
 # The README's test command: installs what is missing, builds, runs every
 # test program, and ends with "N passed, N failed[, N skipped]".
-test: deps
+test:
+	@bash scripts/install-deps.sh test
 	@$(MAKE) --no-print-directory test-only
 
-test-only: all tests
+test-only: all tests check-docs
 	@bash tests/run_tests.sh $(BUILD)/tests
 
 # Data parallel across network namespaces as hosts, over TCP (root only;
@@ -256,11 +264,13 @@ test-multihost: all tests
 asan:
 	@ASAN_OPTIONS=allocator_may_return_null=1:detect_leaks=1 $(MAKE) --no-print-directory BUILD=build-asan CUDA=0 SAN=1 test-only
 
-demo: deps
+demo:
+	@bash scripts/install-deps.sh demo
 	@$(MAKE) --no-print-directory all
 	@bash scripts/demo.sh $(BUILD)
 
-bench: deps
+bench:
+	@bash scripts/install-deps.sh bench
 	@$(MAKE) --no-print-directory all $(BENCH_BIN)
 	@bash bench/run.sh $(BUILD)
 
@@ -292,7 +302,9 @@ $(FUZZ_DIR)/fuzz_%: tests/fuzz/fuzz_%.c tests/fuzz/fuzz_common.h $(FUZZ_OBJ)
 .SECONDARY: $(FUZZ_OBJ)
 fuzz-build: $(FUZZ_BIN)
 
-fuzz: fuzz-build
+fuzz:
+	@bash scripts/install-deps.sh fuzz
+	@$(MAKE) --no-print-directory fuzz-build
 	@bash tests/fuzz/run.sh $(FUZZ_DIR) $(FUZZ_SECONDS)
 
 # Rewrites the committed seed corpora (tests/fuzz/corpus) from gen_seeds.c.
