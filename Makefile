@@ -33,7 +33,7 @@ endif
 OPT ?= -O2 $(MARCH)
 # -fPIC: the same objects make libfrugal.a and libfrugal.so.
 CFLAGS_BASE := -std=c11 -D_GNU_SOURCE -Wall -Wextra -Werror -fopenmp -fPIC -MMD -MP -I. \
-  -I$(BUILD)/include/frugal $(OPT)
+  -I$(BUILD)/include/frugal -I$(BUILD)/include $(OPT)
 LDLIBS := -lm -lpthread -lz -lpng16 -lturbojpeg -fopenmp -ldl
 # Programs linked with libfrugal.a export its symbols, which the CUDA backend
 # (opened at run time) calls back into (cuda/fr_cuda.h).
@@ -142,6 +142,7 @@ $(CONFIG_H): FORCE
 	@bash scripts/gen-config.sh $@ $(VERSION) $(if $(HAVE_CUDA),1,0) \
 	  $(if $(findstring -lopenblas,$(LDLIBS)),1,0) $(if $(findstring -ldnnl,$(LDLIBS)),1,0) \
 	  $(if $(findstring -march=native,$(CFLAGS)),1,0) $(CUDA_BACKEND_FILE) $(if $(HAVE_NCCL),1,0)
+	@ln -sfn $(CURDIR)/frugal.h $(dir $@)frugal.h  # <frugal/frugal.h> in the tree, as installed
 
 # Every object depends on config.h, which changes with the options (NATIVE,
 # CUDA, BLAS): switching one rebuilds everything.
