@@ -40,7 +40,7 @@ OPT ?= -O2 $(MARCH)
 # -fPIC: the same objects make libfrugal.a and libfrugal.so.
 WERROR_FLAG := $(if $(filter 0,$(WERROR)),,-Werror)
 CFLAGS_BASE := -std=c11 -D_GNU_SOURCE -Wall -Wextra $(WERROR_FLAG) -fopenmp -fPIC -MMD -MP -I. \
-  -I$(BUILD)/include/frugal $(OPT)
+  -I$(BUILD)/include/frugal -I$(BUILD)/include $(OPT)
 LDLIBS := -lm -lpthread -lz -lpng16 -lturbojpeg -fopenmp -ldl
 # Programs linked with libfrugal.a export its symbols, which the CUDA backend
 # (opened at run time) calls back into (cuda/fr_cuda.h).
@@ -167,7 +167,7 @@ BENCH_SRC := $(filter-out bench/peak_alloc.c,$(wildcard bench/*.c))
 BENCH_BIN := $(BENCH_SRC:bench/%.c=$(BUILD)/bench/%) $(BUILD)/bench/peak_alloc.so
 
 .PHONY: all lib tests test test-only test-multihost demo bench bench-build print-cuda-config asan fuzz fuzz-build fuzz-seeds fixtures deps clean examples \
-  install uninstall check-install check-headers FORCE
+  install uninstall check-install check-headers check-docs FORCE
 all: lib examples
 lib: $(LIB) $(SHLIB) $(CUDA_LIB)
 examples: $(EXAMPLE_BIN)
@@ -177,6 +177,7 @@ $(CONFIG_H): FORCE
 	@bash scripts/gen-config.sh $@ $(VERSION) $(if $(HAVE_CUDA),1,0) \
 	  $(if $(findstring -lopenblas,$(LDLIBS)),1,0) $(if $(findstring -ldnnl,$(LDLIBS)),1,0) \
 	  $(if $(findstring -march=native,$(CFLAGS)),1,0) $(CUDA_BACKEND_FILE) $(if $(HAVE_NCCL),1,0)
+	@ln -sfn $(CURDIR)/frugal.h $(dir $@)frugal.h  # <frugal/frugal.h> in the tree, as installed
 
 # Every object depends on config.h, which changes with the options (NATIVE,
 # CUDA, BLAS): switching one rebuilds everything.
@@ -248,6 +249,10 @@ $(BUILD)/frugal.pc: FORCE
 check-headers:
 	@bash scripts/check-headers.sh $(PUBLIC_HEADERS)
 
+# Every repository path and fr_/FR_ name the docs and comments cite exists.
+check-docs:
+	@python3 scripts/check-docs.py
+
 INSTALLED_LIBS := libfrugal.a libfrugal.so libfrugal.so.$(VERSION_MAJOR) libfrugal.so.$(VERSION) \
   $(CUDA_BACKEND_FILE)
 install: check-headers all $(INSTALL_BIN) $(BUILD)/frugal.pc
@@ -272,15 +277,19 @@ uninstall:
 check-install:
 	@bash tests/install_test.sh $(BUILD) $(if $(CUDA),CUDA=$(CUDA))
 
+# Each of test, demo, bench and fuzz installs its own set of Debian packages
+# first (scripts/install-deps.sh has the table), then builds in a sub-make
+# that sees what was installed; deps installs every set.
 deps:
-	@bash scripts/install-deps.sh
+	@bash scripts/install-deps.sh all
 
 # The README's test command: installs what is missing, builds, runs every
 # test program, and ends with "N passed, N failed[, N skipped]".
-test: deps
+test:
+	@bash scripts/install-deps.sh test
 	@$(MAKE) --no-print-directory test-only
 
-test-only: all tests
+test-only: all tests check-docs
 	@FR_TEST_TIMEOUT=$(or $(TEST_TIMEOUT),$(FR_TEST_TIMEOUT),600) bash tests/run_tests.sh $(BUILD)/tests
 
 # Data parallel across network namespaces as hosts, over TCP (root only;
@@ -291,7 +300,8 @@ test-multihost: all tests
 asan:
 	@ASAN_OPTIONS=allocator_may_return_null=1:detect_leaks=1 $(MAKE) --no-print-directory BUILD=build-asan CUDA=0 SAN=1 test-only
 
-demo: deps
+demo:
+	@bash scripts/install-deps.sh demo
 	@$(MAKE) --no-print-directory all
 	@bash scripts/demo.sh $(BUILD)
 
@@ -299,7 +309,8 @@ demo: deps
 # not a program), built without running anything.
 bench-build: all $(BENCH_BIN)
 
-bench: deps
+bench:
+	@bash scripts/install-deps.sh bench
 	@$(MAKE) --no-print-directory bench-build
 	@bash bench/run.sh $(BUILD)
 
@@ -338,7 +349,9 @@ $(FUZZ_DIR)/fuzz_%: tests/fuzz/fuzz_%.c tests/fuzz/fuzz_common.h $(FUZZ_OBJ)
 .SECONDARY: $(FUZZ_OBJ)
 fuzz-build: $(FUZZ_BIN)
 
-fuzz: fuzz-build
+fuzz:
+	@bash scripts/install-deps.sh fuzz
+	@$(MAKE) --no-print-directory fuzz-build
 	@bash tests/fuzz/run.sh $(FUZZ_DIR) $(FUZZ_SECONDS)
 
 # Rewrites the committed seed corpora (tests/fuzz/corpus) from gen_seeds.c.

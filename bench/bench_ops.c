@@ -307,9 +307,9 @@ enum { MAX_GEMM = 64 };
  *   fwd         y(K, P)      = w(K, CRS) . cols(CRS, P)
  *   bwd_data    dcols(CRS, P) = w^T . dy(K, P)         (A transposed)
  *   bwd_weight  dw(K, CRS)   = dy(K, P) . cols^T       (B transposed)
- * That is what cpu/conv.c does for CIFAR shapes (a band of rows is a
+ * That is what cpu/conv_im2col.c does for CIFAR shapes (a band of rows is a
  * whole image when its columns fit the budget there, and 1x1 stride-1 convs,
- * which skip the unrolling, do not occur in ResNet's stages). cpu/conv.c
+ * which skip the unrolling, do not occur in ResNet's stages). cpu/conv_im2col.c
  * currently runs such a GEMM single-threaded, one image per OpenMP thread;
  * here fr_gemm_out runs each on all threads. */
 static int gemm_cases(gemm_case *out) {

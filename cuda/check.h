@@ -1,4 +1,4 @@
-/* check.h: the one family of GPU check macros (DESIGN.md, convention 5).
+/* check.h: the one family of GPU check macros (docs/ARCHITECTURE.md, "Errors").
  *
  * Each is a statement for a function returning fr_status: when the call
  * fails it records FR_ERR_CUDA with "<file>:<line>: <call>: <error string>"

@@ -242,7 +242,7 @@ static int to_results(result *out, const Perf *perf, int n) {
 }
 
 /* Runs cuDNN's benchmark for direction d on the call's buffers (out is
- * written, then overwritten by the real call). Buffers as in fr_cudnn_conv:
+ * written, then overwritten by the real call). Buffers as in fr_cudnn_conv2d_*:
  * forward (y; x, w), data (dx; dy, w), filter (dw; dy, x). */
 static fr_status find(result *res, int *n_res, cudnnHandle_t h, const plan *p, direction d,
                       float *out, const float *a, const float *b, void *ws, size_t ws_bytes) {

@@ -11,7 +11,7 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "frugal.h"
+#include <frugal/frugal.h>
 
 /* ---- the model ---- */
 

@@ -24,8 +24,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "frugal.h"
-#include "nn/cli.h"
+#include <frugal/frugal.h>
 
 #define STB_IMAGE_WRITE_IMPLEMENTATION
 #pragma GCC diagnostic push

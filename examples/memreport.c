@@ -2,6 +2,6 @@
  * ledger tag, as a table and an SVG; nn/program_memreport.c has the flags.
  * Its whole logic is the library call fr_memreport_main (nn/programs.h), so
  * a program that registers its own model reports on it the same way. */
-#include "frugal.h"
+#include <frugal/frugal.h>
 
 int main(int argc, char **argv) { return fr_memreport_main(argc, argv); }

@@ -2,6 +2,6 @@
  * and memory as it goes; nn/program_train.c has the flags. Its whole logic
  * is the library call fr_train_main (nn/programs.h), so a program that
  * registers its own model trains it the same way. */
-#include "frugal.h"
+#include <frugal/frugal.h>
 
 int main(int argc, char **argv) { return fr_train_main(argc, argv); }

@@ -3,6 +3,6 @@
  * nn/program_validate.c for the flags. Its whole logic is the library call
  * fr_validate_main (nn/programs.h), so a program that registers its own
  * model validates it the same way. */
-#include "frugal.h"
+#include <frugal/frugal.h>
 
 int main(int argc, char **argv) { return fr_validate_main(argc, argv); }

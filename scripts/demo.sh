@@ -26,7 +26,7 @@ for prog in train validate; do
     fi
 done
 if [ ! -e "$data/train-images-idx3-ubyte.gz" ] && [ ! -e "$data/train-images-idx3-ubyte" ]; then
-    echo "demo: no Fashion-MNIST in $data (install Debian's dataset-fashion-mnist: make deps)" >&2
+    echo "demo: no Fashion-MNIST in $data (install Debian's dataset-fashion-mnist: bash scripts/install-deps.sh demo)" >&2
     exit 1
 fi
 mkdir -p out

@@ -1,25 +1,55 @@
 #!/usr/bin/env bash
-# Installs what a fresh Debian machine lacks to build, test, benchmark and run
-# the demo; does nothing (and needs no network) when everything is present.
+# Installs what a fresh Debian machine lacks for one purpose; does nothing
+# (and needs no network) when everything is present.
+#   scripts/install-deps.sh [demo|test|bench|fuzz|all]   (default: all)
+#
+# set    packages (each set includes demo's)       needed by
+# demo   build-essential (gcc, make)               building the library and examples/
+#        libopenblas-dev                           CPU GEMM (cpu/gemm.c)
+#        libdnnl-dev                               oneDNN CPU convolutions (cpu/conv_dnnl.c)
+#        zlib1g-dev libpng-dev libturbojpeg0-dev   data/ (gzip IDX, PNG and JPEG images)
+#        libstb-dev                                examples/gan.c's PNG grid (stb_image_write)
+#        dataset-fashion-mnist                     the data set the demo trains on
+# test   python3-torch python3-numpy               tests/fixtures/*.py (PyTorch comparisons)
+#        python3-pip + the safetensors wheel       tests/test_interop.c (below)
+#        libopenmpi-dev openmpi-bin                dist/comm.c over MPI, tests/test_dist.c
+#        iptables                                  tests/multihost.sh's firewall and packet loss
+#        pkg-config                                tests/install_test.sh (make check-install)
+# bench  python3-torch python3-numpy               bench/torch_*.py, PyTorch's side
+#        libopenmpi-dev openmpi-bin                bench/dist.sh (data parallel)
+# fuzz   clang-14 libclang-rt-14-dev libomp-14-dev libFuzzer and OpenMP for clang (make fuzz)
+# all    every set above (.ci/run, make deps)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
+demo_pkgs="build-essential libopenblas-dev libdnnl-dev zlib1g-dev libpng-dev libturbojpeg0-dev libstb-dev dataset-fashion-mnist"
+test_pkgs="python3-torch python3-numpy python3-pip libopenmpi-dev openmpi-bin iptables pkg-config"
+bench_pkgs="python3-torch python3-numpy libopenmpi-dev openmpi-bin"
+fuzz_pkgs="clang-14 libclang-rt-14-dev libomp-14-dev"
+set_name=${1:-all}
+case "$set_name" in
+    demo) pkgs="$demo_pkgs" ;;
+    test) pkgs="$demo_pkgs $test_pkgs" ;;
+    bench) pkgs="$demo_pkgs $bench_pkgs" ;;
+    fuzz) pkgs="$demo_pkgs $fuzz_pkgs" ;;
+    all) pkgs="$demo_pkgs $test_pkgs $bench_pkgs $fuzz_pkgs" ;;
+    *) echo "install-deps: unknown set '$set_name' (demo, test, bench, fuzz or all)" >&2; exit 2 ;;
+esac
+
 need=()
 have_pkg() { dpkg-query -W -f='${Status}' "$1" 2>/dev/null | grep -q "install ok installed"; }
-# clang-14, libclang-rt-14-dev (libFuzzer) and libomp-14-dev (OpenMP for clang): make fuzz;
-# iptables: tests/multihost.sh's firewall and packet loss (make test-multihost)
-for p in build-essential pkg-config libopenblas-dev libdnnl-dev zlib1g-dev libpng-dev libturbojpeg0-dev libstb-dev dataset-fashion-mnist python3-torch python3-numpy python3-pip \
-    libopenmpi-dev openmpi-bin clang-14 libclang-rt-14-dev libomp-14-dev iptables; do
-    have_pkg "$p" || need+=("$p")
+for p in $pkgs; do
+    have_pkg "$p" || [[ " ${need[*]} " == *" $p "* ]] || need+=("$p")
 done
 if [ ${#need[@]} -gt 0 ]; then
-    echo "install-deps: installing ${need[*]}"
+    echo "install-deps: installing ($set_name) ${need[*]}"
     SUDO=""
     [ "$(id -u)" -ne 0 ] && SUDO="sudo"
     export DEBIAN_FRONTEND=noninteractive
     $SUDO apt-get update -q
     $SUDO apt-get install -y -q --no-install-recommends "${need[@]}"
 fi
+case "$set_name" in test | all) ;; *) exit 0 ;; esac
 
 # PyTorch's `safetensors` package, for the interop test in
 # tests/test_safetensors.c (tests/fixtures/check_interop.py). Debian bookworm

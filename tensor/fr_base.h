@@ -1,7 +1,7 @@
 /* fr_base.h: what every frugal file needs: status codes, the error channel,
  * assertions, dtypes and devices.
  *
- * Errors come in two tiers (DESIGN.md, convention 4):
+ * Errors come in two tiers (docs/ARCHITECTURE.md, "Errors"):
  *  - what a user can cause (bad shape, bad file, out of memory) is returned as
  *    an fr_status (or NULL) and described by fr_last_error();
  *  - a broken invariant is a bug in frugal: FR_ASSERT aborts with file:line.

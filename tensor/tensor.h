@@ -43,7 +43,7 @@ struct fr_tensor;
 
 /* A way to compute a tensor's values again later, so that whoever needs the
  * tensor in backward can keep the recipe instead of the bytes (recompute on
- * backward, DESIGN.md). tensor/ only counts references; autograd/ and the ops
+ * backward; docs/ARCHITECTURE.md, "Saved tensors: held or recipe"). tensor/ only counts references; autograd/ and the ops
  * that build recipes give them meaning. */
 typedef struct fr_recipe {
     int refcount;

@@ -3,9 +3,10 @@
 # an out-of-tree program (tests/install/small_cnn.c) built with nothing but
 # `pkg-config --cflags --libs frugal` that trains a few steps and validates;
 # then the installed frugal-train / frugal-validate on a tiny run, ldd of the
-# installed programs and libraries (no CUDA library may appear), and that
-# <frugal/frugal.h> compiles alone, in C and in C++. `make uninstall` must
-# leave the prefix empty.
+# installed programs and libraries (no CUDA library may appear), that
+# <frugal/frugal.h> compiles alone, in C and in C++, and that
+# examples/custom_model.c and the README's C snippets build out of tree the
+# same way. `make uninstall` must leave the prefix empty.
 #   tests/install_test.sh [BUILD [MAKE_ARGS...]]   (make check-install)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -51,6 +52,50 @@ cp "$tmp/only.c" "$tmp/only.cpp"
 c++ -std=c++17 -Wall -Wextra -Werror "$tmp/only.cpp" $flags -o "$tmp/only_cpp" || fail "C++ program"
 "$tmp/only_cpp" || fail "C++ program did not run"
 echo "ok"
+
+# What a user copies: examples/custom_model.c and the README's C snippets,
+# compiled outside the tree with nothing but pkg-config (no -I into the repo).
+echo "== examples/custom_model.c out of tree"
+mkdir "$tmp/copy" && cp examples/custom_model.c "$tmp/copy/"
+(cd "$tmp/copy" && cc -std=c11 -O2 -Wall -Wextra -Werror custom_model.c $flags -o custom_model) ||
+    fail "examples/custom_model.c did not build against the install"
+echo "ok"
+echo "== the README's C snippets out of tree"
+# Each ```c block of README.md becomes a file: its #include lines and its
+# typedefs and static functions at file scope, its statements in the body of
+# a function that takes the images and labels the snippets use.
+awk -v dir="$tmp/copy" '
+    /^```c$/ { n++; inblk = 1; top = dir "/readme" n ".top"; body = dir "/readme" n ".body";
+               printf "" >top; printf "" >body; next }
+    inblk && /^```$/ { inblk = 0; next }
+    !inblk { next }
+    filescope { print >top; if ($0 ~ /^}/ || ($0 ~ /;$/ && $0 !~ /^[ \t]/ && depth == 0)) filescope = 0;
+                depth += gsub(/{/, "{") - gsub(/}/, "}"); next }
+    /^#include/ { print >top; next }
+    /^(typedef|static) / { depth = gsub(/{/, "{") - gsub(/}/, "}"); print >top;
+                           if (depth > 0 || $0 !~ /;$/) filescope = 1; next }
+    { print >body }
+    END { print n >(dir "/readme.count") }' README.md
+nsnip=$(cat "$tmp/copy/readme.count")
+[ "${nsnip:-0}" -ge 2 ] || fail "README.md has ${nsnip:-no} C snippets (the model snippets are expected)"
+for i in $(seq 1 "$nsnip"); do
+    {
+        # a snippet that continues an earlier one has no include of its own
+        grep -q '^#include <frugal/frugal.h>' "$tmp/copy/readme$i.top" || echo '#include <frugal/frugal.h>'
+        echo "#include <stdio.h>"
+        cat "$tmp/copy/readme$i.top"
+        echo "int readme_snippet(fr_tensor *images, fr_tensor *labels);"
+        echo "int readme_snippet(fr_tensor *images, fr_tensor *labels) {"
+        echo "    (void)images; (void)labels;"
+        cat "$tmp/copy/readme$i.body"
+        echo "    return 0;"
+        echo "}"
+        echo "int main(void) { return 0; }"
+    } >"$tmp/copy/readme$i.c"
+    (cd "$tmp/copy" && cc -std=c11 -Wall -Wextra -Werror "readme$i.c" $flags -o "readme$i") ||
+        { cat -n "$tmp/copy/readme$i.c"; fail "README.md's C snippet $i did not build against the install"; }
+done
+echo "ok: $nsnip snippets"
 
 if [ ! -e "$data/t10k-images-idx3-ubyte.gz" ] && [ ! -e "$data/t10k-images-idx3-ubyte" ]; then
     echo "install_test: skipped the training runs: no Fashion-MNIST at $data"
