@@ -362,7 +362,11 @@ const char *fr_cpu_conv_impl(const fr_conv_shape *s, int direction) {
     return own_impl(s);
 }
 
-static fr_status run(const fr_conv_shape *s, int dir, const conv_args *a) { return run_own(s, dir, a); }
+static fr_status run(const fr_conv_shape *s, int dir, const conv_args *a) {
+    fr_cpu_isa isa;
+    FR_TRY(fr_cpu_isa_get(&isa)); /* a refused FR_CPU_ISA fails here too */
+    return run_own(s, dir, a);
+}
 
 #endif
 
