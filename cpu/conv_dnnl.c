@@ -10,8 +10,9 @@
  * Activations stay NCHW between ops; each oneDNN call reorders its operands
  * to the layout oneDNN prefers and back (docs/ARCHITECTURE.md, "CPU
  * convolution", has the measurements behind that choice). Which path a
- * shape takes is a fixed rule over the shape (dnnl_wins), never a timing,
- * and each (shape, direction, layout, thread count) gets one plan
+ * shape takes is a fixed rule over the shape and the CPU's ISA class
+ * (cpu/conv_rules.c), never a timing, and each (shape, direction, layout,
+ * thread count) gets one plan
  * (fr_dnnl.h), built on first use and kept. So a shape always runs the same
  * kernel, in every process: every memory strategy stays bit for bit equal
  * to plain, and data-parallel ranks agree with one process. */
