@@ -5,6 +5,7 @@
 #define FR_CPU_CONV_H
 
 #include "../tensor/kernels.h"
+#include "isa.h"
 
 /* The reference: im2col + GEMM (cpu/conv_im2col.c). Same contract as the
  * kernel-table entries. */
@@ -38,6 +39,8 @@ typedef enum {
     FR_CPU_CONV_IM2COL,     /* the reference path only */
     FR_CPU_CONV_DNNL_PLAIN, /* oneDNN on NCHW buffers as they are (for measurements) */
     FR_CPU_CONV_DNNL_BLOCKED, /* oneDNN in its preferred layout, reorders around (measurements) */
+    FR_CPU_CONV_DNNL_GROUPS,  /* as BLOCKED, but the weight gradient per image group on one
+                                 thread each, as the AUTO rule runs it (tests, measurements) */
     FR_CPU_CONV_BACKEND_COUNT
 } fr_cpu_conv_backend;
 
@@ -46,6 +49,19 @@ typedef enum {
  * oneDNN. */
 fr_status fr_cpu_conv_set_backend(fr_cpu_conv_backend b);
 fr_cpu_conv_backend fr_cpu_conv_get_backend(void);
+/* The AUTO backend's path for a conv pass (cpu/conv_rules.c): oneDNN on
+ * the whole batch, oneDNN per image group (the weight gradient), or
+ * frugal's own kernels (shifted planes where they apply, else im2col). */
+typedef enum { FR_CONV_PATH_OWN = 0, FR_CONV_PATH_DNNL, FR_CONV_PATH_DNNL_GROUPS } fr_conv_path;
+
+/* The rule table's entry for a shape, direction (0 fwd, 1 bwd_data, 2
+ * bwd_weight) and ISA class, in this build (OWN without oneDNN). */
+fr_conv_path fr_cpu_conv_rule(const fr_conv_shape *s, int direction, fr_cpu_isa isa);
+/* The same for the class in use (FR_ERR_ARG when FR_CPU_ISA is refused). */
+fr_status fr_cpu_conv_path(const fr_conv_shape *s, int direction, fr_conv_path *out);
+/* One line for train's header: the ISA class and the rule it selects. */
+void fr_cpu_conv_describe(char *buf, size_t size);
+
 /* True when this build has oneDNN. */
 bool fr_cpu_have_dnnl(void);
 /* oneDNN's implementation name for a shape and direction (0 fwd, 1

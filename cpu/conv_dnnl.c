@@ -10,16 +10,23 @@
  * Activations stay NCHW between ops; each oneDNN call reorders its operands
  * to the layout oneDNN prefers and back (docs/ARCHITECTURE.md, "CPU
  * convolution", has the measurements behind that choice). Which path a
- * shape takes is a fixed rule over the shape (dnnl_wins), never a timing,
- * and each (shape, direction, layout, thread count) gets one plan
+ * shape takes is a fixed rule over the shape and the CPU's ISA class
+ * (cpu/conv_rules.c), never a timing, and each (shape, direction, layout,
+ * thread count) gets one plan
  * (fr_dnnl.h), built on first use and kept. So a shape always runs the same
  * kernel, in every process: every memory strategy stays bit for bit equal
  * to plain, and data-parallel ranks agree with one process. */
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include <omp.h>
+
+#include "../tensor/memory.h"
 #include "conv.h"
 #include "fr_dnnl.h"
+#include "isa.h"
+#include "threads.h"
 
 static fr_cpu_conv_backend backend = FR_CPU_CONV_AUTO;
 
@@ -34,7 +41,7 @@ bool fr_cpu_have_dnnl(void) {
 fr_status fr_cpu_conv_set_backend(fr_cpu_conv_backend b) {
     if ((unsigned)b >= FR_CPU_CONV_BACKEND_COUNT)
         return fr_error(FR_ERR_ARG, "conv2d: unknown CPU backend %d", (int)b);
-    if (!fr_cpu_have_dnnl() && (b == FR_CPU_CONV_DNNL_PLAIN || b == FR_CPU_CONV_DNNL_BLOCKED))
+    if (!fr_cpu_have_dnnl() && b != FR_CPU_CONV_AUTO && b != FR_CPU_CONV_IM2COL)
         return fr_error(FR_ERR_ARG, "conv2d: this build has no oneDNN (libdnnl-dev was not found)");
     backend = b;
     return FR_OK;
@@ -81,10 +88,6 @@ static fr_status run_own(const fr_conv_shape *s, int dir, const conv_args *a) {
 #ifdef FR_HAVE_DNNL
 
 enum { LAYOUT_PLAIN = 0, LAYOUT_BLOCKED };
-
-/* The AUTO backend's rule (dnnl_wins) */
-#define DNNL_MAX_IN_CHANNELS 64
-#define DNNL_MIN_OUT_CHANNELS 16
 
 typedef struct {
     fr_conv_shape s;
@@ -162,42 +165,24 @@ static fr_status build_conv(fr_dnnl_plan *plan, const void *key_) {
     return out;
 }
 
-/* The plan of a layout for a shape and direction; NULL with *failed FR_OK
- * when oneDNN has no kernel for it. */
-static const fr_dnnl_plan *plan_of(const fr_conv_shape *s, int dir, int layout, fr_status *failed) {
+/* The plan of a layout for a shape and direction, for oneDNN running on
+ * `threads` threads; NULL with *failed FR_OK when oneDNN has no kernel for
+ * it. */
+static const fr_dnnl_plan *plan_on(const fr_conv_shape *s, int dir, int layout, int threads,
+                                   fr_status *failed) {
     conv_key key;
     memset(&key, 0, sizeof key);
     key.s = *s;
     key.dir = dir;
     key.layout = layout;
-    key.threads = fr_dnnl_threads();
+    key.threads = threads;
     const fr_dnnl_plan *p = fr_dnnl_cached_plan(&key, sizeof key, build_conv);
     *failed = p ? FR_OK : fr_last_status();
     return p && p->prim ? p : NULL;
 }
 
-/* The AUTO backend's path for a shape and direction: a fixed rule over the
- * shape, so every process, rank and run takes the same path (and gets the
- * same bits), and over the shape of one image only, so an image's result
- * does not depend on the batch it is in (docs/ARCHITECTURE.md, "CPU
- * convolution", has the measurements behind the rule):
- * - forward and backward (data) run oneDNN for C <= 64 input and K >= 16
- *   output channels, where oneDNN's blocked kernels measured 10-40% faster
- *   (every CIFAR ResNet layer, DenseNet's stem); DenseNet's wide-input 1x1
- *   bottlenecks (C up to 342) and 12-channel growth layers measured up to
- *   3x slower on oneDNN and take frugal's own kernels;
- * - backward (weight) never runs oneDNN: its AVX2 kernel sums each weight
- *   gradient in one f32 chain over N*OH*OW products; against a double
- *   reference its error was 20x the blocked GEMM's (1.5e-3 vs 7e-5 absolute
- *   on a 40-image 16->8 3x3 layer at 32x32), for a speed-up of 0-20% where
- *   it won at all;
- * - what oneDNN does not run goes to the shifted-plane kernels
- *   (cpu/conv_shift.c) for 3x3 stride-1 pad-1 layers on AVX2+FMA CPUs (the
- *   weight gradient 1.3-2x faster than the reference on ResNet's layers,
- *   the growth layers' forward and backward (data) about 11% of a
- *   DenseNet-BC-100 step), else to the im2col reference. */
-static bool dnnl_wins(const fr_conv_shape *s, int dir) {
-    return dir != DIR_BWD_WEIGHT && s->c <= DNNL_MAX_IN_CHANNELS && s->k >= DNNL_MIN_OUT_CHANNELS;
+static const fr_dnnl_plan *plan_of(const fr_conv_shape *s, int dir, int layout, fr_status *failed) {
+    return plan_on(s, dir, layout, fr_dnnl_threads(), failed);
 }
 
 static fr_status run_plan(const fr_dnnl_plan *p, int dir, const conv_args *a) {
@@ -206,20 +191,141 @@ static fr_status run_plan(const fr_dnnl_plan *p, int dir, const conv_args *a) {
     return fr_dnnl_plan_run(p, (void *[]){a->out, (void *)a->in0, (void *)a->in1}, what[dir]);
 }
 
+/* Products per weight that one oneDNN weight-gradient call sums in one
+ * f32 chain, at most (unless one image has more): its kernel adds every
+ * pixel it is given into one accumulator per weight. */
+#define WEIGHT_CHAIN_PIXELS 1024
+
+/* Images per oneDNN weight-gradient call: as many as keep its chain within
+ * WEIGHT_CHAIN_PIXELS. Depends on the shape of one image only. */
+static int images_per_call(const fr_conv_shape *s) {
+    long long px = (long long)s->oh * s->ow;
+    long long m = px > 0 ? WEIGHT_CHAIN_PIXELS / px : 1;
+    return m < 1 ? 1 : m > 64 ? 64 : (int)m;
+}
+
+/* The single-threaded oneDNN weight-gradient plan for `images` images of
+ * s: built while this thread's team is 1, which is what oneDNN sizes a
+ * primitive's work split by. NULL with *failed FR_OK when oneDNN has no
+ * kernel. */
+static const fr_dnnl_plan *weight_plan(const fr_conv_shape *s, int images, fr_status *failed) {
+    fr_conv_shape part = *s;
+    part.n = images;
+    int team = omp_get_max_threads();
+    omp_set_num_threads(1);
+    const fr_dnnl_plan *p = plan_on(&part, DIR_BWD_WEIGHT, LAYOUT_BLOCKED, 1, failed);
+    omp_set_num_threads(team);
+    return p;
+}
+
+/* The weight gradient on oneDNN, independent of the thread count and
+ * within a factor of two of frugal's own kernels' round-off: oneDNN's
+ * kernel sums each weight in one f32 chain over every pixel it is given,
+ * and its multi-threaded form splits that sum by the team size. So the
+ * images are cut into FR_CONV_WEIGHT_GROUPS groups as in frugal's own
+ * kernels; within a group, single-threaded oneDNN calls of at most
+ * images_per_call images each are added in order into the group's
+ * partial; the partials are added in group order (docs/ARCHITECTURE.md,
+ * "CPU convolution and GEMM"). */
+static fr_status run_weight_groups(const fr_conv_shape *s, const conv_args *a) {
+    int groups = s->n < FR_CONV_WEIGHT_GROUPS ? s->n : FR_CONV_WEIGHT_GROUPS;
+    int per_call = images_per_call(s);
+    /* every call size a group can need, built here, outside the parallel
+     * region (plans[i]: i + 1 images) */
+    const fr_dnnl_plan *plans[64] = {NULL};
+    size_t plan_ws = 0;
+    bool sums = false; /* a group takes more than one call */
+    for (int g = 0; g < groups; g++) {
+        int len = (int)((long long)s->n * (g + 1) / groups) - (int)((long long)s->n * g / groups);
+        sums |= len > per_call;
+        for (int left = len; left > 0; left -= per_call) {
+            int m = left < per_call ? left : per_call;
+            if (plans[m - 1])
+                continue;
+            fr_status failed;
+            plans[m - 1] = weight_plan(s, m, &failed);
+            if (failed != FR_OK)
+                return failed;
+            if (!plans[m - 1])
+                return run_own(s, DIR_BWD_WEIGHT, a);
+            plan_ws = plans[m - 1]->ws_bytes > plan_ws ? plans[m - 1]->ws_bytes : plan_ws;
+        }
+    }
+    size_t dw_len = (size_t)s->k * s->c * s->r * s->s;
+    size_t dw_bytes = (dw_len * sizeof(float) + 63) & ~(size_t)63;
+    /* per thread: a plan's workspace and, where a group sums calls, one
+     * call's gradient (a group's first call writes its partial directly) */
+    size_t per_thread = ((plan_ws + 63) & ~(size_t)63) + (sums ? dw_bytes : 0);
+    int threads = fr_cpu_threads() < groups ? fr_cpu_threads() : groups;
+    size_t ws_bytes = dw_bytes * (size_t)groups + per_thread * (size_t)threads;
+    char *ws = fr_mem_alloc(FR_CPU, ws_bytes, FR_TAG_WORKSPACE);
+    if (!ws)
+        return fr_last_status();
+    size_t x_img = (size_t)s->c * s->h * s->w, y_img = (size_t)s->k * s->oh * s->ow;
+    fr_status status[FR_CONV_WEIGHT_GROUPS];
+#pragma omp parallel num_threads(threads)
+    {
+        char *tws = ws + dw_bytes * (size_t)groups + per_thread * (size_t)omp_get_thread_num();
+        float *call_dw = sums ? (float *)(tws + per_thread - dw_bytes) : NULL;
+#pragma omp for schedule(static)
+        for (int g = 0; g < groups; g++) {
+            float *part = (float *)(ws + dw_bytes * (size_t)g);
+            int first = (int)((long long)s->n * g / groups);
+            int end = (int)((long long)s->n * (g + 1) / groups);
+            status[g] = FR_OK;
+            for (int i = first; i < end && status[g] == FR_OK; i += per_call) {
+                int m = end - i < per_call ? end - i : per_call;
+                void *ptrs[] = {i == first ? part : call_dw,
+                                (void *)((const float *)a->in0 + i * y_img),
+                                (void *)((const float *)a->in1 + i * x_img)};
+                status[g] = fr_dnnl_plan_run_in(plans[m - 1], ptrs, tws, true,
+                                                "conv2d backward (weight)");
+                if (i > first)
+                    for (size_t j = 0; j < dw_len; j++)
+                        part[j] += call_dw[j];
+            }
+        }
+    }
+    fr_status out = FR_OK;
+    for (int g = 0; g < groups && out == FR_OK; g++)
+        if (status[g] != FR_OK) /* the message was the worker thread's */
+            out = fr_error(status[g], "conv2d backward (weight): oneDNN failed on image group %d "
+                           "of %d (%d->%d %dx%d at %dx%d)", g, groups, s->c, s->k, s->r, s->s,
+                           s->h, s->w);
+    if (out == FR_OK) {
+        float *dw = a->out;
+#pragma omp parallel for num_threads(fr_cpu_threads()) schedule(static)
+        for (size_t j = 0; j < dw_len; j++) {
+            float sum = ((const float *)ws)[j];
+            for (int g = 1; g < groups; g++)
+                sum += ((const float *)(ws + dw_bytes * (size_t)g))[j];
+            dw[j] = sum;
+        }
+    }
+    fr_mem_free(FR_CPU, ws, ws_bytes, FR_TAG_WORKSPACE);
+    return out;
+}
+
 static fr_status run(const fr_conv_shape *s, int dir, const conv_args *a) {
     fr_status failed;
     const fr_dnnl_plan *p = NULL;
     if (backend == FR_CPU_CONV_IM2COL || s->n <= 0 || s->c <= 0 || s->k <= 0 || s->oh <= 0 ||
         s->ow <= 0)
         return run_reference(s, dir, a);
-    if (backend != FR_CPU_CONV_AUTO) {
+    fr_conv_path path;
+    FR_TRY(fr_cpu_conv_path(s, dir, &path));
+    if (backend == FR_CPU_CONV_DNNL_GROUPS)
+        path = dir == DIR_BWD_WEIGHT ? FR_CONV_PATH_DNNL_GROUPS : FR_CONV_PATH_DNNL;
+    else if (backend != FR_CPU_CONV_AUTO) {
         p = plan_of(s, dir, backend == FR_CPU_CONV_DNNL_PLAIN ? LAYOUT_PLAIN : LAYOUT_BLOCKED,
                     &failed);
         if (failed != FR_OK)
             return failed;
         return p ? run_plan(p, dir, a) : run_reference(s, dir, a);
     }
-    if (dnnl_wins(s, dir)) {
+    if (path == FR_CONV_PATH_DNNL_GROUPS)
+        return run_weight_groups(s, a);
+    if (path == FR_CONV_PATH_DNNL) {
         p = plan_of(s, dir, LAYOUT_BLOCKED, &failed);
         if (failed != FR_OK)
             return failed;
@@ -229,10 +335,21 @@ static fr_status run(const fr_conv_shape *s, int dir, const conv_args *a) {
 }
 
 const char *fr_cpu_conv_impl(const fr_conv_shape *s, int direction) {
+    static _Thread_local char name[64];
     fr_status failed;
+    fr_conv_path path = FR_CONV_PATH_OWN;
     if (backend == FR_CPU_CONV_IM2COL ||
-        (backend == FR_CPU_CONV_AUTO && !dnnl_wins(s, direction)))
+        (backend == FR_CPU_CONV_AUTO &&
+         (fr_cpu_conv_path(s, direction, &path) != FR_OK || path == FR_CONV_PATH_OWN)))
         return own_impl(s);
+    if (backend == FR_CPU_CONV_DNNL_GROUPS && direction == DIR_BWD_WEIGHT)
+        path = FR_CONV_PATH_DNNL_GROUPS;
+    if (path == FR_CONV_PATH_DNNL_GROUPS) {
+        int m = images_per_call(s);
+        const fr_dnnl_plan *p = weight_plan(s, m < s->n ? m : s->n, &failed);
+        snprintf(name, sizeof name, "%s/groups", p ? p->impl : "im2col");
+        return name;
+    }
     const fr_dnnl_plan *p =
         plan_of(s, direction, backend == FR_CPU_CONV_DNNL_PLAIN ? LAYOUT_PLAIN : LAYOUT_BLOCKED,
                 &failed);
@@ -246,7 +363,11 @@ const char *fr_cpu_conv_impl(const fr_conv_shape *s, int direction) {
     return own_impl(s);
 }
 
-static fr_status run(const fr_conv_shape *s, int dir, const conv_args *a) { return run_own(s, dir, a); }
+static fr_status run(const fr_conv_shape *s, int dir, const conv_args *a) {
+    fr_cpu_isa isa;
+    FR_TRY(fr_cpu_isa_get(&isa)); /* a refused FR_CPU_ISA fails here too */
+    return run_own(s, dir, a);
+}
 
 #endif
 

@@ -33,6 +33,7 @@
 
 #include "../tensor/memory.h"
 #include "conv.h"
+#include "isa.h"
 #include "threads.h"
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
@@ -57,8 +58,8 @@ static size_t round_up(size_t n, size_t m) { return (n + m - 1) / m * m; }
 
 bool fr_cpu_conv_shift_applies(const fr_conv_shape *s) {
 #ifdef HAVE_X86_KERNEL
-    __builtin_cpu_init();
-    bool cpu_ok = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+    fr_cpu_isa isa;
+    bool cpu_ok = fr_cpu_isa_get(&isa) == FR_OK && isa >= FR_ISA_AVX2;
     return cpu_ok && s->r == 3 && s->s == 3 && s->stride == 1 && s->pad == 1 && s->oh == s->h &&
            s->ow == s->w && s->n > 0 && s->c > 0 && s->k > 0 && s->h > 0 && s->w > 0;
 #else

@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "../tensor/memory.h"
+#include "isa.h"
 #include "threads.h"
 
 static dnnl_engine_t engine;
@@ -16,7 +17,16 @@ static dnnl_stream_t stream;
 static dnnl_status_t engine_status = dnnl_success;
 static pthread_once_t engine_once = PTHREAD_ONCE_INIT;
 
+/* oneDNN's kernels are capped at the ISA class frugal runs (isa.h), so a
+ * class forced by FR_CPU_ISA runs oneDNN's kernels of that class too; the
+ * cap must come before the first primitive, hence here. It fails only when
+ * DNNL_MAX_CPU_ISA or an earlier call already fixed a cap: that one stays. */
 static void engine_init(void) {
+    static const dnnl_cpu_isa_t cap[FR_ISA_COUNT] = {dnnl_cpu_isa_sse41, dnnl_cpu_isa_avx2,
+                                                     dnnl_cpu_isa_all};
+    fr_cpu_isa isa;
+    if (fr_cpu_isa_get(&isa) == FR_OK && isa != fr_cpu_isa_detected())
+        dnnl_set_max_cpu_isa(cap[isa]);
     engine_status = dnnl_engine_create(&engine, dnnl_cpu, 0);
     if (engine_status == dnnl_success)
         engine_status = dnnl_stream_create(&stream, engine, dnnl_stream_default_flags);
@@ -126,11 +136,11 @@ fr_status fr_dnnl_plan_init(fr_dnnl_plan *plan, dnnl_status_t pd_status,
     return FR_OK;
 }
 
-static fr_status execute(dnnl_primitive_t prim, int n, const dnnl_exec_arg_t *args,
-                         const char *what) {
-    dnnl_status_t st = dnnl_primitive_execute(prim, stream, n, args);
+static fr_status execute(dnnl_stream_t strm, dnnl_primitive_t prim, int n,
+                         const dnnl_exec_arg_t *args, const char *what) {
+    dnnl_status_t st = dnnl_primitive_execute(prim, strm, n, args);
     if (st == dnnl_success)
-        st = dnnl_stream_wait(stream);
+        st = dnnl_stream_wait(strm);
     return st == dnnl_success ? FR_OK : fr_dnnl_error(st, what);
 }
 
@@ -139,6 +149,22 @@ fr_status fr_dnnl_plan_run(const fr_dnnl_plan *plan, void *const *ptrs, const ch
     char *ws = NULL;
     if (plan->ws_bytes && !(ws = fr_mem_alloc(FR_CPU, plan->ws_bytes, FR_TAG_WORKSPACE)))
         return fr_last_status();
+    fr_status out = fr_dnnl_plan_run_in(plan, ptrs, ws, false, what);
+    if (ws)
+        fr_mem_free(FR_CPU, ws, plan->ws_bytes, FR_TAG_WORKSPACE);
+    return out;
+}
+
+fr_status fr_dnnl_plan_run_in(const fr_dnnl_plan *plan, void *const *ptrs, void *ws_,
+                              bool own_stream, const char *what) {
+    FR_ASSERT(plan->prim && fr_dnnl_engine());
+    char *ws = ws_;
+    dnnl_stream_t strm = stream;
+    if (own_stream) {
+        dnnl_status_t sst = dnnl_stream_create(&strm, engine, dnnl_stream_default_flags);
+        if (sst != dnnl_success)
+            return fr_dnnl_error(sst, "creating a stream");
+    }
     /* user[i]: frugal's buffer; prim[i]: what the primitive reads or writes
      * (the same memory object when no reorder is needed). */
     dnnl_memory_t user[FR_DNNL_MAX_ARGS] = {0}, prim[FR_DNNL_MAX_ARGS] = {0}, scratch = NULL;
@@ -164,16 +190,16 @@ fr_status fr_dnnl_plan_run(const fr_dnnl_plan *plan, void *const *ptrs, const ch
         out = fr_dnnl_error(st, "creating memory objects");
     for (int i = 0; i < plan->nargs && out == FR_OK; i++)
         if (plan->args[i].reorder && !plan->args[i].output)
-            out = execute(plan->args[i].reorder, 2,
+            out = execute(strm, plan->args[i].reorder, 2,
                           (dnnl_exec_arg_t[]){{DNNL_ARG_FROM, user[i]}, {DNNL_ARG_TO, prim[i]}},
                           "a reorder");
     if (out == FR_OK) {
         args[plan->nargs] = (dnnl_exec_arg_t){DNNL_ARG_SCRATCHPAD, scratch};
-        out = execute(plan->prim, plan->nargs + (scratch ? 1 : 0), args, what);
+        out = execute(strm, plan->prim, plan->nargs + (scratch ? 1 : 0), args, what);
     }
     for (int i = 0; i < plan->nargs && out == FR_OK; i++)
         if (plan->args[i].reorder && plan->args[i].output)
-            out = execute(plan->args[i].reorder, 2,
+            out = execute(strm, plan->args[i].reorder, 2,
                           (dnnl_exec_arg_t[]){{DNNL_ARG_FROM, prim[i]}, {DNNL_ARG_TO, user[i]}},
                           "a reorder");
     for (int i = 0; i < plan->nargs; i++) {
@@ -181,8 +207,8 @@ fr_status fr_dnnl_plan_run(const fr_dnnl_plan *plan, void *const *ptrs, const ch
         dnnl_memory_destroy(prim[i]);
     }
     dnnl_memory_destroy(scratch);
-    if (ws)
-        fr_mem_free(FR_CPU, ws, plan->ws_bytes, FR_TAG_WORKSPACE);
+    if (own_stream)
+        dnnl_stream_destroy(strm);
     return out;
 }
 

@@ -63,6 +63,14 @@ void fr_dnnl_plan_destroy(fr_dnnl_plan *plan);
 /* Runs a plan on frugal buffers ptrs[i] (argument i of the plan). */
 fr_status fr_dnnl_plan_run(const fr_dnnl_plan *plan, void *const *ptrs, const char *what);
 
+/* The same in a workspace the caller allocated (plan->ws_bytes, 64-byte
+ * aligned), for calls from inside a parallel region: allocating there would
+ * make the ledger's peak depend on how the threads interleave. own_stream:
+ * on a stream of its own (one per call) rather than the shared one, which
+ * is not for concurrent use. */
+fr_status fr_dnnl_plan_run_in(const fr_dnnl_plan *plan, void *const *ptrs, void *ws,
+                              bool own_stream, const char *what);
+
 /* The plan cached under (`build`, `key`) (key_len bytes, compared
  * bytewise), built by `build(plan, key)` on first use. Never NULL unless building failed (the
  * error is set); the plan may have prim NULL (no implementation). */

@@ -18,6 +18,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "cpu/conv.h"
 #include "dist/dist.h"
 #include "frugal.h"
 #include "nn/checkpoint.h"
@@ -444,6 +445,11 @@ static void print_header(const run *r, const options *o) {
         printf(" in %d micro-batches%s", st->accum, r->world > 1 ? " each" : "");
     printf(", %d epochs of %lld steps, %d threads, %s\n", st->epochs,
            (long long)fr_loader_num_batches(r->train_ld), fr_get_num_threads(), device_names[o->device]);
+    if (!o->device) { /* the instruction set and the conv kernels it selects (docs/ARCHITECTURE.md) */
+        char isa[320];
+        fr_cpu_conv_describe(isa, sizeof isa);
+        printf("%s\n", isa);
+    }
     if (o->resume)
         printf("resuming %s: %lld of %d epochs done, step %lld of %lld\n", o->resume, (long long)st->epoch,
                st->epochs, (long long)st->step, (long long)fr_loader_num_batches(r->train_ld) * st->epochs);

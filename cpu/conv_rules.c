@@ -1,0 +1,92 @@
+/* cpu/conv_rules.c: the AUTO backend's rule table (conv.h): for each ISA
+ * class (isa.h) and conv pass, which shapes run oneDNN and which frugal's
+ * own kernels. A fixed rule over one image's shape and the class, never a
+ * timing, the batch or the thread count: every process, rank and run of a
+ * class takes the same path and gets the same bits, and an image's result
+ * does not depend on the batch it is in. docs/ARCHITECTURE.md ("CPU
+ * convolution and GEMM") has the measurements behind each row. */
+#include <stdio.h>
+
+#include "conv.h"
+#include "isa.h"
+
+/* A data pass (forward, backward (data)) runs oneDNN for C <= max_c input
+ * and K >= min_k output channels, and for every 3x3 layer when any_3x3. */
+typedef struct {
+    int max_c, min_k;
+    bool any_3x3;
+} data_rule;
+
+typedef struct {
+    data_rule fwd, bwd_data;
+    /* the weight gradient on oneDNN in image groups: 3x3 stride-1 layers,
+     * and 3x3 and 1x1 strided layers (else frugal's own kernels) */
+    bool weight_3x3_s1, weight_strided;
+} isa_rule;
+
+static const isa_rule rules[FR_ISA_COUNT] = {
+    /* baseline: oneDNN's SSE4.1 kernels against the im2col reference;
+     * not measured apart from AVX2's row, whose rule it keeps */
+    [FR_ISA_BASELINE] = {{64, 16, false}, {64, 16, false}, false, false},
+    /* AVX2: the data passes and the 3x3 stride-1 weight gradient as
+     * measured on an AMD EPYC (Zen 3); the strided and 1x1 weight
+     * gradients, which went to im2col, on the Xeon under FR_CPU_ISA=avx2 */
+    [FR_ISA_AVX2] = {{64, 16, false}, {64, 16, false}, false, true},
+    /* AVX-512 (Intel Xeon with AVX512_BF16/FP16 and AMX): oneDNN's 3x3
+     * forward wins at every width (DenseNet's 128..256 -> 12 growth layers
+     * 2x faster than the shifted planes), its wide 1x1 forward and wide
+     * backward (data) lose to im2col as on AVX2; its weight gradient in
+     * image groups beats the shifted planes 1.5x and im2col 2-3x */
+    [FR_ISA_AVX512] = {{64, 16, true}, {64, 16, false}, true, true},
+};
+
+fr_conv_path fr_cpu_conv_rule(const fr_conv_shape *s, int direction, fr_cpu_isa isa) {
+    if (!fr_cpu_have_dnnl() || (unsigned)isa >= FR_ISA_COUNT)
+        return FR_CONV_PATH_OWN;
+    const isa_rule *r = &rules[isa];
+    if (direction != 2) {
+        const data_rule *d = direction == 0 ? &r->fwd : &r->bwd_data;
+        bool wins = (s->c <= d->max_c && s->k >= d->min_k) || (d->any_3x3 && s->r == 3 && s->s == 3);
+        return wins ? FR_CONV_PATH_DNNL : FR_CONV_PATH_OWN;
+    }
+    bool s1_3x3 = s->r == 3 && s->s == 3 && s->stride == 1;
+    /* 1x1 stride-1 weight gradients stay with im2col, which is one GEMM
+     * per image band there (no copy), and measured faster */
+    bool other = (s->r == 3 && s->s == 3 && s->stride > 1) ||
+                 (s->r == 1 && s->s == 1 && s->stride > 1);
+    return (s1_3x3 && r->weight_3x3_s1) || (other && r->weight_strided)
+               ? FR_CONV_PATH_DNNL_GROUPS
+               : FR_CONV_PATH_OWN;
+}
+
+fr_status fr_cpu_conv_path(const fr_conv_shape *s, int direction, fr_conv_path *out) {
+    fr_cpu_isa isa;
+    *out = FR_CONV_PATH_OWN;
+    FR_TRY(fr_cpu_isa_get(&isa));
+    *out = fr_cpu_conv_rule(s, direction, isa);
+    return FR_OK;
+}
+
+void fr_cpu_conv_describe(char *buf, size_t size) {
+    char isa_text[128];
+    fr_cpu_isa_describe(isa_text, sizeof isa_text);
+    fr_cpu_isa isa;
+    if (fr_cpu_isa_get(&isa) != FR_OK) {
+        snprintf(buf, size, "cpu %s", isa_text);
+        return;
+    }
+    const isa_rule *r = &rules[isa];
+    const char *own = isa >= FR_ISA_AVX2 ? "shifted planes/im2col" : "im2col";
+    if (!fr_cpu_have_dnnl()) {
+        snprintf(buf, size, "cpu %s; conv: %s (no oneDNN)", isa_text, own);
+        return;
+    }
+    char fwd[64];
+    snprintf(fwd, sizeof fwd, "oneDNN for %sC <= %d, K >= %d", r->fwd.any_3x3 ? "3x3 and " : "",
+             r->fwd.max_c, r->fwd.min_k);
+    snprintf(buf, size, "cpu %s; conv forward %s, backward (data) oneDNN for C <= %d, K >= %d, "
+             "weight gradient %s%s, else %s", isa_text, fwd, r->bwd_data.max_c, r->bwd_data.min_k,
+             r->weight_3x3_s1 ? "oneDNN in image groups" : r->weight_strided ? "oneDNN in image "
+             "groups for strided 3x3 and 1x1" : own, r->weight_3x3_s1 && r->weight_strided ?
+             " for 3x3 and strided 1x1" : "", own);
+}
