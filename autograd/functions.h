@@ -27,8 +27,15 @@ fr_tensor *fr_reshape(fr_tensor *x, int ndim, const int64_t *shape);
 /* (N, ...) -> (N, rest) */
 fr_tensor *fr_flatten(fr_tensor *x);
 
-/* fn_activation.c: backward keeps only the output, so the inplace forms
- * need no extra memory. */
+/* fn_activation.c: any activation of FR_ACT_LIST (tensor/shapes.h) as an
+ * op; p is leaky ReLU's slope (> 0) or ELU's alpha (> 0), ignored by the
+ * others. A node keeps the output, or the input for the activations whose
+ * gradient needs it (fr_act_needs_input). The inplace forms write over x
+ * and keep nothing more; they refuse an activation that needs its input. */
+fr_tensor *fr_activation(fr_tensor *x, fr_act act, float p);
+fr_tensor *fr_activation_(fr_tensor *x, fr_act act, float p);
+fr_tensor *fr_sigmoid(fr_tensor *x);
+fr_tensor *fr_tanh(fr_tensor *x);
 fr_tensor *fr_relu(fr_tensor *x);
 fr_tensor *fr_relu_(fr_tensor *x);
 fr_tensor *fr_leaky_relu(fr_tensor *x, float slope);
@@ -104,7 +111,7 @@ fr_tensor *fr_cross_entropy(fr_tensor *logits, fr_tensor *labels);
  *    under the inplace strategy (BN its input, the activation its output),
  *    in one pass forward and one backward instead of three and two.
  * Training mode only when recording; under no_grad eval mode is fine. */
-/* fr_act (identity / ReLU / leaky ReLU) is in tensor/shapes.h. */
+/* fr_act is in tensor/shapes.h. */
 typedef enum {
     FR_BNACT_RECOMPUTE = 0,
     FR_BNACT_INPLACE_ABN,
