@@ -165,6 +165,17 @@ FR_ACT_FN float fr_act_grad_SOFTPLUS(float g, float s, float p) {
     return s > 20.0f ? g : g * z / (z + 1.0f);
 }
 
+/* x * tanh(softplus(x)), softplus without threshold as PyTorch's mish */
+FR_ACT_FN float fr_act_fwd_MISH(float v, float p) {
+    (void)p;
+    return v * tanhf(log1pf(expf(v)));
+}
+FR_ACT_FN float fr_act_grad_MISH(float g, float s, float p) {
+    (void)p;
+    float t = tanhf(log1pf(expf(s)));
+    return g * (t + s * fr_act_sigmoid(s) * (1.0f - t * t));
+}
+
 /* The same by a run-time activation (a GPU thread, a scalar caller). */
 FR_ACT_FN float fr_act_fwd(fr_act a, float v, float p) {
     switch (a) {

@@ -38,7 +38,8 @@ typedef struct {
     X(TANH, "tanh", FR_ACT_NEEDS_OUTPUT, 0)                   \
     X(HARDSWISH, "hardswish", FR_ACT_NEEDS_INPUT, 0)          \
     X(HARDSIGMOID, "hardsigmoid", FR_ACT_NEEDS_INPUT, 0)      \
-    X(SOFTPLUS, "softplus", FR_ACT_NEEDS_INPUT, 0)
+    X(SOFTPLUS, "softplus", FR_ACT_NEEDS_INPUT, 0)            \
+    X(MISH, "mish", FR_ACT_NEEDS_INPUT, 0)
 
 typedef enum { FR_ACT_NEEDS_OUTPUT = 0, FR_ACT_NEEDS_INPUT } fr_act_needs;
 
