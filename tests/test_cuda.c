@@ -165,6 +165,18 @@ static void test_activation(void) {
     CHECK_OK(fr_leaky_relu_backward(dy.c, dy.c, x.c, 0.2f));
     CHECK_OK(fr_leaky_relu_backward(dy.g, dy.g, x.g, 0.2f));
     fr_t_pair_check(dy, 0, 0, "leaky relu backward inplace");
+    /* every activation of FR_ACT_LIST: the same formulas
+     * (tensor/activation.h), the GPU's libm within a few ulps */
+    for (int a = 0; a < FR_ACT_COUNT; a++) {
+        float p = a == FR_ACT_LEAKY_RELU || a == FR_ACT_ELU ? 0.3f : 0.0f;
+        const fr_t_pair *s = fr_act_needs_input((fr_act)a) ? &x : &y;
+        CHECK_OK(fr_act_forward(y.c, x.c, (fr_act)a, p));
+        CHECK_OK(fr_act_forward(y.g, x.g, (fr_act)a, p));
+        fr_t_pair_check(y, 1e-6, 1e-5, fr_act_name((fr_act)a));
+        CHECK_OK(fr_act_backward(dx.c, dy.c, s->c, (fr_act)a, p));
+        CHECK_OK(fr_act_backward(dx.g, dy.g, s->g, (fr_act)a, p));
+        fr_t_pair_check(dx, 1e-6, 1e-5, fr_act_name((fr_act)a));
+    }
     fr_t_pair_free(&x);
     fr_t_pair_free(&dy);
     fr_t_pair_free(&y);
@@ -636,6 +648,13 @@ static void test_bn_act(void) {
     bn_act_case(FR_BNACT_RECOMPUTE, FR_ACT_RELU, 0.0f, false, 1210);
     bn_act_case(FR_BNACT_INPLACE_ABN, FR_ACT_LEAKY_RELU, 0.01f, false, 1220);
     bn_act_case(FR_BNACT_INPLACE_ABN, FR_ACT_IDENTITY, 1.0f, true, 1230);
+    /* every activation under recompute, without a residual (the kernel
+     * rebuilds the pre-activation) and with one */
+    for (int a = 0; a < FR_ACT_COUNT; a++) {
+        float p = a == FR_ACT_LEAKY_RELU || a == FR_ACT_ELU ? 0.3f : 0.0f;
+        bn_act_case(FR_BNACT_RECOMPUTE_X, (fr_act)a, p, false, 1240 + (uint32_t)a);
+        bn_act_case(FR_BNACT_RECOMPUTE, (fr_act)a, p, true, 1270 + (uint32_t)a);
+    }
 }
 
 /* ---- the loader's CUDA batches: pinned staging and async copies ---- */
