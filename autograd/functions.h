@@ -88,6 +88,14 @@ fr_tensor *fr_autocast_weight(fr_tensor *w, fr_dtype compute);
 
 /* fn_loss.c: fused log-softmax + NLL, mean over the batch; labels i32 */
 fr_tensor *fr_cross_entropy(fr_tensor *logits, fr_tensor *labels);
+/* Pointwise losses, mean over every element, PyTorch's formulas
+ * (tensor/loss_math.h): pred and target f32 of one shape; the target
+ * takes no gradient (refused if it requires one). smooth L1's beta >= 0
+ * (0: L1); BCE takes logits and targets in [0, 1]. */
+fr_tensor *fr_mse_loss(fr_tensor *pred, fr_tensor *target);
+fr_tensor *fr_l1_loss(fr_tensor *pred, fr_tensor *target);
+fr_tensor *fr_smooth_l1_loss(fr_tensor *pred, fr_tensor *target, float beta);
+fr_tensor *fr_bce_with_logits_loss(fr_tensor *logits, fr_tensor *target);
 
 /* fn_bn_act.c: fused batch norm (training statistics) + optional residual
  * add + activation: y = act(BN(x) + residual). The building block of the

@@ -161,6 +161,14 @@ fr_status fr_concat_backward(fr_tensor *const *dx, int count, const fr_tensor *d
 fr_status fr_cross_entropy_forward(fr_tensor *loss, const fr_tensor *logits, const fr_tensor *labels);
 fr_status fr_cross_entropy_backward(fr_tensor *dlogits, const fr_tensor *dloss, const fr_tensor *logits,
                                     const fr_tensor *labels);
+/* Pointwise losses (tensor/loss_math.h has the formulas), mean over every
+ * element: pred and target f32, contiguous, the same shape and device;
+ * loss one element; beta is smooth L1's (>= 0). Backward: dpred =
+ * dloss * loss'(pred) / n. */
+fr_status fr_pointwise_loss_forward(fr_tensor *loss, const fr_tensor *pred, const fr_tensor *target,
+                                    fr_pointwise_loss kind, float beta);
+fr_status fr_pointwise_loss_backward(fr_tensor *dpred, const fr_tensor *dloss, const fr_tensor *pred,
+                                     const fr_tensor *target, fr_pointwise_loss kind, float beta);
 
 /* ---- InPlace-ABN helpers (ops_abn.c); per-channel tensors (C), x-shaped
  * tensors (N,C,H,W) or (N,C) ---- */

@@ -50,4 +50,14 @@ typedef enum {
     FR_ACT_COUNT
 } fr_act;
 
+/* The pointwise losses, mean over every element (ops.h:
+ * fr_pointwise_loss_forward; autograd/functions.h: fr_mse_loss, ...). */
+typedef enum {
+    FR_LOSS_MSE = 0,
+    FR_LOSS_L1,
+    FR_LOSS_SMOOTH_L1,
+    FR_LOSS_BCE_LOGITS,
+    FR_LOSS_COUNT
+} fr_pointwise_loss;
+
 #endif

@@ -183,6 +183,24 @@ static void test_activation(void) {
     fr_t_pair_free(&dx);
 }
 
+/* the pointwise losses (tensor/loss_math.h) and their gradients */
+static void test_pointwise_losses(void) {
+    NEED_CUDA();
+    fr_t_pair p = PR_RAND(20, 33, 17), t = PR_RAND(21, 33, 17), dp = PR_EMPTY(33, 17);
+    fr_t_pair l = PR_EMPTY(1), dl = PR_RAND(22, 1);
+    for (int k = 0; k < FR_LOSS_COUNT; k++) {
+        CHECK_OK(fr_pointwise_loss_forward(l.c, p.c, t.c, (fr_pointwise_loss)k, 0.5f));
+        CHECK_OK(fr_pointwise_loss_forward(l.g, p.g, t.g, (fr_pointwise_loss)k, 0.5f));
+        fr_t_pair_check(l, 1e-6, 1e-5, "pointwise loss");
+        CHECK_OK(fr_pointwise_loss_backward(dp.c, dl.c, p.c, t.c, (fr_pointwise_loss)k, 0.5f));
+        CHECK_OK(fr_pointwise_loss_backward(dp.g, dl.g, p.g, t.g, (fr_pointwise_loss)k, 0.5f));
+        fr_t_pair_check(dp, 1e-6, 1e-5, "pointwise loss backward");
+    }
+    fr_t_pair *all[] = {&p, &t, &dp, &l, &dl};
+    for (size_t i = 0; i < sizeof all / sizeof *all; i++)
+        fr_t_pair_free(all[i]);
+}
+
 /* ---- GEMM: every transpose pair, alpha and beta; sums of up to K
  * products in another order: 1e-5 relative ---- */
 
@@ -795,6 +813,7 @@ int main(void) {
     RUN(test_elementwise);
     RUN(test_sum_of_zeros_and_ones);
     RUN(test_activation);
+    RUN(test_pointwise_losses);
     RUN(test_gemm);
     RUN(test_linear);
     RUN(test_batchnorm);
