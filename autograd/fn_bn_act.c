@@ -254,19 +254,24 @@ static fr_status check_args(fr_tensor *x, fr_tensor *residual, const fr_bn_state
         return fr_error(FR_ERR_ARG, "%s: bn state is NULL", op);
     FR_TRY(fr_check_defined(op, "gamma", bn->gamma));
     FR_TRY(fr_check_defined(op, "beta", bn->beta));
-    if ((unsigned)act >= FR_ACT_COUNT || (unsigned)mode >= FR_BNACT_COUNT)
-        return fr_error(FR_ERR_ARG, "%s: unknown activation or mode", op);
+    if ((unsigned)mode >= FR_BNACT_COUNT)
+        return fr_error(FR_ERR_ARG, "%s: unknown mode %d", op, (int)mode);
+    FR_TRY(fr_act_check(op, act, slope));
     if (residual) {
         FR_TRY(fr_check_floatc(op, "residual", residual));
         FR_TRY(fr_check_same_shape(op, "residual", residual, "x", x));
         FR_TRY(fr_check_same_device(op, "residual", residual, "x", x));
     }
-    if (act == FR_ACT_LEAKY_RELU && !(slope > 0.0f))
-        return fr_error(FR_ERR_ARG, "%s: leaky_relu slope must be > 0, got %g", op, (double)slope);
     if (mode == FR_BNACT_INPLACE_ABN && act == FR_ACT_RELU)
         return fr_error(FR_ERR_ARG,
                         "inplace_abn: plain ReLU cannot be inverted (it loses the negative "
                         "half); use leaky_relu (e.g. slope 0.01) or identity");
+    if (mode == FR_BNACT_INPLACE_ABN && !fr_act_is_invertible(act))
+        return fr_error(FR_ERR_ARG,
+                        "inplace_abn: %s cannot be inverted exactly in f32 (it saturates or "
+                        "folds), so its input cannot be recovered from its output; only "
+                        "identity and leaky_relu can",
+                        fr_act_name(act));
     if (recording && !bn->training)
         return fr_error(FR_ERR_ARG,
                         "%s: eval mode with gradient recording is not supported; run eval under "
@@ -307,6 +312,16 @@ fr_tensor *fr_bn_act(fr_tensor *x, fr_tensor *residual, const fr_bn_state *bn, f
     bool recording = fr_should_record(4, in);
     if (check_args(x, residual, bn, act, slope, mode, recording) != FR_OK)
         return NULL;
+    if (residual && fr_act_needs_input(act)) {
+        /* The one-pass backward rebuilds an input-needing activation's input
+         * from x alone (ops.h), which misses the residual: the sum is made
+         * by the fused op and the activation applied as its own op, which
+         * keeps the sum (the chain's bits and memory). */
+        fr_tensor *z = fr_bn_act(x, residual, bn, FR_ACT_IDENTITY, 0.0f, mode);
+        fr_tensor *y = z ? fr_activation(z, act, slope) : NULL;
+        fr_release(z);
+        return y;
+    }
     bool abn = mode == FR_BNACT_INPLACE_ABN;
     const char *op = abn ? "inplace_abn" : "bn_act";
     fr_tensor *mean = channels_like(bn->gamma), *invstd = channels_like(bn->gamma);

@@ -27,8 +27,15 @@ fr_tensor *fr_reshape(fr_tensor *x, int ndim, const int64_t *shape);
 /* (N, ...) -> (N, rest) */
 fr_tensor *fr_flatten(fr_tensor *x);
 
-/* fn_activation.c: backward keeps only the output, so the inplace forms
- * need no extra memory. */
+/* fn_activation.c: any activation of FR_ACT_LIST (tensor/shapes.h) as an
+ * op; p is leaky ReLU's slope (> 0) or ELU's alpha (> 0), ignored by the
+ * others. A node keeps the output, or the input for the activations whose
+ * gradient needs it (fr_act_needs_input). The inplace forms write over x
+ * and keep nothing more; they refuse an activation that needs its input. */
+fr_tensor *fr_activation(fr_tensor *x, fr_act act, float p);
+fr_tensor *fr_activation_(fr_tensor *x, fr_act act, float p);
+fr_tensor *fr_sigmoid(fr_tensor *x);
+fr_tensor *fr_tanh(fr_tensor *x);
 fr_tensor *fr_relu(fr_tensor *x);
 fr_tensor *fr_relu_(fr_tensor *x);
 fr_tensor *fr_leaky_relu(fr_tensor *x, float slope);
@@ -81,6 +88,14 @@ fr_tensor *fr_autocast_weight(fr_tensor *w, fr_dtype compute);
 
 /* fn_loss.c: fused log-softmax + NLL, mean over the batch; labels i32 */
 fr_tensor *fr_cross_entropy(fr_tensor *logits, fr_tensor *labels);
+/* Pointwise losses, mean over every element, PyTorch's formulas
+ * (tensor/loss_math.h): pred and target f32 of one shape; the target
+ * takes no gradient (refused if it requires one). smooth L1's beta >= 0
+ * (0: L1); BCE takes logits and targets in [0, 1]. */
+fr_tensor *fr_mse_loss(fr_tensor *pred, fr_tensor *target);
+fr_tensor *fr_l1_loss(fr_tensor *pred, fr_tensor *target);
+fr_tensor *fr_smooth_l1_loss(fr_tensor *pred, fr_tensor *target, float beta);
+fr_tensor *fr_bce_with_logits_loss(fr_tensor *logits, fr_tensor *target);
 
 /* fn_bn_act.c: fused batch norm (training statistics) + optional residual
  * add + activation: y = act(BN(x) + residual). The building block of the
@@ -104,7 +119,7 @@ fr_tensor *fr_cross_entropy(fr_tensor *logits, fr_tensor *labels);
  *    under the inplace strategy (BN its input, the activation its output),
  *    in one pass forward and one backward instead of three and two.
  * Training mode only when recording; under no_grad eval mode is fine. */
-/* fr_act (identity / ReLU / leaky ReLU) is in tensor/shapes.h. */
+/* fr_act is in tensor/shapes.h. */
 typedef enum {
     FR_BNACT_RECOMPUTE = 0,
     FR_BNACT_INPLACE_ABN,

@@ -1,6 +1,7 @@
 /* cpu/abn.c: the InPlace-ABN kernels on the host (see kernels.def). */
 #include <math.h>
 
+#include "../tensor/activation.h"
 #include "../tensor/kernels.h"
 #include "simd.h"
 
@@ -19,22 +20,22 @@ fr_status fr_cpu_abn_gamma_grad(float *dgamma, const float *dgamma_eff, const fl
 }
 
 /* One plane of abn_invert, a branch-free `omp simd` loop per residual case
- * (FR_SELECT_BLEND, cpu/simd.h, makes the select a blend). */
+ * (FR_SELECT_BLEND, cpu/simd.h, makes the select a blend). The output is
+ * leaky ReLU's (slope 1: the identity) inverted by fr_act_inv
+ * (tensor/activation.h). */
 __attribute__((target_clones("avx2", "default"))) FR_SELECT_BLEND static void invert_plane(
-    float *xh, const float *y, const float *r, float inv_g, float b, float inv_slope, int hw) {
+    float *xh, const float *y, const float *r, float inv_g, float b, float slope, int hw) {
     if (r) {
 #pragma omp simd
         for (int p = 0; p < hw; p++) {
-            float v = y[p], unleak = v * inv_slope;
-            float z = v >= 0.0f ? v : unleak;
+            float z = fr_act_inv(FR_ACT_LEAKY_RELU, y[p], slope);
             z -= r[p];
             xh[p] = (z - b) * inv_g;
         }
     } else {
 #pragma omp simd
         for (int p = 0; p < hw; p++) {
-            float v = y[p], unleak = v * inv_slope;
-            float z = v >= 0.0f ? v : unleak;
+            float z = fr_act_inv(FR_ACT_LEAKY_RELU, y[p], slope);
             xh[p] = (z - b) * inv_g;
         }
     }
@@ -42,13 +43,12 @@ __attribute__((target_clones("avx2", "default"))) FR_SELECT_BLEND static void in
 
 fr_status fr_cpu_abn_invert(float *xhat, const float *y, const float *gamma_eff, const float *beta,
                             const float *residual, float slope, int n, int c, int hw) {
-    float inv_slope = 1.0f / slope;
 #pragma omp parallel for collapse(2) schedule(static)
     for (int i = 0; i < n; i++)
         for (int ch = 0; ch < c; ch++) {
             size_t base = ((size_t)i * (size_t)c + (size_t)ch) * (size_t)hw;
             invert_plane(xhat + base, y + base, residual ? residual + base : NULL,
-                         1.0f / gamma_eff[ch], beta[ch], inv_slope, hw);
+                         1.0f / gamma_eff[ch], beta[ch], slope, hw);
         }
     return FR_OK;
 }

@@ -1,59 +1,58 @@
-/* cpu/activation.c: ReLU and leaky ReLU kernels on the host.
+/* cpu/activation.c: the activation kernels on the host, one loop per
+ * activation made from the formulas of tensor/activation.h.
  *
- * Backward reads the output y rather than the input: y > 0 exactly when
- * x > 0 (for leaky ReLU because the slope is positive), so an inplace forward
- * that overwrote x loses nothing the gradient needs. Every loop reads element
- * i before writing element i, which makes y == x and dx == dy safe (also
- * vectorised: a vector's elements are all read before any is written).
+ * Backward reads s: the output y for the activations whose gradient needs
+ * only the output (shapes.h: FR_ACT_NEEDS_OUTPUT), else the input x. Every
+ * loop reads element i before writing element i, which makes y == x and
+ * dx == dy safe (also vectorised: a vector's elements are all read before
+ * any is written).
  *
- * The loops are `simd`: -O2 leaves them scalar, and the scalar select
+ * The loops are `simd`: -O2 leaves them scalar, and ReLU's scalar select
  * compiles to a branch on the sign, which a random sign mispredicts half the
  * time (relu forward + backward were 17% of a ResNet-20 training step at
- * one thread, perf, 2026-12-01). The vector form is a compare and a blend.
- *
- * NaN and the signed zero as PyTorch: relu(NaN) = NaN, relu(-0) = -0
- * (`x < 0 ? 0 : x`; `x > 0 ? x : 0` would erase a NaN and hide a corrupt
- * weight), and backward passes dy where y is NaN (its threshold_backward:
- * y <= 0 ? 0 : dy). Leaky ReLU's `v > 0 ? v : v * slope` already keeps a
- * NaN (NaN * slope), forward and backward. */
+ * one thread, perf, 2026-12-01). The vector form is a compare and a blend;
+ * FR_SELECT_BLEND (simd.h) lets leaky ReLU's product arm be one too. The
+ * transcendental activations stay scalar calls (no -ffast-math, so no
+ * vector expf), the same calls as the fused batch-norm kernels make. */
+#include "../tensor/activation.h"
 #include "../tensor/kernels.h"
 #include "simd.h"
 
 /* Below this many elements a parallel region costs more than it saves. */
 #define FR_ACT_PAR_MIN 32768
 
-fr_status fr_cpu_relu_forward(float *y, const float *x, size_t n) {
-#pragma omp parallel for simd if (n > FR_ACT_PAR_MIN) schedule(static)
-    for (size_t i = 0; i < n; i++)
-        y[i] = x[i] < 0.0f ? 0.0f : x[i];
-    return FR_OK;
-}
-
-fr_status fr_cpu_relu_backward(float *dx, const float *dy, const float *y, size_t n) {
-    /* PyTorch's gradient at x == 0 is 0; y == 0 there, so the test y <= 0
-     * gives the same. */
-#pragma omp parallel for simd if (n > FR_ACT_PAR_MIN) schedule(static)
-    for (size_t i = 0; i < n; i++) {
-        float g = dy[i];
-        dx[i] = y[i] <= 0.0f ? 0.0f : g;
+FR_SELECT_BLEND fr_status fr_cpu_act_forward(float *y, const float *x, fr_act act, float p,
+                                             size_t n) {
+    switch (act) {
+#define FR_ACT_FWD_(NAME, name, needs, inv)                                     \
+    case FR_ACT_##NAME: {                                                       \
+        _Pragma("omp parallel for simd if (n > FR_ACT_PAR_MIN) schedule(static)") \
+        for (size_t i = 0; i < n; i++)                                          \
+            y[i] = fr_act_fwd_##NAME(x[i], p);                          \
+        break;                                                                  \
+    }
+        FR_ACT_LIST(FR_ACT_FWD_)
+#undef FR_ACT_FWD_
+    default:
+        return fr_error(FR_ERR_ARG, "activation: unknown activation %d", (int)act);
     }
     return FR_OK;
 }
 
-FR_SELECT_BLEND fr_status fr_cpu_leaky_relu_forward(float *y, const float *x, float slope, size_t n) {
-#pragma omp parallel for simd if (n > FR_ACT_PAR_MIN) schedule(static)
-    for (size_t i = 0; i < n; i++) {
-        float v = x[i], leak = v * slope;
-        y[i] = v > 0.0f ? v : leak;
+FR_SELECT_BLEND fr_status fr_cpu_act_backward(float *dx, const float *dy, const float *s,
+                                              fr_act act, float p, size_t n) {
+    switch (act) {
+#define FR_ACT_BWD_(NAME, name, needs, inv)                                     \
+    case FR_ACT_##NAME: {                                                       \
+        _Pragma("omp parallel for simd if (n > FR_ACT_PAR_MIN) schedule(static)") \
+        for (size_t i = 0; i < n; i++)                                          \
+            dx[i] = fr_act_grad_##NAME(dy[i], s[i], p);                 \
+        break;                                                                  \
     }
-    return FR_OK;
-}
-
-FR_SELECT_BLEND fr_status fr_cpu_leaky_relu_backward(float *dx, const float *dy, const float *y, float slope, size_t n) {
-#pragma omp parallel for simd if (n > FR_ACT_PAR_MIN) schedule(static)
-    for (size_t i = 0; i < n; i++) {
-        float g = dy[i], leak = g * slope;
-        dx[i] = y[i] > 0.0f ? g : leak;
+        FR_ACT_LIST(FR_ACT_BWD_)
+#undef FR_ACT_BWD_
+    default:
+        return fr_error(FR_ERR_ARG, "activation_backward: unknown activation %d", (int)act);
     }
     return FR_OK;
 }

@@ -6,6 +6,7 @@
  * for every kernel that sums: chunk_sums), never split across threads. */
 #include <math.h>
 
+#include "../tensor/activation.h"
 #include "../tensor/kernels.h"
 #include "simd.h"
 
@@ -111,40 +112,40 @@ fr_status fr_cpu_batch_norm_update_running(float *running_mean, float *running_v
 }
 
 /* One plane of bn_act_forward: the loop written once per activation and
- * residual case, so that each stays a branch-free `omp simd` loop. The steps
- * round as the separate kernels do: v = (x - mu) * sc + b, then v + r, then
- * the activation. The leaky product is computed for every element (`leak`)
- * and FR_BN_VEC carries FR_SELECT_BLEND (cpu/simd.h), so the select is a
- * blend: it was a scalar loop with a branch per element (10% of an abn
- * step). */
-#define FR_BN_ACT_PLANE(ACT)                                                     \
+ * residual case, so that each stays a branch-free `omp simd` loop where the
+ * activation has a vector form (FR_BN_VEC carries FR_SELECT_BLEND,
+ * cpu/simd.h, so leaky ReLU's select is a blend: it was a scalar loop with
+ * a branch per element, 10% of an abn step). The steps round as the
+ * separate kernels do: v = (x - mu) * sc + b, then v + r, then
+ * fr_act_fwd (tensor/activation.h), the plain kernel's formula. */
+#define FR_BN_ACT_PLANE(A)                                                       \
     do {                                                                         \
         if (rp) {                                                                \
             _Pragma("omp simd") for (int j = 0; j < hw; j++) {                   \
                 float v = (xp[j] - mu) * sc + b;                                 \
                 v = v + rp[j];                                                   \
-                float leak = v * slope;                                          \
-                (void)leak;                                                      \
-                yp[j] = ACT;                                                     \
+                yp[j] = fr_act_fwd_##A(v, slope);                                 \
             }                                                                    \
         } else {                                                                 \
             _Pragma("omp simd") for (int j = 0; j < hw; j++) {                   \
                 float v = (xp[j] - mu) * sc + b;                                 \
-                float leak = v * slope;                                          \
-                (void)leak;                                                      \
-                yp[j] = ACT;                                                     \
+                yp[j] = fr_act_fwd_##A(v, slope);                                 \
             }                                                                    \
         }                                                                        \
     } while (0)
 
 FR_BN_VEC static void plane_forward(float *yp, const float *xp, const float *rp, float mu, float sc,
                                     float b, fr_act act, float slope, int hw) {
-    if (act == FR_ACT_RELU)
-        FR_BN_ACT_PLANE(v < 0.0f ? 0.0f : v); /* relu_forward's: NaN stays */
-    else if (act == FR_ACT_LEAKY_RELU)
-        FR_BN_ACT_PLANE(v > 0.0f ? v : v * slope);
-    else
-        FR_BN_ACT_PLANE(v);
+    switch (act) {
+#define FR_BN_ACT_CASE_(NAME, name, needs, inv) \
+    case FR_ACT_##NAME:                        \
+        FR_BN_ACT_PLANE(NAME);        \
+        break;
+        FR_ACT_LIST(FR_BN_ACT_CASE_)
+#undef FR_BN_ACT_CASE_
+    default:
+        break; /* checked by the caller (ops_batchnorm.c) */
+    }
 }
 
 fr_status fr_cpu_bn_act_forward(float *y, const float *x, const float *residual, const float *mean,
@@ -164,39 +165,39 @@ fr_status fr_cpu_bn_act_forward(float *y, const float *x, const float *residual,
     return FR_OK;
 }
 
-/* g = dy * act'(s) over one chunk, branch-free (a blend per vector: the
- * signs of real activations are unpredictable); the arithmetic of
- * relu_backward / leaky_relu_backward. s is act_out, or the forward's
- * pre-activation (x - mu) * sc + b in its rounding when act_out is NULL. */
+/* g = dy * act'(s) over one chunk with fr_act_grad, the plain backward
+ * kernel's formula, so the bits are its own (branch-free where the
+ * activation has a vector form: the signs of real activations are
+ * unpredictable). s is act_out for an activation whose gradient needs only
+ * its output, else the forward's pre-activation (x - mu) * sc + b in its
+ * rounding, passed through fr_act_fwd when the output is what the gradient
+ * reads. */
+#define FR_BN_GRAD_CHUNK(A, NEEDS)                                               \
+    do {                                                                         \
+        if (act_out && (NEEDS) == FR_ACT_NEEDS_OUTPUT) {                         \
+            _Pragma("omp simd") for (int j = 0; j < len; j++)                    \
+                g[j] = fr_act_grad_##A(dy[j], act_out[j], slope);                 \
+        } else {                                                                 \
+            _Pragma("omp simd") for (int j = 0; j < len; j++) {                  \
+                float pre = (xp[j] - mu) * sc + b;                               \
+                float s = (NEEDS) == FR_ACT_NEEDS_OUTPUT ? fr_act_fwd_##A(pre, slope) \
+                                                         : pre;                  \
+                g[j] = fr_act_grad_##A(dy[j], s, slope);                          \
+            }                                                                    \
+        }                                                                        \
+    } while (0)
+
 FR_BN_VEC static void chunk_grad(float *g, const float *dy, const float *act_out, const float *xp,
                              float mu, float sc, float b, fr_act act, float slope, int len) {
-    if (act == FR_ACT_IDENTITY) {
-        for (int j = 0; j < len; j++)
-            g[j] = dy[j];
-    } else if (act_out && act == FR_ACT_RELU) {
-#pragma omp simd
-        for (int j = 0; j < len; j++) {
-            float d = dy[j]; /* loaded unconditionally, or the select stays a branch */
-            g[j] = act_out[j] <= 0.0f ? 0.0f : d;
-        }
-    } else if (act_out) {
-#pragma omp simd
-        for (int j = 0; j < len; j++) {
-            float d = dy[j], leak = d * slope;
-            g[j] = act_out[j] > 0.0f ? d : leak;
-        }
-    } else if (act == FR_ACT_RELU) {
-#pragma omp simd
-        for (int j = 0; j < len; j++) {
-            float pre = (xp[j] - mu) * sc + b, d = dy[j];
-            g[j] = pre <= 0.0f ? 0.0f : d;
-        }
-    } else {
-#pragma omp simd
-        for (int j = 0; j < len; j++) {
-            float pre = (xp[j] - mu) * sc + b, d = dy[j], leak = d * slope;
-            g[j] = pre > 0.0f ? d : leak;
-        }
+    switch (act) {
+#define FR_BN_GRAD_CASE_(NAME, name, needs, inv)      \
+    case FR_ACT_##NAME:                               \
+        FR_BN_GRAD_CHUNK(NAME, needs);       \
+        break;
+        FR_ACT_LIST(FR_BN_GRAD_CASE_)
+#undef FR_BN_GRAD_CASE_
+    default:
+        break; /* checked by the caller (ops_batchnorm.c) */
     }
 }
 

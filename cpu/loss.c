@@ -1,9 +1,11 @@
-/* cpu/loss.c: fused log-softmax + NLL (cross-entropy), mean over the batch.
+/* cpu/loss.c: fused log-softmax + NLL (cross-entropy), mean over the batch,
+ * and the pointwise losses (MSE, L1, smooth L1, BCE with logits).
  * logits (N, K), labels (N) i32. Subtracting the row maximum before exp keeps
  * every exponent <= 0, so logits of any magnitude give a finite loss. */
 #include <math.h>
 
 #include "../tensor/kernels.h"
+#include "../tensor/loss_math.h"
 
 static fr_status check_labels(const int32_t *labels, int n, int k) {
     for (int i = 0; i < n; i++)
@@ -50,5 +52,25 @@ fr_status fr_cpu_cross_entropy_backward(float *dlogits, const float *dloss, cons
             drow[j] = (float)((p - (j == labels[i] ? 1.0 : 0.0)) * g);
         }
     }
+    return FR_OK;
+}
+
+/* ---- the pointwise losses (tensor/loss_math.h) ---- */
+
+fr_status fr_cpu_pointwise_loss_forward(float *l, const float *pred, const float *target,
+                                        fr_pointwise_loss kind, float beta, size_t n) {
+#pragma omp parallel for if (n > 32768) schedule(static)
+    for (size_t i = 0; i < n; i++)
+        l[i] = fr_loss_value(kind, pred[i], target[i], beta);
+    return FR_OK;
+}
+
+fr_status fr_cpu_pointwise_loss_backward(float *dpred, const float *dloss, const float *pred,
+                                         const float *target, fr_pointwise_loss kind, float beta,
+                                         float scale, size_t n) {
+    float k = dloss[0] * scale;
+#pragma omp parallel for if (n > 32768) schedule(static)
+    for (size_t i = 0; i < n; i++)
+        dpred[i] = fr_loss_grad(kind, pred[i], target[i], beta) * k;
     return FR_OK;
 }

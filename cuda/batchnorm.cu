@@ -14,6 +14,7 @@
  * changes the summation order; it waits for a GPU measurement of what these
  * kernels cost in a step (scripts/device-check.sh's bench section). */
 #include "internal.h"
+#include "../tensor/activation.h"
 
 #define BN_THREADS 512
 
@@ -125,25 +126,26 @@ extern "C" fr_status fr_cuda_batch_norm_update_running(float *running_mean, floa
  * kernels round it. Each thread reads x[i] and residual[i] before writing
  * y[i], so y may be either. ---- */
 
+/* The activation (tensor/activation.h, the plain kernel's formulas). */
 __device__ __forceinline__ float bn_act_value(float v, fr_act act, float slope) {
-    if (act == FR_ACT_RELU)
-        return v < 0.0f ? 0.0f : v; /* relu_forward's: NaN stays */
-    if (act == FR_ACT_LEAKY_RELU) {
-        float leak = v * slope;
-        return v > 0.0f ? v : leak;
-    }
-    return v;
+    return fr_act_fwd(act, v, slope);
 }
 
-/* relu_backward's / leaky_relu_backward's gradient from the sign source s */
-__device__ __forceinline__ float bn_act_grad(float g, float s, fr_act act, float slope) {
-    if (act == FR_ACT_RELU)
-        return s <= 0.0f ? 0.0f : g;
-    if (act == FR_ACT_LEAKY_RELU) {
-        float leak = g * slope;
-        return s > 0.0f ? g : leak;
-    }
-    return g;
+/* dy * act'(x) from the kept output, or from the recomputed pre-activation
+ * `pre` (activated first when the gradient reads the output; an activation
+ * that needs its input always reads pre). */
+__device__ __forceinline__ float bn_act_grad(float g, const float *act_out, size_t at, float pre,
+                                             fr_act act, float slope) {
+    if (act == FR_ACT_IDENTITY)
+        return g;
+    float s;
+    if (fr_act_needs_of(act) == FR_ACT_NEEDS_INPUT)
+        s = pre;
+    else if (act_out)
+        s = act_out[at];
+    else
+        s = fr_act_fwd(act, pre, slope);
+    return fr_act_grad(act, g, s, slope);
 }
 
 __global__ void bn_act_forward_kernel(float *y, const float *x, const float *residual,
@@ -195,10 +197,8 @@ __global__ void bn_act_backward_kernel(float *dx, float *dz, float *dgamma, floa
     float acc_dy = 0.0f, acc_dyxh = 0.0f;
     for (bn_walk w(threadIdx.x, BN_THREADS, ch, c, hw); w.i < count; w.next()) {
         size_t at = w.at;
-        float s = act == FR_ACT_IDENTITY ? 0.0f
-                  : act_out               ? act_out[at]
-                                          : __fadd_rn(__fmul_rn(x[at] - mu, sc), b);
-        float g = bn_act_grad(dy[at], s, act, slope);
+        float pre = __fadd_rn(__fmul_rn(x[at] - mu, sc), b);
+        float g = bn_act_grad(dy[at], act_out, at, pre, act, slope);
         if (dz)
             dz[at] = g;
         acc_dy += g;
@@ -219,10 +219,8 @@ __global__ void bn_act_backward_kernel(float *dx, float *dz, float *dgamma, floa
         if (dz) {
             g = dz[at];
         } else {
-            float s = act == FR_ACT_IDENTITY ? 0.0f
-                      : act_out               ? act_out[at]
-                                              : __fadd_rn(__fmul_rn(x[at] - mu, sc), b);
-            g = bn_act_grad(dy[at], s, act, slope);
+            float pre = __fadd_rn(__fmul_rn(x[at] - mu, sc), b);
+            g = bn_act_grad(dy[at], act_out, at, pre, act, slope);
         }
         float xh = (x[at] - mu) * is;
         dx[at] = k * (g - mdy - xh * mdyxh);

@@ -15,6 +15,7 @@
 #include <math.h>
 
 #include "internal.h"
+#include "../tensor/loss_math.h"
 
 #define CE_THREADS 256
 
@@ -101,4 +102,30 @@ extern "C" fr_status fr_cuda_cross_entropy_backward(float *dlogits, const float 
     ce_bwd_kernel<<<n, CE_THREADS>>>(dlogits, dloss, logits, labels, n, k);
     FR_CUDA_LAUNCH_CHECK();
     return FR_OK;
+}
+
+/* ---- the pointwise losses (tensor/loss_math.h, shared with the CPU) ---- */
+
+__global__ void pointwise_loss_forward_kernel(float *l, const float *pred, const float *target,
+                                              fr_pointwise_loss kind, float beta, size_t n) {
+    FR_CUDA_FOR(i, n) l[i] = fr_loss_value(kind, pred[i], target[i], beta);
+}
+
+__global__ void pointwise_loss_backward_kernel(float *dpred, const float *dloss, const float *pred,
+                                               const float *target, fr_pointwise_loss kind,
+                                               float beta, float scale, size_t n) {
+    FR_CUDA_FOR(i, n) dpred[i] = fr_loss_grad(kind, pred[i], target[i], beta) * (dloss[0] * scale);
+}
+
+extern "C" fr_status fr_cuda_pointwise_loss_forward(float *l, const float *pred, const float *target,
+                                                    fr_pointwise_loss kind, float beta, size_t n) {
+    FR_CUDA_RUN_1D(pointwise_loss_forward_kernel, n, l, pred, target, kind, beta, n);
+}
+
+extern "C" fr_status fr_cuda_pointwise_loss_backward(float *dpred, const float *dloss,
+                                                     const float *pred, const float *target,
+                                                     fr_pointwise_loss kind, float beta,
+                                                     float scale, size_t n) {
+    FR_CUDA_RUN_1D(pointwise_loss_backward_kernel, n, dpred, dloss, pred, target, kind, beta, scale,
+                   n);
 }

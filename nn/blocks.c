@@ -6,15 +6,31 @@
  * (the engine holds a block's input for the block's whole forward). */
 static bool exclusive(const fr_tensor *t) { return t->refcount == 1 && t->storage->refcount == 1; }
 
-/* relu(y) (leaky for the ABN function), releasing y. INPLACE writes over y:
- * y is a fresh BN output or sum nobody saved. */
-static fr_tensor *act_consume(fr_tensor *y, fr_act act, const fr_run *run) {
+/* act(y), releasing y (leaky ReLU for ReLU in the ABN function). INPLACE
+ * writes over y when the activation's gradient needs only its output: y is
+ * a fresh BN output or sum nobody saved. */
+static fr_tensor *act_consume(fr_tensor *y, fr_act act, float slope, const fr_run *run) {
     if (!y || act == FR_ACT_IDENTITY)
         return y;
-    bool leaky = act == FR_ACT_LEAKY_RELU || run->strategy.abn_reference;
-    if (run->strategy.inplace)
-        return fr_chain(y, leaky ? fr_leaky_relu_(y, FR_ABN_SLOPE) : fr_relu_(y));
-    return fr_chain(y, leaky ? fr_leaky_relu(y, FR_ABN_SLOPE) : fr_relu(y));
+    if (run->strategy.abn_reference && act == FR_ACT_RELU) {
+        act = FR_ACT_LEAKY_RELU;
+        slope = FR_ABN_SLOPE;
+    }
+    if (run->strategy.inplace && !fr_act_needs_input(act))
+        return fr_chain(y, fr_activation_(y, act, slope));
+    return fr_chain(y, fr_activation(y, act, slope));
+}
+
+fr_tensor *fr_act_layer_apply(const fr_module *m, fr_tensor *x, const fr_run *run) {
+    const fr_layer *l = m->state;
+    if (!x) {
+        fr_error_null(m->name, "x");
+        return NULL;
+    }
+    /* in place only over a tensor nobody else holds or saved */
+    if (run->strategy.inplace && !fr_act_needs_input(l->act) && exclusive(x))
+        return fr_activation_(x, l->act, l->slope);
+    return fr_activation(x, l->act, l->slope);
 }
 
 /* BN the plain way; for abn_reference the scale is |gamma| + eps. */
@@ -40,6 +56,14 @@ fr_tensor *fr_norm_apply(const fr_module *m, fr_tensor *x, fr_tensor *residual, 
     const fr_batch_norm2d_layer *bn = &l->bn;
     fr_act act = l->act;
     const fr_strategy *st = &run->strategy;
+    if ((st->abn || st->abn_reference) && act != FR_ACT_RELU && !fr_act_is_invertible(act)) {
+        /* ABN recovers BN's output from the activation's output */
+        fr_error(FR_ERR_ARG, "%s: strategy %s cannot apply: %s's activation %s cannot be "
+                 "inverted exactly (only identity, relu, taken as leaky_relu, and leaky_relu "
+                 "can); use recompute instead", run->model, st->abn ? "abn" : "abn_reference",
+                 m->name, fr_act_name(act));
+        return NULL;
+    }
     if ((st->abn || st->abn_reference) && !exclusive(x)) {
         /* ABN writes its output over its input; where the input is read
          * again (an identity shortcut, a DenseNet feature) that would change
@@ -72,10 +96,13 @@ fr_tensor *fr_norm_apply(const fr_module *m, fr_tensor *x, fr_tensor *residual, 
          * forward): one pass, the chain's bits, under every strategy */
         mode = FR_BNACT_KEEP;
     if (mode != FR_BNACT_COUNT) {
-        if (st->abn && act == FR_ACT_RELU)
+        float slope = l->slope;
+        if (st->abn && act == FR_ACT_RELU) {
             act = FR_ACT_LEAKY_RELU;
+            slope = FR_ABN_SLOPE;
+        }
         fr_bn_state s = fr_batch_norm2d_layer_state(bn, run->training);
-        fr_tensor *y = fr_bn_act(x, residual, &s, act, FR_ABN_SLOPE, mode);
+        fr_tensor *y = fr_bn_act(x, residual, &s, act, slope, mode);
         if (y && run->training)
             fr_batch_norm2d_layer_count_batch(bn);
         return y;
@@ -83,7 +110,7 @@ fr_tensor *fr_norm_apply(const fr_module *m, fr_tensor *x, fr_tensor *residual, 
     fr_tensor *y = plain_bn(bn, x, run);
     if (residual)
         y = fr_chain(y, fr_residual_add(y, residual, run));
-    return act_consume(y, act, run);
+    return act_consume(y, act, l->slope, run);
 }
 
 fr_tensor *fr_residual_add(fr_tensor *y, fr_tensor *shortcut, const fr_run *run) {

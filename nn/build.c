@@ -182,15 +182,38 @@ fr_module *fr_conv2d_new(fr_module *parent, const char *name, fr_conv2d_opts o) 
     return st == FR_OK ? mod : fail(mod->model, st);
 }
 
-fr_module *fr_norm_new(fr_module *parent, const char *name, fr_norm_opts o) {
-    fr_layer *l;
-    fr_module *mod = layer_new(parent, name, FR_LAYER_NORM, &l);
+/* An activation's parameter with its default where 0: leaky ReLU's slope
+ * 0.01 (PyTorch's nn.LeakyReLU), ELU's alpha 1. */
+static float act_param(fr_act act, float p) {
+    if (p != 0.0f)
+        return p;
+    return act == FR_ACT_LEAKY_RELU ? 0.01f : act == FR_ACT_ELU ? 1.0f : 0.0f;
+}
+
+/* A layer that ends with an activation (act, norm): its parameter's
+ * default applied and checked, naming the layer. */
+static fr_module *act_layer_new(fr_module *parent, const char *name, fr_layer_kind kind, fr_act act,
+                                float p, fr_layer **out) {
+    fr_module *mod = layer_new(parent, name, kind, out);
     if (!mod)
         return NULL;
-    fr_status st = (unsigned)o.act >= FR_ACT_COUNT
-                       ? fr_error(FR_ERR_ARG, "norm %s: unknown activation %d", mod->name, (int)o.act)
-                       : fr_batch_norm2d_layer_init(&l->bn, mod->model->params, mod->name, o.channels);
-    l->act = o.act;
+    (*out)->act = act;
+    (*out)->slope = act_param(act, p);
+    fr_status st = fr_act_check(mod->name, act, (*out)->slope);
+    return st == FR_OK ? mod : fail(mod->model, st);
+}
+
+fr_module *fr_act_new(fr_module *parent, const char *name, fr_act_opts o) {
+    fr_layer *l;
+    return act_layer_new(parent, name, FR_LAYER_ACT, o.act, o.slope, &l);
+}
+
+fr_module *fr_norm_new(fr_module *parent, const char *name, fr_norm_opts o) {
+    fr_layer *l;
+    fr_module *mod = act_layer_new(parent, name, FR_LAYER_NORM, o.act, o.slope, &l);
+    if (!mod)
+        return NULL;
+    fr_status st = fr_batch_norm2d_layer_init(&l->bn, mod->model->params, mod->name, o.channels);
     if (st != FR_OK)
         return fail(mod->model, st);
     mod->model->build->n_norms++;
@@ -273,6 +296,8 @@ static fr_tensor *layer_forward(const fr_module *m, fr_tensor *x, const fr_run *
         return fr_flatten(x);
     case FR_LAYER_DROPOUT:
         return fr_dropout(x, l->p, run->training);
+    case FR_LAYER_ACT:
+        return fr_act_layer_apply(m, x, run);
     default:
         FR_ASSERT(!"unknown layer kind");
         return NULL;

@@ -118,13 +118,26 @@ typedef struct {
 #define FR_NO_PAD (-1)
 fr_module *fr_conv2d_new(fr_module *parent, const char *name, fr_conv2d_opts o);
 
-/* BatchNorm2d (momentum 0.1, eps 1e-5) then `act` [identity]. The one
- * layer where recompute and abn change how things run. */
+/* BatchNorm2d (momentum 0.1, eps 1e-5) then `act` [identity], fused. The
+ * one layer where recompute and abn change how things run. Any fr_act
+ * (tensor/shapes.h); abn takes only the invertible ones (identity,
+ * leaky ReLU) and ReLU, which it turns into LeakyReLU 0.01; the others are
+ * refused under abn. */
 typedef struct {
     int channels;      /* required */
-    fr_act act;        /* FR_ACT_IDENTITY, FR_ACT_RELU (LeakyReLU 0.01 under abn) */
+    fr_act act;        /* [FR_ACT_IDENTITY] */
+    float slope;       /* leaky ReLU's slope [0.01], ELU's alpha [1] */
 } fr_norm_opts;
 fr_module *fr_norm_new(fr_module *parent, const char *name, fr_norm_opts o);
+
+/* An activation as a layer (nn.ReLU, nn.GELU, ...: docs/MODELS.md). Runs
+ * in place under the inplace strategy when its gradient needs only its
+ * output and nothing else holds its input. */
+typedef struct {
+    fr_act act;        /* required */
+    float slope;       /* leaky ReLU's slope [0.01], ELU's alpha [1] */
+} fr_act_opts;
+fr_module *fr_act_new(fr_module *parent, const char *name, fr_act_opts o);
 
 typedef struct {
     int in, out;       /* features (required) */

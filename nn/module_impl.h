@@ -16,6 +16,7 @@ typedef enum {
     FR_LAYER_GLOBAL_POOL,
     FR_LAYER_FLATTEN,
     FR_LAYER_DROPOUT,
+    FR_LAYER_ACT,
     FR_LAYER_KIND_COUNT
 } fr_layer_kind;
 
@@ -23,7 +24,8 @@ typedef struct {
     fr_layer_kind kind;
     fr_conv2d_layer conv;
     fr_batch_norm2d_layer bn;
-    fr_act act;
+    fr_act act;        /* norm and act layers */
+    float slope;       /* its parameter, defaults applied (fr_act_forward) */
     fr_linear_layer linear;
     fr_pool_params pool;
     float p;
@@ -88,6 +90,8 @@ void fr_model_build_free(struct fr_model_build *b);
 
 /* blocks.c: act(bn(x) + residual) under run->strategy. */
 fr_tensor *fr_norm_apply(const fr_module *m, fr_tensor *x, fr_tensor *residual, const fr_run *run);
+/* An act layer (fr_act_new) under the run's strategy (blocks.c). */
+fr_tensor *fr_act_layer_apply(const fr_module *m, fr_tensor *x, const fr_run *run);
 
 /* segments.c */
 fr_tensor *fr_chain_forward(fr_module *c, fr_tensor *x, const fr_run *run);

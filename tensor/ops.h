@@ -28,7 +28,22 @@ fr_status fr_sum_out(fr_tensor *out, const fr_tensor *x);
 /* y[i] = scale * src[0] */
 fr_status fr_fill_from_out(fr_tensor *y, const fr_tensor *src, float scale);
 
-/* ---- activations (ops_activation.c); y may be x; backward reads y ---- */
+/* ---- activations (ops_activation.c; shapes.h lists them). y may be x.
+ * p is leaky ReLU's slope (> 0) or ELU's alpha (> 0); the others ignore
+ * it. Backward reads s: the output y when the activation's gradient needs
+ * only the output, else the input x (fr_act_needs_input). ---- */
+fr_status fr_act_forward(fr_tensor *y, const fr_tensor *x, fr_act act, float p);
+fr_status fr_act_backward(fr_tensor *dx, const fr_tensor *dy, const fr_tensor *s, fr_act act,
+                          float p);
+/* "relu", "gelu_tanh", ...: PyTorch's functional names */
+const char *fr_act_name(fr_act act);
+/* FR_ACT_NEEDS_INPUT in FR_ACT_LIST: backward needs x, not just y */
+bool fr_act_needs_input(fr_act act);
+/* x recoverable from y in f32 (identity, leaky ReLU): what InPlace-ABN needs */
+bool fr_act_is_invertible(fr_act act);
+/* FR_ERR_ARG naming op when act is unknown or its parameter out of range */
+fr_status fr_act_check(const char *op, fr_act act, float p);
+/* the same for ReLU and leaky ReLU (slope > 0) */
 fr_status fr_relu_forward(fr_tensor *y, const fr_tensor *x);
 fr_status fr_relu_backward(fr_tensor *dx, const fr_tensor *dy, const fr_tensor *y);
 fr_status fr_leaky_relu_forward(fr_tensor *y, const fr_tensor *x, float slope);
@@ -90,18 +105,19 @@ fr_status fr_batch_norm_train_stats(fr_tensor *mean, fr_tensor *invstd, const fr
 /* y = act((x - mean) * invstd * gamma + beta + residual), rounded as
  * fr_batch_norm_apply, fr_add_out and the activation would in turn (the
  * same bits); residual may be NULL; y may be x or residual; slope is
- * leaky ReLU's. */
+ * the activation's parameter (fr_act_forward). */
 fr_status fr_bn_act_forward(fr_tensor *y, const fr_tensor *x, const fr_tensor *residual,
                             const fr_tensor *mean, const fr_tensor *invstd, const fr_tensor *gamma,
                             const fr_tensor *beta, fr_act act, float slope);
 /* Training-mode backward of fr_bn_act_forward from dy: dz = dy * act'
  * (the gradient at the activation's input, which is also the residual's),
- * then batch norm's backward over dz, with the bits of fr_relu_backward /
- * fr_leaky_relu_backward followed by fr_batch_norm_backward. The
- * activation's sign is read from act_out (its output) or, when act_out is
- * NULL, from (x - mean) * invstd * gamma + beta recomputed on the fly (so
- * act_out NULL needs a forward without residual). dx and dz may be NULL
- * (not wanted). */
+ * then batch norm's backward over dz, with the bits of fr_act_backward
+ * followed by fr_batch_norm_backward. An activation whose gradient needs
+ * only its output reads act_out, or when act_out is NULL the activation
+ * of (x - mean) * invstd * gamma + beta recomputed on the fly; one that
+ * needs its input (fr_act_needs_input) always recomputes that
+ * pre-activation and ignores act_out. Recomputing needs a forward without
+ * residual. dx and dz may be NULL (not wanted). */
 fr_status fr_bn_act_backward(fr_tensor *dx, fr_tensor *dz, fr_tensor *dgamma, fr_tensor *dbeta,
                              const fr_tensor *dy, const fr_tensor *act_out, const fr_tensor *x,
                              const fr_tensor *mean, const fr_tensor *invstd,
@@ -145,6 +161,14 @@ fr_status fr_concat_backward(fr_tensor *const *dx, int count, const fr_tensor *d
 fr_status fr_cross_entropy_forward(fr_tensor *loss, const fr_tensor *logits, const fr_tensor *labels);
 fr_status fr_cross_entropy_backward(fr_tensor *dlogits, const fr_tensor *dloss, const fr_tensor *logits,
                                     const fr_tensor *labels);
+/* Pointwise losses (tensor/loss_math.h has the formulas), mean over every
+ * element: pred and target f32, contiguous, the same shape and device;
+ * loss one element; beta is smooth L1's (>= 0). Backward: dpred =
+ * dloss * loss'(pred) / n. */
+fr_status fr_pointwise_loss_forward(fr_tensor *loss, const fr_tensor *pred, const fr_tensor *target,
+                                    fr_pointwise_loss kind, float beta);
+fr_status fr_pointwise_loss_backward(fr_tensor *dpred, const fr_tensor *dloss, const fr_tensor *pred,
+                                     const fr_tensor *target, fr_pointwise_loss kind, float beta);
 
 /* ---- InPlace-ABN helpers (ops_abn.c); per-channel tensors (C), x-shaped
  * tensors (N,C,H,W) or (N,C) ---- */

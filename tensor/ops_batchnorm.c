@@ -481,14 +481,6 @@ fr_status fr_batch_norm_backward(fr_tensor *dx, fr_tensor *dgamma, fr_tensor *db
 
 /* ---- batch norm + residual + activation fused (ops.h) ---- */
 
-static fr_status check_act(const char *op, fr_act act, float slope) {
-    if ((unsigned)act >= FR_ACT_COUNT)
-        return fr_error(FR_ERR_ARG, "%s: unknown activation %d", op, (int)act);
-    if (act == FR_ACT_LEAKY_RELU && !(slope > 0.0f))
-        return fr_error(FR_ERR_ARG, "%s: leaky_relu slope must be > 0, got %g", op, (double)slope);
-    return FR_OK;
-}
-
 fr_status fr_bn_act_forward(fr_tensor *y, const fr_tensor *x, const fr_tensor *residual,
                             const fr_tensor *mean, const fr_tensor *invstd, const fr_tensor *gamma,
                             const fr_tensor *beta, fr_act act, float slope) {
@@ -500,7 +492,7 @@ fr_status fr_bn_act_forward(fr_tensor *y, const fr_tensor *x, const fr_tensor *r
         FR_TRY(check_like_x(op, "residual", residual, x));
     FR_TRY(check_affine(op, x, d.c, mean, invstd, gamma));
     FR_TRY(check_channel(op, "beta", beta, x, d.c));
-    FR_TRY(check_act(op, act, slope));
+    FR_TRY(fr_act_check(op, act, slope));
     if (y->dtype == FR_F32 && x->dtype == FR_F32 && (!residual || residual->dtype == FR_F32))
         return apply_act_staged(y, x, residual, fr_data_f32(mean), fr_data_f32(invstd), gamma,
                                 beta, act, slope, &d);
@@ -516,10 +508,8 @@ fr_status fr_bn_act_forward(fr_tensor *y, const fr_tensor *x, const fr_tensor *r
         st = fr_add_out(y, bn, residual);
     if (over_residual)
         fr_release(bn);
-    if (st == FR_OK && act == FR_ACT_RELU)
-        st = fr_relu_forward(y, y);
-    if (st == FR_OK && act == FR_ACT_LEAKY_RELU)
-        st = fr_leaky_relu_forward(y, y, slope);
+    if (st == FR_OK && act != FR_ACT_IDENTITY)
+        st = fr_act_forward(y, y, act, slope);
     return st;
 }
 
@@ -540,15 +530,20 @@ static fr_status bn_act_backward_chained(fr_tensor *dx, fr_tensor *dz, fr_tensor
     }
     fr_tensor *pre = NULL, *g = dz ? fr_retain(dz) : fr_empty_like(dy, FR_TAG_TRANSIENT);
     fr_status st = g ? FR_OK : fr_last_status();
-    const fr_tensor *sign = act_out;
-    if (st == FR_OK && !sign) {
+    /* what the activation's backward reads: its kept output, or else the
+     * pre-activation rebuilt (and activated when the output is what it
+     * reads); an input-needing activation always rebuilds (ops.h) */
+    bool needs_input = fr_act_needs_input(act);
+    const fr_tensor *s = needs_input ? NULL : act_out;
+    if (st == FR_OK && !s) {
         pre = fr_empty_like(x, FR_TAG_TRANSIENT);
         st = pre ? fr_batch_norm_apply(pre, x, mean, invstd, gamma, beta) : fr_last_status();
-        sign = pre;
+        if (st == FR_OK && !needs_input)
+            st = fr_act_forward(pre, pre, act, slope);
+        s = pre;
     }
     if (st == FR_OK)
-        st = act == FR_ACT_RELU ? fr_relu_backward(g, dy, sign)
-                                : fr_leaky_relu_backward(g, dy, sign, slope);
+        st = fr_act_backward(g, dy, s, act, slope);
     fr_release(pre);
     if (st == FR_OK)
         st = fr_batch_norm_backward(dx, dgamma, dbeta, g, x, mean, invstd, gamma);
@@ -574,9 +569,9 @@ fr_status fr_bn_act_backward(fr_tensor *dx, fr_tensor *dz, fr_tensor *dgamma, fr
     FR_TRY(check_channel(op, "dgamma", dgamma, x, d.c));
     FR_TRY(check_channel(op, "dbeta", dbeta, x, d.c));
     FR_TRY(check_affine(op, x, d.c, mean, invstd, gamma));
-    if (act != FR_ACT_IDENTITY && !act_out)
+    if (act != FR_ACT_IDENTITY && (!act_out || fr_act_needs_input(act)))
         FR_TRY(check_channel(op, "beta", beta, x, d.c));
-    FR_TRY(check_act(op, act, slope));
+    FR_TRY(fr_act_check(op, act, slope));
     const fr_tensor *all[] = {dx, dz, dy, act_out, x};
     bool f32 = true;
     for (size_t i = 0; i < sizeof all / sizeof *all; i++)

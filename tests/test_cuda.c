@@ -165,10 +165,40 @@ static void test_activation(void) {
     CHECK_OK(fr_leaky_relu_backward(dy.c, dy.c, x.c, 0.2f));
     CHECK_OK(fr_leaky_relu_backward(dy.g, dy.g, x.g, 0.2f));
     fr_t_pair_check(dy, 0, 0, "leaky relu backward inplace");
+    /* every activation of FR_ACT_LIST: the same formulas
+     * (tensor/activation.h), the GPU's libm within a few ulps */
+    for (int a = 0; a < FR_ACT_COUNT; a++) {
+        float p = a == FR_ACT_LEAKY_RELU || a == FR_ACT_ELU ? 0.3f : 0.0f;
+        const fr_t_pair *s = fr_act_needs_input((fr_act)a) ? &x : &y;
+        CHECK_OK(fr_act_forward(y.c, x.c, (fr_act)a, p));
+        CHECK_OK(fr_act_forward(y.g, x.g, (fr_act)a, p));
+        fr_t_pair_check(y, 1e-6, 1e-5, fr_act_name((fr_act)a));
+        CHECK_OK(fr_act_backward(dx.c, dy.c, s->c, (fr_act)a, p));
+        CHECK_OK(fr_act_backward(dx.g, dy.g, s->g, (fr_act)a, p));
+        fr_t_pair_check(dx, 1e-6, 1e-5, fr_act_name((fr_act)a));
+    }
     fr_t_pair_free(&x);
     fr_t_pair_free(&dy);
     fr_t_pair_free(&y);
     fr_t_pair_free(&dx);
+}
+
+/* the pointwise losses (tensor/loss_math.h) and their gradients */
+static void test_pointwise_losses(void) {
+    NEED_CUDA();
+    fr_t_pair p = PR_RAND(20, 33, 17), t = PR_RAND(21, 33, 17), dp = PR_EMPTY(33, 17);
+    fr_t_pair l = PR_EMPTY(1), dl = PR_RAND(22, 1);
+    for (int k = 0; k < FR_LOSS_COUNT; k++) {
+        CHECK_OK(fr_pointwise_loss_forward(l.c, p.c, t.c, (fr_pointwise_loss)k, 0.5f));
+        CHECK_OK(fr_pointwise_loss_forward(l.g, p.g, t.g, (fr_pointwise_loss)k, 0.5f));
+        fr_t_pair_check(l, 1e-6, 1e-5, "pointwise loss");
+        CHECK_OK(fr_pointwise_loss_backward(dp.c, dl.c, p.c, t.c, (fr_pointwise_loss)k, 0.5f));
+        CHECK_OK(fr_pointwise_loss_backward(dp.g, dl.g, p.g, t.g, (fr_pointwise_loss)k, 0.5f));
+        fr_t_pair_check(dp, 1e-6, 1e-5, "pointwise loss backward");
+    }
+    fr_t_pair *all[] = {&p, &t, &dp, &l, &dl};
+    for (size_t i = 0; i < sizeof all / sizeof *all; i++)
+        fr_t_pair_free(all[i]);
 }
 
 /* ---- GEMM: every transpose pair, alpha and beta; sums of up to K
@@ -636,6 +666,13 @@ static void test_bn_act(void) {
     bn_act_case(FR_BNACT_RECOMPUTE, FR_ACT_RELU, 0.0f, false, 1210);
     bn_act_case(FR_BNACT_INPLACE_ABN, FR_ACT_LEAKY_RELU, 0.01f, false, 1220);
     bn_act_case(FR_BNACT_INPLACE_ABN, FR_ACT_IDENTITY, 1.0f, true, 1230);
+    /* every activation under recompute, without a residual (the kernel
+     * rebuilds the pre-activation) and with one */
+    for (int a = 0; a < FR_ACT_COUNT; a++) {
+        float p = a == FR_ACT_LEAKY_RELU || a == FR_ACT_ELU ? 0.3f : 0.0f;
+        bn_act_case(FR_BNACT_RECOMPUTE_X, (fr_act)a, p, false, 1240 + (uint32_t)a);
+        bn_act_case(FR_BNACT_RECOMPUTE, (fr_act)a, p, true, 1270 + (uint32_t)a);
+    }
 }
 
 /* ---- the loader's CUDA batches: pinned staging and async copies ---- */
@@ -776,6 +813,7 @@ int main(void) {
     RUN(test_elementwise);
     RUN(test_sum_of_zeros_and_ones);
     RUN(test_activation);
+    RUN(test_pointwise_losses);
     RUN(test_gemm);
     RUN(test_linear);
     RUN(test_batchnorm);
