@@ -150,6 +150,17 @@ for f in FILES:
         if f == "scripts/gen-config.sh":
             identifiers.update(IDENT.findall(piece))
 
+# Names made by token pasting from an X-macro list: `#define FR_ACT_LIST(X)`
+# with lines `X(MISH, ...)` defines FR_ACT_MISH (the list's name less LIST,
+# then each entry's first argument), which no source spells out.
+for f in FILES:
+    if kind_of(f) != "c":
+        continue
+    with open(f, encoding="utf-8", errors="replace") as fh:
+        src = fh.read()
+    for m in re.finditer(r"#define\s+((?:FR|fr)_\w*_)LIST\(X\)((?:[^\n]*\\\n)*[^\n]*)", src):
+        identifiers.update(m.group(1) + e for e in re.findall(r"\bX\(\s*(\w+)", m.group(2)))
+
 URL = re.compile(r"\w+://\S+")
 SEG = r"(?:[\w.*-]|<[\w-]+>)"  # a path character or a whole <placeholder>
 PATH = re.compile(
