@@ -138,26 +138,12 @@ static void test_programs_flags(void) {
 
 /* ---- files ---- */
 
-/* The whole file (fr_read_regular_file), or NULL. */
-static char *read_all(const char *path, size_t *len) {
-    uint8_t *b;
-    return fr_read_regular_file(path, (size_t)1 << 26, &b, len) == FR_OK ? (char *)b : NULL;
-}
-
-static bool write_all(const char *path, const void *b, size_t n) {
-    FILE *f = fopen(path, "wb");
-    bool ok = f && fwrite(b, 1, n, f) == n;
-    if (f)
-        fclose(f);
-    return ok;
-}
-
 /* Rewrites the header of safetensors file `path`: the first occurrence of
  * `from` becomes `to` (the length prefix follows; data offsets are relative
  * to the header's end, so they stay valid). */
 static bool patch_header(const char *path, const char *from, const char *to) {
     size_t n;
-    char *b = read_all(path, &n);
+    char *b = fr_t_read_file(path, &n);
     uint64_t hlen = 0;
     for (int i = 7; b && n >= 8 && i >= 0; i--)
         hlen = hlen << 8 | (unsigned char)b[i];
@@ -178,7 +164,7 @@ static bool patch_header(const char *path, const char *from, const char *to) {
     o += strlen(to);
     size_t rest = n - 8 - head - strlen(from);
     memcpy(out + o, at + strlen(from), rest);
-    bool ok = write_all(path, out, o + rest);
+    bool ok = fr_t_write_file(path, out, o + rest);
     free(out);
     free(b);
     return ok;
@@ -187,11 +173,11 @@ static bool patch_header(const char *path, const char *from, const char *to) {
 /* Replaces the 4 bytes of float `from` (once, in the data) by `to`. */
 static bool patch_float(const char *path, float from, float to) {
     size_t n;
-    char *b = read_all(path, &n);
+    char *b = fr_t_read_file(path, &n);
     char *at = b ? memmem(b, n, &from, sizeof from) : NULL;
     if (at)
         memcpy(at, &to, sizeof to);
-    bool ok = at && write_all(path, b, n);
+    bool ok = at && fr_t_write_file(path, b, n);
     free(b);
     return ok;
 }

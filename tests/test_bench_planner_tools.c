@@ -35,35 +35,6 @@ static bool write_file(const char *path, const char *text) {
     return fclose(f) == 0 && ok;
 }
 
-/* The whole file, NUL-terminated (free it), or NULL. */
-static char *read_all(const char *path) {
-    FILE *f = fopen(path, "r");
-    if (!f)
-        return NULL;
-    char *buf = NULL;
-    size_t n = 0, cap = 0;
-    int c;
-    while ((c = fgetc(f)) != EOF) {
-        if (n + 2 > cap) {
-            cap = cap ? 2 * cap : 4096;
-            char *grown = realloc(buf, cap);
-            if (!grown) {
-                free(buf);
-                fclose(f);
-                return NULL;
-            }
-            buf = grown;
-        }
-        buf[n++] = (char)c;
-    }
-    fclose(f);
-    if (!buf)
-        buf = calloc(1, 1);
-    else
-        buf[n] = 0;
-    return buf;
-}
-
 /* Runs the joiner on dir/rec.tsv (and --svg dir/plot.svg); its exit status. */
 static int join(const char *dir, bool with_svg) {
     char cmd[4 * PATH_MAX];
@@ -132,7 +103,7 @@ static void test_join_table_and_svg(void) {
     CHECK(write_file(path, records));
     CHECK(join(dir, true) == 0);
     snprintf(path, sizeof path, "%s/out.md", dir);
-    char *out = read_all(path), line[512];
+    char *out = fr_t_read_file(path, NULL), line[512];
     CHECK_NOTNULL(out);
     if (out) {
         /* 5 MiB: the planner over its budget, no fixed schedule fits, PyTorch's K=4 */
@@ -152,7 +123,7 @@ static void test_join_table_and_svg(void) {
     }
     free(out);
     snprintf(path, sizeof path, "%s/plot.svg", dir);
-    char *svg = read_all(path);
+    char *svg = fr_t_read_file(path, NULL);
     CHECK_NOTNULL(svg);
     if (svg) {
         CHECK(!strncmp(svg, "<svg ", 5) && strstr(svg, "</svg>\n"));
@@ -189,7 +160,7 @@ static void test_join_rejects_malformed(void) {
         CHECK(write_file(path, bad[i].text));
         CHECK(join(dir, false) == 2);
         snprintf(path, sizeof path, "%s/err.txt", dir);
-        char *err = read_all(path);
+        char *err = fr_t_read_file(path, NULL);
         CHECK(err && strstr(err, bad[i].needle));
         if (err && !strstr(err, bad[i].needle))
             fprintf(stderr, "    case %zu: %s", i, err);
@@ -254,7 +225,7 @@ static void test_peak_alloc_shim(void) {
              python(), dir, dir);
     int rc = system(cmd);
     snprintf(path, sizeof path, "%s/out.txt", dir);
-    char *out = read_all(path);
+    char *out = fr_t_read_file(path, NULL);
     CHECK(rc == 0 && out && strstr(out, "shim ok"));
     if (rc != 0 && out)
         fprintf(stderr, "    %s", out);

@@ -261,22 +261,6 @@ static void test_info_roundtrip(void) {
 
 /* ---- atomic save ---- */
 
-static char *read_all(const char *path, size_t *len) {
-    FILE *f = fopen(path, "rb");
-    if (!f)
-        return NULL;
-    fseek(f, 0, SEEK_END);
-    *len = (size_t)ftell(f);
-    fseek(f, 0, SEEK_SET);
-    char *buf = malloc(*len ? *len : 1);
-    if (buf && fread(buf, 1, *len, f) != *len) {
-        free(buf);
-        buf = NULL;
-    }
-    fclose(f);
-    return buf;
-}
-
 static void test_failed_save_keeps_previous(void) {
     const char *dir = fr_t_make_tmpdir("ckpt");
     char path[512];
@@ -284,7 +268,7 @@ static void test_failed_save_keeps_previous(void) {
     fr_model *m = fr_resnet_create("resnet8", IMG_C, CLASSES, 1);
     CHECK_OK(fr_ckpt_save(path, m, NULL, NULL, NULL));
     size_t len0 = 0, len1 = 0;
-    char *before = read_all(path, &len0);
+    char *before = fr_t_read_file(path, &len0);
     CHECK_NOTNULL(before);
     fr_fill_(m->params->items[0].tensor, 3.0f);
     /* a disk that fills up mid-write: the file size limit makes write()
@@ -297,7 +281,7 @@ static void test_failed_save_keeps_previous(void) {
     CHECK_ERR(fr_ckpt_save(path, m, NULL, NULL, NULL), FR_ERR_IO, "previous file left as it was");
     setrlimit(RLIMIT_FSIZE, &old);
     signal(SIGXFSZ, old_handler);
-    char *after = read_all(path, &len1);
+    char *after = fr_t_read_file(path, &len1);
     CHECK(after && len0 == len1 && !memcmp(before, after, len0));
     char tmp[600];
     snprintf(tmp, sizeof tmp, "%s.tmp.%ld", path, (long)getpid());

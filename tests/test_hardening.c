@@ -34,39 +34,14 @@
 #include "nn/checkpoint.h"
 #include "nn/cli.h"
 
-static char build_dir[512];
-
 /* ---- files ---- */
-
-static char *read_all(const char *path, size_t *len) {
-    FILE *f = fopen(path, "rb");
-    if (!f)
-        return NULL;
-    fseek(f, 0, SEEK_END);
-    long n = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    char *b = malloc((size_t)n + 1);
-    *len = b ? fread(b, 1, (size_t)n, f) : 0;
-    fclose(f);
-    if (b)
-        b[*len] = '\0';
-    return b;
-}
-
-static bool write_all(const char *path, const void *b, size_t n) {
-    FILE *f = fopen(path, "wb");
-    bool ok = f && fwrite(b, 1, n, f) == n;
-    if (f)
-        fclose(f);
-    return ok;
-}
 
 /* Copies the safetensors file `from` to `to` with metadata field `key` set
  * to `value` (the header's length prefix rewritten; data offsets are
  * relative to the header's end, so they stay valid). */
 static bool patch_metadata(const char *from, const char *to, const char *key, const char *value) {
     size_t n;
-    char *b = read_all(from, &n);
+    char *b = fr_t_read_file(from, &n);
     if (!b || n < 8)
         return false;
     uint64_t hlen = 0;
@@ -91,7 +66,7 @@ static bool patch_metadata(const char *from, const char *to, const char *key, co
     o += strlen(value);
     memcpy(out + o, vend, n - (size_t)(vend - b));
     o += n - (size_t)(vend - b);
-    bool ok = write_all(to, out, o);
+    bool ok = fr_t_write_file(to, out, o);
     free(out);
     free(b);
     return ok;
@@ -184,14 +159,14 @@ static void test_nonfinite_weights_never_saved(void) {
     CHECK(small_init(&r));
     CHECK_OK(fr_ckpt_save(path, r.m, r.opt, NULL, &r.st));
     size_t n_before, n_after;
-    char *before = read_all(path, &n_before);
+    char *before = fr_t_read_file(path, &n_before);
     fr_tensor *w = r.m->params->items[0].tensor;
     ((float *)fr_data(w))[3] = NAN;
     CHECK_ERR(fr_ckpt_save(path, r.m, r.opt, NULL, &r.st), FR_ERR_ARG, "NaN");
     CHECK_ERR(fr_last_status(), FR_ERR_ARG, r.m->params->items[0].name);
     ((float *)fr_data(w))[3] = INFINITY;
     CHECK_ERR(fr_ckpt_save(path, r.m, r.opt, NULL, &r.st), FR_ERR_ARG, "inf");
-    char *after = read_all(path, &n_after);
+    char *after = fr_t_read_file(path, &n_after);
     CHECK(before && after && n_before == n_after && !memcmp(before, after, n_before));
     free(before);
     free(after);
@@ -243,7 +218,7 @@ static void test_dead_writers_temps_removed(void) {
     snprintf(dead, sizeof dead, "%s.tmp.%ld", path, (long)gone);
     snprintf(live, sizeof live, "%s.tmp.%ld", path, (long)alive);
     snprintf(other, sizeof other, "%s/other.safetensors.tmp.%ld", dir, (long)gone);
-    CHECK(write_all(dead, "x", 1) && write_all(live, "y", 1) && write_all(other, "z", 1));
+    CHECK(fr_t_write_file(dead, "x", 1) && fr_t_write_file(live, "y", 1) && fr_t_write_file(other, "z", 1));
     small_run r;
     CHECK(small_init(&r));
     CHECK_OK(fr_ckpt_save(path, r.m, r.opt, NULL, &r.st));
@@ -333,36 +308,8 @@ static void test_size_flag(void) {
 
 /* ---- the programs ---- */
 
-static int run_prog(const char *prefix, const char *prog, const char *args, char *out, size_t len) {
-    char cmd[3000];
-    snprintf(cmd, sizeof cmd, "%s timeout 300 %s/examples/%s %s 2>&1", prefix, build_dir, prog, args);
-    FILE *p = popen(cmd, "r");
-    size_t n = p ? fread(out, 1, len - 1, p) : 0;
-    out[n] = '\0';
-    int rc = p ? pclose(p) : -1;
-    return rc != -1 && WIFEXITED(rc) ? WEXITSTATUS(rc) : -1;
-}
-
-/* The program must fail (not time out) with every needle in its output. */
-static void expect_fail(const char *prog, const char *args, const char *n1, const char *n2) {
-    static char out[65536];
-    int rc = run_prog("", prog, args, out, sizeof out);
-    if (rc == 0 || rc == 124 || !strstr(out, n1) || (n2 && !strstr(out, n2))) {
-        fprintf(stderr, "    %s %s: exit %d, output lacks \"%s\"/\"%s\":\n%s\n", prog, args, rc, n1,
-                n2 ? n2 : "", out);
-        fr_t_failed_now = 1;
-    }
-}
-
 static bool programs_built(void) {
-    char path[600];
-    bool all = true;
-    const char *progs[] = {"train", "validate", "memreport"};
-    for (int i = 0; i < 3; i++) {
-        snprintf(path, sizeof path, "%s/examples/%s", build_dir, progs[i]);
-        all &= access(path, X_OK) == 0;
-    }
-    return all;
+    return fr_t_have_example("train") && fr_t_have_example("validate") && fr_t_have_example("memreport");
 }
 
 static void write_be32(FILE *f, uint32_t v) {
@@ -400,29 +347,29 @@ static void test_programs_flag_errors_first(void) {
     snprintf(missing, sizeof missing, "%s/no-such-data", dir);
     /* a data folder that does not exist: the flag error wins, so it came first */
     snprintf(args, sizeof args, "--model resnet7 --data cifar10:%s", missing);
-    expect_fail("train", args, "--model resnet7", "6n + 2");
+    fr_t_example_fails("train", args, "--model resnet7", "6n + 2");
     snprintf(args, sizeof args, "--strategy magic --data cifar10:%s", missing);
-    expect_fail("train", args, "--strategy", "magic");
+    fr_t_example_fails("train", args, "--strategy", "magic");
     snprintf(args, sizeof args, "--strategy abn+abn --data cifar10:%s", missing);
-    expect_fail("train", args, "--strategy", "given twice");
+    fr_t_example_fails("train", args, "--strategy", "given twice");
     snprintf(args, sizeof args, "--save '' --data cifar10:%s", missing);
-    expect_fail("train", args, "--save", "empty");
+    fr_t_example_fails("train", args, "--save", "empty");
     snprintf(args, sizeof args, "--save %s/sub/run.safetensors --data cifar10:%s", missing, missing);
-    expect_fail("train", args, "--save", "does not exist");
+    fr_t_example_fails("train", args, "--save", "does not exist");
     snprintf(args, sizeof args, "--save %s --data cifar10:%s", dir, missing);
-    expect_fail("train", args, "--save", "not a regular file");
+    fr_t_example_fails("train", args, "--save", "not a regular file");
     snprintf(args, sizeof args, "--memory-limit 5Q --data cifar10:%s", missing);
-    expect_fail("train", args, "--memory-limit", "5Q");
+    fr_t_example_fails("train", args, "--memory-limit", "5Q");
     snprintf(args, sizeof args, "--data mnist:%s,classes=0", missing);
-    expect_fail("train", args, "classes=", NULL);
+    fr_t_example_fails("train", args, "classes=", NULL);
     snprintf(args, sizeof args, "--data cifar10:%s", missing);
-    expect_fail("train", args, missing, "is missing");
+    fr_t_example_fails("train", args, missing, "is missing");
     snprintf(args, sizeof args, "--checkpoint x --strategy magic --data cifar10:%s", missing);
-    expect_fail("validate", args, "--strategy", "magic");
+    fr_t_example_fails("validate", args, "--strategy", "magic");
     snprintf(args, sizeof args, "--checkpoint x --model resnet7 --data cifar10:%s", missing);
-    expect_fail("validate", args, "--model resnet7", NULL);
-    expect_fail("memreport", "--strategies magic", "--strategies", "magic");
-    expect_fail("memreport", "--memory-limit 0", "--memory-limit", NULL);
+    fr_t_example_fails("validate", args, "--model resnet7", NULL);
+    fr_t_example_fails("memreport", "--strategies magic", "--strategies", "magic");
+    fr_t_example_fails("memreport", "--memory-limit 0", "--memory-limit", NULL);
     fr_t_remove_tmpdir(dir);
 }
 
@@ -434,19 +381,19 @@ static void test_programs_fifo_and_labels(void) {
     snprintf(fifo, sizeof fifo, "%s/ckpt.safetensors", dir);
     CHECK(mkfifo(fifo, 0600) == 0);
     snprintf(args, sizeof args, "--resume %s --save %s/out.safetensors", fifo, dir);
-    expect_fail("train", args, fifo, "regular file");
+    fr_t_example_fails("train", args, fifo, "regular file");
     snprintf(args, sizeof args, "--checkpoint %s", fifo);
-    expect_fail("validate", args, fifo, "regular file");
+    fr_t_example_fails("validate", args, fifo, "regular file");
     /* a 255 among Fashion-MNIST-layout labels: an error naming file and record */
     write_idx_set(dir, "train", 32, 17);
     write_idx_set(dir, "t10k", 16, -1);
     snprintf(args, sizeof args, "--model resnet8 --data mnist:%s --batch 8 --epochs 1 --threads 1", dir);
-    expect_fail("train", args, "train-labels-idx1-ubyte: record 17: label 255", "[0, 10)");
+    fr_t_example_fails("train", args, "train-labels-idx1-ubyte: record 17: label 255", "[0, 10)");
     /* ... which a custom class count can declare */
     snprintf(args, sizeof args, "--model resnet8 --data mnist:%s,classes=256 --batch 8 --epochs 1 "
              "--threads 1 --limit-test 8", dir);
     static char out[65536];
-    int rc = run_prog("", "train", args, out, sizeof out);
+    int rc = fr_t_run_example("", "train", args, out, sizeof out);
     CHECK(rc == 0 && strstr(out, "256 classes"));
     if (rc != 0)
         fprintf(stderr, "%s\n", out);
@@ -465,13 +412,13 @@ static void test_programs_divergence_and_limits(void) {
      * (the loss turns NaN: the NaN from the inf weights is not erased) */
     snprintf(args, sizeof args, "--model resnet8 --data mnist:%s --batch 8 --epochs 1 --threads 1 "
              "--lr 1e6 --momentum 0.99 --wd 0 --schedule constant --save %s", dir, save);
-    expect_fail("train", args, "in f32 training", "no checkpoint is written");
+    fr_t_example_fails("train", args, "in f32 training", "no checkpoint is written");
     CHECK(access(save, F_OK) != 0);
     /* --memory-limit: the ledger's error, naming the limit */
     snprintf(args, sizeof args, "--model resnet8 --data mnist:%s --batch 8 --epochs 1 --threads 1 "
              "--memory-limit 64K", dir);
-    expect_fail("train", args, "out of memory", "limit 64.00 KiB");
-    expect_fail("memreport", "--model resnet8 --batch 8 --strategies plain --memory-limit 200K",
+    fr_t_example_fails("train", args, "out of memory", "limit 64.00 KiB");
+    fr_t_example_fails("memreport", "--model resnet8 --batch 8 --strategies plain --memory-limit 200K",
                 "out of memory", "limit 200.00 KiB");
     fr_t_remove_tmpdir(dir);
 }
@@ -501,12 +448,12 @@ static void test_programs_address_space_limit(void) {
     write_idx_set(dir, "t10k", 16, -1);
     snprintf(args, sizeof args, "--model resnet8 --data mnist:%s --batch 8 --epochs 1 --threads 1", dir);
     const char *limit = "ulimit -v 300000; OPENBLAS_NUM_THREADS=1";
-    int rc = run_prog(limit, "train", args, out, sizeof out);
+    int rc = fr_t_run_example(limit, "train", args, out, sizeof out);
     if (rc == 124 || (rc != 0 && !strstr(out, "out of memory"))) {
         fprintf(stderr, "    train under ulimit -v 300000: exit %d\n%s\n", rc, out);
         fr_t_failed_now = 1;
     }
-    rc = run_prog(limit, "memreport", "--model resnet20 --batch 64 --strategies plain", out, sizeof out);
+    rc = fr_t_run_example(limit, "memreport", "--model resnet20 --batch 64 --strategies plain", out, sizeof out);
     if (rc == 124 || (rc != 0 && !strstr(out, "out of memory"))) {
         fprintf(stderr, "    memreport under ulimit -v 300000: exit %d\n%s\n", rc, out);
         fr_t_failed_now = 1;
@@ -515,11 +462,7 @@ static void test_programs_address_space_limit(void) {
 #endif
 }
 
-int main(int argc, char **argv) {
-    (void)argc;
-    char self[512];
-    snprintf(self, sizeof self, "%s", argv[0]);
-    snprintf(build_dir, sizeof build_dir, "%s/..", dirname(self));
+int main(void) {
     RUN(test_checkpoint_metadata_validated);
     RUN(test_nonfinite_weights_never_saved);
     RUN(test_fifo_refused_without_blocking);

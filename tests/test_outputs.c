@@ -18,33 +18,6 @@
 #include "nn/resnet.h"
 #include "testlib.h"
 
-static bool write_all(const char *path, const char *text) {
-    FILE *f = fopen(path, "wb");
-    bool ok = f && fputs(text, f) >= 0;
-    return f && fclose(f) == 0 && ok;
-}
-
-/* The file's bytes (malloc'd, NUL-terminated), or NULL. */
-static char *read_all(const char *path, size_t *len) {
-    FILE *f = fopen(path, "rb");
-    if (!f)
-        return NULL;
-    fseek(f, 0, SEEK_END);
-    long n = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    char *b = n >= 0 ? malloc((size_t)n + 1) : NULL;
-    if (b && fread(b, 1, (size_t)n, f) != (size_t)n) {
-        free(b);
-        b = NULL;
-    }
-    if (b)
-        b[n] = '\0';
-    if (len)
-        *len = (size_t)n;
-    fclose(f);
-    return b;
-}
-
 /* Entries of dir other than . and .. whose name holds `part`. */
 static int count_entries(const char *dir, const char *part) {
     DIR *d = opendir(dir);
@@ -103,7 +76,7 @@ static void test_only_regular_files(void) {
     char sym[600], hard[600];
     at(sym, sizeof sym, dir, "sym.bin");
     at(hard, sizeof hard, dir, "hard.bin");
-    CHECK(write_all(input, "checkpoint"));
+    CHECK(fr_t_write_file(input, "checkpoint", strlen("checkpoint")));
     CHECK(symlink(input, sym) == 0 && link(input, hard) == 0);
     const char *inputs[] = {NULL, input};
     const char *spellings[] = {input, sym, hard};
@@ -119,10 +92,10 @@ static void test_atomic_replace(void) {
     const char *dir = fr_t_make_tmpdir("out");
     char path[600], target[600], link_path[600];
     at(path, sizeof path, dir, "a.txt");
-    CHECK(write_all(path, "old"));
+    CHECK(fr_t_write_file(path, "old", strlen("old")));
     CHECK(chmod(path, 0640) == 0);
     CHECK_OK(fr_outfile_write(path, "new contents", 12));
-    char *b = read_all(path, NULL);
+    char *b = fr_t_read_file(path, NULL);
     CHECK(b && !strcmp(b, "new contents"));
     free(b);
     struct stat sb;
@@ -132,9 +105,9 @@ static void test_atomic_replace(void) {
     /* a link to a regular file: the file it names is replaced, the link stays */
     at(target, sizeof target, dir, "target.txt");
     at(link_path, sizeof link_path, dir, "link.txt");
-    CHECK(write_all(target, "t0") && symlink(target, link_path) == 0);
+    CHECK(fr_t_write_file(target, "t0", strlen("t0")) && symlink(target, link_path) == 0);
     CHECK_OK(fr_outfile_write(link_path, "t1", 2));
-    b = read_all(target, NULL);
+    b = fr_t_read_file(target, NULL);
     CHECK(b && !strcmp(b, "t1"));
     free(b);
     CHECK(lstat(link_path, &sb) == 0 && S_ISLNK(sb.st_mode));
@@ -146,7 +119,7 @@ static void test_atomic_replace(void) {
         fprintf(fr_outfile_stream(f), "never seen");
         fr_outfile_abort(f);
     }
-    b = read_all(path, NULL);
+    b = fr_t_read_file(path, NULL);
     CHECK(b && !strcmp(b, "new contents"));
     free(b);
     CHECK(count_entries(dir, ".tmp.") == 0);
@@ -161,7 +134,7 @@ static void test_failed_write_leaves_nothing(void) {
     const char *dir = fr_t_make_tmpdir("out");
     char path[600];
     at(path, sizeof path, dir, "big.bin");
-    CHECK(write_all(path, "previous"));
+    CHECK(fr_t_write_file(path, "previous", strlen("previous")));
     size_t n = 64 * 1024;
     char *data = malloc(n);
     memset(data, 'x', n);
@@ -181,7 +154,7 @@ static void test_failed_write_leaves_nothing(void) {
     }
     setrlimit(RLIMIT_FSIZE, &old);
     signal(SIGXFSZ, old_handler);
-    char *b = read_all(path, NULL);
+    char *b = fr_t_read_file(path, NULL);
     CHECK(b && !strcmp(b, "previous"));
     free(b);
     free(data);
@@ -250,7 +223,7 @@ static void test_validate_outputs(void) {
     CHECK_OK(fr_ckpt_save(ck, m, NULL, NULL, NULL));
     CHECK(symlink(ck, link_path) == 0 && mkfifo(fifo, 0600) == 0);
     size_t n0, n1;
-    char *before = read_all(ck, &n0);
+    char *before = fr_t_read_file(ck, &n0);
     const char *outs[] = {ck, link_path, fifo, "/dev/null"};
     const char *needles[] = {"which this program reads", "which this program reads", "a FIFO", "a device"};
     for (int i = 0; i < 4; i++) {
@@ -258,7 +231,7 @@ static void test_validate_outputs(void) {
                  ck, outs[i]);
         fr_t_example_fails("validate", args, "--save-logits", needles[i]);
     }
-    char *after = read_all(ck, &n1);
+    char *after = fr_t_read_file(ck, &n1);
     CHECK(before && after && n0 == n1 && !memcmp(before, after, n0));
     free(before);
     free(after);

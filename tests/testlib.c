@@ -541,6 +541,33 @@ float fr_t_train_step(fr_model *m, fr_optim *opt, fr_tensor *x, fr_tensor *y) {
     return v;
 }
 
+/* ---- files ---- */
+
+char *fr_t_read_file(const char *path, size_t *len) {
+    FILE *f = fopen(path, "rb");
+    if (!f)
+        return NULL;
+    long n = fseek(f, 0, SEEK_END) == 0 ? ftell(f) : -1;
+    char *b = n >= 0 && fseek(f, 0, SEEK_SET) == 0 ? malloc((size_t)n + 1) : NULL;
+    if (b && fread(b, 1, (size_t)n, f) != (size_t)n) {
+        free(b);
+        b = NULL;
+    }
+    fclose(f);
+    if (!b)
+        return NULL;
+    b[n] = '\0';
+    if (len)
+        *len = (size_t)n;
+    return b;
+}
+
+bool fr_t_write_file(const char *path, const void *b, size_t n) {
+    FILE *f = fopen(path, "wb");
+    bool ok = f && fwrite(b, 1, n, f) == n;
+    return f && fclose(f) == 0 && ok;
+}
+
 /* ---- the example programs ---- */
 
 static const char *example_dir(void) {

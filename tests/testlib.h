@@ -216,6 +216,13 @@ void fr_t_step_free(fr_t_step *r, int n);
 void fr_t_compare_steps(const fr_model *m, const fr_t_step *ref, const fr_t_step *got, double tol,
                         const char *what);
 
+/* ---- files ---- */
+/* The whole file, malloc'd and NUL-terminated (its length into *len when len
+ * is not NULL), or NULL if it cannot be read. */
+char *fr_t_read_file(const char *path, size_t *len);
+/* Writes n bytes to path (created or truncated); whether all were written. */
+bool fr_t_write_file(const char *path, const void *b, size_t n);
+
 /* ---- the example programs (build/examples/<prog>, the build folder being
  * the one above the running test's) ---- */
 /* Runs `<prefix> timeout 300 <build>/examples/<prog> <args> 2>&1` through
