@@ -40,15 +40,17 @@
  *    "checkpoint" chooses segments from the bytes each step was measured to
  *    keep, under the current strategy and precision (a trial forward on the
  *    first step of each input shape; nn/plan.h). A step is a block, a dense
- *    module, or a run of consecutive layers; dense modules are never inside
- *    a segment of the sequence around them (they checkpoint their own
- *    children instead).
+ *    module, a nested chain of layers only, or a conv2d layer with the
+ *    layers after it up to the next conv (so a flat chain of layers is cut
+ *    between convs); dense modules are never inside a segment of the
+ *    sequence around them (they checkpoint their own children instead).
  * A strategy the model cannot honour is refused with FR_ERR_ARG naming the
  * model and the strategy: abn where a norm layer's input is still read
  * elsewhere (the input of a block, which the engine holds for the block's
  * whole forward, or a tensor another layer keeps), checkpoint on a model
- * without a sequence of two steps, any strategy on a model without norm
- * layers (checkpoint excepted) or written as a bare forward function.
+ * with nothing to cut (one step at the root, no dense module of two), any
+ * strategy on a model without norm layers (checkpoint excepted) or written
+ * as a bare forward function.
  *
  * Conventions. Constructors return the new module, BORROWED (the model owns
  * it and frees it with the model). They return NULL, leaving the error

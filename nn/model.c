@@ -167,8 +167,9 @@ static fr_status check_strategy(const fr_model *m) {
         for (const fr_module *mod = m->build->modules; mod && !any; mod = mod->next)
             any = mod->kind == FR_MODULE_DENSE && mod->n_children >= 2;
         if (!any)
-            return fr_error(FR_ERR_ARG, "%s: strategy %s cannot apply: the model has no sequence "
-                            "of two or more blocks to cut into segments", m->name, text);
+            return fr_error(FR_ERR_ARG, "%s: strategy %s cannot apply: the model has nothing to "
+                            "cut into segments (its root runs one step, a layer, block or dense "
+                            "module, and no dense module has two children)", m->name, text);
     }
     return FR_OK;
 }

@@ -10,7 +10,11 @@
  * smallest. Because every segment input stays held until backward reaches
  * it, later segments should be shorter than a constant budget makes them, so
  * the planner also bisects on the peak with a split that counts the inputs
- * already held, and keeps the better of the two.
+ * already held, and keeps the best. The objective is the total peak, not
+ * the saved bytes alone: a segment's input held through the step, the
+ * tensors its steps keep and the gradients in flight, so that a cut which
+ * holds more than it frees is not taken and the uncut sequence (plain's
+ * peak) is always a candidate.
  *
  * The costs are measured, not estimated: nn/segments.c runs each block once
  * (a trial forward under the strategy and precision of the step) and reads
@@ -34,16 +38,32 @@ extern "C" {
  * made before anything runs). */
 size_t fr_plan_elem_bytes(void);
 
-/* block_cost[i]: bytes block i keeps for backward (excluding its input);
- * input_cost[i]: bytes of block i's input, kept when a segment starts at i.
- * Writes the length of each segment into seg_len (room for n) and returns
- * the number of segments (0 when n <= 0). Deterministic. */
-int fr_plan_segments(const double *block_cost, const double *input_cost, int n, int *seg_len);
+/* What the planner knows of a sequence of n steps, measured:
+ *  cost[i]: bytes step i keeps for backward, its input excluded;
+ *  input[i]: bytes of step i's input (held by a checkpoint when a segment
+ *            starts at i; also the size of the gradient flowing there);
+ *  input_kept[i]: bytes of its input that step i itself keeps (a conv or a
+ *            norm layer keeps what it reads; 0 for most blocks, whose first
+ *            op's input is the block's); NULL: none. */
+typedef struct {
+    const double *cost, *input, *input_kept;
+    int n;
+} fr_plan_costs;
 
-/* The estimated peak of saved bytes for a split (the quantity minimised):
- * max over segments s of (inputs of segments 0..s) + cost of s. */
-double fr_plan_peak(const double *block_cost, const double *input_cost, int n, const int *seg_len,
-                    int n_seg);
+/* Writes the length of each segment into seg_len (room for n) and returns
+ * the number of segments (0 when n <= 0): the split whose fr_plan_peak is
+ * smallest among one segment (the sequence uncut, which the root chain runs
+ * as it is), every split when n <= 14, and otherwise equal runs, Chen's
+ * budget splits and the prefix-aware split. Ties go to fewer segments.
+ * Deterministic. */
+int fr_plan_segments(const fr_plan_costs *c, int *seg_len);
+
+/* The estimated peak of a split (the quantity minimised): the largest, over
+ * segments s and steps j of s, of the inputs of segments 0..s, what steps
+ * first(s)..j keep, and the gradients of step j's input and output (the
+ * total peak's shape while backward runs step j, not saved bytes alone: a
+ * cut that saves less than the input it holds raises the peak). */
+double fr_plan_peak(const fr_plan_costs *c, const int *seg_len, int n_seg);
 
 #ifdef __cplusplus
 }

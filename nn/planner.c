@@ -377,7 +377,7 @@ static bool uniform_schedule(const fr_profile *p, int k, int seg_k, schedule *s)
                 cost[a - u] = fr_profile_cost(p, a, k)->saved;
                 cost[n + a - u] = fr_profile_cost(p, a, k)->in_b;
             }
-            m = fr_plan_segments(cost, cost + n, end - u, len);
+            m = fr_plan_segments(&(fr_plan_costs){.cost = cost, .input = cost + n, .n = end - u}, len);
         }
         for (int g = 0; g < m; g++) {
             s->start[s->n_groups] = u;

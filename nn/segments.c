@@ -20,46 +20,72 @@ typedef struct {
 
 /* ---- chains ---- */
 
-static fr_status append_items(fr_module *c, fr_module *m, int *cap) {
+/* A chain of layers only (a transition, a "Sequential" a user nests): its
+ * layers are one step together. */
+static bool layers_only(const fr_module *m) {
+    for (int i = 0; i < m->n_children; i++)
+        if (m->children[i]->kind != FR_MODULE_LAYER)
+            return false;
+    return m->n_children > 0;
+}
+
+/* Appends m (a chain: its items) to c's items; unit[i] is the nested chain
+ * of layers only that item i belongs to, NULL for none. */
+static fr_status append_items(fr_module *c, fr_module *m, const fr_module *in_unit, int *cap,
+                              const fr_module ***unit) {
     if (m->kind == FR_MODULE_CHAIN) {
+        const fr_module *u = m != c && layers_only(m) ? m : in_unit;
         for (int i = 0; i < m->n_children; i++)
-            FR_TRY(append_items(c, m->children[i], cap));
+            FR_TRY(append_items(c, m->children[i], u, cap, unit));
         return FR_OK;
     }
     if (c->n_items == *cap) {
         *cap = *cap ? 2 * *cap : 8;
         fr_module **grown = realloc(c->items, (size_t)*cap * sizeof *grown);
-        if (!grown)
+        if (grown)
+            c->items = grown;
+        const fr_module **ugrown = grown ? realloc(*unit, (size_t)*cap * sizeof *ugrown) : NULL;
+        if (!ugrown)
             return fr_error(FR_ERR_OOM, "%s: out of memory", c->model->name);
-        c->items = grown;
+        *unit = ugrown;
     }
+    (*unit)[c->n_items] = in_unit;
     c->items[c->n_items++] = m;
     return FR_OK;
 }
 
 fr_status fr_chain_prepare(fr_module *c) {
     int cap = 0;
+    const fr_module **unit = NULL;
     c->n_items = c->n_steps = 0;
-    for (int i = 0; i < c->n_children; i++)
-        FR_TRY(append_items(c, c->children[i], &cap));
+    fr_status st = append_items(c, c, NULL, &cap, &unit);
     c->step_first = malloc(((size_t)c->n_items + 1) * sizeof *c->step_first);
     c->step_len = malloc(((size_t)c->n_items + 1) * sizeof *c->step_len);
-    if (!c->step_first || !c->step_len)
-        return fr_error(FR_ERR_OOM, "%s: out of memory", c->model->name);
-    /* a block or a dense module is a step of its own; consecutive layers
-     * make one step (a layer consumes its predecessor's output, so a
-     * segment starting at, say, a norm layer would only hold one more
-     * tensor) */
-    for (int i = 0; i < c->n_items; i++) {
-        bool layer = c->items[i]->kind == FR_MODULE_LAYER;
-        if (layer && c->n_steps && c->items[i - 1]->kind == FR_MODULE_LAYER) {
+    if (st == FR_OK && (!c->step_first || !c->step_len))
+        st = fr_error(FR_ERR_OOM, "%s: out of memory", c->model->name);
+    /* A block or a dense module is a step of its own, and so is a nested
+     * chain of layers only. In a run of other layers each conv2d starts a
+     * step, which the layers after it (norm, pool, flatten, linear) join,
+     * so a flat chain (a VGG) can be cut before any conv. A norm layer
+     * never starts a step after a layer: under abn it writes over its
+     * input, which a segment's checkpoint (or the trial measuring the step)
+     * would still hold. */
+    for (int i = 0; i < c->n_items && st == FR_OK; i++) {
+        const fr_module *it = c->items[i];
+        bool after_layer = i > 0 && it->kind == FR_MODULE_LAYER &&
+                           c->items[i - 1]->kind == FR_MODULE_LAYER;
+        bool joins = after_layer && (unit[i] ? unit[i] == unit[i - 1]
+                                             : !unit[i - 1] && ((const fr_layer *)it->state)->kind !=
+                                                                   FR_LAYER_CONV2D);
+        if (joins) {
             c->step_len[c->n_steps - 1]++;
             continue;
         }
         c->step_first[c->n_steps] = i;
         c->step_len[c->n_steps++] = 1;
     }
-    return FR_OK;
+    free(unit);
+    return st;
 }
 
 static fr_tensor *run_chain(fr_module *c, int first, int count, fr_tensor *x, const fr_run *run) {
@@ -137,11 +163,15 @@ static double held_bytes(const fr_tensor *t) {
 /* The trial: each step run once with grad on, on a tape of its own, from
  * the previous step's output; cost[s] is the growth of saved bytes it
  * causes (its input excluded: it is marked saved first, as the checkpoint
- * holding it will), input[s] the bytes of its input. Barriers run under
+ * holding it will), input[s] the bytes of its input, input_kept[s] those
+ * bytes again when the step keeps its input itself (a conv or a norm layer:
+ * inside a segment its predecessor's output is then kept for backward).
+ * Barriers run under
  * no_grad. Recompute mode keeps BN running statistics and batch counters
  * as they are, and the random state is put back, so the trial changes
  * nothing the real forward computes. */
-static fr_status measure(fr_module *seq, fr_tensor *x, const fr_run *run, double *cost, double *input) {
+static fr_status measure(fr_module *seq, fr_tensor *x, const fr_run *run, double *cost, double *input,
+                         double *input_kept) {
     int n = n_steps(seq);
     fr_device dev = fr_device_of(x);
     uint64_t random_state = fr_random_state();
@@ -153,7 +183,7 @@ static fr_status measure(fr_module *seq, fr_tensor *x, const fr_run *run, double
     for (int s = 0; s < n && st == FR_OK; s++) {
         trial.first = s;
         input[s] = held_bytes(cur);
-        cost[s] = 0;
+        cost[s] = input_kept[s] = 0;
         fr_tensor *next = NULL;
         if (is_barrier(seq, s)) {
             fr_no_grad_enter();
@@ -168,6 +198,9 @@ static fr_status measure(fr_module *seq, fr_tensor *x, const fr_run *run, double
                 fr_tensor *y = segment_forward(&trial, leaf);
                 size_t after = fr_mem_current(dev, FR_TAG_SAVED);
                 cost[s] = after > before ? (double)(after - before) : 0;
+                /* marked once above: a second mark is the step's own */
+                if (leaf->storage->saved_count > 1)
+                    input_kept[s] = input[s];
                 next = y ? fr_detach(y) : NULL;
                 fr_release(y);
                 fr_storage_unmark_saved(leaf->storage);
@@ -209,7 +242,7 @@ static fr_status make_plan(fr_module *seq, fr_tensor *x, const fr_run *run) {
     fr_seg_plan *p = &seq->plan;
     fr_seg_plan_free(p);
     int n = n_steps(seq);
-    double *cost = calloc(2 * (size_t)n + 1, sizeof *cost);
+    double *cost = calloc(3 * (size_t)n + 1, sizeof *cost);
     int *len = malloc(((size_t)n + 1) * sizeof *len);
     p->group_len = malloc(((size_t)n + 1) * sizeof *p->group_len);
     p->group_ckpt = malloc(((size_t)n + 1) * sizeof *p->group_ckpt);
@@ -217,10 +250,10 @@ static fr_status make_plan(fr_module *seq, fr_tensor *x, const fr_run *run) {
                        ? FR_OK
                        : fr_error(FR_ERR_OOM, "%s: out of memory planning checkpoint segments",
                                   run->model);
-    double *input = cost + n;
+    double *input = cost + n, *input_kept = cost + 2 * n;
     int k = run->strategy.checkpoint;
     if (st == FR_OK && k < 0)
-        st = measure(seq, x, run, cost, input);
+        st = measure(seq, x, run, cost, input, input_kept);
     for (int s = 0; s < n && st == FR_OK;) {
         if (is_barrier(seq, s)) {
             p->group_len[p->n_groups] = 1;
@@ -236,7 +269,9 @@ static fr_status make_plan(fr_module *seq, fr_tensor *x, const fr_run *run) {
             for (m = 0; s + m * k < end; m++)
                 len[m] = s + (m + 1) * k <= end ? k : end - s - m * k;
         } else {
-            m = fr_plan_segments(cost + s, input + s, end - s, len);
+            m = fr_plan_segments(&(fr_plan_costs){.cost = cost + s, .input = input + s,
+                                                  .input_kept = input_kept + s, .n = end - s},
+                                 len);
         }
         for (int g = 0; g < m; g++) {
             p->group_len[p->n_groups] = len[g];

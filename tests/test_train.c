@@ -366,11 +366,12 @@ static void test_plan_precision(void) {
         i2[i] = 2 * input[i];
     }
     int l4[N], l2[N];
-    int n4 = fr_plan_segments(c4, i4, N, l4), n2 = fr_plan_segments(c2, i2, N, l2);
+    fr_plan_costs p4 = {.cost = c4, .input = i4, .n = N}, p2 = {.cost = c2, .input = i2, .n = N};
+    int n4 = fr_plan_segments(&p4, l4), n2 = fr_plan_segments(&p2, l2);
     CHECK(n4 == n2 && n4 > 1 && n4 < N);
     for (int s = 0; s < n4 && s < n2; s++)
         CHECK(l4[s] == l2[s]);
-    CHECK(fr_plan_peak(c2, i2, N, l2, n2) == 0.5 * fr_plan_peak(c4, i4, N, l4, n4));
+    CHECK(fr_plan_peak(&p2, l2, n2) == 0.5 * fr_plan_peak(&p4, l4, n4));
 }
 
 /* ---- half-precision models: need the half-precision ops (issue 6) ---- */
