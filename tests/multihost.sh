@@ -31,7 +31,7 @@
 #    where the gradient all-reduce takes a third of a step or more (the
 #    moment within the step is not chosen);
 #    mpirun finds the lost daemon by TCP keepalive (oob_tcp_keepalive_*,
-#    5 s + 3 x 2 s), frmh-3's daemon finds the lost mpirun the same way and
+#    3 s + 7 x 2 s), frmh-3's daemon finds the lost mpirun the same way and
 #    ends its rank; link-down-rank0: the same for frmh-1, whose daemon
 #    also forwards rank 0's output to mpirun;
 #  packet-loss: once training runs, every host drops 20% of the packets it
@@ -147,7 +147,7 @@ cluster() {
 
 # mpi NP LIMIT CMD...: mpirun in the control namespace, killed after LIMIT s.
 # Every daemon talks to mpirun directly (routed direct: no daemon relays
-# another's messages, so a lost host loses only its own). Keepalive on mpirun's own connections (5 s idle, then 3 probes 2 s apart)
+# another's messages, so a lost host loses only its own). Keepalive on mpirun's own connections (3 s idle, then 7 probes 2 s apart)
 # is what finds a host whose link went down; without it the job waits on.
 mpi() {
     local np=$1 limit=$2
@@ -156,7 +156,7 @@ mpi() {
         --hostfile "$tmp/hosts" --display-map --bind-to none --mca plm_rsh_agent "$root/tests/netns-rsh.sh" \
         --mca btl tcp,self --mca btl_tcp_if_include "$SUBNET" --mca oob_tcp_if_include "$SUBNET" --mca routed direct \
         --mca oob_tcp_dynamic_ipv4_ports 46000-46099 --mca btl_tcp_port_min_v4 46100 --mca btl_tcp_port_range_v4 100 \
-        --mca oob_tcp_keepalive_time 5 --mca oob_tcp_keepalive_intvl 2 --mca oob_tcp_keepalive_probes 3 \
+        --mca oob_tcp_keepalive_time 3 --mca oob_tcp_keepalive_intvl 2 --mca oob_tcp_keepalive_probes 7 \
         -x OMP_NUM_THREADS=1 -x OPENBLAS_NUM_THREADS=1 "$@"
 }
 
