@@ -201,7 +201,7 @@ static void test_folder_limit_stratified(void) {
 
 
 static void test_programs_split_checks(void) {
-    if (!(fr_t_have_example("train") && fr_t_have_example("validate") && fr_t_have_example("memreport")))
+    if (!fr_t_have_programs())
         SKIP("examples not built");
     const char *root = fr_t_make_tmpdir("split25");
     char args[1400], path[900];

@@ -105,7 +105,7 @@ static void test_checkpoint_k_strict(void) {
 
 
 static void test_programs_flags(void) {
-    if (!(fr_t_have_example("train") && fr_t_have_example("validate") && fr_t_have_example("memreport")))
+    if (!fr_t_have_programs())
         SKIP("examples not built");
     /* a data folder that does not exist: each flag error comes before it is read */
     const char *d = "--data cifar10:/nonexistent-frugal-test";
@@ -278,7 +278,7 @@ static void test_metadata_other_values_ignored(void) {
 }
 
 static void test_metadata_note_printed_once(void) {
-    if (!(fr_t_have_example("train") && fr_t_have_example("validate") && fr_t_have_example("memreport")))
+    if (!fr_t_have_programs())
         SKIP("examples not built");
     const char *dir = fr_t_make_tmpdir("meta25p");
     char path[600], args[1400];

@@ -308,10 +308,6 @@ static void test_size_flag(void) {
 
 /* ---- the programs ---- */
 
-static bool programs_built(void) {
-    return fr_t_have_example("train") && fr_t_have_example("validate") && fr_t_have_example("memreport");
-}
-
 static void write_be32(FILE *f, uint32_t v) {
     unsigned char b[4] = {(unsigned char)(v >> 24), (unsigned char)(v >> 16), (unsigned char)(v >> 8),
                           (unsigned char)v};
@@ -340,7 +336,7 @@ static void write_idx_set(const char *dir, const char *prefix, int n, int bad_at
 }
 
 static void test_programs_flag_errors_first(void) {
-    if (!programs_built())
+    if (!fr_t_have_programs())
         SKIP("examples not built");
     const char *dir = fr_t_make_tmpdir("flags");
     char args[2048], missing[700];
@@ -374,7 +370,7 @@ static void test_programs_flag_errors_first(void) {
 }
 
 static void test_programs_fifo_and_labels(void) {
-    if (!programs_built())
+    if (!fr_t_have_programs())
         SKIP("examples not built");
     const char *dir = fr_t_make_tmpdir("pfifo");
     char args[2048], fifo[700];
@@ -401,7 +397,7 @@ static void test_programs_fifo_and_labels(void) {
 }
 
 static void test_programs_divergence_and_limits(void) {
-    if (!programs_built())
+    if (!fr_t_have_programs())
         SKIP("examples not built");
     const char *dir = fr_t_make_tmpdir("diverge");
     char args[2048], save[700];
@@ -439,7 +435,7 @@ static void test_programs_address_space_limit(void) {
 #if defined(__SANITIZE_ADDRESS__)
     SKIP("ulimit -v cannot apply under AddressSanitizer");
 #else
-    if (!programs_built())
+    if (!fr_t_have_programs())
         SKIP("examples not built");
     const char *dir = fr_t_make_tmpdir("ulimit");
     char args[2048];

@@ -597,6 +597,10 @@ bool fr_t_have_example(const char *prog) {
     return access(path, X_OK) == 0;
 }
 
+bool fr_t_have_programs(void) {
+    return fr_t_have_example("train") && fr_t_have_example("validate") && fr_t_have_example("memreport");
+}
+
 void fr_t_example_fails(const char *prog, const char *args, const char *n1, const char *n2) {
     static char out[65536];
     int rc = fr_t_run_example("", prog, args, out, sizeof out);

@@ -231,6 +231,8 @@ bool fr_t_write_file(const char *path, const void *b, size_t n);
 int fr_t_run_example(const char *prefix, const char *prog, const char *args, char *out, size_t len);
 /* Whether <build>/examples/<prog> is there. */
 bool fr_t_have_example(const char *prog);
+/* Whether the three programs (train, validate, memreport) are all there. */
+bool fr_t_have_programs(void);
 /* The program must fail, not time out, with n1 and n2 (NULL: none) in its
  * output; else the test fails, printing the output. */
 void fr_t_example_fails(const char *prog, const char *args, const char *n1, const char *n2);
