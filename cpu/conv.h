@@ -62,6 +62,17 @@ fr_status fr_cpu_conv_path(const fr_conv_shape *s, int direction, fr_conv_path *
 /* One line for train's header: the ISA class and the rule it selects. */
 void fr_cpu_conv_describe(char *buf, size_t size);
 
+/* A forward (direction 0) or backward (data) (1) pass on bf16 buffers
+ * (x, w, y or dy, w, dx), on oneDNN's bf16 kernels with f32 accumulation,
+ * whole batch; *ran false (nothing written) without oneDNN or without a
+ * oneDNN kernel for the shape. cpu/conv_bf16.c decides when to call it. */
+fr_status fr_cpu_conv_dnnl_bf16(void *out, const void *in0, const void *in1, const fr_conv_shape *s,
+                                int direction, bool *ran);
+/* The rule for bf16 compute (cpu/conv_bf16.c): whether a pass of s on bf16
+ * operands runs in bf16 on this CPU and class (AVX512_BF16 and the avx512
+ * class in use, a oneDNN build, the shapes measured faster than f32). */
+bool fr_cpu_conv_bf16_applies(const fr_conv_shape *s, int direction);
+
 /* True when this build has oneDNN. */
 bool fr_cpu_have_dnnl(void);
 /* oneDNN's implementation name for a shape and direction (0 fwd, 1

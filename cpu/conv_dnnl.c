@@ -92,11 +92,13 @@ enum { LAYOUT_PLAIN = 0, LAYOUT_BLOCKED };
 typedef struct {
     fr_conv_shape s;
     int dir, layout, threads;
+    dnnl_data_type_t dt; /* of every operand: f32, or bf16 (cpu/conv_bf16.c) */
 } conv_key;
 
-static void init_md(dnnl_memory_desc_t *md, int a, int b, int c, int d, dnnl_format_tag_t tag) {
+static void init_md(dnnl_memory_desc_t *md, int a, int b, int c, int d, dnnl_data_type_t dt,
+                    dnnl_format_tag_t tag) {
     dnnl_dims_t dims = {a, b, c, d};
-    dnnl_status_t st = dnnl_memory_desc_init_by_tag(md, 4, dims, dnnl_f32, tag);
+    dnnl_status_t st = dnnl_memory_desc_init_by_tag(md, 4, dims, dt, tag);
     FR_ASSERT(st == dnnl_success);
 }
 
@@ -104,14 +106,15 @@ static fr_status build_conv(fr_dnnl_plan *plan, const void *key_) {
     const conv_key *key = key_;
     const fr_conv_shape *s = &key->s;
     dnnl_memory_desc_t x_user, w_user, y_user, x_md, w_md, y_md;
-    init_md(&x_user, s->n, s->c, s->h, s->w, dnnl_nchw);
-    init_md(&w_user, s->k, s->c, s->r, s->s, dnnl_oihw);
-    init_md(&y_user, s->n, s->k, s->oh, s->ow, dnnl_nchw);
+    dnnl_data_type_t dt = key->dt;
+    init_md(&x_user, s->n, s->c, s->h, s->w, dt, dnnl_nchw);
+    init_md(&w_user, s->k, s->c, s->r, s->s, dt, dnnl_oihw);
+    init_md(&y_user, s->n, s->k, s->oh, s->ow, dt, dnnl_nchw);
     dnnl_format_tag_t act = key->layout == LAYOUT_BLOCKED ? dnnl_format_tag_any : dnnl_nchw;
     dnnl_format_tag_t wei = key->layout == LAYOUT_BLOCKED ? dnnl_format_tag_any : dnnl_oihw;
-    init_md(&x_md, s->n, s->c, s->h, s->w, act);
-    init_md(&w_md, s->k, s->c, s->r, s->s, wei);
-    init_md(&y_md, s->n, s->k, s->oh, s->ow, act);
+    init_md(&x_md, s->n, s->c, s->h, s->w, dt, act);
+    init_md(&w_md, s->k, s->c, s->r, s->s, dt, wei);
+    init_md(&y_md, s->n, s->k, s->oh, s->ow, dt, act);
     /* OH = (H + 2 pad - R) / stride + 1 rounds down; oneDNN wants the right
      * padding that makes the division exact (at most pad). */
     dnnl_dims_t strides = {s->stride, s->stride}, pad_l = {s->pad, s->pad};
@@ -168,17 +171,23 @@ static fr_status build_conv(fr_dnnl_plan *plan, const void *key_) {
 /* The plan of a layout for a shape and direction, for oneDNN running on
  * `threads` threads; NULL with *failed FR_OK when oneDNN has no kernel for
  * it. */
-static const fr_dnnl_plan *plan_on(const fr_conv_shape *s, int dir, int layout, int threads,
-                                   fr_status *failed) {
+static const fr_dnnl_plan *plan_typed(const fr_conv_shape *s, int dir, int layout, int threads,
+                                      dnnl_data_type_t dt, fr_status *failed) {
     conv_key key;
     memset(&key, 0, sizeof key);
     key.s = *s;
     key.dir = dir;
     key.layout = layout;
     key.threads = threads;
+    key.dt = dt;
     const fr_dnnl_plan *p = fr_dnnl_cached_plan(&key, sizeof key, build_conv);
     *failed = p ? FR_OK : fr_last_status();
     return p && p->prim ? p : NULL;
+}
+
+static const fr_dnnl_plan *plan_on(const fr_conv_shape *s, int dir, int layout, int threads,
+                                   fr_status *failed) {
+    return plan_typed(s, dir, layout, threads, dnnl_f32, failed);
 }
 
 static const fr_dnnl_plan *plan_of(const fr_conv_shape *s, int dir, int layout, fr_status *failed) {
@@ -189,6 +198,22 @@ static fr_status run_plan(const fr_dnnl_plan *p, int dir, const conv_args *a) {
     static const char *const what[] = {"conv2d forward", "conv2d backward (data)",
                                        "conv2d backward (weight)"};
     return fr_dnnl_plan_run(p, (void *[]){a->out, (void *)a->in0, (void *)a->in1}, what[dir]);
+}
+
+/* conv.h: a forward or backward (data) pass on bf16 buffers, oneDNN in its
+ * preferred layout on the whole batch (f32 accumulation inside). */
+fr_status fr_cpu_conv_dnnl_bf16(void *out, const void *in0, const void *in1, const fr_conv_shape *s,
+                                int direction, bool *ran) {
+    fr_status failed;
+    *ran = false;
+    if (direction != DIR_FWD && direction != DIR_BWD_DATA)
+        return fr_error(FR_ERR_ARG, "conv2d: bf16 compute has no weight-gradient pass");
+    const fr_dnnl_plan *p =
+        plan_typed(s, direction, LAYOUT_BLOCKED, fr_dnnl_threads(), dnnl_bf16, &failed);
+    if (failed != FR_OK || !p)
+        return failed;
+    *ran = true;
+    return run_plan(p, direction, &(conv_args){out, in0, in1});
 }
 
 /* Products per weight that one oneDNN weight-gradient call sums in one
@@ -361,6 +386,13 @@ const char *fr_cpu_conv_impl(const fr_conv_shape *s, int direction) {
 const char *fr_cpu_conv_impl(const fr_conv_shape *s, int direction) {
     (void)direction;
     return own_impl(s);
+}
+
+fr_status fr_cpu_conv_dnnl_bf16(void *out, const void *in0, const void *in1, const fr_conv_shape *s,
+                                int direction, bool *ran) {
+    (void)out, (void)in0, (void)in1, (void)s, (void)direction;
+    *ran = false;
+    return FR_OK;
 }
 
 static fr_status run(const fr_conv_shape *s, int dir, const conv_args *a) {

@@ -85,8 +85,10 @@ void fr_cpu_conv_describe(char *buf, size_t size) {
     snprintf(fwd, sizeof fwd, "oneDNN for %sC <= %d, K >= %d", r->fwd.any_3x3 ? "3x3 and " : "",
              r->fwd.max_c, r->fwd.min_k);
     snprintf(buf, size, "cpu %s; conv forward %s, backward (data) oneDNN for C <= %d, K >= %d, "
-             "weight gradient %s%s, else %s", isa_text, fwd, r->bwd_data.max_c, r->bwd_data.min_k,
-             r->weight_3x3_s1 ? "oneDNN in image groups" : r->weight_strided ? "oneDNN in image "
-             "groups for strided 3x3 and 1x1" : own, r->weight_3x3_s1 && r->weight_strided ?
-             " for 3x3 and strided 1x1" : "", own);
+             "weight gradient %s%s, else %s; bf16 %s", isa_text, fwd, r->bwd_data.max_c,
+             r->bwd_data.min_k, r->weight_3x3_s1 ? "oneDNN in image groups" : r->weight_strided ?
+             "oneDNN in image groups for strided 3x3 and 1x1" : own,
+             r->weight_3x3_s1 && r->weight_strided ? " for 3x3 and strided 1x1" : "", own,
+             fr_cpu_isa_has_bf16() ? "computes 3x3 forward and backward (data) (cpu/conv_bf16.c)"
+                                   : "is storage only");
 }

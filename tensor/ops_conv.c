@@ -68,6 +68,17 @@ static size_t images_per_block(const fr_tensor *a, const fr_tensor *b, const fr_
     return fr_stage_block_units((const fr_tensor *[]){a, b}, 2, unit, (size_t)s->n);
 }
 
+/* Three half operands of one dtype go first to the backend's half compute
+ * (kernels.def: conv2d_half), which may decline; *done says whether it ran. */
+static fr_status try_half(fr_tensor *out, const fr_tensor *in0, const fr_tensor *in1, int direction,
+                          const fr_conv_shape *s, bool *done) {
+    *done = false;
+    if (out->dtype == FR_F32 || in0->dtype != out->dtype || in1->dtype != out->dtype)
+        return FR_OK;
+    return FR_CALL_KERNEL(fr_device_of(out), conv2d_half, fr_data(out), fr_data(in0), fr_data(in1),
+                          out->dtype, direction, s, done);
+}
+
 fr_status fr_conv2d_forward(fr_tensor *y, const fr_tensor *x, const fr_tensor *w, const fr_tensor *b,
                             fr_conv_params p) {
     const char *op = "conv2d";
@@ -78,6 +89,11 @@ fr_status fr_conv2d_forward(fr_tensor *y, const fr_tensor *x, const fr_tensor *w
     FR_TRY(check_t(op, "y", y, FR_SHAPE(s.n, s.k, s.oh, s.ow), "x", x));
     if (b)
         FR_TRY(check_bias(op, "b", b, s.k, x));
+    bool done = false;
+    if (!b)
+        FR_TRY(try_half(y, x, w, 0, &s, &done));
+    if (done)
+        return FR_OK;
     fr_device dev = fr_device_of(x);
     fr_stage sw;
     FR_TRY(fr_stage_in(&sw, w, 0, (size_t)fr_numel(w)));
@@ -173,6 +189,11 @@ fr_status fr_conv2d_backward(fr_tensor *dx, fr_tensor *dw, fr_tensor *db, const 
     }
     if (db)
         FR_TRY(check_bias(op, "db", db, (int)dy->shape[1], dy));
+    bool done = false;
+    if (dx && s.n > 0)
+        FR_TRY(try_half(dx, dy, w, 1, &s, &done));
+    if (done)
+        dx = NULL;
     if (!dx && !dw && !db)
         return FR_OK;
     fr_device dev = fr_device_of(dy);
