@@ -12,8 +12,6 @@
 #include <omp.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/wait.h>
-#include <unistd.h>
 
 #include "testlib.h"
 #include "cpu/conv.h"
@@ -63,23 +61,6 @@ static bool close_to(const fr_tensor *got, const fr_tensor *ref, const char *wha
                 cc->r, cc->stride, cc->h, worst);
     fr_release(g);
     return ok;
-}
-
-/* max |a - b| over max |ref| (f32) */
-static double scaled_diff(const fr_tensor *a, const fr_tensor *ref) {
-    const float *pa = fr_data_f32(a), *pr = fr_data_f32(ref);
-    double worst = 0.0, scale = 0.0;
-    for (int64_t i = 0; i < fr_numel(ref); i++) {
-        double d = fabs((double)pa[i] - pr[i]);
-        worst = d > worst || d != d ? d : worst;
-        scale = fabs(pr[i]) > scale ? fabs(pr[i]) : scale;
-    }
-    return scale > 0.0 ? worst / scale : worst;
-}
-
-static bool same_bits(const fr_tensor *a, const fr_tensor *b) {
-    return fr_numel(a) == fr_numel(b) &&
-           memcmp(fr_data(a), fr_data(b), (size_t)fr_numel(a) * fr_dtype_size(a->dtype)) == 0;
 }
 
 typedef struct {
@@ -155,7 +136,7 @@ static void test_matches_f32(void) {
         CHECK(close_to(y, ry, "y", cc));
         CHECK(close_to(dx, rdx, "dx", cc));
         /* dw is f32, staged: the f32 path's 1e-5 */
-        CHECK(scaled_diff(dw, rdw) < 1e-5);
+        CHECK(fr_t_scaled_diff(dw, rdw) < 1e-5);
         bool applies = fr_cpu_conv_bf16_applies(&o.s, 0);
         CHECK(applies == (cc->r == 3));
         fr_tensor *y2 = fr_empty_like(y, FR_TAG_TRANSIENT);
@@ -163,7 +144,7 @@ static void test_matches_f32(void) {
         CHECK_OK(fr_cpu_conv2d_half(fr_data(y2), fr_data(o.x), fr_data(o.w), FR_BF16, 0, &o.s, &done));
         CHECK(done == applies);
         if (done) /* the op took the bf16 kernel: the same bits */
-            CHECK(same_bits(y2, y));
+            CHECK(fr_t_same_bits(y2, y));
         /* f16 and the weight gradient decline */
         CHECK_OK(fr_cpu_conv2d_half(fr_data(y2), fr_data(o.x), fr_data(o.w), FR_F16, 0, &o.s, &done));
         CHECK(!done);
@@ -197,7 +178,7 @@ static void test_batch_and_threads(void) {
                 y1 = y, dx1 = dx;
                 continue;
             }
-            CHECK(same_bits(y, y1) && same_bits(dx, dx1));
+            CHECK(fr_t_same_bits(y, y1) && fr_t_same_bits(dx, dx1));
             fr_release(y), fr_release(dx);
         }
         omp_set_num_threads(team);
@@ -207,7 +188,7 @@ static void test_batch_and_threads(void) {
         fr_tensor *ya = fr_empty_like(y4, FR_TAG_TRANSIENT), *dxa = fr_empty_like(dx4, FR_TAG_TRANSIENT);
         CHECK_OK(fr_conv2d_forward(ya, x4, o.w, NULL, o.p));
         CHECK_OK(fr_conv2d_backward(dxa, NULL, NULL, dy4, NULL, o.w, o.p));
-        CHECK(same_bits(ya, y4) && same_bits(dxa, dx4));
+        CHECK(fr_t_same_bits(ya, y4) && fr_t_same_bits(dxa, dx4));
         fr_release(x4), fr_release(dy4), fr_release(y4), fr_release(dx4), fr_release(ya), fr_release(dxa);
         fr_release(y1), fr_release(dx1);
         drop(&o);
@@ -240,18 +221,8 @@ static void test_child_declines(void) {
 }
 
 static int run_child(const char *value) {
-    fflush(stdout);
-    fflush(stderr);
-    pid_t pid = fork();
-    if (pid == 0) {
-        setenv("FR_CPU_ISA", value, 1);
-        execl(self_path, self_path, "--child", (char *)NULL);
-        _exit(127);
-    }
-    int status = 0;
-    if (pid < 0 || waitpid(pid, &status, 0) != pid)
-        return -1;
-    return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+    return fr_t_run_self(self_path, "FR_CPU_ISA", value,
+                         (char *const[]){(char *)self_path, "--child", NULL});
 }
 
 /* Every class below avx512 that this CPU can run falls back. */

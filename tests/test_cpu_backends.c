@@ -9,8 +9,6 @@
 #include <omp.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/wait.h>
-#include <unistd.h>
 
 #include "testlib.h"
 #include "cpu/conv.h"
@@ -30,24 +28,6 @@ static const conv_case cases[] = {
     {8, 32, 16, 32, 1, 2, 0}, {8, 64, 8, 64, 3, 1, 1},  {4, 24, 16, 48, 1, 1, 0},
     {4, 48, 16, 12, 3, 1, 1}, {3, 5, 13, 7, 3, 2, 0},   {2, 9, 11, 6, 5, 2, 2},
 };
-
-/* max |a - b| over max |ref|: the error relative to the tensor's scale, the
- * measure that stays meaningful for gradients that are sums of thousands of
- * products (an element near 0 can lose every digit to round-off). */
-static double scaled_diff(const fr_tensor *a, const fr_tensor *ref) {
-    const float *pa = fr_data_f32(a), *pr = fr_data_f32(ref);
-    double worst = 0.0, scale = 0.0;
-    for (int64_t i = 0; i < fr_numel(ref); i++) {
-        double d = fabs((double)pa[i] - pr[i]);
-        worst = d > worst || d != d ? d : worst;
-        scale = fabs(pr[i]) > scale ? fabs(pr[i]) : scale;
-    }
-    return scale > 0.0 ? worst / scale : worst;
-}
-
-static bool same_bits(const fr_tensor *a, const fr_tensor *b) {
-    return memcmp(fr_data(a), fr_data(b), (size_t)fr_numel(a) * sizeof(float)) == 0;
-}
 
 typedef struct {
     fr_tensor *y, *dx, *dw;
@@ -91,8 +71,8 @@ static void test_dnnl_matches_im2col(void) {
         conv_out ref = run_case(cc, FR_CPU_CONV_IM2COL, x, w, dy);
         for (size_t b = 0; b < sizeof paths / sizeof *paths; b++) {
             conv_out got = run_case(cc, paths[b], x, w, dy), again = run_case(cc, paths[b], x, w, dy);
-            double ey = scaled_diff(got.y, ref.y), edx = scaled_diff(got.dx, ref.dx),
-                   edw = scaled_diff(got.dw, ref.dw);
+            double ey = fr_t_scaled_diff(got.y, ref.y), edx = fr_t_scaled_diff(got.dx, ref.dx),
+                   edw = fr_t_scaled_diff(got.dw, ref.dw);
             if (!(ey <= 1e-5 && edx <= 1e-5 && edw <= 1e-5))
                 fprintf(stderr, "    case %zu (%s, %s / %s / %s): y %.2e dx %.2e dw %.2e\n", i,
                         names[b], fr_cpu_conv_impl(&s, 0), fr_cpu_conv_impl(&s, 1),
@@ -101,9 +81,9 @@ static void test_dnnl_matches_im2col(void) {
             CHECK(edx <= 1e-5);
             CHECK(edw <= 1e-5);
             /* the same call twice: the same bits (a plan is fixed per shape) */
-            CHECK(same_bits(got.y, again.y));
-            CHECK(same_bits(got.dx, again.dx));
-            CHECK(same_bits(got.dw, again.dw));
+            CHECK(fr_t_same_bits(got.y, again.y));
+            CHECK(fr_t_same_bits(got.dx, again.dx));
+            CHECK(fr_t_same_bits(got.dw, again.dw));
             release_out(&got);
             release_out(&again);
         }
@@ -158,10 +138,10 @@ static void check_rows(const char *what, int m, int n, int k, bool tb, int part)
         CHECK_OK(fr_cpu_gemm(pp + (size_t)lo * n, pa + (size_t)lo * k, pb, rows, n, k, false, tb,
                              1.0f, 0.0f));
     }
-    if (!same_bits(whole, parts))
+    if (!fr_t_same_bits(whole, parts))
         fprintf(stderr, "    %s %dx%dx%d: rows differ between m = %d and parts of %d (%.2e)\n",
-                what, m, n, k, m, part, scaled_diff(parts, whole));
-    CHECK(same_bits(whole, parts));
+                what, m, n, k, m, part, fr_t_scaled_diff(parts, whole));
+    CHECK(fr_t_same_bits(whole, parts));
     fr_tensor *all[] = {a, b, whole, parts};
     for (int i = 0; i < 4; i++)
         fr_release(all[i]);
@@ -186,7 +166,7 @@ static void check_images(const conv_case *cc, int part) {
         CHECK_OK(fr_cpu_conv2d_backward_data(fr_data_f32(dx[1]) + lo * x_img,
                                         fr_data_f32(dy) + lo * y_img, fr_data_f32(w), &sp));
     }
-    bool same_y = same_bits(y[0], y[1]), same_dx = same_bits(dx[0], dx[1]);
+    bool same_y = fr_t_same_bits(y[0], y[1]), same_dx = fr_t_same_bits(dx[0], dx[1]);
     if (!same_y || !same_dx)
         fprintf(stderr, "    conv %d->%d %dx%d /%d @%d (%s / %s): images differ between n = %d and parts of %d\n",
                 cc->c, cc->k, cc->r, cc->r, cc->stride, cc->h, fr_cpu_conv_impl(&s, 0),
@@ -253,11 +233,12 @@ static void test_results_do_not_depend_on_threads(void) {
                 one = o;
                 continue;
             }
-            bool same = same_bits(o.y, one.y) && same_bits(o.dx, one.dx) && same_bits(o.dw, one.dw);
+            bool same = fr_t_same_bits(o.y, one.y) && fr_t_same_bits(o.dx, one.dx) &&
+                        fr_t_same_bits(o.dw, one.dw);
             if (!same)
                 fprintf(stderr, "    conv %d->%d %dx%d /%d @%d, batch %d: %d threads differ from 1 (y %d dx %d dw %d)\n",
                         cc->c, cc->k, cc->r, cc->r, cc->stride, cc->h, cc->n, threads,
-                        !same_bits(o.y, one.y), !same_bits(o.dx, one.dx), !same_bits(o.dw, one.dw));
+                        !fr_t_same_bits(o.y, one.y), !fr_t_same_bits(o.dx, one.dx), !fr_t_same_bits(o.dw, one.dw));
             CHECK(same);
             release_out(&o);
         }
@@ -277,7 +258,7 @@ static void test_results_do_not_depend_on_threads(void) {
             CHECK_OK(fr_cpu_gemm(fr_data_f32(c[t]), fr_data_f32(a), fr_data_f32(b), m, n, k, false, false,
                                  1.0f, 0.0f));
         }
-        CHECK(same_bits(c[0], c[1]) && same_bits(c[0], c[2]));
+        CHECK(fr_t_same_bits(c[0], c[1]) && fr_t_same_bits(c[0], c[2]));
         for (int t = 0; t < 3; t++)
             fr_release(c[t]);
         fr_release(a);
@@ -330,7 +311,7 @@ static void test_shift_kernels(void) {
                                                      fr_data_f32(x), &s));
         CHECK_OK(fr_cpu_conv2d_backward_weight_im2col(fr_data_f32(ref), fr_data_f32(dy),
                                                       fr_data_f32(x), &s));
-        double e = scaled_diff(got, ref);
+        double e = fr_t_scaled_diff(got, ref);
         if (!(e <= 1e-5))
             fprintf(stderr, "    shift %dx%d->%d @%dx%d: %.2e from im2col\n", n, c, k, h, w, e);
         CHECK(e <= 1e-5);
@@ -368,7 +349,7 @@ static void test_shift_kernels(void) {
         CHECK_OK(fr_cpu_conv2d_backward_data_shift(fr_data_f32(dx), fr_data_f32(dy), fr_data_f32(wt), &s));
         CHECK_OK(fr_cpu_conv2d_backward_data_im2col(fr_data_f32(dx_ref), fr_data_f32(dy),
                                                     fr_data_f32(wt), &s));
-        double ey = scaled_diff(y, y_ref), edx = scaled_diff(dx, dx_ref);
+        double ey = fr_t_scaled_diff(y, y_ref), edx = fr_t_scaled_diff(dx, dx_ref);
         if (!(ey <= 1e-5 && edx <= 1e-5))
             fprintf(stderr, "    shift %dx%d->%d @%dx%d: y %.2e dx %.2e from im2col\n", n, c, k, h, w,
                     ey, edx);
@@ -477,7 +458,7 @@ static void check_case(const conv_case *cc, int seed) {
         CHECK_OK(fr_conv2d_backward(out[b][1], out[b][2], NULL, dy, x, w, p));
     }
     for (int d = 0; d < 3; d++) {
-        double e = scaled_diff(out[1][d], out[0][d]);
+        double e = fr_t_scaled_diff(out[1][d], out[0][d]);
         const char *impl = fr_cpu_conv_impl(&s, d);
         if (!(e <= 1e-5))
             fprintf(stderr, "    %s: %d->%d %dx%d /%d @%d pass %d (%s): %.2e from im2col\n",
@@ -537,18 +518,8 @@ static void test_refused(void) {
 
 /* Runs this program as a child with FR_CPU_ISA=value; its exit status. */
 static int run_child(const char *value, const char *mode) {
-    fflush(stdout);
-    fflush(stderr);
-    pid_t pid = fork();
-    if (pid == 0) {
-        setenv("FR_CPU_ISA", value, 1);
-        execl(self_path, self_path, "--child", mode, value, (char *)NULL);
-        _exit(127);
-    }
-    int status = 0;
-    if (pid < 0 || waitpid(pid, &status, 0) != pid)
-        return -1;
-    return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+    return fr_t_run_self(self_path, "FR_CPU_ISA", value,
+                         (char *const[]){(char *)self_path, "--child", (char *)mode, (char *)value, NULL});
 }
 
 static void test_every_class_below_the_machine(void) {

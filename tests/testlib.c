@@ -610,3 +610,34 @@ void fr_t_example_fails(const char *prog, const char *args, const char *n1, cons
         fr_t_failed_now = 1;
     }
 }
+
+double fr_t_scaled_diff(const fr_tensor *a, const fr_tensor *ref) {
+    const float *pa = fr_data_f32(a), *pr = fr_data_f32(ref);
+    double worst = 0.0, scale = 0.0;
+    for (int64_t i = 0; i < fr_numel(ref); i++) {
+        double d = fabs((double)pa[i] - pr[i]);
+        worst = d > worst || d != d ? d : worst;
+        scale = fabs(pr[i]) > scale ? fabs(pr[i]) : scale;
+    }
+    return scale > 0.0 ? worst / scale : worst;
+}
+
+bool fr_t_same_bits(const fr_tensor *a, const fr_tensor *b) {
+    return a->dtype == b->dtype && fr_numel(a) == fr_numel(b) &&
+           memcmp(fr_data(a), fr_data(b), (size_t)fr_numel(a) * fr_dtype_size(a->dtype)) == 0;
+}
+
+int fr_t_run_self(const char *self, const char *name, const char *value, char *const argv[]) {
+    fflush(stdout);
+    fflush(stderr);
+    pid_t pid = fork();
+    if (pid == 0) {
+        setenv(name, value, 1);
+        execv(self, argv);
+        _exit(127);
+    }
+    int status = 0;
+    if (pid < 0 || waitpid(pid, &status, 0) != pid)
+        return -1;
+    return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}

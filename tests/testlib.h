@@ -237,4 +237,15 @@ bool fr_t_have_programs(void);
  * output; else the test fails, printing the output. */
 void fr_t_example_fails(const char *prog, const char *args, const char *n1, const char *n2);
 
+/* max |a - b| over max |ref| (f32 tensors of one size): the error relative to the
+ * tensor's scale, which stays meaningful for sums of thousands of products
+ * (an element near 0 can lose every digit to round-off); NaN when a has one. */
+double fr_t_scaled_diff(const fr_tensor *a, const fr_tensor *ref);
+/* a and b hold the same bytes (same element count and dtype) */
+bool fr_t_same_bits(const fr_tensor *a, const fr_tensor *b);
+/* Runs the program `self` again as a child with environment variable `name`
+ * set to `value` and arguments argv (NULL-terminated, argv[0] first); its
+ * exit status, -1 when it could not run or did not exit. */
+int fr_t_run_self(const char *self, const char *name, const char *value, char *const argv[]);
+
 #endif
