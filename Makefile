@@ -136,7 +136,8 @@ else
 endif
 CFLAGS := $(CFLAGS_BASE) $(EXTRA_CFLAGS)
 
-LIB_SRC := $(wildcard tensor/*.c cpu/*.c autograd/*.c nn/*.c data/*.c) $(DIST_SRC)
+LIB_SRC := $(wildcard tensor/*.c cpu/*.c autograd/*.c nn/*.c io/*.c models/*.c planner/*.c train/*.c \
+  programs/*.c data/*.c) $(DIST_SRC)
 LIB_OBJ := $(LIB_SRC:%.c=$(BUILD)/%.o)
 CU_OBJ := $(CU_SRC:%.cu=$(BUILD)/%.cu.o)
 LIB := $(BUILD)/libfrugal.a
@@ -145,13 +146,14 @@ CONFIG_H := $(BUILD)/include/frugal/config.h
 
 # What `make install` puts under include/frugal/ (sub-folders kept): the
 # public headers. Everything else (tensor/kernels.h, kernels.def, staging.h,
-# cuda/, nn/json.h) is internal; scripts/check-headers.sh refuses a public
+# cuda/, io/json.h) is internal; scripts/check-headers.sh refuses a public
 # header that includes a header not in this list.
 PUBLIC_HEADERS := frugal.h tensor/fr_base.h tensor/shapes.h tensor/tensor.h tensor/memory.h \
   tensor/ops.h tensor/cuda.h autograd/autograd.h autograd/functions.h \
-  nn/amp.h nn/blocks.h nn/build.h nn/checkpoint.h nn/cli.h nn/densenet.h nn/layers.h nn/model.h \
-  nn/optim.h nn/outfile.h nn/params.h nn/plan.h nn/planner.h nn/programs.h nn/registry.h nn/resnet.h nn/safetensors.h nn/schedule.h \
-  nn/train.h dist/dist.h \
+  nn/blocks.h nn/build.h nn/layers.h nn/model.h nn/params.h nn/plan.h \
+  models/densenet.h models/registry.h models/resnet.h planner/planner.h \
+  train/amp.h train/checkpoint.h train/optim.h train/schedule.h train/train.h \
+  io/outfile.h io/safetensors.h programs/cli.h programs/programs.h dist/dist.h \
   data/augment.h data/dataset.h data/loader.h data/rng.h
 # The programs, installed as frugal-train, frugal-validate, frugal-memreport
 # and linked against libfrugal.so (docs/INSTALL.md says why three programs).

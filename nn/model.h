@@ -2,7 +2,7 @@
  * architecture: a forward to logits, a parameter registry, a configuration
  * (the memory strategy) and a free. Models are written with the building
  * API (nn/build.h), which applies every strategy; the built-in ones
- * (nn/resnet.h, nn/densenet.h) are written with it too.
+ * (models/resnet.h, models/densenet.h) are written with it too.
  *
  *     fr_model *m = fr_resnet_create("resnet20", 3, 10, 42);
  *     fr_strategy_parse("recompute+checkpoint", &m->cfg.strategy); // may change between steps

@@ -44,7 +44,7 @@ typedef struct {
     int *group_len;    /* steps per group */
     bool *group_ckpt;  /* whether the group runs as one checkpointed segment */
     /* NULL: every group runs under the run's strategy. Set by the memory
-     * planner (nn/planner.h): group g runs under group_strategy[g] (its
+     * planner (planner/planner.h): group g runs under group_strategy[g] (its
      * inplace / recompute / abn switches, and checkpoint for a dense
      * module's own children) */
     fr_strategy *group_strategy;
@@ -66,7 +66,7 @@ struct fr_module {
     fr_module **items;
     int *step_first, *step_len;
     fr_seg_plan plan;         /* root chain and dense modules */
-    /* the root chain: a schedule installed by fr_plan_apply (nn/planner.h),
+    /* the root chain: a schedule installed by fr_plan_apply (planner/planner.h),
      * used instead of `plan` for the input shape, precision and strategy
      * it was made for */
     fr_seg_plan schedule;
@@ -80,7 +80,7 @@ struct fr_model_build {
     fr_module *modules;       /* list through ->next */
     int n_norms;
     bool finished;
-    /* the memory planner's per-block profiles (nn/profile.c), owned */
+    /* the memory planner's per-block profiles (planner/profile.c), owned */
     void *profiles;
     void (*profiles_free)(void *profiles);
 };

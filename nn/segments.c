@@ -315,7 +315,7 @@ static fr_tensor *run_steps(fr_module *seq, int first, int count, fr_tensor *x, 
  * segment or run as it is. Dense: the output of the last group is joined
  * by its segment, so the features so far are one tensor between groups. */
 static fr_tensor *run_segmented(fr_module *seq, fr_tensor *x, const fr_run *run) {
-    /* a planner's schedule (nn/planner.h) for this very input and strategy,
+    /* a planner's schedule (planner/planner.h) for this very input and strategy,
      * else the segments chosen here */
     const fr_seg_plan *p = &seq->schedule;
     if (!plan_matches(p, x, run)) {

@@ -28,7 +28,7 @@ done
 soname=$(readelf -d "$prefix/lib/libfrugal.so" | sed -n 's/.*(SONAME).*\[\(.*\)\]/\1/p')
 [[ "$soname" == libfrugal.so.[0-9]* ]] || fail "libfrugal.so has soname '$soname'"
 echo "soname $soname"
-for h in tensor/kernels.h tensor/kernels.def tensor/staging.h cuda/fr_cuda.h nn/json.h; do
+for h in tensor/kernels.h tensor/kernels.def tensor/staging.h cuda/fr_cuda.h io/json.h; do
     [ ! -e "$prefix/include/frugal/$h" ] || fail "internal header $h was installed"
 done
 

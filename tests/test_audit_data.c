@@ -23,8 +23,8 @@
 #include "testlib.h"
 #include "data/dataset.h"
 #include "data/image.h"
-#include "nn/checkpoint.h"
-#include "nn/cli.h"
+#include "train/checkpoint.h"
+#include "programs/cli.h"
 
 
 /* A PNG of w x h pixels of `bits` (8 or 16) samples, `spp` samples a pixel

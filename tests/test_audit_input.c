@@ -20,10 +20,10 @@
 #include <unistd.h>
 
 #include "testlib.h"
-#include "nn/checkpoint.h"
+#include "train/checkpoint.h"
 #include "data/image.h"
-#include "nn/cli.h"
-#include "nn/registry.h"
+#include "programs/cli.h"
+#include "models/registry.h"
 
 
 /* ---- model names ---- */

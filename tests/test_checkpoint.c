@@ -1,4 +1,4 @@
-/* test_checkpoint.c: training checkpoints (nn/checkpoint.h).
+/* test_checkpoint.c: training checkpoints (train/checkpoint.h).
  *
  * Exact resume: N steps, save, load into a fresh model and optimizer, M more
  * steps gives bit for bit the weights, buffers and optimizer state of N + M
@@ -24,9 +24,9 @@
 #include <unistd.h>
 
 #include "testlib.h"
-#include "nn/checkpoint.h"
-#include "nn/cli.h"
-#include "nn/resnet.h"
+#include "train/checkpoint.h"
+#include "programs/cli.h"
+#include "models/resnet.h"
 
 #define N_IMG 24
 #define IMG_C 3

@@ -64,9 +64,9 @@
 #include "testlib.h"
 #include "cuda/fr_cuda.h"
 #include "dist/dist.h"
-#include "nn/checkpoint.h"
-#include "nn/cli.h"
-#include "nn/resnet.h"
+#include "train/checkpoint.h"
+#include "programs/cli.h"
+#include "models/resnet.h"
 
 enum { N_IMAGES = 192, HW = 8, STEPS = 5 };
 

@@ -9,7 +9,7 @@
 
 #include "testlib.h"
 #include "nn/build.h"
-#include "nn/resnet.h"
+#include "models/resnet.h"
 
 /* Where the next layer goes: the root itself, or (wrap) the chain inside a
  * new block of the root's, so each layer is a block: a step on the parent

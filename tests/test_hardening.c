@@ -31,8 +31,8 @@
 #include <unistd.h>
 
 #include "testlib.h"
-#include "nn/checkpoint.h"
-#include "nn/cli.h"
+#include "train/checkpoint.h"
+#include "programs/cli.h"
 
 /* ---- files ---- */
 

@@ -1,4 +1,4 @@
-/* test_outputs.c: the output-file routine (nn/outfile.h) and what the
+/* test_outputs.c: the output-file routine (io/outfile.h) and what the
  * programs do with it: only regular files are written, never an input, every
  * write atomic with nothing left behind on failure; the advisory lock on
  * train --save; validate and train refuse a non-finite loss naming the
@@ -14,8 +14,8 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include "nn/checkpoint.h"
-#include "nn/resnet.h"
+#include "train/checkpoint.h"
+#include "models/resnet.h"
 #include "testlib.h"
 
 /* Entries of dir other than . and .. whose name holds `part`. */

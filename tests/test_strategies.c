@@ -7,7 +7,7 @@
 
 #include "testlib.h"
 #include "nn/plan.h"
-#include "nn/resnet.h"
+#include "models/resnet.h"
 
 #define NB 4
 #define C 3

@@ -1,4 +1,4 @@
-/* test_train.c: training end to end (nn/cli.h's step and evaluation, the
+/* test_train.c: training end to end (programs/cli.h's step and evaluation, the
  * train and validate programs).
  *
  *  - a few steps of ResNet-8 on separable synthetic images lower the loss
@@ -28,10 +28,10 @@
 #include <unistd.h>
 
 #include "testlib.h"
-#include "nn/checkpoint.h"
-#include "nn/cli.h"
+#include "train/checkpoint.h"
+#include "programs/cli.h"
 #include "nn/plan.h"
-#include "nn/resnet.h"
+#include "models/resnet.h"
 
 static char build_dir[512];
 
@@ -352,7 +352,7 @@ static void test_plan_precision(void) {
     fr_autocast_exit();
     CHECK(fr_plan_elem_bytes() == 4);
     /* a ResNet-56-like profile in elements (3 stages of 9 blocks, widths
-     * 16/32/64 at 32/16/8 pixels, 4 values a block, as nn/resnet.c counts):
+     * 16/32/64 at 32/16/8 pixels, 4 values a block, as models/resnet.c counts):
      * in half the split is the same and the estimated peak exactly half */
     enum { N = 27 };
     double elems[N], input[N], c4[N], i4[N], c2[N], i2[N];

@@ -1,10 +1,10 @@
-/* fuzz_checkpoint.c: checkpoint metadata (nn/checkpoint.c) on arbitrary
+/* fuzz_checkpoint.c: checkpoint metadata (train/checkpoint.c) on arbitrary
  * files: read_info, then a full load into a fixed tiny model (fz_tiny_model)
  * with its SGD optimizer, loss scaler and training state, the path
  * examples/train takes on --resume. A load that fails must leave the model
  * as it was; one that succeeds may change it (later inputs see that). */
 #include "fuzz_common.h"
-#include "nn/checkpoint.h"
+#include "train/checkpoint.h"
 
 static fr_model *model;
 static fr_optim *opt;

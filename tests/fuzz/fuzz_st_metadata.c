@@ -1,11 +1,11 @@
 /* fuzz_st_metadata.c: a safetensors __metadata__ of arbitrary JSON (the
- * input is its value's text) through the reader (nn/safetensors.c,
- * nn/json.c) and the checkpoint's metadata reader (nn/checkpoint.c): values
+ * input is its value's text) through the reader (io/safetensors.c,
+ * io/json.c) and the checkpoint's metadata reader (train/checkpoint.c): values
  * that are not strings are kept as keys without a value, keys frugal does
  * not read are noted, the fields it needs are range-checked. */
 #include "fuzz_common.h"
-#include "nn/checkpoint.h"
-#include "nn/safetensors.h"
+#include "train/checkpoint.h"
+#include "io/safetensors.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     static const char head[] = "{\"__metadata__\":";

@@ -8,7 +8,7 @@
 #include <zlib.h>
 
 #include "fuzz_common.h"
-#include "nn/checkpoint.h"
+#include "train/checkpoint.h"
 
 #include "../stb_write.h"
 

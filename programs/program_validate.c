@@ -1,5 +1,5 @@
 /* program_validate.c: the validate program as a library call,
- * fr_validate_main (nn/programs.h; examples/validate.c is its main). It
+ * fr_validate_main (programs/programs.h; examples/validate.c is its main). It
  * evaluates saved weights on a test set and compares the memory of
  * that pass with the memory of one training step of the same model.
  *
@@ -22,9 +22,9 @@
 #include <string.h>
 
 #include "frugal.h"
-#include "nn/checkpoint.h"
-#include "nn/cli.h"
-#include "nn/programs.h"
+#include "train/checkpoint.h"
+#include "programs/cli.h"
+#include "programs/programs.h"
 
 static const char *const device_names[] = {"cpu", "cuda"};
 

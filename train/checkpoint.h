@@ -20,7 +20,7 @@
  *
  * Why this is enough for an exact resume: the loader's batches are a pure
  * function of (seed, epoch, batch) (data/loader.h) and the schedule a pure
- * function of the step (nn/schedule.h), so the position plus the tensors
+ * function of the step (train/schedule.h), so the position plus the tensors
  * reproduce the run; there is no other random state in a training step.
  *
  * Saving is atomic (temp file, fsync, rename: safetensors.h). Loading checks
@@ -31,7 +31,7 @@
 #define FR_CHECKPOINT_H
 
 #include "amp.h"
-#include "model.h"
+#include "../nn/model.h"
 #include "optim.h"
 #include "schedule.h"
 

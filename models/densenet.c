@@ -6,7 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "build.h"
+#include "../nn/build.h"
 #include "registry.h"
 
 enum { BLOCKS = 3, DEFAULT_GROWTH = 12, BOTTLENECK = 4 };
@@ -52,7 +52,7 @@ static void densenet_build(fr_module *net, int per_block, int growth, int in_cha
 /* The parameters and the f32 activation bytes of one 32x32 image (each
  * layer's concatenation, BN, conv and pool outputs once) densenet_build
  * would make, from the numbers alone: checked against the ceilings
- * (nn/registry.h) before any allocation. Mirrors densenet_build. */
+ * (models/registry.h) before any allocation. Mirrors densenet_build. */
 static void densenet_size(int per_block, int growth, int in_channels, int num_classes, double *params,
                           double *act) {
     double k = growth, width = 2 * k, hw = 32 * 32, mid = BOTTLENECK * k;

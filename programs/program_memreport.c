@@ -1,5 +1,5 @@
 /* program_memreport.c: the memreport program as a library call, fr_memreport_main
- * (nn/programs.h; examples/memreport.c is its main).
+ * (programs/programs.h; examples/memreport.c is its main).
  *
  * memreport: how much memory one training step of a model needs under each
  * memory strategy, and where it goes.
@@ -32,13 +32,13 @@
 #include <time.h>
 
 #include "frugal.h"
-#include "nn/cli.h"
-#include "nn/programs.h"
-#include "nn/densenet.h"
+#include "programs/cli.h"
+#include "programs/programs.h"
+#include "models/densenet.h"
 #include "nn/layers.h"
-#include "nn/optim.h"
-#include "nn/planner.h"
-#include "nn/resnet.h"
+#include "train/optim.h"
+#include "planner/planner.h"
+#include "models/resnet.h"
 
 
 #define MAX_STRATEGIES 16
@@ -61,7 +61,7 @@ typedef struct {
     uint64_t seed;
     fr_dtype precision;  /* f32: one row per strategy; f16 / bf16: f32 and this */
     size_t memory_limit; /* --memory-limit: ledger cap per device, 0 = none */
-    size_t memory_budget; /* --memory-budget: a row for the planner's step (nn/planner.h) */
+    size_t memory_budget; /* --memory-budget: a row for the planner's step (planner/planner.h) */
 } options;
 
 /* ---- the trace: filled from the ledger's observer, which runs with the
@@ -167,7 +167,7 @@ done:
 /* ---- the model ---- */
 
 static fr_model *create_model(const options *o) {
-    /* any registered model (nn/registry.h), the built-ins included */
+    /* any registered model (models/registry.h), the built-ins included */
     return fr_model_create(o->model, o->in_channels, o->classes, o->seed);
 }
 
@@ -580,7 +580,7 @@ static void usage(FILE *out) {
             "  --seed N            weights and data (default 1)\n"
             "  --memory-limit SIZE cap the memory ledger of each device (K, M or G suffix): a\n"
             "                      strategy that needs more fails with an out-of-memory error\n"
-            "  --memory-budget SIZE  plan the fastest step that fits SIZE (nn/planner.h), print\n"
+            "  --memory-budget SIZE  plan the fastest step that fits SIZE (planner/planner.h), print\n"
             "                      the plan and add its row (\"planned\"; with --svg also its\n"
             "                      predicted curve); without --strategies the other row is plain\n",
             DEFAULT_STRATEGIES);

@@ -5,7 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "build.h"
+#include "../nn/build.h"
 #include "registry.h"
 
 enum { STAGES = 3, EXPANSION = 4 };
@@ -114,7 +114,7 @@ static void resnet_build(fr_module *net, bool preact, int per_stage, int in_chan
 
 /* The parameters and the f32 activation bytes of one 32x32 image (every
  * conv, BN and add output once) that resnet_build would make, from the
- * numbers alone: checked against the ceilings (nn/registry.h) before any
+ * numbers alone: checked against the ceilings (models/registry.h) before any
  * allocation. Mirrors resnet_build block by block. */
 static void resnet_size(bool preact, int per_stage, int in_channels, int num_classes, double *params,
                         double *act) {

@@ -5,7 +5,7 @@
  * safetensors __metadata__ from elsewhere may hold them: the reader names
  * and ignores them); rejects integers past int64, leading zeros, control
  * characters in strings, \u0000, nesting deeper than FR_JSON_MAX_DEPTH and
- * trailing text. Internal to nn/. */
+ * trailing text. Internal to io/. */
 #ifndef FR_JSON_H
 #define FR_JSON_H
 

@@ -14,8 +14,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "module_impl.h"
-#include "plan.h"
+#include "../nn/module_impl.h"
+#include "../nn/plan.h"
 #include "profile.h"
 
 static double mib(double b) { return b / (1024.0 * 1024.0); }

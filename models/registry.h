@@ -14,7 +14,7 @@
 #ifndef FR_REGISTRY_H
 #define FR_REGISTRY_H
 
-#include "model.h"
+#include "../nn/model.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -33,7 +33,7 @@ fr_status fr_model_register(const char *name, bool family, fr_model_ctor create,
  * registered usage when nothing matches. */
 fr_model *fr_model_create(const char *name, int in_channels, int num_classes, uint64_t seed);
 /* The size ceilings every built-in model name is checked against before
- * anything is allocated (nn/resnet.c, nn/densenet.c compute both from the
+ * anything is allocated (models/resnet.c, models/densenet.c compute both from the
  * name's numbers, the input channels and the class count alone): the
  * parameters (weights and biases, 2^28: 1 GiB in f32) and the activation
  * bytes of one 32x32 image, f32, every layer's output counted once (4 GiB):

@@ -9,7 +9,7 @@
  * Reading validates everything before use: a malformed header, an unknown
  * dtype, offsets past the end of the file or overlapping, a shape that does
  * not match its byte count. Every error names the file and the field.
- * Writing goes through nn/outfile.h: a regular file only, atomic (a
+ * Writing goes through io/outfile.h: a regular file only, atomic (a
  * temporary file beside the target, fsync, rename), so a crash or a failed
  * write mid-way leaves the previous file intact. */
 #ifndef FR_SAFETENSORS_H
@@ -68,7 +68,7 @@ void fr_st_writer_free(fr_st_writer *w);
  * tensor is retained until then). Duplicate names are an error. */
 fr_status fr_st_writer_add(fr_st_writer *w, const char *name, fr_tensor *t);
 fr_status fr_st_writer_add_metadata(fr_st_writer *w, const char *key, const char *value);
-/* Writes atomically (fr_outfile_open / fr_outfile_commit, nn/outfile.h). */
+/* Writes atomically (fr_outfile_open / fr_outfile_commit, io/outfile.h). */
 fr_status fr_st_writer_save(fr_st_writer *w, const char *path);
 
 #ifdef __cplusplus

@@ -31,7 +31,7 @@
 #ifndef FR_OPTIM_H
 #define FR_OPTIM_H
 
-#include "params.h"
+#include "../nn/params.h"
 
 #ifdef __cplusplus
 extern "C" {

@@ -1,4 +1,4 @@
-/* checkpoint_impl.h (internal to nn/checkpoint*.c): the metadata names and
+/* checkpoint_impl.h (internal to train/checkpoint*.c): the metadata names and
  * bounds the checkpoint writer (checkpoint.c) and reader
  * (checkpoint_info.c) share. */
 #ifndef FR_CHECKPOINT_IMPL_H

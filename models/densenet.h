@@ -46,7 +46,7 @@
 #ifndef FR_DENSENET_H
 #define FR_DENSENET_H
 
-#include "model.h"
+#include "../nn/model.h"
 
 #ifdef __cplusplus
 extern "C" {

@@ -9,7 +9,7 @@
  * statistics and counters as they are, the random state is put back, and
  * any .grad the caller had is set aside and restored, so profiling changes
  * nothing a training step computes. */
-#include "module_impl.h"
+#include "../nn/module_impl.h"
 #include "profile.h"
 
 #include <stdio.h>

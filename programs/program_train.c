@@ -1,5 +1,5 @@
 /* program_train.c: the train program as a library call, fr_train_main
- * (nn/programs.h; examples/train.c is its main).
+ * (programs/programs.h; examples/train.c is its main).
  *
  * train: trains a model on an image dataset and reports accuracy, speed and
  * memory as it goes.
@@ -10,7 +10,7 @@
  *     mpirun -np 2 train --batch 64                 # data parallel: 2 processes x 64 images a step
  *
  * Each epoch ends with a test pass (eval mode, no_grad) and, with --save, a
- * training checkpoint (nn/checkpoint.h). docs/TRAINING.md describes the flags
+ * training checkpoint (train/checkpoint.h). docs/TRAINING.md describes the flags
  * and what the output means. */
 #include <math.h>
 #include <omp.h>
@@ -21,11 +21,11 @@
 #include "cpu/conv.h"
 #include "dist/dist.h"
 #include "frugal.h"
-#include "nn/checkpoint.h"
-#include "nn/cli.h"
-#include "nn/programs.h"
-#include "nn/planner.h"
-#include "nn/schedule.h"
+#include "train/checkpoint.h"
+#include "programs/cli.h"
+#include "programs/programs.h"
+#include "planner/planner.h"
+#include "train/schedule.h"
 
 enum { OPT_SGD, OPT_ADAM, OPT_ADAMW };
 static const char *const optimizer_names[] = {"sgd", "adam", "adamw"};
@@ -46,7 +46,7 @@ typedef struct {
     int optimizer, schedule, device;
     int augment; /* -1: the dataset's default */
     size_t memory_limit; /* --memory-limit: ledger cap per device, 0 = none */
-    size_t memory_budget; /* --memory-budget: plan the step to fit (nn/planner.h), 0 = none */
+    size_t memory_budget; /* --memory-budget: plan the step to fit (planner/planner.h), 0 = none */
     /* flags that decide the run's trajectory, given on the command line:
      * with --resume they come from the checkpoint instead */
     const char *trajectory_flag;
@@ -609,7 +609,7 @@ static fr_status train(run *r, const options *o) {
 }
 
 /* --memory-budget: the planner chooses the strategy of each block, the
- * checkpoint segments and the micro-batches (nn/planner.h), for a step that
+ * checkpoint segments and the micro-batches (planner/planner.h), for a step that
  * also holds the optimizer state and the batch the loader prefetches. Before
  * --dist attaches: the planner's trial steps must not all-reduce. */
 static fr_status plan_memory(const options *o, run *r) {

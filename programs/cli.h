@@ -1,7 +1,7 @@
 /* cli.h: what the example programs (train, validate) share, kept in the
  * library because every examples/ source file is built into a program of its own:
  * reading flag values, opening a dataset from a --data spec, and the progress
- * line. The training step and evaluation they call are in nn/train.h.
+ * line. The training step and evaluation they call are in train/train.h.
  *
  * Like the rest of the library these return fr_status / NULL with
  * fr_last_error() set and never exit; the programs print the message and
@@ -12,10 +12,10 @@
 #include <stdio.h>
 
 #include "../data/loader.h"
-#include "amp.h"
-#include "model.h"
-#include "optim.h"
-#include "train.h"
+#include "../train/amp.h"
+#include "../nn/model.h"
+#include "../train/optim.h"
+#include "../train/train.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -67,7 +67,7 @@ int fr_cli_exit_status(const char *prog, fr_status s);
 void fr_cli_apply_limits(int64_t threads, size_t memory_limit);
 
 /* ---- models ---- */
-/* A registered model (nn/registry.h: resnet<6n+2>, preresnet<9n+2>,
+/* A registered model (models/registry.h: resnet<6n+2>, preresnet<9n+2>,
  * densenet-bc-<L>[-k<K>] and whatever the program registered), on the CPU
  * with the plain strategy; an unknown name is an FR_ERR_ARG about --model. */
 fr_model *fr_cli_model_create(const char *name, int in_channels, int num_classes, uint64_t seed);

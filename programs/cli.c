@@ -11,7 +11,7 @@
 #include <unistd.h>
 
 #include "../autograd/functions.h"
-#include "registry.h"
+#include "../models/registry.h"
 
 /* ---- flag values ---- */
 

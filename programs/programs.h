@@ -2,7 +2,7 @@
  * Each takes the program's command line (argv[0] first) and returns its
  * exit status: 0 on success, non-zero with the library's message on
  * stderr; it prints what the program prints. `--model NAME` reaches every
- * model in the registry (nn/registry.h), so a user who writes a model in C
+ * model in the registry (models/registry.h), so a user who writes a model in C
  * runs the library's own training loop, validation pass and memory report
  * on it by registering it first:
  *

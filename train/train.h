@@ -12,7 +12,7 @@
 
 #include "../data/loader.h"
 #include "amp.h"
-#include "model.h"
+#include "../nn/model.h"
 #include "optim.h"
 
 #ifdef __cplusplus

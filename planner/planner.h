@@ -8,7 +8,7 @@
  *     fr_memory_plan_free(&plan);
  *
  * How (docs/ARCHITECTURE.md, "The memory planner"):
- *  1. A per-block profile (nn/profile.c): every step of the root sequence
+ *  1. A per-block profile (planner/profile.c): every step of the root sequence
  *     (the units nn/segments.c cuts into checkpoint segments: a block, a
  *     dense module, a run of layers) is run once per function-preserving
  *     strategy (plain, inplace, recompute, inplace+recompute; abn and
@@ -43,8 +43,8 @@
 
 #include <stdio.h>
 
-#include "model.h"
-#include "optim.h"
+#include "../nn/model.h"
+#include "../train/optim.h"
 
 #ifdef __cplusplus
 extern "C" {

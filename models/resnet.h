@@ -28,7 +28,7 @@
 #ifndef FR_RESNET_H
 #define FR_RESNET_H
 
-#include "model.h"
+#include "../nn/model.h"
 
 #ifdef __cplusplus
 extern "C" {
