@@ -137,8 +137,14 @@ endif
 CFLAGS := $(CFLAGS_BASE) $(EXTRA_CFLAGS)
 
 LIB_SRC := $(wildcard tensor/*.c cpu/*.c autograd/*.c nn/*.c io/*.c models/*.c planner/*.c train/*.c \
-  programs/*.c data/*.c) $(DIST_SRC)
+  data/*.c) $(DIST_SRC)
 LIB_OBJ := $(LIB_SRC:%.c=$(BUILD)/%.o)
+# The programs and their flag parsing (programs/) are a small static library
+# of their own on top of libfrugal, so the library proper holds no CLI; what
+# links the programs, a test or an example links both (PROGRAMS_LIB first).
+PROGRAMS_SRC := $(wildcard programs/*.c)
+PROGRAMS_OBJ := $(PROGRAMS_SRC:%.c=$(BUILD)/%.o)
+PROGRAMS_LIB := $(BUILD)/libfrugal_programs.a
 CU_OBJ := $(CU_SRC:%.cu=$(BUILD)/%.cu.o)
 LIB := $(BUILD)/libfrugal.a
 SHLIB := $(BUILD)/libfrugal.so.$(VERSION)
@@ -171,7 +177,7 @@ BENCH_BIN := $(BENCH_SRC:bench/%.c=$(BUILD)/bench/%) $(BUILD)/bench/peak_alloc.s
 .PHONY: all lib tests test test-only test-multihost demo bench bench-build print-cuda-config asan fuzz fuzz-build fuzz-seeds fixtures deps clean examples \
   install uninstall check-install check-headers check-docs FORCE
 all: lib examples
-lib: $(LIB) $(SHLIB) $(CUDA_LIB)
+lib: $(LIB) $(SHLIB) $(PROGRAMS_LIB) $(CUDA_LIB)
 examples: $(EXAMPLE_BIN)
 tests: $(TEST_BIN) $(CUDA_LIB) $(NO_NCCL_LIB)
 
@@ -196,6 +202,11 @@ $(LIB): $(LIB_OBJ)
 	rm -f $@
 	ar rcs $@ $^
 
+$(PROGRAMS_LIB): $(PROGRAMS_OBJ)
+	@mkdir -p $(dir $@)
+	rm -f $@
+	ar rcs $@ $^
+
 # RUNPATH $ORIGIN: the core finds the CUDA backend beside itself.
 $(SHLIB): $(LIB_OBJ)
 	$(CC) -shared -Wl,-soname,libfrugal.so.$(VERSION_MAJOR) -Wl,-rpath,'$$ORIGIN' $^ $(LDLIBS) -o $@
@@ -213,21 +224,21 @@ $(NO_NCCL_LIB): $(CU_OBJ) cuda/exports.map
 	$(CXX) -shared -Wl,-soname,$(CUDA_BACKEND_FILE) -Wl,-Bsymbolic -Wl,--version-script,cuda/exports.map \
 	  $(filter-out $(BUILD)/cuda/nccl.cu.o,$(CU_OBJ)) $(filter-out -l:libnccl%,$(CUDA_LDLIBS)) -o $@
 
-$(BUILD)/tests/%: tests/%.c $(TESTLIB_OBJ) $(LIB)
+$(BUILD)/tests/%: tests/%.c $(TESTLIB_OBJ) $(PROGRAMS_LIB) $(LIB)
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) $< $(TESTLIB_OBJ) $(LIB) $(LDLIBS) $(PROG_LDFLAGS) -o $@
+	$(CC) $(CFLAGS) $< $(TESTLIB_OBJ) $(PROGRAMS_LIB) $(LIB) $(LDLIBS) $(PROG_LDFLAGS) -o $@
 
 $(BUILD)/tests/testlib.o: tests/testlib.c | $(CONFIG_H)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -c $< -o $@
 
-$(BUILD)/examples/%: examples/%.c $(LIB)
+$(BUILD)/examples/%: examples/%.c $(PROGRAMS_LIB) $(LIB)
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) $< $(LIB) $(LDLIBS) $(PROG_LDFLAGS) -o $@
+	$(CC) $(CFLAGS) $< $(PROGRAMS_LIB) $(LIB) $(LDLIBS) $(PROG_LDFLAGS) -o $@
 
-$(BUILD)/bench/%: bench/%.c $(LIB)
+$(BUILD)/bench/%: bench/%.c $(PROGRAMS_LIB) $(LIB)
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) $< $(LIB) $(LDLIBS) $(PROG_LDFLAGS) -o $@
+	$(CC) $(CFLAGS) $< $(PROGRAMS_LIB) $(LIB) $(LDLIBS) $(PROG_LDFLAGS) -o $@
 
 # The heap-peak shim PyTorch's side of the planner bench runs under
 # (LD_PRELOAD): its own flags, never the sanitizers of SAN=1.
@@ -237,15 +248,15 @@ $(BUILD)/bench/peak_alloc.so: bench/peak_alloc.c
 
 # The installed programs: against libfrugal.so, found in ../lib when
 # installed and in .. inside the build folder.
-$(BUILD)/bin/frugal-%: examples/%.c $(SHLIB)
+$(BUILD)/bin/frugal-%: examples/%.c $(PROGRAMS_LIB) $(SHLIB)
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) $< -L$(BUILD) -lfrugal -lm -Wl,-rpath,'$$ORIGIN/../lib:$$ORIGIN/..' -o $@
+	$(CC) $(CFLAGS) $< $(PROGRAMS_LIB) -L$(BUILD) -lfrugal -lm -Wl,-rpath,'$$ORIGIN/../lib:$$ORIGIN/..' -o $@
 
 $(BUILD)/frugal.pc: FORCE
 	@printf '%s\n' 'prefix=$(PREFIX)' 'libdir=$(LIBDIR)' 'includedir=$(INCLUDEDIR)' '' \
 	  'Name: frugal' 'Description: memory-frugal deep learning in C (tensors, autograd, nn, data)' \
 	  'Version: $(VERSION)' 'Cflags: -I$${includedir}' \
-	  'Libs: -L$${libdir} -Wl,-rpath,$${libdir} -lfrugal' \
+	  'Libs: -L$${libdir} -Wl,-rpath,$${libdir} -lfrugal_programs -lfrugal -lm' \
 	  'Libs.private: $(LDLIBS) $(PROG_LDFLAGS)' >$@
 
 check-headers:
@@ -255,13 +266,14 @@ check-headers:
 check-docs:
 	@python3 scripts/check-docs.py
 
-INSTALLED_LIBS := libfrugal.a libfrugal.so libfrugal.so.$(VERSION_MAJOR) libfrugal.so.$(VERSION) \
+INSTALLED_LIBS := libfrugal.a libfrugal_programs.a libfrugal.so libfrugal.so.$(VERSION_MAJOR) libfrugal.so.$(VERSION) \
   $(CUDA_BACKEND_FILE)
 install: check-headers all $(INSTALL_BIN) $(BUILD)/frugal.pc
 	install -d $(DESTDIR)$(BINDIR) $(DESTDIR)$(LIBDIR)/pkgconfig $(DESTDIR)$(INCLUDEDIR)/frugal
 	for h in $(PUBLIC_HEADERS); do install -D -m 644 $$h $(DESTDIR)$(INCLUDEDIR)/frugal/$$h || exit 1; done
 	install -m 644 $(CONFIG_H) $(DESTDIR)$(INCLUDEDIR)/frugal/config.h
 	install -m 644 $(LIB) $(DESTDIR)$(LIBDIR)/libfrugal.a
+	install -m 644 $(PROGRAMS_LIB) $(DESTDIR)$(LIBDIR)/libfrugal_programs.a
 	install -m 755 $(SHLIB) $(DESTDIR)$(LIBDIR)/
 	ln -sf libfrugal.so.$(VERSION) $(DESTDIR)$(LIBDIR)/libfrugal.so.$(VERSION_MAJOR)
 	ln -sf libfrugal.so.$(VERSION_MAJOR) $(DESTDIR)$(LIBDIR)/libfrugal.so
@@ -337,7 +349,7 @@ FUZZ_FLAGS := -std=c11 -D_GNU_SOURCE -fopenmp -MMD -MP -I. -I$(BUILD)/include/fr
   $(if $(CBLAS_INC),-DFR_HAVE_CBLAS -I$(dir $(CBLAS_INC))) \
   $(if $(MPI_LIBS),-DFR_HAVE_MPI $(MPI_CFLAGS))
 FUZZ_LIBS := -lm -lpthread -lz -lpng16 -lturbojpeg -ldl $(if $(CBLAS_INC),-lopenblas) $(MPI_LIBS)
-FUZZ_OBJ := $(LIB_SRC:%.c=$(FUZZ_DIR)/%.o)
+FUZZ_OBJ := $(LIB_SRC:%.c=$(FUZZ_DIR)/%.o) $(PROGRAMS_SRC:%.c=$(FUZZ_DIR)/%.o)
 FUZZ_BIN := $(patsubst tests/fuzz/%.c,$(FUZZ_DIR)/%,$(wildcard tests/fuzz/fuzz_*.c))
 
 $(FUZZ_DIR)/%.o: %.c $(CONFIG_H)
@@ -358,7 +370,7 @@ fuzz:
 
 # Rewrites the committed seed corpora (tests/fuzz/corpus) from gen_seeds.c.
 fuzz-seeds: lib
-	$(CC) $(CFLAGS) tests/fuzz/gen_seeds.c $(LIB) $(LDLIBS) -o $(BUILD)/gen_seeds
+	$(CC) $(CFLAGS) tests/fuzz/gen_seeds.c $(PROGRAMS_LIB) $(LIB) $(LDLIBS) -o $(BUILD)/gen_seeds
 	$(BUILD)/gen_seeds
 
 # Regenerates the committed PyTorch fixtures (needs Debian's python3-torch).
