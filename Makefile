@@ -156,9 +156,9 @@ CONFIG_H := $(BUILD)/include/frugal/config.h
 # header that includes a header not in this list.
 PUBLIC_HEADERS := frugal.h tensor/fr_base.h tensor/shapes.h tensor/tensor.h tensor/memory.h \
   tensor/ops.h tensor/cuda.h autograd/autograd.h autograd/functions.h \
-  nn/blocks.h nn/build.h nn/layers.h nn/model.h nn/params.h nn/plan.h \
+  nn/norm.h nn/build.h nn/layers.h nn/model.h nn/params.h nn/seg_split.h \
   models/densenet.h models/registry.h models/resnet.h planner/planner.h \
-  train/amp.h train/checkpoint.h train/optim.h train/schedule.h train/train.h \
+  train/amp.h train/state.h train/optim.h train/schedule.h train/train.h \
   io/outfile.h io/safetensors.h programs/cli.h programs/programs.h dist/dist.h \
   data/augment.h data/dataset.h data/loader.h data/rng.h
 # The programs, installed as frugal-train, frugal-validate, frugal-memreport

@@ -22,7 +22,7 @@
 #include "dist/dist.h"
 #include "train/amp.h"
 #include "nn/build.h"
-#include "train/checkpoint.h"
+#include "train/state.h"
 #include "programs/cli.h"
 #include "models/densenet.h"
 #include "nn/model.h"
@@ -39,9 +39,9 @@
 #include "tensor/ops.h"
 #include "tensor/tensor.h"
 
-#include "nn/blocks.h"
+#include "nn/norm.h"
 #include "nn/layers.h"
-#include "nn/plan.h"
+#include "nn/seg_split.h"
 #include "planner/planner.h"
 #include "io/safetensors.h"
 

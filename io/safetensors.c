@@ -185,7 +185,7 @@ static fr_status st_parse_metadata(fr_st_file *f, const fr_json *v) {
                                 f->path, v->keys[k]);
         /* The format says string values; other tools write other JSON
          * there. Kept as a key without a value: the reader of a key it
-         * needs names it (train/checkpoint.c), any other is ignored. */
+         * needs names it (train/state.c), any other is ignored. */
         bool str = v->kids[k].kind == FR_JSON_STR;
         f->meta_keys[k] = strdup(v->keys[k]);
         f->meta_vals[k] = str ? strdup(v->kids[k].str) : NULL;

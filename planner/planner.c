@@ -1,12 +1,12 @@
-/* planner.c: the memory planner's schedule search; see planner.h.
+/* planner.c: the memory planner's layout search; see planner.h.
  *
- * A schedule cuts the root sequence's steps (units) into groups, each kept
+ * A layout cuts the root sequence's steps (units) into groups, each kept
  * or checkpointed and each under one strategy of the profile. One function,
  * eval_group, predicts what a group adds to the ledger from the profile of
  * its units: its forward peak above the bytes held before it, what it
  * leaves held for backward, and its backward peak above what is held then
  * (the groups before it, the parameter gradients made so far and its
- * output's gradient). The dynamic programme, the comparison schedules and
+ * output's gradient). The dynamic programme, the comparison layouts and
  * the predicted curve all go through it, so they agree exactly. */
 #include "planner.h"
 
@@ -15,7 +15,7 @@
 #include <string.h>
 
 #include "../nn/module_impl.h"
-#include "../nn/plan.h"
+#include "../nn/seg_split.h"
 #include "profile.h"
 
 static double mib(double b) { return b / (1024.0 * 1024.0); }
@@ -132,13 +132,13 @@ static group_eval eval_group(const fr_profile *p, int i, int j, bool ckpt, int k
     return g;
 }
 
-/* ---- a schedule ---- */
+/* ---- a layout ---- */
 
 typedef struct {
     int n_groups;
     int start[512], len[512], strategy[512];
     bool ckpt[512];
-} schedule;
+} layout;
 
 typedef struct {
     const fr_profile *p;
@@ -147,8 +147,8 @@ typedef struct {
     double *grads_after; /* (n + 1): gradient bytes of units >= j (0 when accumulating) */
 } context;
 
-/* Peak and time of a whole schedule, and its curve when asked. */
-static bool simulate(const context *cx, const schedule *s, double *peak, double *ms, curve *out) {
+/* Peak and time of a whole layout, and its curve when asked. */
+static bool simulate(const context *cx, const layout *s, double *peak, double *ms, curve *out) {
     const fr_profile *p = cx->p;
     double held = 0, pk = cx->statics, t = 0;
     double *held_before = malloc(((size_t)s->n_groups + 1) * sizeof *held_before);
@@ -239,9 +239,9 @@ static bool front_insert(front *f, entry x) {
 
 enum { MODE_TIME, MODE_PEAK };
 
-/* Chooses a schedule: MODE_TIME the least time whose peak is <= budget,
+/* Chooses a layout: MODE_TIME the least time whose peak is <= budget,
  * MODE_PEAK the least peak. false when none (or out of memory). */
-static bool dynamic_programme(const context *cx, int mode, double budget, schedule *best) {
+static bool dynamic_programme(const context *cx, int mode, double budget, layout *best) {
     const fr_profile *p = cx->p;
     int n = p->n_units;
     front *F = calloc(2 * ((size_t)n + 1), sizeof *F);
@@ -288,7 +288,7 @@ static bool dynamic_programme(const context *cx, int mode, double budget, schedu
                                                       .strategy = k, .ckpt = c});
                         }
             }
-    /* the best complete schedule */
+    /* the best complete layout */
     int best_keep = -1, best_idx = -1;
     double best_v = INFINITY;
     double grads_end = cx->accumulating ? 0 : cx->grads_after[0];
@@ -308,7 +308,7 @@ static bool dynamic_programme(const context *cx, int mode, double budget, schedu
     bool found = ok && best_idx >= 0;
     if (found) { /* walk back */
         int g = 0, i = n, keep = best_keep, idx = best_idx;
-        schedule rev = {0};
+        layout rev = {0};
         while (i > 0) {
             const entry *x = &F[i * 2 + keep].e[idx];
             rev.start[g] = x->from_i;
@@ -335,7 +335,7 @@ static bool dynamic_programme(const context *cx, int mode, double budget, schedu
     return found;
 }
 
-/* ---- the comparison schedules: one strategy everywhere ---- */
+/* ---- the comparison layouts: one strategy everywhere ---- */
 
 /* A dense module takes the strategy with its own children checkpointed
  * when the others are checkpointed, as "STRATEGY+checkpoint" runs it. */
@@ -344,9 +344,9 @@ static int unit_strategy(const fr_profile *p, int u, int k, bool checkpointing) 
     return p->barrier[u] && checkpointing && fr_profile_valid(p, u, inner) ? inner : k;
 }
 
-/* seg_k: 0 keeps everything, -1 Chen's split (nn/plan.h, as "checkpoint"
+/* seg_k: 0 keeps everything, -1 Chen's split (nn/seg_split.h, as "checkpoint"
  * runs it), > 0 that many steps a segment. false when a unit cannot take k. */
-static bool uniform_schedule(const fr_profile *p, int k, int seg_k, schedule *s) {
+static bool uniform_layout(const fr_profile *p, int k, int seg_k, layout *s) {
     int n = p->n_units;
     s->n_groups = 0;
     double *cost = malloc(2 * (size_t)n * sizeof *cost);
@@ -377,7 +377,7 @@ static bool uniform_schedule(const fr_profile *p, int k, int seg_k, schedule *s)
                 cost[a - u] = fr_profile_cost(p, a, k)->saved;
                 cost[n + a - u] = fr_profile_cost(p, a, k)->in_b;
             }
-            m = fr_plan_segments(&(fr_plan_costs){.cost = cost, .input = cost + n, .n = end - u}, len);
+            m = fr_seg_split(&(fr_seg_costs){.cost = cost, .input = cost + n, .n = end - u}, len);
         }
         for (int g = 0; g < m; g++) {
             s->start[s->n_groups] = u;
@@ -428,14 +428,14 @@ void fr_memory_plan_free(fr_memory_plan *plan) {
     *plan = (fr_memory_plan){0};
 }
 
-/* The least peak any schedule reaches at micro-batch `micro` of `batch`. */
+/* The least peak any layout reaches at micro-batch `micro` of `batch`. */
 static fr_status leanest(fr_model *m, int64_t micro, const int64_t *shape, const fr_plan_options *o,
                          int batch, double *peak) {
     const fr_profile *p;
     int64_t s[4] = {micro, shape[1], shape[2], shape[3]};
     FR_TRY(fr_profile_get(m, s, o->allow_abn, &p));
     context cx = make_context(p, o, batch, micro < batch);
-    schedule best;
+    layout best;
     bool found = cx.grads_after && dynamic_programme(&cx, MODE_PEAK, 0, &best);
     double ms = 0;
     if (found)
@@ -444,8 +444,8 @@ static fr_status leanest(fr_model *m, int64_t micro, const int64_t *shape, const
     return found ? FR_OK : fr_error(FR_ERR_OOM, "%s: planner: out of memory", m->name);
 }
 
-/* Fills the plan's units and curve from schedule s under context cx. */
-static fr_status describe(const context *cx, const schedule *s, fr_memory_plan *plan) {
+/* Fills the plan's units and curve from layout s under context cx. */
+static fr_status describe(const context *cx, const layout *s, fr_memory_plan *plan) {
     const fr_profile *p = cx->p;
     plan->n_units = p->n_units;
     plan->units = calloc((size_t)p->n_units, sizeof *plan->units);
@@ -469,8 +469,8 @@ static fr_status describe(const context *cx, const schedule *s, fr_memory_plan *
     return FR_OK;
 }
 
-/* The schedule the plan's units describe (fr_plan_predict, apply). */
-static bool units_schedule(const fr_profile *p, const fr_plan_unit *units, schedule *s) {
+/* The layout the plan's units describe (fr_plan_predict, apply). */
+static bool units_layout(const fr_profile *p, const fr_plan_unit *units, layout *s) {
     s->n_groups = 0;
     for (int u = 0; u < p->n_units; u++) {
         int k = -1;
@@ -503,8 +503,8 @@ static fr_status check_model(const fr_model *m, const int64_t *shape) {
     return FR_OK;
 }
 
-/* The schedule at micro-batch `micro` that fits `budget` fastest: the
- * dynamic programme, and the comparison schedules, whichever is faster. */
+/* The layout at micro-batch `micro` that fits `budget` fastest: the
+ * dynamic programme, and the comparison layouts, whichever is faster. */
 static fr_status plan_at(fr_model *m, const int64_t *shape, int64_t micro, size_t budget,
                          const fr_plan_options *o, fr_memory_plan *plan) {
     const fr_profile *p;
@@ -514,7 +514,7 @@ static fr_status plan_at(fr_model *m, const int64_t *shape, int64_t micro, size_
     context cx = make_context(p, o, batch, micro < batch);
     if (!cx.grads_after)
         return fr_error(FR_ERR_OOM, "planner: out of memory");
-    schedule dp, cand, best;
+    layout dp, cand, best;
     double peak, ms, best_ms = INFINITY, best_peak = 0;
     plan->dp_ms = plan->chen_ms = -1;
     if (dynamic_programme(&cx, MODE_TIME, (double)budget, &dp) && simulate(&cx, &dp, &peak, &ms, NULL) &&
@@ -530,7 +530,7 @@ static fr_status plan_at(fr_model *m, const int64_t *shape, int64_t micro, size_
     int seg_k = (int)lround(sqrt((double)p->n_units));
     for (int kind = 0; kind < 3; kind++)
         for (int k = 0; k < FR_PROFILE_BASE_STRATEGIES; k++) {
-            if (!uniform_schedule(p, k, kind == 0 ? 0 : kind == 1 ? -1 : (seg_k > 0 ? seg_k : 1), &cand) ||
+            if (!uniform_layout(p, k, kind == 0 ? 0 : kind == 1 ? -1 : (seg_k > 0 ? seg_k : 1), &cand) ||
                 !simulate(&cx, &cand, &peak, &ms, NULL) || peak > (double)budget)
                 continue;
             if (kind == 1 && (plan->chen_ms < 0 || ms < plan->chen_ms)) {
@@ -547,7 +547,7 @@ static fr_status plan_at(fr_model *m, const int64_t *shape, int64_t micro, size_
         }
     fr_status st = FR_OK;
     if (!isfinite(best_ms)) {
-        st = fr_error(FR_ERR_ARG, "planner: %s: no schedule fits %zu bytes at micro-batch %lld",
+        st = fr_error(FR_ERR_ARG, "planner: %s: no layout fits %zu bytes at micro-batch %lld",
                       m->name, budget, (long long)micro);
     } else {
         plan->predicted_peak = best_peak;
@@ -577,8 +577,8 @@ fr_status fr_plan_memory(fr_model *m, const int64_t *shape, size_t budget, const
     FR_TRY(fr_profile_get(m, shape, o.allow_abn, &p));
     plan->device = p->device;
     context cx = make_context(p, &o, batch, false);
-    schedule plain;
-    bool ok = cx.grads_after && uniform_schedule(p, 0, 0, &plain) &&
+    layout plain;
+    bool ok = cx.grads_after && uniform_layout(p, 0, 0, &plain) &&
               simulate(&cx, &plain, &plan->plain_peak, &plan->plain_ms, NULL);
     free(cx.grads_after);
     if (!ok)
@@ -588,7 +588,7 @@ fr_status fr_plan_memory(fr_model *m, const int64_t *shape, size_t budget, const
     int accum = 1;
     if (lean > (double)budget) {
         /* micro-batches: the fewest parts (a divisor of the batch, so every
-         * part has the shape the schedule is made for) that fit */
+         * part has the shape the layout is made for) that fit */
         int div[64], nd = 0;
         for (int a = 2; a <= o.max_accum && nd < 64; a++)
             if (batch % a == 0)
@@ -602,7 +602,7 @@ fr_status fr_plan_memory(fr_model *m, const int64_t *shape, size_t budget, const
             fr_mem_format_bytes(budget, have, sizeof have);
             plan->min_budget = nd ? lean1 : lean;
             return fr_error(FR_ERR_ARG, "%s: a memory budget of %s (%zu bytes) is too small: the "
-                            "leanest schedule needs %s (%.0f bytes) even in micro-batches of %d "
+                            "leanest layout needs %s (%.0f bytes) even in micro-batches of %d "
                             "image%s; give at least that", m->name, have, budget, need,
                             ceil(nd ? lean1 : lean), nd ? batch / div[nd - 1] : batch,
                             (nd ? batch / div[nd - 1] : batch) == 1 ? "" : "s");
@@ -646,11 +646,11 @@ fr_status fr_plan_predict(fr_model *m, const fr_memory_plan *plan, const fr_plan
         return fr_error(FR_ERR_ARG, "planner: %s: the plan has %d units, the model %d", m->name,
                         plan->n_units, p->n_units);
     context cx = make_context(p, &plan->options, plan->batch, plan->accum > 1);
-    schedule s;
-    bool ok = cx.grads_after && units_schedule(p, units, &s) && simulate(&cx, &s, peak, ms, NULL);
+    layout s;
+    bool ok = cx.grads_after && units_layout(p, units, &s) && simulate(&cx, &s, peak, ms, NULL);
     free(cx.grads_after);
     return ok ? FR_OK
-              : fr_error(FR_ERR_ARG, "planner: %s: the units do not make a schedule (a strategy not "
+              : fr_error(FR_ERR_ARG, "planner: %s: the units do not make a layout (a strategy not "
                          "profiled, a group mixing strategies, a dense module checkpointed)", m->name);
 }
 
@@ -658,16 +658,16 @@ fr_status fr_plan_apply(fr_model *m, const fr_memory_plan *plan) {
     FR_TRY(check_model(m, plan->shape));
     const fr_profile *p;
     FR_TRY(fr_profile_get(m, plan->shape, plan->options.allow_abn, &p));
-    schedule s;
-    if (plan->n_units != p->n_units || !units_schedule(p, plan->units, &s))
+    layout s;
+    if (plan->n_units != p->n_units || !units_layout(p, plan->units, &s))
         return fr_error(FR_ERR_ARG, "planner: %s: the plan does not fit this model", m->name);
-    fr_seg_plan *sp = &m->build->root->schedule;
-    fr_seg_plan_free(sp);
+    fr_seg_layout *sp = &m->build->root->installed;
+    fr_seg_layout_free(sp);
     sp->group_len = malloc((size_t)s.n_groups * sizeof *sp->group_len);
     sp->group_ckpt = malloc((size_t)s.n_groups * sizeof *sp->group_ckpt);
     sp->group_strategy = malloc((size_t)s.n_groups * sizeof *sp->group_strategy);
     if (!sp->group_len || !sp->group_ckpt || !sp->group_strategy) {
-        fr_seg_plan_free(sp);
+        fr_seg_layout_free(sp);
         return fr_error(FR_ERR_OOM, "planner: out of memory");
     }
     for (int g = 0; g < s.n_groups; g++) {
@@ -692,7 +692,7 @@ fr_status fr_plan_apply(fr_model *m, const fr_memory_plan *plan) {
 
 void fr_plan_remove(fr_model *m) {
     if (m && m->build && m->build->root)
-        fr_seg_plan_free(&m->build->root->schedule);
+        fr_seg_layout_free(&m->build->root->installed);
 }
 
 static const char *group_kind(const fr_plan_unit *u) {
@@ -722,7 +722,7 @@ void fr_plan_print(const fr_memory_plan *plan, FILE *out) {
         fprintf(out, "  %-28.28s %-26s %10.2f  %s %d%s\n", pu->name, strat, mib(pu->kept_bytes),
                 group_kind(pu), group, pu->segment_start ? ", starts here" : "");
     }
-    fprintf(out, "  predicted peak %s (plain at batch %d: %s; leanest schedule: %s)\n",
+    fprintf(out, "  predicted peak %s (plain at batch %d: %s; leanest layout: %s)\n",
             fr_mem_format_bytes((size_t)plan->predicted_peak, b[1], sizeof b[1]), plan->batch,
             fr_mem_format_bytes((size_t)plan->plain_peak, b[2], sizeof b[2]),
             fr_mem_format_bytes((size_t)plan->leanest_peak, b[3], sizeof b[3]));

@@ -3,7 +3,7 @@
  *     fr_memory_plan plan;
  *     FR_TRY(fr_plan_memory(m, FR_SHAPE(64, 3, 32, 32), 512 << 20, NULL, &plan));
  *     fr_plan_print(&plan, stdout);
- *     FR_TRY(fr_plan_apply(m, &plan));          // m->cfg.strategy and the schedule
+ *     FR_TRY(fr_plan_apply(m, &plan));          // m->cfg.strategy and the layout
  *     fr_train_step(m, opt, NULL, x, y, plan.accum, &loss, NULL, NULL);
  *     fr_memory_plan_free(&plan);
  *
@@ -18,17 +18,17 @@
  *     read from the ledger (bytes kept, transient peak) and the clock.
  *     Profiles are cached in the model per input shape, precision, device
  *     and option set.
- *  2. A schedule: the sequence is cut into groups, each either kept (its
+ *  2. A layout: the sequence is cut into groups, each either kept (its
  *     activations held for backward) or checkpointed (only its input held,
  *     replayed in backward), each under one strategy. The choice is a
  *     dynamic programme over the steps (rotor, Beaumont et al. 2019, for
  *     one level of checkpoints, with a strategy per group) whose states are
  *     exact Pareto fronts of (bytes held, predicted time): it returns the
  *     least predicted time whose simulated peak fits the budget. Chen et
- *     al.'s split (nn/plan.h) and sqrt(N) segments under each uniform
+ *     al.'s split (nn/seg_split.h) and sqrt(N) segments under each uniform
  *     strategy are simulated with the same profile, as a comparison and a
  *     fallback (the plan records both times).
- *  3. When even the leanest schedule does not fit, the batch is split into
+ *  3. When even the leanest layout does not fit, the batch is split into
  *     micro-batches (fr_train_step's accumulation; batch norm then sees
  *     smaller batches: plan.bn_caveat). A budget below what fits at batch 1
  *     is FR_ERR_ARG naming the smallest budget that works.
@@ -87,8 +87,8 @@ typedef struct {
     double predicted_peak;     /* bytes, the whole step (accum micro-batches) */
     double plain_peak;         /* predicted for plain at the whole batch */
     double static_bytes;       /* parameters, batch, optimizer state */
-    double leanest_peak;       /* the least any schedule needs at micro_batch */
-    double min_budget;         /* the least any schedule needs in the smallest micro-batches
+    double leanest_peak;       /* the least any layout needs at micro_batch */
+    double min_budget;         /* the least any layout needs in the smallest micro-batches
                                 * (0: not computed); also set when fr_plan_memory fails
                                 * because the budget is below it */
     double predicted_ms, plain_ms; /* predicted step time; plain at the whole batch */
@@ -98,7 +98,7 @@ typedef struct {
     char chosen[32];      /* "dynamic programme", "chen", ... */
     int n_points;
     fr_plan_point *points; /* owned: the predicted curve of one micro-batch */
-    int64_t shape[4];     /* the micro-batch input the schedule is keyed on */
+    int64_t shape[4];     /* the micro-batch input the layout is keyed on */
     fr_dtype precision;
     fr_device device;
     fr_plan_options options;
@@ -107,24 +107,24 @@ typedef struct {
 /* Plans a training step of m on inputs of `shape` (N, C, H, W) under
  * m->cfg.precision, on the device of m's parameters, within `budget`
  * bytes. opts may be NULL. On success *plan is filled (free it with
- * fr_memory_plan_free); FR_ERR_ARG when no schedule fits even at batch 1
+ * fr_memory_plan_free); FR_ERR_ARG when no layout fits even at batch 1
  * (naming the smallest budget that works), when the model is not built with
  * nn/build.h, or for a bad shape. */
 fr_status fr_plan_memory(fr_model *m, const int64_t *shape, size_t budget,
                          const fr_plan_options *opts, fr_memory_plan *plan);
 
-/* Installs the plan: m->cfg.strategy = plan->base and the schedule for
+/* Installs the plan: m->cfg.strategy = plan->base and the layout for
  * plan->shape. Train with accum = plan->accum. Another input shape (or a
- * changed m->cfg.strategy) runs without the schedule, under the base
+ * changed m->cfg.strategy) runs without the layout, under the base
  * strategy (automatic checkpoint segments). */
 fr_status fr_plan_apply(fr_model *m, const fr_memory_plan *plan);
 
-/* Removes an installed schedule (m->cfg.strategy is left as it is). */
+/* Removes an installed layout (m->cfg.strategy is left as it is). */
 void fr_plan_remove(fr_model *m);
 
-/* The predicted peak of a schedule given unit by unit (strategies[i],
+/* The predicted peak of a layout given unit by unit (strategies[i],
  * checkpointed[i], segment_start[i]) from the cached profile of `plan`'s
- * configuration: what the tests use to compare schedules. */
+ * configuration: what the tests use to compare layouts. */
 fr_status fr_plan_predict(fr_model *m, const fr_memory_plan *plan, const fr_plan_unit *units,
                           double *peak, double *ms);
 

@@ -369,7 +369,7 @@ static void print_table(const options *o, const row *rows, int n, const trace_bu
     for (int i = 0; i < n; i++)
         if (rows[i].ok && rows[i].strategy.checkpoint < 0) {
             printf("checkpoint: segments chosen from the bytes each block was measured to keep\n"
-                   "  (nn/plan.h); checkpoint:K puts K blocks in a segment.\n");
+                   "  (nn/seg_split.h); checkpoint:K puts K blocks in a segment.\n");
             break;
         }
 }

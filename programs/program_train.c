@@ -10,7 +10,7 @@
  *     mpirun -np 2 train --batch 64                 # data parallel: 2 processes x 64 images a step
  *
  * Each epoch ends with a test pass (eval mode, no_grad) and, with --save, a
- * training checkpoint (train/checkpoint.h). docs/TRAINING.md describes the flags
+ * training checkpoint (train/state.h). docs/TRAINING.md describes the flags
  * and what the output means. */
 #include <math.h>
 #include <omp.h>
@@ -21,7 +21,7 @@
 #include "cpu/conv.h"
 #include "dist/dist.h"
 #include "frugal.h"
-#include "train/checkpoint.h"
+#include "train/state.h"
 #include "programs/cli.h"
 #include "programs/programs.h"
 #include "planner/planner.h"
@@ -265,10 +265,10 @@ static void run_free(run *r) {
 }
 
 /* The run's settings: from the flags, or from the checkpoint to resume. */
-static fr_status settings(const options *o, run *r, fr_ckpt_info *info) {
+static fr_status settings(const options *o, run *r, fr_state_info *info) {
     fr_train_state *st = &r->st;
     if (o->resume) {
-        FR_TRY(fr_ckpt_read_info(o->resume, info));
+        FR_TRY(fr_state_read_info(o->resume, info));
         if (!info->is_training)
             return fr_error(FR_ERR_FORMAT, "--resume %s: not a training checkpoint (a weights file: "
                             "use it with validate)", o->resume);
@@ -276,7 +276,7 @@ static fr_status settings(const options *o, run *r, fr_ckpt_info *info) {
         *st = info->state;
         return FR_OK;
     }
-    *info = (fr_ckpt_info){.in_channels = 0};
+    *info = (fr_state_info){.in_channels = 0};
     snprintf(info->model, sizeof info->model, "%s", o->model);
     if (o->optimizer == OPT_SGD) {
         info->optim_kind = FR_OPTIM_SGD;
@@ -315,7 +315,7 @@ static fr_status shard_batch(const options *o, run *r) {
 }
 
 static fr_status setup(const options *o, run *r) {
-    fr_ckpt_info info;
+    fr_state_info info;
     FR_TRY(settings(o, r, &info));
     fr_train_state *st = &r->st;
     /* a resumed run may read its data from a new place, and records it */
@@ -394,7 +394,7 @@ static fr_status setup(const options *o, run *r) {
     if (!r->opt)
         return fr_last_status();
     if (o->resume) {
-        FR_TRY(fr_ckpt_load(o->resume, r->model, r->opt, &r->scaler, st));
+        FR_TRY(fr_state_load(o->resume, r->model, r->opt, &r->scaler, st));
         if (o->data)
             snprintf(st->data, sizeof st->data, "%s", o->data);
         /* the position must be one this data gives: no step count from
@@ -564,7 +564,7 @@ static fr_status train(run *r, const options *o) {
             next.epoch++;
             next.batch = 0;
             /* rank 0 writes (the replicas are the same); the others wait for its verdict */
-            fr_status saved = r->rank == 0 ? fr_ckpt_save(o->save, r->model, r->opt, &r->scaler, &next) : FR_OK;
+            fr_status saved = r->rank == 0 ? fr_state_save(o->save, r->model, r->opt, &r->scaler, &next) : FR_OK;
             FR_TRY(r->dist ? fr_dist_share_status(r->dist, 0, saved) : saved);
             if (r->rank == 0)
                 printf("saved %s\n", o->save);

@@ -22,7 +22,7 @@
 #include <string.h>
 
 #include "frugal.h"
-#include "train/checkpoint.h"
+#include "train/state.h"
 #include "programs/cli.h"
 #include "programs/programs.h"
 
@@ -126,8 +126,8 @@ static void run_free(run *r) {
 }
 
 static fr_status setup(const options *o, run *r) {
-    fr_ckpt_info info;
-    FR_TRY(fr_ckpt_read_info(o->checkpoint, &info));
+    fr_state_info info;
+    FR_TRY(fr_state_read_info(o->checkpoint, &info));
     const char *name = o->model ? o->model : info.model[0] ? info.model : NULL;
     if (!name)
         return fr_error(FR_ERR_ARG, "%s has no frugal metadata naming its model: give --model",
@@ -173,7 +173,7 @@ static fr_status setup(const options *o, run *r) {
     r->dev = o->device ? FR_CUDA : FR_CPU;
     if (r->dev != FR_CPU)
         FR_TRY(fr_params_to_device(r->model->params, r->dev));
-    FR_TRY(fr_ckpt_load(o->checkpoint, r->model, NULL, NULL, NULL));
+    FR_TRY(fr_state_load(o->checkpoint, r->model, NULL, NULL, NULL));
     fr_loader_config lc = {.batch_size = (int)o->batch, .aug = fr_data_augment(spec.kind, r->ds, false),
                            .device = r->dev, .prefetch = false};
     r->ld = fr_loader_new(r->ds, &lc);

@@ -7,7 +7,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "nn/blocks.h"
+#include "nn/norm.h"
 #include "nn/build.h"
 #include "models/resnet.h"
 

@@ -14,7 +14,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include "train/checkpoint.h"
+#include "train/state.h"
 #include "models/resnet.h"
 #include "testlib.h"
 
@@ -220,7 +220,7 @@ static void test_validate_outputs(void) {
     at(fifo, sizeof fifo, dir, "fifo");
     at(bad, sizeof bad, dir, "nan.safetensors");
     fr_model *m = fr_resnet_create("resnet8", 1, 10, 3);
-    CHECK_OK(fr_ckpt_save(ck, m, NULL, NULL, NULL));
+    CHECK_OK(fr_state_save(ck, m, NULL, NULL, NULL));
     CHECK(symlink(ck, link_path) == 0 && mkfifo(fifo, 0600) == 0);
     size_t n0, n1;
     char *before = fr_t_read_file(ck, &n0);
@@ -240,7 +240,7 @@ static void test_validate_outputs(void) {
     CHECK(at_w >= 0);
     if (at_w >= 0)
         fr_data_f32(m->params->items[at_w].tensor)[3] = NAN;
-    /* as a plain weights file: fr_ckpt_save refuses non-finite weights */
+    /* as a plain weights file: fr_state_save refuses non-finite weights */
     fr_st_writer *w = fr_st_writer_new();
     CHECK_OK(fr_params_write(m->params, w, NULL));
     CHECK_OK(fr_st_writer_save(w, bad));

@@ -1,10 +1,10 @@
-/* checkpoint_impl.h (internal to train/checkpoint*.c): the metadata names and
- * bounds the checkpoint writer (checkpoint.c) and reader
- * (checkpoint_info.c) share. */
-#ifndef FR_CHECKPOINT_IMPL_H
-#define FR_CHECKPOINT_IMPL_H
+/* state_impl.h (internal to train/state*.c): the metadata names and
+ * bounds the training-state writer (state.c) and reader
+ * (state_info.c) share. */
+#ifndef FR_STATE_IMPL_H
+#define FR_STATE_IMPL_H
 
-#include "checkpoint.h"
+#include "state.h"
 
 #define OPTIM_PREFIX "optim."
 #define STEP_SLOT "step"
@@ -23,7 +23,7 @@ static const char *const sched_kind_names[FR_SCHED_KIND_COUNT] = {"constant", "s
 FR_STATIC_ASSERT(FR_OPTIM_KIND_COUNT == 3, "optimizer kind names");
 FR_STATIC_ASSERT(FR_SCHED_KIND_COUNT == 3, "schedule kind names");
 
-/* The metadata of an open file into *info (fr_ckpt_read_info's work). */
-fr_status fr_ckpt_read_info_from(const fr_st_file *f, const char *path, fr_ckpt_info *info);
+/* The metadata of an open file into *info (fr_state_read_info's work). */
+fr_status fr_state_read_info_from(const fr_st_file *f, const char *path, fr_state_info *info);
 
 #endif

@@ -1,12 +1,12 @@
-/* plan.c: checkpoint segments chosen by the total peak they reach; see
- * plan.h. */
-#include "plan.h"
+/* seg_split.c: checkpoint segments chosen by the total peak they reach; see
+ * seg_split.h. */
+#include "seg_split.h"
 
 #include <stdlib.h>
 
 #include "../autograd/autograd.h"
 
-size_t fr_plan_elem_bytes(void) {
+size_t fr_seg_elem_bytes(void) {
     /* the forward's activations are in the autocast dtype; BN statistics and
      * other per-channel f32 values are too small to count */
     return fr_dtype_size(fr_autocast_dtype());
@@ -14,7 +14,7 @@ size_t fr_plan_elem_bytes(void) {
 
 static double at(const double *a, int i) { return a ? a[i] : 0; }
 
-double fr_plan_peak(const fr_plan_costs *c, const int *seg_len, int n_seg) {
+double fr_seg_peak(const fr_seg_costs *c, const int *seg_len, int n_seg) {
     double held = 0, peak = 0;
     for (int s = 0, a = 0; s < n_seg && a < c->n; a += seg_len[s], s++) {
         int b = a + seg_len[s] < c->n ? a + seg_len[s] : c->n;
@@ -49,11 +49,11 @@ static int split(const double *block_cost, int n, double b, int *seg_len) {
 }
 
 /* Greedy split that keeps every replay under `limit`: each segment grows
- * while its estimated peak (fr_plan_peak's terms, inputs held so far
+ * while its estimated peak (fr_seg_peak's terms, inputs held so far
  * included) stays <= limit. Returns the number of segments, or 0 when some
  * step cannot fit. Because inputs held accumulate, later segments come out
  * shorter: what a constant budget cannot do. */
-static int split_under(const fr_plan_costs *c, double limit, int *seg_len) {
+static int split_under(const fr_seg_costs *c, double limit, int *seg_len) {
     int n_seg = 0, n = c->n;
     double held = 0;
     for (int i = 0; i < n;) {
@@ -77,9 +77,9 @@ static int split_under(const fr_plan_costs *c, double limit, int *seg_len) {
     return n_seg;
 }
 
-static void keep_if_better(const fr_plan_costs *c, const int *trial, int t, int *seg_len,
+static void keep_if_better(const fr_seg_costs *c, const int *trial, int t, int *seg_len,
                            int *best_n, double *best_peak) {
-    double peak = fr_plan_peak(c, trial, t);
+    double peak = fr_seg_peak(c, trial, t);
     if (*best_peak < 0 || peak < *best_peak || (peak == *best_peak && t < *best_n)) {
         *best_peak = peak;
         *best_n = t;
@@ -106,7 +106,7 @@ static int worth_cutting(double best, double uncut, int n, int *seg_len, int bes
 /* Up to this many steps every split is tried (2^(n-1) of them). */
 #define EXHAUSTIVE_STEPS 14
 
-int fr_plan_segments(const fr_plan_costs *c, int *seg_len) {
+int fr_seg_split(const fr_seg_costs *c, int *seg_len) {
     int n = c->n;
     if (n <= 0)
         return 0;

@@ -1,5 +1,5 @@
-/* blocks.c: the norm layer and the residual add under each memory strategy;
- * see blocks.h, build.h and model.h. */
+/* norm.c: the norm layer and the residual add under each memory strategy;
+ * see norm.h, build.h and model.h. */
 #include "module_impl.h"
 
 /* Whether t may be written over: nobody else holds the tensor or its bytes

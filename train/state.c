@@ -1,11 +1,11 @@
-/* checkpoint.c: training checkpoints; see checkpoint.h.
+/* state.c: training checkpoints; see state.h.
  *
  * Loading is two passes over the file: every check (metadata, model
  * tensors, optimizer tensors) and every allocation first, then the copies,
  * so the only way a load can fail after it has started changing the model is
  * a failing copy into memory already checked and allocated. */
-#include "checkpoint.h"
-#include "checkpoint_impl.h"
+#include "state.h"
+#include "state_impl.h"
 
 #include <errno.h>
 #include <float.h>
@@ -119,8 +119,8 @@ static fr_status put_amp(fr_st_writer *w, const fr_model *m, const fr_loss_scale
 static fr_status fill_writer(fr_st_writer *w, const fr_model *m, const fr_optim *opt,
                              const fr_loss_scaler *scaler, const fr_train_state *st) {
     char buf[64];
-    FR_TRY(put_str(w, "format", FR_CKPT_FORMAT));
-    FR_TRY(put_int(w, "format_version", FR_CKPT_VERSION));
+    FR_TRY(put_str(w, "format", FR_STATE_FORMAT));
+    FR_TRY(put_int(w, "format_version", FR_STATE_VERSION));
     FR_TRY(put_str(w, "model", m->name));
     FR_TRY(put_int(w, "in_channels", m->in_channels));
     FR_TRY(put_int(w, "num_classes", m->num_classes));
@@ -187,7 +187,7 @@ static fr_status check_all_finite(const char *path, const fr_model *m, const fr_
     return FR_OK;
 }
 
-fr_status fr_ckpt_save(const char *path, const fr_model *m, const fr_optim *opt,
+fr_status fr_state_save(const char *path, const fr_model *m, const fr_optim *opt,
                        const fr_loss_scaler *scaler, const fr_train_state *st) {
     if (!path || !m)
         return fr_error(FR_ERR_ARG, "checkpoint save: path or model is NULL");
@@ -250,7 +250,7 @@ static fr_status check_entry(const fr_st_file *f, const char *path, const char *
 }
 
 static fr_status check_model(const fr_st_file *f, const char *path, const fr_model *m,
-                             const fr_ckpt_info *info) {
+                             const fr_state_info *info) {
     if (info->is_training || info->model[0]) {
         if (strcmp(info->model, m->name))
             return fr_error(FR_ERR_FORMAT, "checkpoint %s holds model %s, not %s", path, info->model,
@@ -316,7 +316,7 @@ static fr_status check_values(const fr_st_file *f, const char *path, const char 
 }
 
 static fr_status check_optim(const fr_st_file *f, const char *path, const fr_optim *opt,
-                             const fr_ckpt_info *info) {
+                             const fr_state_info *info) {
     char name[FR_NAME_MAX + 64];
     if (!info->has_optim)
         return fr_error(FR_ERR_FORMAT, "checkpoint %s holds no optimizer state", path);
@@ -411,7 +411,7 @@ static fr_status load_optim(const fr_st_file *f, const char *path, fr_optim *opt
  * (set_state tried on a copy, so a refused state changes nothing). */
 static fr_status check_amp(const fr_st_file *f, const char *path, const fr_model *m,
                            const fr_loss_scaler *scaler, const fr_train_state *state,
-                           const fr_ckpt_info *info, fr_loss_scaler *after) {
+                           const fr_state_info *info, fr_loss_scaler *after) {
     const char *trained = fr_dtype_name(info->state.precision);
     const char *why = fr_st_metadata(f, AMP_PRECISION) ? "" : " (it records no " AMP_PRECISION ")";
     if (state && m->cfg.precision != info->state.precision)
@@ -431,7 +431,7 @@ static fr_status check_amp(const fr_st_file *f, const char *path, const fr_model
     return FR_OK;
 }
 
-fr_status fr_ckpt_load(const char *path, fr_model *m, fr_optim *opt, fr_loss_scaler *scaler,
+fr_status fr_state_load(const char *path, fr_model *m, fr_optim *opt, fr_loss_scaler *scaler,
                        fr_train_state *state) {
     if (!path || !m)
         return fr_error(FR_ERR_ARG, "checkpoint load: path or model is NULL");
@@ -441,8 +441,8 @@ fr_status fr_ckpt_load(const char *path, fr_model *m, fr_optim *opt, fr_loss_sca
     fr_st_file *f = fr_st_open(path);
     if (!f)
         return fr_last_status();
-    fr_ckpt_info info;
-    fr_status st = fr_ckpt_read_info_from(f, path, &info);
+    fr_state_info info;
+    fr_status st = fr_state_read_info_from(f, path, &info);
     if (st == FR_OK)
         st = check_model(f, path, m, &info);
     if (st == FR_OK && opt)

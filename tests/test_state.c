@@ -1,4 +1,4 @@
-/* test_checkpoint.c: training checkpoints (train/checkpoint.h).
+/* test_state.c: training checkpoints (train/state.h).
  *
  * Exact resume: N steps, save, load into a fresh model and optimizer, M more
  * steps gives bit for bit the weights, buffers and optimizer state of N + M
@@ -24,7 +24,7 @@
 #include <unistd.h>
 
 #include "testlib.h"
-#include "train/checkpoint.h"
+#include "train/state.h"
 #include "programs/cli.h"
 #include "models/resnet.h"
 
@@ -187,11 +187,11 @@ static void resume_case(fr_optim_kind kind, fr_dtype precision) {
     CHECK_OK(train_steps(&whole, 10));
     CHECK(trainer_init(&first, ds, 1, kind, precision));
     CHECK_OK(train_steps(&first, 4));
-    CHECK_OK(fr_ckpt_save(path, first.m, first.opt, &first.scaler, &first.st));
+    CHECK_OK(fr_state_save(path, first.m, first.opt, &first.scaler, &first.st));
     /* a fresh run started from other weights: the load must replace them all */
     CHECK(trainer_init(&second, ds, 99, kind, precision));
     fr_train_state loaded;
-    CHECK_OK(fr_ckpt_load(path, second.m, second.opt, &second.scaler, &loaded));
+    CHECK_OK(fr_state_load(path, second.m, second.opt, &second.scaler, &loaded));
     CHECK(loaded.precision == precision && loaded.has_scaler);
     CHECK(same_scaler(&first.scaler, &second.scaler));
     CHECK(loaded.epoch == 0 && loaded.batch == 4 && loaded.step == 4 && loaded.seed == 7);
@@ -232,10 +232,10 @@ static void test_info_roundtrip(void) {
     int64_t ms[2] = {1000, 1500};
     CHECK_OK(fr_schedule_step(&st.schedule, 0.1, ms, 2, 0.1));
     CHECK_OK(fr_schedule_warmup(&st.schedule, 100, 0.25));
-    CHECK_OK(fr_ckpt_save(path, m, opt, NULL, &st));
-    fr_ckpt_info info;
-    CHECK_OK(fr_ckpt_read_info(path, &info));
-    CHECK(info.is_training && info.version == FR_CKPT_VERSION);
+    CHECK_OK(fr_state_save(path, m, opt, NULL, &st));
+    fr_state_info info;
+    CHECK_OK(fr_state_read_info(path, &info));
+    CHECK(info.is_training && info.version == FR_STATE_VERSION);
     CHECK(!strcmp(info.model, "resnet8") && info.in_channels == IMG_C && info.num_classes == CLASSES);
     CHECK(fr_strategy_equal(info.strategy, m->cfg.strategy));
     CHECK(info.has_optim && info.optim_kind == FR_OPTIM_SGD);
@@ -248,12 +248,12 @@ static void test_info_roundtrip(void) {
     /* a plain weights file: no metadata, loads as weights only */
     snprintf(path, sizeof path, "%s/weights.safetensors", dir);
     CHECK_OK(fr_params_save(m->params, path));
-    CHECK_OK(fr_ckpt_read_info(path, &info));
+    CHECK_OK(fr_state_read_info(path, &info));
     CHECK(!info.is_training && !info.model[0]);
-    CHECK_OK(fr_ckpt_load(path, m, NULL, NULL, NULL));
-    CHECK_ERR(fr_ckpt_load(path, m, opt, NULL, NULL), FR_ERR_FORMAT, "holds no optimizer state");
+    CHECK_OK(fr_state_load(path, m, NULL, NULL, NULL));
+    CHECK_ERR(fr_state_load(path, m, opt, NULL, NULL), FR_ERR_FORMAT, "holds no optimizer state");
     fr_train_state got;
-    CHECK_ERR(fr_ckpt_load(path, m, NULL, NULL, &got), FR_ERR_FORMAT, "not a training checkpoint");
+    CHECK_ERR(fr_state_load(path, m, NULL, NULL, &got), FR_ERR_FORMAT, "not a training checkpoint");
     fr_optim_free(opt);
     fr_model_free(m);
     fr_t_remove_tmpdir(dir);
@@ -266,7 +266,7 @@ static void test_failed_save_keeps_previous(void) {
     char path[512];
     snprintf(path, sizeof path, "%s/run.safetensors", dir);
     fr_model *m = fr_resnet_create("resnet8", IMG_C, CLASSES, 1);
-    CHECK_OK(fr_ckpt_save(path, m, NULL, NULL, NULL));
+    CHECK_OK(fr_state_save(path, m, NULL, NULL, NULL));
     size_t len0 = 0, len1 = 0;
     char *before = fr_t_read_file(path, &len0);
     CHECK_NOTNULL(before);
@@ -278,7 +278,7 @@ static void test_failed_save_keeps_previous(void) {
     small.rlim_max = old.rlim_max;
     void (*old_handler)(int) = signal(SIGXFSZ, SIG_IGN);
     CHECK(setrlimit(RLIMIT_FSIZE, &small) == 0);
-    CHECK_ERR(fr_ckpt_save(path, m, NULL, NULL, NULL), FR_ERR_IO, "previous file left as it was");
+    CHECK_ERR(fr_state_save(path, m, NULL, NULL, NULL), FR_ERR_IO, "previous file left as it was");
     setrlimit(RLIMIT_FSIZE, &old);
     signal(SIGXFSZ, old_handler);
     char *after = fr_t_read_file(path, &len1);
@@ -306,7 +306,7 @@ typedef struct {
 
 static void write_edited(const char *path, const fr_model *m, edit e) {
     static const char *const meta[][2] = {
-        {"format", FR_CKPT_FORMAT}, {"format_version", "1"}, {"model", "resnet8"}, {"in_channels", "3"},
+        {"format", FR_STATE_FORMAT}, {"format_version", "1"}, {"model", "resnet8"}, {"in_channels", "3"},
         {"num_classes", "3"}, {"strategy", "plain"}, {"optimizer", "none"}, {"training", "1"},
         {"epoch", "1"}, {"batch", "0"}, {"step", "6"}, {"seed", "7"}, {"batch_size", "4"}, {"accum", "1"},
         {"epochs", "2"}, {"augment", "1"}, {"limit_train", "0"}, {"data", "synthetic"},
@@ -341,7 +341,7 @@ static void expect_refused(const char *path, fr_model *m, fr_optim *opt, edit e,
     write_edited(path, donor, e);
     fr_model *before = snapshot(m);
     fr_train_state st;
-    CHECK_ERR(fr_ckpt_load(path, m, opt, NULL, &st), code, needle);
+    CHECK_ERR(fr_state_load(path, m, opt, NULL, &st), code, needle);
     if (!strstr(fr_last_error(), path)) {
         fprintf(stderr, "    message does not name the file: %s\n", fr_last_error());
         fr_t_failed_now = 1;
@@ -361,7 +361,7 @@ static void test_refused_loads(void) {
     write_edited(path, m, (edit){0});
     fr_model *probe = fr_resnet_create("resnet8", IMG_C, CLASSES, 2);
     fr_train_state st;
-    CHECK_OK(fr_ckpt_load(path, probe, NULL, NULL, &st));
+    CHECK_OK(fr_state_load(path, probe, NULL, NULL, &st));
     CHECK(models_equal(m, probe) && st.epoch == 1 && st.step == 6);
     fr_model_free(probe);
 
@@ -413,10 +413,10 @@ static void test_malformed_metadata(void) {
         {"schedule.milestones", "3,x", "\"schedule.milestones\" is \"3,x\""},
     };
     for (size_t k = 0; k < sizeof cases / sizeof *cases; k++) {
-        fr_ckpt_info info;
+        fr_state_info info;
         expect_refused(path, m, NULL, (edit){.bad_key = cases[k].key, .bad_value = cases[k].value},
                        FR_ERR_FORMAT, cases[k].needle);
-        CHECK_ERR(fr_ckpt_read_info(path, &info), FR_ERR_FORMAT, cases[k].needle);
+        CHECK_ERR(fr_state_read_info(path, &info), FR_ERR_FORMAT, cases[k].needle);
     }
     fr_model_free(m);
     fr_t_remove_tmpdir(dir);
@@ -443,7 +443,7 @@ static void amp_roundtrip_case(const char *dir, fr_dtype precision, fr_loss_scal
     CHECK_OK(fr_loss_scaler_init(&sc, precision));
     CHECK_OK(fr_loss_scaler_set_state(&sc, ss));
     fr_train_state st = small_state();
-    CHECK_OK(fr_ckpt_save(path, m, NULL, &sc, &st));
+    CHECK_OK(fr_state_save(path, m, NULL, &sc, &st));
     /* the text: the precision's name, the scale in 17 digits (or fewer when
      * they say the same), the counts as integers */
     char want[64];
@@ -460,8 +460,8 @@ static void amp_roundtrip_case(const char *dir, fr_dtype precision, fr_loss_scal
     got = fr_st_metadata(f, "amp.skipped");
     CHECK(got && !strcmp(got, want));
     fr_st_close(f);
-    fr_ckpt_info info;
-    CHECK_OK(fr_ckpt_read_info(path, &info));
+    fr_state_info info;
+    CHECK_OK(fr_state_read_info(path, &info));
     CHECK(info.state.precision == precision && info.state.has_scaler);
     CHECK(!memcmp(&info.state.scaler.scale, &ss.scale, sizeof ss.scale));
     CHECK(info.state.scaler.growth_tracker == ss.growth_tracker && info.state.scaler.skipped == ss.skipped);
@@ -471,13 +471,13 @@ static void amp_roundtrip_case(const char *dir, fr_dtype precision, fr_loss_scal
     fr_loss_scaler sc2;
     CHECK_OK(fr_loss_scaler_init(&sc2, precision));
     fr_train_state st2;
-    CHECK_OK(fr_ckpt_load(path, m2, NULL, &sc2, &st2));
+    CHECK_OK(fr_state_load(path, m2, NULL, &sc2, &st2));
     CHECK(same_scaler(&sc, &sc2) && models_equal(m, m2));
     CHECK(st2.precision == precision && st2.has_scaler && st2.step == 6);
     CHECK(!memcmp(&st2.scaler.scale, &ss.scale, sizeof ss.scale));
     /* weights only, in any precision (validate evaluates them so) */
     m2->cfg.precision = FR_F32;
-    CHECK_OK(fr_ckpt_load(path, m2, NULL, NULL, NULL));
+    CHECK_OK(fr_state_load(path, m2, NULL, NULL, NULL));
     fr_model_free(m2);
     fr_model_free(m);
 }
@@ -504,15 +504,15 @@ static void test_amp_roundtrip(void) {
     fr_model *m = fr_resnet_create("resnet8", IMG_C, CLASSES, 1);
     m->cfg.precision = FR_BF16;
     fr_train_state st = small_state();
-    CHECK_OK(fr_ckpt_save(path, m, NULL, NULL, &st));
-    fr_ckpt_info info;
-    CHECK_OK(fr_ckpt_read_info(path, &info));
+    CHECK_OK(fr_state_save(path, m, NULL, NULL, &st));
+    fr_state_info info;
+    CHECK_OK(fr_state_read_info(path, &info));
     CHECK(info.state.precision == FR_BF16 && !info.state.has_scaler);
     fr_loss_scaler sc;
     CHECK_OK(fr_loss_scaler_init(&sc, FR_BF16));
     CHECK_OK(fr_loss_scaler_set_state(&sc, (fr_loss_scaler_state){.scale = 1.0f, .skipped = 9}));
     fr_loss_scaler before = sc;
-    CHECK_OK(fr_ckpt_load(path, m, NULL, &sc, &st));
+    CHECK_OK(fr_state_load(path, m, NULL, &sc, &st));
     CHECK(same_scaler(&sc, &before) && !st.has_scaler && st.precision == FR_BF16);
     fr_model_free(m);
     fr_t_remove_tmpdir(dir);
@@ -525,24 +525,24 @@ static void test_amp_older_file(void) {
     snprintf(path, sizeof path, "%s/old.safetensors", dir);
     fr_model *m = fr_resnet_create("resnet8", IMG_C, CLASSES, 1);
     write_edited(path, m, (edit){0});
-    fr_ckpt_info info;
-    CHECK_OK(fr_ckpt_read_info(path, &info));
+    fr_state_info info;
+    CHECK_OK(fr_state_read_info(path, &info));
     CHECK(info.state.precision == FR_F32 && !info.state.has_scaler);
     fr_loss_scaler sc;
     CHECK_OK(fr_loss_scaler_init(&sc, FR_F32));
     CHECK_OK(fr_loss_scaler_set_state(&sc, (fr_loss_scaler_state){.scale = 1.0f, .skipped = 5}));
     fr_train_state st;
-    CHECK_OK(fr_ckpt_load(path, m, NULL, &sc, &st));
+    CHECK_OK(fr_state_load(path, m, NULL, &sc, &st));
     CHECK(sc.skipped == 5 && sc.scale == 1.0f && st.precision == FR_F32 && !st.has_scaler && st.step == 6);
     /* resuming it in another precision names both */
     fr_model *before = snapshot(m);
     fr_loss_scaler half;
     CHECK_OK(fr_loss_scaler_init(&half, FR_F16));
-    CHECK_ERR(fr_ckpt_load(path, m, NULL, &half, NULL), FR_ERR_ARG,
+    CHECK_ERR(fr_state_load(path, m, NULL, &half, NULL), FR_ERR_ARG,
               "was trained in f32 (it records no amp.precision), the loss scaler is for f16");
     CHECK(half.scale == FR_LOSS_SCALE_INIT);
     m->cfg.precision = FR_BF16;
-    CHECK_ERR(fr_ckpt_load(path, m, NULL, NULL, &st), FR_ERR_ARG,
+    CHECK_ERR(fr_state_load(path, m, NULL, NULL, &st), FR_ERR_ARG,
               "was trained in f32 (it records no amp.precision), the model's precision is bf16");
     CHECK(models_equal(before, m));
     fr_model_free(before);
@@ -560,20 +560,20 @@ static void test_amp_mismatch(void) {
     CHECK_OK(fr_loss_scaler_set_state(&f16, (fr_loss_scaler_state){.scale = 512.0f, .growth_tracker = 1500}));
     fr_train_state st = small_state();
     /* the scaler must be the model's precision's */
-    CHECK_ERR(fr_ckpt_save(path, m, NULL, &f16, &st), FR_ERR_ARG,
+    CHECK_ERR(fr_state_save(path, m, NULL, &f16, &st), FR_ERR_ARG,
               "the loss scaler is for f16, model resnet8 trains in f32");
     CHECK(access(path, F_OK) != 0);
     m->cfg.precision = FR_F16;
-    CHECK_OK(fr_ckpt_save(path, m, NULL, &f16, &st));
+    CHECK_OK(fr_state_save(path, m, NULL, &f16, &st));
 
     fr_model *other = fr_resnet_create("resnet8", IMG_C, CLASSES, 2);
     fr_model *before = snapshot(other);
     other->cfg.precision = FR_BF16;
     fr_loss_scaler bf16;
     CHECK_OK(fr_loss_scaler_init(&bf16, FR_BF16));
-    CHECK_ERR(fr_ckpt_load(path, other, NULL, &bf16, NULL), FR_ERR_ARG,
+    CHECK_ERR(fr_state_load(path, other, NULL, &bf16, NULL), FR_ERR_ARG,
               "was trained in f16, the loss scaler is for bf16");
-    CHECK_ERR(fr_ckpt_load(path, other, NULL, NULL, &st), FR_ERR_ARG,
+    CHECK_ERR(fr_state_load(path, other, NULL, NULL, &st), FR_ERR_ARG,
               "was trained in f16, the model's precision is bf16");
     CHECK(models_equal(before, other) && bf16.scale == 1.0f);
     /* a tracker past the scaler's own growth interval: refused through
@@ -582,7 +582,7 @@ static void test_amp_mismatch(void) {
     fr_loss_scaler fast;
     CHECK_OK(fr_loss_scaler_init(&fast, FR_F16));
     fast.growth_interval = 1000;
-    CHECK_ERR(fr_ckpt_load(path, other, NULL, &fast, NULL), FR_ERR_FORMAT,
+    CHECK_ERR(fr_state_load(path, other, NULL, &fast, NULL), FR_ERR_FORMAT,
               "metadata fields amp.*: loss scaler set state: growth_tracker 1500, expected in [0, 1000)");
     if (!strstr(fr_last_error(), path)) {
         fprintf(stderr, "    message does not name the file: %s\n", fr_last_error());
@@ -591,7 +591,7 @@ static void test_amp_mismatch(void) {
     CHECK(models_equal(before, other) && fast.scale == FR_LOSS_SCALE_INIT && fast.growth_tracker == 0);
     /* with the default interval it loads */
     CHECK_OK(fr_loss_scaler_init(&fast, FR_F16));
-    CHECK_OK(fr_ckpt_load(path, other, NULL, &fast, &st));
+    CHECK_OK(fr_state_load(path, other, NULL, &fast, &st));
     CHECK(fast.scale == 512.0f && fast.growth_tracker == 1500 && models_equal(m, other));
     fr_model_free(before);
     fr_model_free(other);
@@ -636,9 +636,9 @@ static void test_amp_malformed(void) {
     for (size_t k = 0; k < sizeof cases / sizeof *cases; k++) {
         edit e = {0};
         memcpy(e.meta, cases[k].meta, sizeof e.meta);
-        fr_ckpt_info info;
+        fr_state_info info;
         expect_refused(path, m, NULL, e, FR_ERR_FORMAT, cases[k].needle);
-        CHECK_ERR(fr_ckpt_read_info(path, &info), FR_ERR_FORMAT, cases[k].needle);
+        CHECK_ERR(fr_state_read_info(path, &info), FR_ERR_FORMAT, cases[k].needle);
     }
     fr_model_free(m);
     fr_t_remove_tmpdir(dir);

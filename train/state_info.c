@@ -1,8 +1,8 @@
-/* checkpoint_info.c: reading a checkpoint's metadata (fr_ckpt_read_info,
- * and the first step of every load); see checkpoint.h. Every field is
+/* state_info.c: reading a checkpoint's metadata (fr_state_read_info,
+ * and the first step of every load); see state.h. Every field is
  * type- and range-checked before anything is allocated from it; keys frugal
  * does not read are noted once and ignored. */
-#include "checkpoint_impl.h"
+#include "state_impl.h"
 
 #include <errno.h>
 #include <float.h>
@@ -168,7 +168,7 @@ static fr_status get_schedule(meta_src m, fr_schedule *out) {
     return FR_OK;
 }
 
-static fr_status get_optim(meta_src m, fr_ckpt_info *info) {
+static fr_status get_optim(meta_src m, fr_state_info *info) {
     static const char *const with_none[FR_OPTIM_KIND_COUNT + 1] = {"sgd", "adam", "adamw", "none"};
     int kind = 0;
     FR_TRY(get_choice(m, "optimizer", with_none, FR_OPTIM_KIND_COUNT + 1, &kind));
@@ -276,29 +276,29 @@ static fr_status get_amp(meta_src m, fr_train_state *st) {
     return FR_OK;
 }
 
-fr_status fr_ckpt_read_info_from(const fr_st_file *f, const char *path, fr_ckpt_info *info) {
+fr_status fr_state_read_info_from(const fr_st_file *f, const char *path, fr_state_info *info) {
     memset(info, 0, sizeof *info);
     meta_src m = {f, path};
     const char *format = fr_st_metadata(f, "format");
     /* Another tool's "format" ("pt" from PyTorch / Hugging Face) or none: a
      * plain weights file. A frugal field beside another format is a
      * checkpoint whose "format" was damaged, not a weights file. */
-    bool frugal = format && !strcmp(format, FR_CKPT_FORMAT);
+    bool frugal = format && !strcmp(format, FR_STATE_FORMAT);
     if (!frugal && fr_st_metadata_kind(f, "format_version"))
         return fr_error(FR_ERR_FORMAT, "checkpoint %s: metadata field \"format\" is %s%s%s, expected "
                         "\"%s\" (the file has frugal's \"format_version\")", path, format ? "\"" : "",
                         format ? format : fr_st_metadata_kind(f, "format") ? fr_st_metadata_kind(f, "format")
                                                                           : "missing",
-                        format ? "\"" : "", FR_CKPT_FORMAT);
+                        format ? "\"" : "", FR_STATE_FORMAT);
     note_unknown_keys(f, path, frugal);
     if (!frugal)
         return FR_OK; /* a plain weights file */
     int64_t v;
     const char *s;
     FR_TRY(get_int(m, "format_version", 1, INT32_MAX, &v));
-    if (v > FR_CKPT_VERSION)
+    if (v > FR_STATE_VERSION)
         return fr_error(FR_ERR_FORMAT, "checkpoint %s: format version %" PRId64 " is newer than this "
-                        "frugal reads (%d)", path, v, FR_CKPT_VERSION);
+                        "frugal reads (%d)", path, v, FR_STATE_VERSION);
     info->version = (int)v;
     FR_TRY(get_str(m, "model", &s));
     if (!*s || strlen(s) >= sizeof info->model)
@@ -338,13 +338,13 @@ fr_status fr_ckpt_read_info_from(const fr_st_file *f, const char *path, fr_ckpt_
     return get_state(m, &info->state);
 }
 
-fr_status fr_ckpt_read_info(const char *path, fr_ckpt_info *info) {
+fr_status fr_state_read_info(const char *path, fr_state_info *info) {
     if (!path || !info)
         return fr_error(FR_ERR_ARG, "checkpoint: read_info: path or info is NULL");
     fr_st_file *f = fr_st_open(path);
     if (!f)
         return fr_last_status();
-    fr_status st = fr_ckpt_read_info_from(f, path, info);
+    fr_status st = fr_state_read_info_from(f, path, info);
     fr_st_close(f);
     return st;
 }

@@ -1,4 +1,4 @@
-/* checkpoint.h: training checkpoints, one safetensors file each.
+/* state.h: training checkpoints, one safetensors file each.
  *
  * A training checkpoint holds everything a run needs to continue exactly
  * where it stopped:
@@ -27,8 +27,8 @@
  * every tensor's presence, shape and dtype and every metadata field before
  * it changes anything, so a failed load leaves the model and the optimizer
  * as they were; errors name the file and the tensor or field. */
-#ifndef FR_CHECKPOINT_H
-#define FR_CHECKPOINT_H
+#ifndef FR_STATE_H
+#define FR_STATE_H
 
 #include "amp.h"
 #include "../nn/model.h"
@@ -39,8 +39,8 @@
 extern "C" {
 #endif
 
-#define FR_CKPT_FORMAT "frugal.checkpoint"
-#define FR_CKPT_VERSION 1
+#define FR_STATE_FORMAT "frugal.checkpoint"
+#define FR_STATE_VERSION 1
 
 /* Where a run stands and the settings that decide its trajectory. */
 typedef struct {
@@ -62,8 +62,8 @@ typedef struct {
     int world_size;
     bool sync_bn;
     fr_schedule schedule;
-    /* Mixed precision, as the file records it (filled by fr_ckpt_load and
-     * fr_ckpt_read_info; fr_ckpt_save writes the model's precision and the
+    /* Mixed precision, as the file records it (filled by fr_state_load and
+     * fr_state_read_info; fr_state_save writes the model's precision and the
      * scaler it is given instead): the precision trained in (FR_F32 for
      * older files), and the loss scaler's state when the file holds one. */
     fr_dtype precision;
@@ -83,13 +83,13 @@ typedef struct {
     fr_sgd_options sgd;
     fr_adam_options adam;
     fr_train_state state;
-} fr_ckpt_info;
+} fr_state_info;
 
 /* Writes model, optimizer (may be NULL), loss scaler (may be NULL) and state
  * (may be NULL: a weights file with the model metadata only) to `path`,
  * atomically. amp.precision is m->cfg.precision; a scaler must be made for
  * that precision (FR_ERR_ARG naming both otherwise). */
-fr_status fr_ckpt_save(const char *path, const fr_model *m, const fr_optim *opt,
+fr_status fr_state_save(const char *path, const fr_model *m, const fr_optim *opt,
                        const fr_loss_scaler *scaler, const fr_train_state *state);
 
 /* Reads the metadata of `path`. A file without frugal metadata is not an
@@ -98,7 +98,7 @@ fr_status fr_ckpt_save(const char *path, const fr_model *m, const fr_optim *opt,
  * (amp.*: an unknown precision, a scale that is not a finite number > 0, a
  * negative or non-integer tracker or skip count, a scale other than 1 for
  * f32 / bf16, scaler fields present only in part). */
-fr_status fr_ckpt_read_info(const char *path, fr_ckpt_info *info);
+fr_status fr_state_read_info(const char *path, fr_state_info *info);
 
 /* Loads `path` into m (and opt, scaler and state when not NULL). Checks
  * first, then copies: the model name (when the file records one), every
@@ -111,9 +111,9 @@ fr_status fr_ckpt_read_info(const char *path, fr_ckpt_info *info);
  * fr_loss_scaler_set_state (refused values are an FR_ERR_FORMAT naming the
  * file); a file without scaler state leaves the scaler as it is. The
  * optimizer's hyperparameters are left as they are: to continue a run
- * exactly, make the optimizer from fr_ckpt_read_info's options (examples/train
+ * exactly, make the optimizer from fr_state_read_info's options (examples/train
  * does). */
-fr_status fr_ckpt_load(const char *path, fr_model *m, fr_optim *opt, fr_loss_scaler *scaler,
+fr_status fr_state_load(const char *path, fr_model *m, fr_optim *opt, fr_loss_scaler *scaler,
                        fr_train_state *state);
 
 #ifdef __cplusplus
