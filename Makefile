@@ -155,7 +155,7 @@ CONFIG_H := $(BUILD)/include/frugal/config.h
 # cuda/, io/json.h) is internal; scripts/check-headers.sh refuses a public
 # header that includes a header not in this list.
 PUBLIC_HEADERS := frugal.h tensor/fr_base.h tensor/shapes.h tensor/tensor.h tensor/memory.h \
-  tensor/ops.h tensor/cuda.h autograd/autograd.h autograd/functions.h \
+  tensor/ops.h tensor/cuda.h tensor/rng.h autograd/autograd.h autograd/functions.h \
   nn/norm.h nn/build.h nn/layers.h nn/model.h nn/params.h nn/seg_split.h \
   models/densenet.h models/registry.h models/resnet.h planner/planner.h \
   train/amp.h train/state.h train/optim.h train/schedule.h train/train.h \
