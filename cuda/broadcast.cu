@@ -1,0 +1,78 @@
+/* broadcast.cu: binary ops with NumPy broadcasting and sums over chosen
+ * dims on the GPU (kernels.def; cpu/broadcast.c is the twin). The shape
+ * records are passed by value. One thread per output element; the reduce
+ * adds in the CPU's order, in double. */
+#include "internal.h"
+
+__device__ static inline float binary(fr_binary_op op, float a, float b) {
+    switch (op) {
+    case FR_BINARY_ADD: return a + b;
+    case FR_BINARY_SUB: return a - b;
+    case FR_BINARY_MUL: return a * b;
+    case FR_BINARY_DIV: return a / b;
+    default: return a;
+    }
+}
+
+__global__ void bcast_binary_kernel(float *out, const float *a, const float *b, fr_binary_op op,
+                                    fr_bcast_shape s, size_t n) {
+    FR_CUDA_FOR(i, n) {
+        long long rest = (long long)i, oa = 0, ob = 0;
+        for (int d = s.ndim - 1; d >= 0; d--) {
+            long long k = rest % s.shape[d];
+            rest /= s.shape[d];
+            oa += k * s.stride_a[d];
+            ob += k * s.stride_b[d];
+        }
+        out[i] = binary(op, a[oa], b ? b[ob] : 0.0f);
+    }
+}
+
+extern "C" fr_status fr_cuda_bcast_binary(float *out, const float *a, const float *b,
+                                          fr_binary_op op, const fr_bcast_shape *s) {
+    size_t n = 1;
+    for (int d = 0; d < s->ndim; d++)
+        n *= (size_t)s->shape[d];
+    FR_CUDA_RUN_1D(bcast_binary_kernel, n, out, a, b, op, *s, n);
+}
+
+__global__ void reduce_sum_kernel(float *out, const float *x, float scale, fr_reduce_shape s,
+                                  size_t n_out, long long n_red) {
+    long long stride[FR_BCAST_DIMS], st = 1;
+    for (int d = s.ndim - 1; d >= 0; d--) {
+        stride[d] = st;
+        st *= s.shape[d];
+    }
+    FR_CUDA_FOR(o, n_out) {
+        long long base = 0, rest = (long long)o;
+        for (int d = s.ndim - 1; d >= 0; d--)
+            if (!s.reduce[d]) {
+                base += (rest % s.shape[d]) * stride[d];
+                rest /= s.shape[d];
+            }
+        double acc = 0.0;
+        for (long long r = 0; r < n_red; r++) {
+            long long off = base, rr = r;
+            for (int d = s.ndim - 1; d >= 0; d--)
+                if (s.reduce[d]) {
+                    off += (rr % s.shape[d]) * stride[d];
+                    rr /= s.shape[d];
+                }
+            acc += x[off];
+        }
+        out[o] = (float)(acc * scale);
+    }
+}
+
+extern "C" fr_status fr_cuda_reduce_sum(float *out, const float *x, float scale,
+                                        const fr_reduce_shape *s) {
+    size_t n_out = 1;
+    long long n_red = 1;
+    for (int d = 0; d < s->ndim; d++) {
+        if (s->reduce[d])
+            n_red *= s->shape[d];
+        else
+            n_out *= (size_t)s->shape[d];
+    }
+    FR_CUDA_RUN_1D(reduce_sum_kernel, n_out, out, x, scale, *s, n_out, n_red);
+}
