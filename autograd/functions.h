@@ -115,6 +115,9 @@ fr_tensor *fr_autocast_weight(fr_tensor *w, fr_dtype compute);
 
 /* fn_loss.c: fused log-softmax + NLL, mean over the batch; labels i32 */
 fr_tensor *fr_cross_entropy(fr_tensor *logits, fr_tensor *labels);
+/* ... with label smoothing eps in [0, 1] (F.cross_entropy(...,
+ * label_smoothing=eps)); eps 0 is fr_cross_entropy. */
+fr_tensor *fr_cross_entropy_smooth(fr_tensor *logits, fr_tensor *labels, float eps);
 /* Pointwise losses, mean over every element, PyTorch's formulas
  * (tensor/loss_math.h): pred and target f32 of one shape; the target
  * takes no gradient (refused if it requires one). smooth L1's beta >= 0

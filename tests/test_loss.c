@@ -151,8 +151,42 @@ static void test_bad_arguments(void) {
     fr_release(logits);
 }
 
+/* fr_cross_entropy_smooth against F.cross_entropy(label_smoothing=eps)
+ * (tests/fixtures/gen_loss_smooth.py), 1e-5 relative; eps 0 is plain
+ * cross-entropy bit for bit; eps outside [0, 1] refused. */
+static void test_label_smoothing_matches_torch(void) {
+    fr_st_file *f = fr_t_fixture("loss_smooth");
+    fr_tensor *labels = fr_t_fixture_tensor(f, "labels", FR_CPU);
+    const char *names[2] = {"eps01", "eps1"};
+    const float eps[2] = {0.1f, 1.0f};
+    for (int i = 0; i < 2; i++) {
+        fr_tensor *z = fr_t_fixture_tensor(f, "logits", FR_CPU);
+        fr_set_requires_grad(z, true);
+        fr_tensor *l = fr_cross_entropy_smooth(z, labels, eps[i]);
+        CHECK_NOTNULL(l);
+        if (l) {
+            fr_t_fixture_expect(f, names[i], "loss", l, 1e-7, 1e-5);
+            CHECK_OK(fr_backward(l));
+            fr_t_fixture_expect(f, names[i], "dlogits", z->grad, 1e-7, 1e-5);
+        }
+        fr_release(l);
+        fr_release(z);
+    }
+    fr_tensor *z = fr_t_fixture_tensor(f, "logits", FR_CPU);
+    fr_tensor *a = fr_cross_entropy_smooth(z, labels, 0.0f), *b = fr_cross_entropy(z, labels);
+    CHECK(a && b && fr_item(a) == fr_item(b));
+    CHECK_ERR(fr_t_status_of(fr_cross_entropy_smooth(z, labels, 1.5f)), FR_ERR_ARG, "eps 1.5");
+    CHECK_ERR(fr_t_status_of(fr_cross_entropy_smooth(z, labels, -0.1f)), FR_ERR_ARG, "[0, 1]");
+    fr_release(a);
+    fr_release(b);
+    fr_release(z);
+    fr_release(labels);
+    fr_st_close(f);
+}
+
 int main(void) {
     RUN(test_matches_torch);
+    RUN(test_label_smoothing_matches_torch);
     RUN(test_large_logits_stay_finite);
     RUN(test_upstream_gradient);
     RUN(test_gradcheck);
