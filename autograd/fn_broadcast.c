@@ -199,23 +199,11 @@ static fr_tensor *reduce_dims(const char *op, fr_tensor *x, int ndims, const int
     fr_release(full);
     if (!y)
         return NULL;
+    /* a view starts with no autograd state of its own */
     y->requires_grad = false;
     y->grad_fn = NULL;
-    fr_tensor *in[1] = {x};
-    if (fr_should_record(1, in)) {
-        reduce_dims_ctx *pc = malloc(sizeof *pc);
-        fr_node *node = pc ? fr_node_new(op, reduce_dims_backward, 1, in, 1) : NULL;
-        if (!node) {
-            if (!pc)
-                fr_error(FR_ERR_OOM, "%s: out of memory", op);
-            free(pc);
-            fr_release(y);
-            return NULL;
-        }
-        *pc = c;
-        fr_node_set_ctx(node, pc, NULL);
-        fr_node_set_output(node, 0, y);
-    }
+    if (fr_record_unary(op, reduce_dims_backward, x, y, &c, sizeof c, NULL) != FR_OK)
+        fr_clear(&y);
     return y;
 }
 

@@ -1,8 +1,6 @@
 /* fn_clamp.c: differentiable clamp. The node keeps the input: whether an
  * element was inside the bounds cannot be told from a clamped output equal
  * to a bound. */
-#include <stdlib.h>
-
 #include "functions.h"
 
 typedef struct {
@@ -29,25 +27,9 @@ fr_tensor *fr_clamp(fr_tensor *x, float lo, float hi) {
         return NULL;
     fr_tensor *cx = fr_contiguous(x, FR_TAG_TRANSIENT);
     fr_tensor *y = cx ? fr_empty_like(cx, FR_TAG_TRANSIENT) : NULL;
-    bool ok = y && fr_clamp_forward(y, cx, lo, hi) == FR_OK;
-    fr_tensor *in[1] = {x};
-    if (ok && fr_should_record(1, in)) {
-        clamp_ctx *c = malloc(sizeof *c);
-        fr_node *node = c ? fr_node_new("clamp", clamp_backward, 1, in, 1) : NULL;
-        if (!node) {
-            if (!c)
-                fr_error(FR_ERR_OOM, "clamp: out of memory");
-            free(c);
-            ok = false;
-        } else {
-            c->lo = lo;
-            c->hi = hi;
-            fr_node_set_ctx(node, c, NULL);
-            ok = fr_node_save(node, cx) >= 0;
-            if (ok)
-                fr_node_set_output(node, 0, y);
-        }
-    }
+    clamp_ctx c = {lo, hi};
+    bool ok = y && fr_clamp_forward(y, cx, lo, hi) == FR_OK &&
+              fr_record_unary("clamp", clamp_backward, x, y, &c, sizeof c, cx) == FR_OK;
     fr_release(cx);
     if (!ok)
         fr_clear(&y);

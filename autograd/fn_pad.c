@@ -1,7 +1,6 @@
 /* fn_pad.c: differentiable zero and reflect padding of the last two dims
  * (F.pad with a 4-tuple). Backward needs no saved tensor: only the
  * padding, which says where each input element was read. */
-#include <stdlib.h>
 #include <string.h>
 
 #include "functions.h"
@@ -40,26 +39,12 @@ fr_tensor *fr_pad(fr_tensor *x, const int pad[4], fr_pad_mode mode) {
     shape[x->ndim - 1] += s.left + s.right;
     fr_tensor *cx = fr_contiguous(x, FR_TAG_TRANSIENT);
     fr_tensor *y = cx ? fr_empty(fr_device_of(x), FR_F32, x->ndim, shape, FR_TAG_TRANSIENT) : NULL;
-    bool ok = y && fr_pad2d_forward(y, cx, pad, mode) == FR_OK;
+    pad_ctx c = {.mode = mode, .ndim = x->ndim};
+    memcpy(c.pad, pad, sizeof c.pad);
+    memcpy(c.shape, x->shape, sizeof c.shape);
+    bool ok = y && fr_pad2d_forward(y, cx, pad, mode) == FR_OK &&
+              fr_record_unary("pad", pad_backward, x, y, &c, sizeof c, NULL) == FR_OK;
     fr_release(cx);
-    fr_tensor *in[1] = {x};
-    if (ok && fr_should_record(1, in)) {
-        pad_ctx *c = malloc(sizeof *c);
-        fr_node *node = c ? fr_node_new("pad", pad_backward, 1, in, 1) : NULL;
-        if (!node) {
-            if (!c)
-                fr_error(FR_ERR_OOM, "pad: out of memory");
-            free(c);
-            ok = false;
-        } else {
-            memcpy(c->pad, pad, sizeof c->pad);
-            c->mode = mode;
-            c->ndim = x->ndim;
-            memcpy(c->shape, x->shape, sizeof c->shape);
-            fr_node_set_ctx(node, c, NULL);
-            fr_node_set_output(node, 0, y);
-        }
-    }
     if (!ok)
         fr_clear(&y);
     return y;

@@ -1,8 +1,6 @@
 /* fn_softmax.c: differentiable softmax and log-softmax over one dim. The
  * node keeps the output only: both gradients are functions of it
  * (kernels.def: softmax_backward). */
-#include <stdlib.h>
-
 #include "functions.h"
 
 typedef struct {
@@ -36,26 +34,10 @@ static fr_tensor *softmax(fr_tensor *x, int dim, bool log_out) {
     }
     fr_tensor *cx = fr_contiguous(x, FR_TAG_TRANSIENT);
     fr_tensor *y = cx ? fr_empty_like(cx, FR_TAG_TRANSIENT) : NULL;
-    bool ok = y && fr_softmax_forward(y, cx, d, log_out) == FR_OK;
+    softmax_ctx c = {d, log_out};
+    bool ok = y && fr_softmax_forward(y, cx, d, log_out) == FR_OK &&
+              fr_record_unary(op, softmax_backward, x, y, &c, sizeof c, y) == FR_OK;
     fr_release(cx);
-    fr_tensor *in[1] = {x};
-    if (ok && fr_should_record(1, in)) {
-        softmax_ctx *c = malloc(sizeof *c);
-        fr_node *node = c ? fr_node_new(op, softmax_backward, 1, in, 1) : NULL;
-        if (!node) {
-            if (!c)
-                fr_error(FR_ERR_OOM, "%s: out of memory", op);
-            free(c);
-            ok = false;
-        } else {
-            c->dim = d;
-            c->log_out = log_out;
-            fr_node_set_ctx(node, c, NULL);
-            ok = fr_node_save(node, y) >= 0;
-            if (ok)
-                fr_node_set_output(node, 0, y);
-        }
-    }
     if (!ok)
         fr_clear(&y);
     return y;

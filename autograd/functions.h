@@ -80,6 +80,15 @@ fr_tensor *fr_conv2d(fr_tensor *x, fr_tensor *w, fr_tensor *b, fr_conv_params p)
 fr_tensor *fr_batch_norm(fr_tensor *x, fr_tensor *gamma, fr_tensor *beta, fr_tensor *running_mean,
                          fr_tensor *running_var, bool training, float momentum, float eps);
 
+/* fn_norm.c: F.group_norm(x, groups, weight, bias, eps) then `act` (p as
+ * fr_activation's), in one pass each way; x (N, C, ...) f32, groups
+ * dividing C. Layer norm over (C, H, W) is groups = 1, instance norm
+ * groups = C. Keeps x and the statistics, never the output; `recompute`
+ * gives the output a recipe, so an op that saves it keeps the recipe. */
+fr_tensor *fr_group_norm_act(fr_tensor *x, fr_tensor *gamma, fr_tensor *beta, int groups, float eps,
+                             fr_act act, float p, bool recompute);
+fr_tensor *fr_group_norm(fr_tensor *x, fr_tensor *gamma, fr_tensor *beta, int groups, float eps);
+
 /* fn_pool.c */
 fr_tensor *fr_max_pool2d(fr_tensor *x, fr_pool_params p);
 fr_tensor *fr_avg_pool2d(fr_tensor *x, fr_pool_params p);

@@ -1,16 +1,7 @@
 /* cpu/broadcast.c: binary ops with NumPy broadcasting and sums over chosen
  * dims (kernels.def; shapes.h: fr_bcast_shape, fr_reduce_shape). */
+#include "../tensor/broadcast_math.h"
 #include "../tensor/kernels.h"
-
-static inline float binary(fr_binary_op op, float a, float b) {
-    switch (op) {
-    case FR_BINARY_ADD: return a + b;
-    case FR_BINARY_SUB: return a - b;
-    case FR_BINARY_MUL: return a * b;
-    case FR_BINARY_DIV: return a / b;
-    default: return a;
-    }
-}
 
 /* Rows are the output's last dim; each row's start in a and b comes from
  * its index over the leading dims. */
@@ -32,7 +23,7 @@ fr_status fr_cpu_bcast_binary(float *out, const float *a, const float *b, fr_bin
         }
         float *o = out + r * w;   // (w)
         for (long long j = 0; j < w; j++)
-            o[j] = binary(op, a[oa + j * sa], b ? b[ob + j * sb] : 0.0f);
+            o[j] = fr_binary_apply(op, a[oa + j * sa], b ? b[ob + j * sb] : 0.0f);
     }
     return FR_OK;
 }

@@ -3,16 +3,7 @@
  * records are passed by value. One thread per output element; the reduce
  * adds in the CPU's order, in double. */
 #include "internal.h"
-
-__device__ static inline float binary(fr_binary_op op, float a, float b) {
-    switch (op) {
-    case FR_BINARY_ADD: return a + b;
-    case FR_BINARY_SUB: return a - b;
-    case FR_BINARY_MUL: return a * b;
-    case FR_BINARY_DIV: return a / b;
-    default: return a;
-    }
-}
+#include "../tensor/broadcast_math.h"
 
 __global__ void bcast_binary_kernel(float *out, const float *a, const float *b, fr_binary_op op,
                                     fr_bcast_shape s, size_t n) {
@@ -24,7 +15,7 @@ __global__ void bcast_binary_kernel(float *out, const float *a, const float *b, 
             oa += k * s.stride_a[d];
             ob += k * s.stride_b[d];
         }
-        out[i] = binary(op, a[oa], b ? b[ob] : 0.0f);
+        out[i] = fr_binary_apply(op, a[oa], b ? b[ob] : 0.0f);
     }
 }
 

@@ -1,25 +1,15 @@
 /* softmax.cu: softmax and log-softmax over the middle dim of (outer, dim,
- * inner) on the GPU (kernels.def; cpu/softmax.c is the twin, with the same
- * order of operations: one thread per row, sums in double). */
+ * inner) on the GPU (kernels.def; cpu/softmax.c is the twin,
+ * tensor/softmax_math.h the shared row arithmetic: one thread per row,
+ * sums in double). */
 #include "internal.h"
+#include "../tensor/softmax_math.h"
 
 __global__ void softmax_forward_kernel(float *y, const float *x, long long inner, int dim,
                                        bool log_out, size_t rows) {
     FR_CUDA_FOR(r, rows) {
         long long off = ((long long)r / inner) * dim * inner + (long long)r % inner;
-        const float *xr = x + off;
-        float *yr = y + off;
-        float mx = -INFINITY;
-        for (int k = 0; k < dim; k++)
-            mx = fmaxf(mx, xr[k * inner]);
-        double sum = 0.0;
-        for (int k = 0; k < dim; k++)
-            sum += exp((double)xr[k * inner] - mx);
-        double lse = log(sum);
-        for (int k = 0; k < dim; k++) {
-            double z = (double)xr[k * inner] - mx;
-            yr[k * inner] = (float)(log_out ? z - lse : exp(z) / sum);
-        }
+        fr_softmax_row(y + off, x + off, dim, inner, log_out);
     }
 }
 
@@ -27,13 +17,7 @@ __global__ void softmax_backward_kernel(float *dx, const float *dy, const float 
                                         int dim, bool log_out, size_t rows) {
     FR_CUDA_FOR(r, rows) {
         long long off = ((long long)r / inner) * dim * inner + (long long)r % inner;
-        double dot = 0.0;
-        for (int k = 0; k < dim; k++)
-            dot += log_out ? (double)dy[off + k * inner] : (double)dy[off + k * inner] * y[off + k * inner];
-        for (int k = 0; k < dim; k++) {
-            double g = dy[off + k * inner], v = y[off + k * inner];
-            dx[off + k * inner] = (float)(log_out ? g - exp(v) * dot : v * (g - dot));
-        }
+        fr_softmax_row_backward(dx + off, dy + off, y + off, dim, inner, log_out);
     }
 }
 

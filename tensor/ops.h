@@ -166,6 +166,22 @@ fr_status fr_bn_act_backward(fr_tensor *dx, fr_tensor *dz, fr_tensor *dgamma, fr
 typedef fr_status (*fr_bn_sum_fn)(double *values, int n, void *ctx);
 void fr_batch_norm_set_sync(fr_bn_sum_fn fn, void *ctx);
 
+/* ---- group normalisation + activation (ops_groupnorm.c), f32. x (N, C,
+ * ...) in `groups` groups (dividing C); mean, invstd (N, groups); gamma
+ * (weight), beta (bias) (C). ---- */
+fr_status fr_group_norm_stats(fr_tensor *mean, fr_tensor *invstd, const fr_tensor *x, int groups,
+                              float eps);
+/* y = act(GN(x)); y may be x */
+fr_status fr_group_norm_act_forward(fr_tensor *y, const fr_tensor *x, const fr_tensor *mean,
+                                    const fr_tensor *invstd, const fr_tensor *gamma,
+                                    const fr_tensor *beta, int groups, fr_act act, float slope);
+/* from x (the pre-activation is recomputed, no output kept); dx may be
+ * NULL; dgamma, dbeta overwritten */
+fr_status fr_group_norm_act_backward(fr_tensor *dx, fr_tensor *dgamma, fr_tensor *dbeta,
+                                     const fr_tensor *dy, const fr_tensor *x, const fr_tensor *mean,
+                                     const fr_tensor *invstd, const fr_tensor *gamma,
+                                     const fr_tensor *beta, int groups, fr_act act, float slope);
+
 /* ---- pooling (ops_pool.c) ---- */
 typedef struct {
     int kernel, stride, pad;

@@ -19,7 +19,8 @@ typedef struct {
     int kernel, stride, pad;
 } fr_pool_shape;
 
-/* ---- broadcasting (tensor/ops_broadcast.c; docs/ARCHITECTURE.md) ----
+/* ---- broadcasting (tensor/ops_broadcast.c; docs/ARCHITECTURE.md,
+ * "Broadcasting ops") ----
  * NumPy's rule, read from the last dim: two sizes fit when equal or when
  * one is 1. A binary op walks the output's shape with each operand's
  * strides (0 along a dim it is broadcast over); a reduction sums x over the
@@ -54,6 +55,14 @@ typedef struct {
     int h, w, top, bottom, left, right;
     fr_pad_mode mode;
 } fr_pad_shape;
+
+/* ---- group normalisation (tensor/ops_groupnorm.c): x (N, C, HW) in G
+ * groups of C / G channels, each sample's group normalised over its
+ * C / G * HW values. Layer norm over (C, H, W) is G = 1, instance norm
+ * G = C (nn/build.h: fr_norm_opts.kind). ---- */
+typedef struct {
+    int n, c, hw, groups;
+} fr_gn_shape;
 
 /* The activations (tensor/activation.h has their formulas; docs/MODELS.md
  * the PyTorch equivalents). One line each: X(NAME, "name", needs,

@@ -85,22 +85,30 @@ static fr_tensor *ce_loss(void *ctx) {
     return fr_cross_entropy(c->logits, c->labels);
 }
 
+static fr_tensor *ce_smooth_loss(void *ctx) {
+    ce_case *c = ctx;
+    return fr_cross_entropy_smooth(c->logits, c->labels, 0.2f);
+}
+
 static void test_gradcheck(void) {
     int32_t lab[5] = {0, 6, 3, 3, 1};
-    ce_case c = {fr_t_rand(FR_CPU, 2, FR_SHAPE(5, 7), 3),
-                 fr_from_host(FR_CPU, FR_I32, 1, FR_SHAPE(5), FR_TAG_DATA, lab)};
-    CHECK_OK(fr_scale_out(c.logits, c.logits, 3.0f));
-    fr_set_requires_grad(c.logits, true);
-    fr_tensor *l = ce_loss(&c);
-    CHECK_NOTNULL(l);
-    if (l) {
-        CHECK_OK(fr_backward(l));
-        /* float32 loss ~2, eps 1e-2, gradients ~0.1 */
-        CHECK(fr_t_gradcheck(ce_loss, &c, &c.logits, 1, 1e-2, 2e-4, 1e-3, 35));
+    fr_t_loss_fn fns[2] = {ce_loss, ce_smooth_loss};
+    for (int k = 0; k < 2; k++) {
+        ce_case c = {fr_t_rand(FR_CPU, 2, FR_SHAPE(5, 7), 3),
+                     fr_from_host(FR_CPU, FR_I32, 1, FR_SHAPE(5), FR_TAG_DATA, lab)};
+        CHECK_OK(fr_scale_out(c.logits, c.logits, 3.0f));
+        fr_set_requires_grad(c.logits, true);
+        fr_tensor *l = fns[k](&c);
+        CHECK_NOTNULL(l);
+        if (l) {
+            CHECK_OK(fr_backward(l));
+            /* float32 loss ~2, eps 1e-2, gradients ~0.1 */
+            CHECK(fr_t_gradcheck(fns[k], &c, &c.logits, 1, 1e-2, 2e-4, 1e-3, 35));
+        }
+        fr_release(l);
+        fr_release(c.labels);
+        fr_release(c.logits);
     }
-    fr_release(l);
-    fr_release(c.labels);
-    fr_release(c.logits);
 }
 
 static void test_bad_arguments(void) {
