@@ -82,7 +82,7 @@ static fr_status binary_backward(fr_node *node, fr_tensor *const *dout, fr_tenso
 }
 
 fr_tensor *fr_broadcast_op(fr_binary_op op, fr_tensor *a, fr_tensor *b) {
-    static const char *names[FR_BINARY_COUNT] = {"add", "sub", "mul", "div", "expand"};
+    static const char *names[FR_BINARY_COUNT] = {"add", "sub", "mul", "div", "expand", "eq"};
     if ((unsigned)op >= FR_BINARY_FIRST) {
         fr_error(FR_ERR_ARG, "broadcast_op: %d is not add, sub, mul or div", (int)op);
         return NULL;
@@ -140,15 +140,52 @@ fr_tensor *fr_div(fr_tensor *a, fr_tensor *b) { return fr_broadcast_op(FR_BINARY
 
 typedef struct {
     float scale;
+    bool max;                        /* amax: saved x, the gradient split over ties */
     int ndim;
     int64_t shape[FR_MAX_DIMS];      /* x's */
     int64_t kept[FR_MAX_DIMS];       /* x's with the reduced dims 1 */
 } reduce_dims_ctx;
 
+/* torch.amax's gradient: dy / (the number of elements equal to the
+ * maximum) to each of them, 0 elsewhere; the maximum is taken again from
+ * the saved x (it is small next to x) */
+static fr_status max_backward(fr_node *node, const reduce_dims_ctx *c, fr_tensor *gv, fr_tensor **din) {
+    fr_device dev = node->device;
+    fr_tensor *x = fr_node_unpack(node, 0);
+    fr_tensor *m = x ? fr_empty(dev, FR_F32, c->ndim, c->kept, FR_TAG_TRANSIENT) : NULL;
+    fr_tensor *mask = m ? fr_empty(dev, FR_F32, c->ndim, c->shape, FR_TAG_TRANSIENT) : NULL;
+    fr_tensor *count = mask ? fr_empty_like(m, FR_TAG_TRANSIENT) : NULL;
+    fr_tensor *dx = count ? fr_empty_like(mask, FR_TAG_TRANSIENT) : NULL;
+    fr_status st = dx ? fr_reduce_max_out(m, x) : fr_last_status();
+    if (st == FR_OK)
+        st = fr_bcast_binary_out(mask, x, m, FR_BINARY_EQ);
+    if (st == FR_OK)
+        st = fr_reduce_sum_out(count, mask, 1.0f);
+    if (st == FR_OK) /* m is free again: the gradient per maximum */
+        st = fr_bcast_binary_out(m, gv, count, FR_BINARY_DIV);
+    if (st == FR_OK)
+        st = fr_bcast_binary_out(dx, mask, m, FR_BINARY_MUL);
+    fr_release(x);
+    fr_release(m);
+    fr_release(mask);
+    fr_release(count);
+    if (st != FR_OK)
+        fr_release(dx);
+    else
+        din[0] = dx;
+    return st;
+}
+
 static fr_status reduce_dims_backward(fr_node *node, fr_tensor *const *dout, fr_tensor **din) {
     const reduce_dims_ctx *c = node->ctx;
     fr_tensor *g = fr_contiguous(dout[0], FR_TAG_TRANSIENT);
     fr_tensor *gv = g ? fr_view(g, c->ndim, c->kept) : NULL;
+    if (gv && c->max) {
+        fr_status st = max_backward(node, c, gv, din);
+        fr_release(gv);
+        fr_release(g);
+        return st;
+    }
     fr_tensor *dx = gv ? fr_empty(node->device, FR_F32, c->ndim, c->shape, FR_TAG_TRANSIENT) : NULL;
     fr_status st = dx ? fr_bcast_binary_out(dx, gv, NULL, FR_BINARY_FIRST) : fr_last_status();
     if (st == FR_OK && c->scale != 1.0f)
@@ -162,8 +199,10 @@ static fr_status reduce_dims_backward(fr_node *node, fr_tensor *const *dout, fr_
     return st;
 }
 
+typedef enum { REDUCE_SUM, REDUCE_MEAN, REDUCE_MAX } reduce_kind;
+
 static fr_tensor *reduce_dims(const char *op, fr_tensor *x, int ndims, const int *dims,
-                              bool keepdim, bool mean) {
+                              bool keepdim, reduce_kind kind) {
     if (fr_check_defined(op, "x", x) != FR_OK)
         return NULL;
     if (ndims < 1 || ndims > x->ndim || !dims) {
@@ -180,7 +219,7 @@ static fr_tensor *reduce_dims(const char *op, fr_tensor *x, int ndims, const int
         }
         red[d] = true;
     }
-    reduce_dims_ctx c = {.ndim = x->ndim};
+    reduce_dims_ctx c = {.ndim = x->ndim, .max = kind == REDUCE_MAX};
     int64_t out_shape[FR_MAX_DIMS], count = 1;
     int out_nd = 0;
     for (int d = 0; d < x->ndim; d++) {
@@ -190,26 +229,32 @@ static fr_tensor *reduce_dims(const char *op, fr_tensor *x, int ndims, const int
         if (!red[d] || keepdim)
             out_shape[out_nd++] = c.kept[d];
     }
-    c.scale = mean ? (count ? 1.0f / (float)count : 0.0f) : 1.0f;
+    c.scale = kind == REDUCE_MEAN ? (count ? 1.0f / (float)count : 0.0f) : 1.0f;
     fr_tensor *cx = fr_contiguous(x, FR_TAG_TRANSIENT);
     fr_tensor *full = cx ? fr_empty(fr_device_of(x), FR_F32, x->ndim, c.kept, FR_TAG_TRANSIENT) : NULL;
-    bool ok = full && fr_reduce_sum_out(full, cx, c.scale) == FR_OK;
-    fr_release(cx);
+    bool ok = full && (kind == REDUCE_MAX ? fr_reduce_max_out(full, cx)
+                                          : fr_reduce_sum_out(full, cx, c.scale)) == FR_OK;
     fr_tensor *y = ok ? fr_view(full, out_nd, out_shape) : NULL;
     fr_release(full);
-    if (!y)
+    if (!y) {
+        fr_release(cx);
         return NULL;
+    }
     /* a view starts with no autograd state of its own */
     y->requires_grad = false;
     y->grad_fn = NULL;
-    if (fr_record_unary(op, reduce_dims_backward, x, y, &c, sizeof c, NULL) != FR_OK)
+    if (fr_record_unary(op, reduce_dims_backward, x, y, &c, sizeof c, c.max ? cx : NULL) != FR_OK)
         fr_clear(&y);
+    fr_release(cx);
     return y;
 }
 
 fr_tensor *fr_sum_dims(fr_tensor *x, int ndims, const int *dims, bool keepdim) {
-    return reduce_dims("sum_dims", x, ndims, dims, keepdim, false);
+    return reduce_dims("sum_dims", x, ndims, dims, keepdim, REDUCE_SUM);
 }
 fr_tensor *fr_mean_dims(fr_tensor *x, int ndims, const int *dims, bool keepdim) {
-    return reduce_dims("mean_dims", x, ndims, dims, keepdim, true);
+    return reduce_dims("mean_dims", x, ndims, dims, keepdim, REDUCE_MEAN);
+}
+fr_tensor *fr_amax_dims(fr_tensor *x, int ndims, const int *dims, bool keepdim) {
+    return reduce_dims("amax_dims", x, ndims, dims, keepdim, REDUCE_MAX);
 }

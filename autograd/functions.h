@@ -54,6 +54,9 @@ fr_tensor *fr_div(fr_tensor *a, fr_tensor *b);
  * fr_sum_dims(x, 2, (int[]){2, 3}, true). f32. */
 fr_tensor *fr_sum_dims(fr_tensor *x, int ndims, const int *dims, bool keepdim);
 fr_tensor *fr_mean_dims(fr_tensor *x, int ndims, const int *dims, bool keepdim);
+/* torch.amax(x, dims, keepdim): the maximum over dims; the gradient is
+ * split evenly among the elements equal to it (keeps x) */
+fr_tensor *fr_amax_dims(fr_tensor *x, int ndims, const int *dims, bool keepdim);
 
 /* fn_softmax.c: over dim (negative from the end); keeps the output. f32. */
 fr_tensor *fr_softmax(fr_tensor *x, int dim);

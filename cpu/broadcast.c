@@ -1,5 +1,7 @@
 /* cpu/broadcast.c: binary ops with NumPy broadcasting and sums over chosen
  * dims (kernels.def; shapes.h: fr_bcast_shape, fr_reduce_shape). */
+#include <math.h>
+
 #include "../tensor/broadcast_math.h"
 #include "../tensor/kernels.h"
 
@@ -29,8 +31,9 @@ fr_status fr_cpu_bcast_binary(float *out, const float *a, const float *b, fr_bin
 }
 
 /* One output element at a time: its kept coordinates give a base offset in
- * x, then every combination of the reduced ones is added in order. */
-fr_status fr_cpu_reduce_sum(float *out, const float *x, float scale, const fr_reduce_shape *s) {
+ * x, then every combination of the reduced ones is added (or compared, for
+ * the maximum) in order. */
+static void reduce(float *out, const float *x, float scale, bool max, const fr_reduce_shape *s) {
     long long stride[FR_BCAST_DIMS], n_out = 1, n_red = 1, st = 1;
     for (int d = s->ndim - 1; d >= 0; d--) {
         stride[d] = st;
@@ -49,6 +52,7 @@ fr_status fr_cpu_reduce_sum(float *out, const float *x, float scale, const fr_re
                 rest /= s->shape[d];
             }
         double acc = 0.0;
+        float mx = -INFINITY;
         for (long long r = 0; r < n_red; r++) {
             long long off = base, rr = r;
             for (int d = s->ndim - 1; d >= 0; d--)
@@ -56,9 +60,21 @@ fr_status fr_cpu_reduce_sum(float *out, const float *x, float scale, const fr_re
                     off += (rr % s->shape[d]) * stride[d];
                     rr /= s->shape[d];
                 }
-            acc += x[off];
+            if (max)
+                mx = fr_max_nan(mx, x[off]);
+            else
+                acc += x[off];
         }
-        out[o] = (float)(acc * scale);
+        out[o] = max ? mx : (float)(acc * scale);
     }
+}
+
+fr_status fr_cpu_reduce_sum(float *out, const float *x, float scale, const fr_reduce_shape *s) {
+    reduce(out, x, scale, false, s);
+    return FR_OK;
+}
+
+fr_status fr_cpu_reduce_max(float *out, const float *x, const fr_reduce_shape *s) {
+    reduce(out, x, 1.0f, true, s);
     return FR_OK;
 }

@@ -27,8 +27,8 @@ extern "C" fr_status fr_cuda_bcast_binary(float *out, const float *a, const floa
     FR_CUDA_RUN_1D(bcast_binary_kernel, n, out, a, b, op, *s, n);
 }
 
-__global__ void reduce_sum_kernel(float *out, const float *x, float scale, fr_reduce_shape s,
-                                  size_t n_out, long long n_red) {
+__global__ void reduce_kernel(float *out, const float *x, float scale, bool max, fr_reduce_shape s,
+                              size_t n_out, long long n_red) {
     long long stride[FR_BCAST_DIMS], st = 1;
     for (int d = s.ndim - 1; d >= 0; d--) {
         stride[d] = st;
@@ -42,6 +42,7 @@ __global__ void reduce_sum_kernel(float *out, const float *x, float scale, fr_re
                 rest /= s.shape[d];
             }
         double acc = 0.0;
+        float mx = -INFINITY;
         for (long long r = 0; r < n_red; r++) {
             long long off = base, rr = r;
             for (int d = s.ndim - 1; d >= 0; d--)
@@ -49,21 +50,38 @@ __global__ void reduce_sum_kernel(float *out, const float *x, float scale, fr_re
                     off += (rr % s.shape[d]) * stride[d];
                     rr /= s.shape[d];
                 }
-            acc += x[off];
+            if (max)
+                mx = fr_max_nan(mx, x[off]);
+            else
+                acc += x[off];
         }
-        out[o] = (float)(acc * scale);
+        out[o] = max ? mx : (float)(acc * scale);
     }
+}
+
+/* the sizes of the output and of each reduction */
+static void reduce_counts(const fr_reduce_shape *s, size_t *n_out, long long *n_red) {
+    *n_out = 1;
+    *n_red = 1;
+    for (int d = 0; d < s->ndim; d++) {
+        if (s->reduce[d])
+            *n_red *= s->shape[d];
+        else
+            *n_out *= (size_t)s->shape[d];
+    }
+}
+
+extern "C" fr_status fr_cuda_reduce_max(float *out, const float *x, const fr_reduce_shape *s) {
+    size_t n_out;
+    long long n_red;
+    reduce_counts(s, &n_out, &n_red);
+    FR_CUDA_RUN_1D(reduce_kernel, n_out, out, x, 1.0f, true, *s, n_out, n_red);
 }
 
 extern "C" fr_status fr_cuda_reduce_sum(float *out, const float *x, float scale,
                                         const fr_reduce_shape *s) {
-    size_t n_out = 1;
-    long long n_red = 1;
-    for (int d = 0; d < s->ndim; d++) {
-        if (s->reduce[d])
-            n_red *= s->shape[d];
-        else
-            n_out *= (size_t)s->shape[d];
-    }
-    FR_CUDA_RUN_1D(reduce_sum_kernel, n_out, out, x, scale, *s, n_out, n_red);
+    size_t n_out;
+    long long n_red;
+    reduce_counts(s, &n_out, &n_red);
+    FR_CUDA_RUN_1D(reduce_kernel, n_out, out, x, scale, false, *s, n_out, n_red);
 }

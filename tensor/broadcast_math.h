@@ -19,8 +19,14 @@ FR_BCAST_FN float fr_binary_apply(fr_binary_op op, float a, float b) {
     case FR_BINARY_SUB: return a - b;
     case FR_BINARY_MUL: return a * b;
     case FR_BINARY_DIV: return a / b;
+    case FR_BINARY_EQ: return a == b ? 1.0f : 0.0f;
     default: return a;
     }
+}
+
+/* the larger of a and b, a NaN in either winning (PyTorch's max) */
+FR_BCAST_FN float fr_max_nan(float a, float b) {
+    return a != a || b != b ? a + b : a > b ? a : b;
 }
 
 #endif

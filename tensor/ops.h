@@ -55,12 +55,14 @@ fr_status fr_leaky_relu_backward(fr_tensor *dx, const fr_tensor *dy, const fr_te
 fr_status fr_broadcast_shape(const char *op, const fr_tensor *a, const fr_tensor *b, int *ndim,
                              int64_t *shape);
 /* out (the broadcast shape) = op(a, b); FR_BINARY_FIRST expands a to out's
- * shape and ignores b (may be NULL) */
+ * shape and ignores b (may be NULL); FR_BINARY_EQ gives 1 or 0 */
 fr_status fr_bcast_binary_out(fr_tensor *out, const fr_tensor *a, const fr_tensor *b,
                               fr_binary_op op);
 /* out = scale * x summed down to out's shape: out right-aligned against x,
  * each of its dims x's size or 1 (the gradient of a broadcast operand) */
 fr_status fr_reduce_sum_out(fr_tensor *out, const fr_tensor *x, float scale);
+/* out = the maximum of x over the same dims (a NaN wins) */
+fr_status fr_reduce_max_out(fr_tensor *out, const fr_tensor *x);
 
 /* ---- softmax over dim (ops_softmax.c), f32, y like x; log_out for
  * log-softmax. Backward reads the output y only. ---- */

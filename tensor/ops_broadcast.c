@@ -43,8 +43,8 @@ static void bcast_strides(long long *stride, const fr_tensor *t, int nd) {
 
 fr_status fr_bcast_binary_out(fr_tensor *out, const fr_tensor *a, const fr_tensor *b,
                               fr_binary_op op) {
-    static const char *names[FR_BINARY_COUNT] = {"add", "sub", "mul", "div", "expand"};
-    _Static_assert(FR_BINARY_COUNT == 5, "one name per fr_binary_op");
+    static const char *names[FR_BINARY_COUNT] = {"add", "sub", "mul", "div", "expand", "eq"};
+    _Static_assert(FR_BINARY_COUNT == 6, "one name per fr_binary_op");
     if ((unsigned)op >= FR_BINARY_COUNT)
         return fr_error(FR_ERR_ARG, "broadcast: unknown op %d", (int)op);
     const char *name = names[op];
@@ -67,24 +67,40 @@ fr_status fr_bcast_binary_out(fr_tensor *out, const fr_tensor *a, const fr_tenso
                           op == FR_BINARY_FIRST ? NULL : fr_data_f32(bb), op, &s);
 }
 
-fr_status fr_reduce_sum_out(fr_tensor *out, const fr_tensor *x, float scale) {
-    FR_TRY(fr_check_f32c("reduce_sum", "out", out));
-    FR_TRY(fr_check_f32c("reduce_sum", "x", x));
-    FR_TRY(fr_check_same_device("reduce_sum", "out", out, "x", x));
+/* The record of x reduced to out's shape, after checking both. */
+static fr_status reduce_shape(const char *op, const fr_tensor *out, const fr_tensor *x,
+                              fr_reduce_shape *s) {
+    FR_TRY(fr_check_f32c(op, "out", out));
+    FR_TRY(fr_check_f32c(op, "x", x));
+    FR_TRY(fr_check_same_device(op, "out", out, "x", x));
     char bo[64], bx[64];
     if (out->ndim > x->ndim)
-        return fr_error(FR_ERR_SHAPE, "reduce_sum: out %s has more dims than x %s",
+        return fr_error(FR_ERR_SHAPE, "%s: out %s has more dims than x %s", op,
                         fr_shape_str(out, bo, sizeof bo), fr_shape_str(x, bx, sizeof bx));
-    fr_reduce_shape s = {.ndim = x->ndim};
+    *s = (fr_reduce_shape){.ndim = x->ndim};
     for (int d = 0; d < x->ndim; d++) {
         int od = d - (x->ndim - out->ndim);
         int64_t os = od >= 0 ? out->shape[od] : 1;
         if (os != x->shape[d] && os != 1)
-            return fr_error(FR_ERR_SHAPE, "reduce_sum: out %s is not x %s with dims of size 1",
+            return fr_error(FR_ERR_SHAPE, "%s: out %s is not x %s with dims of size 1", op,
                             fr_shape_str(out, bo, sizeof bo), fr_shape_str(x, bx, sizeof bx));
-        s.shape[d] = x->shape[d];
-        s.reduce[d] = os == 1 && x->shape[d] != 1;
+        s->shape[d] = x->shape[d];
+        s->reduce[d] = os == 1 && x->shape[d] != 1;
     }
+    return FR_OK;
+}
+
+fr_status fr_reduce_sum_out(fr_tensor *out, const fr_tensor *x, float scale) {
+    fr_reduce_shape s;
+    FR_TRY(reduce_shape("reduce_sum", out, x, &s));
     return FR_CALL_KERNEL(fr_device_of(out), reduce_sum, fr_data_f32(out), fr_data_f32(x), scale,
                           &s);
+}
+
+fr_status fr_reduce_max_out(fr_tensor *out, const fr_tensor *x) {
+    fr_reduce_shape s;
+    FR_TRY(reduce_shape("reduce_max", out, x, &s));
+    if (fr_numel(x) == 0)
+        return fr_error(FR_ERR_SHAPE, "reduce_max: x is empty (a maximum of nothing)");
+    return FR_CALL_KERNEL(fr_device_of(out), reduce_max, fr_data_f32(out), fr_data_f32(x), &s);
 }

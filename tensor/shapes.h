@@ -32,6 +32,7 @@ typedef enum {
     FR_BINARY_MUL,
     FR_BINARY_DIV,
     FR_BINARY_FIRST,   /* out = a: expanding a to the output's shape */
+    FR_BINARY_EQ,      /* out = a == b ? 1 : 0 (max's gradient mask) */
     FR_BINARY_COUNT
 } fr_binary_op;
 typedef struct {

@@ -1,5 +1,5 @@
 /* test_broadcast.c: the broadcasting ops (fr_add, fr_sub, fr_mul, fr_div),
- * sums and means over dims, softmax and log-softmax, clamp and padding,
+ * sums, means and maxima (amax, ties split) over dims, softmax and log-softmax, clamp and padding,
  * and a squeeze-excitation block written as PyTorch's: forward and every
  * input's gradient against PyTorch 1.13 (tests/fixtures/gen_broadcast.py,
  * 1e-5 relative), finite differences, and the refusals (shapes that do not
@@ -9,7 +9,7 @@
 
 #include "testlib.h"
 
-typedef enum { OP_BINARY, OP_SUM, OP_MEAN, OP_SOFTMAX, OP_LOG_SOFTMAX, OP_CLAMP, OP_PAD } op_kind;
+typedef enum { OP_BINARY, OP_SUM, OP_MEAN, OP_SOFTMAX, OP_LOG_SOFTMAX, OP_CLAMP, OP_PAD, OP_MAX } op_kind;
 
 typedef struct {
     const char *name;
@@ -41,6 +41,9 @@ static const op_case CASES[] = {
     {"clamp", OP_CLAMP, 0, 0, {0}, 0, {0}, 0},
     {"pad_zero", OP_PAD, 0, 0, {0}, 0, {1, 2, 0, 3}, FR_PAD_ZERO},
     {"pad_reflect", OP_PAD, 0, 0, {0}, 0, {2, 1, 3, 4}, FR_PAD_REFLECT},
+    {"amax_hw_keep", OP_MAX, 0, 2, {2, 3}, true, {0}, 0},
+    {"amax_c", OP_MAX, 0, 1, {1}, false, {0}, 0},
+    {"amax_ties", OP_MAX, 0, 1, {-1}, false, {0}, 0},
 };
 #define N_CASES (sizeof CASES / sizeof *CASES)
 
@@ -61,6 +64,8 @@ static fr_tensor *run_case(const op_case *c, fr_tensor *a, fr_tensor *b) {
         return fr_log_softmax(a, c->dims[0]);
     case OP_CLAMP:
         return fr_clamp(a, -0.5f, 0.8f);
+    case OP_MAX:
+        return fr_amax_dims(a, c->ndims, c->dims, c->keepdim);
     default:
         return fr_pad(a, c->pad, c->mode);
     }
