@@ -160,6 +160,12 @@ int fr_node_save_recipe(fr_node *node, fr_recipe *r);
 fr_tensor *fr_node_unpack(fr_node *node, int i);
 /* Releases saved entry i early (after its last use in backward). */
 void fr_node_drop_saved(fr_node *node, int i);
+/* The common case of one input x and one output y (record.c): when an op
+ * must record, a node `op` whose ctx is a malloc'd copy of the ctx_size
+ * bytes at ctx (none when 0), which saves `save` (fr_node_save; NULL for
+ * nothing) and outputs y. FR_OK when nothing records. */
+fr_status fr_record_unary(const char *op, fr_backward_fn backward, fr_tensor *x, fr_tensor *y,
+                          const void *ctx, size_t ctx_size, fr_tensor *save);
 
 /* ---- the tape ---- */
 /* Runs backward from a one-element tensor, seeding its gradient with 1. */

@@ -15,6 +15,16 @@ static fr_status check_inplace_target(const char *op, const fr_tensor *x) {
     return FR_OK;
 }
 
+/* Shapes that differ go to the broadcasting ops (fn_broadcast.c). */
+static bool same_shape(const fr_tensor *a, const fr_tensor *b) {
+    if (a->ndim != b->ndim)
+        return false;
+    for (int d = 0; d < a->ndim; d++)
+        if (a->shape[d] != b->shape[d])
+            return false;
+    return true;
+}
+
 /* ---- add ---- */
 
 static fr_status add_backward(fr_node *node, fr_tensor *const *dout, fr_tensor **din) {
@@ -29,6 +39,8 @@ static fr_status add_backward(fr_node *node, fr_tensor *const *dout, fr_tensor *
 fr_tensor *fr_add(fr_tensor *a, fr_tensor *b) {
     if (fr_check_defined("add", "a", a) != FR_OK || fr_check_defined("add", "b", b) != FR_OK)
         return NULL;
+    if (!same_shape(a, b))
+        return fr_broadcast_op(FR_BINARY_ADD, a, b);
     fr_tensor *y = new_like(a);
     if (!y || fr_add_out(y, a, b) != FR_OK) {
         fr_release(y);
@@ -89,6 +101,8 @@ static fr_status mul_backward(fr_node *node, fr_tensor *const *dout, fr_tensor *
 fr_tensor *fr_mul(fr_tensor *a, fr_tensor *b) {
     if (fr_check_defined("mul", "a", a) != FR_OK || fr_check_defined("mul", "b", b) != FR_OK)
         return NULL;
+    if (!same_shape(a, b))
+        return fr_broadcast_op(FR_BINARY_MUL, a, b);
     fr_tensor *y = new_like(a);
     if (!y || fr_mul_out(y, a, b) != FR_OK) {
         fr_release(y);

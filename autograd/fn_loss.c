@@ -118,3 +118,30 @@ fr_tensor *fr_smooth_l1_loss(fr_tensor *pred, fr_tensor *target, float beta) {
 fr_tensor *fr_bce_with_logits_loss(fr_tensor *logits, fr_tensor *target) {
     return pointwise("binary_cross_entropy_with_logits", logits, target, FR_LOSS_BCE_LOGITS, 0.0f);
 }
+
+/* ---- cross-entropy with label smoothing ----
+ * PyTorch's F.cross_entropy(logits, labels, label_smoothing=eps): the
+ * target is (1 - eps) * onehot + eps / K, so the mean loss is
+ * (1 - eps) * cross_entropy + eps * mean over (N, K) of -log_softmax. Built
+ * from the differentiable ops, so the gradient follows; the extra node keeps
+ * one (N, K) log-softmax, the size of the logits. */
+fr_tensor *fr_cross_entropy_smooth(fr_tensor *logits, fr_tensor *labels, float eps) {
+    if (!(eps >= 0.0f && eps <= 1.0f)) {
+        fr_error(FR_ERR_ARG, "cross_entropy_smooth: eps %g must be in [0, 1]", (double)eps);
+        return NULL;
+    }
+    if (eps == 0.0f)
+        return fr_cross_entropy(logits, labels);
+    fr_tensor *ce = fr_cross_entropy(logits, labels);
+    fr_tensor *nll = ce ? fr_scale(ce, 1.0f - eps) : NULL;
+    fr_tensor *lsm = nll ? fr_log_softmax(logits, 1) : NULL;
+    fr_tensor *mean = lsm ? fr_mean(lsm) : NULL;
+    fr_tensor *smooth = mean ? fr_scale(mean, -eps) : NULL;
+    fr_tensor *loss = smooth ? fr_add(nll, smooth) : NULL;
+    fr_release(ce);
+    fr_release(nll);
+    fr_release(lsm);
+    fr_release(mean);
+    fr_release(smooth);
+    return loss;
+}

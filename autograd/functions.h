@@ -41,6 +41,36 @@ fr_tensor *fr_relu_(fr_tensor *x);
 fr_tensor *fr_leaky_relu(fr_tensor *x, float slope);
 fr_tensor *fr_leaky_relu_(fr_tensor *x, float slope);
 
+/* fn_broadcast.c: add, sub, mul, div with NumPy broadcasting (the
+ * output has the broadcast shape; shapes that do not broadcast are refused
+ * naming both); the gradient of a broadcast operand is summed back to its
+ * shape. fr_add and fr_mul take this path when their shapes differ; sub
+ * and div always do. f32. */
+fr_tensor *fr_broadcast_op(fr_binary_op op, fr_tensor *a, fr_tensor *b);
+fr_tensor *fr_sub(fr_tensor *a, fr_tensor *b);
+fr_tensor *fr_div(fr_tensor *a, fr_tensor *b);
+/* Sum or mean over dims (negative counts from the end, as PyTorch's),
+ * keeping them as size 1 when keepdim: x.sum(dim=(2, 3), keepdim=True) is
+ * fr_sum_dims(x, 2, (int[]){2, 3}, true). f32. */
+fr_tensor *fr_sum_dims(fr_tensor *x, int ndims, const int *dims, bool keepdim);
+fr_tensor *fr_mean_dims(fr_tensor *x, int ndims, const int *dims, bool keepdim);
+/* torch.amax(x, dims, keepdim): the maximum over dims; the gradient is
+ * split evenly among the elements equal to it (keeps x) */
+fr_tensor *fr_amax_dims(fr_tensor *x, int ndims, const int *dims, bool keepdim);
+
+/* fn_softmax.c: over dim (negative from the end); keeps the output. f32. */
+fr_tensor *fr_softmax(fr_tensor *x, int dim);
+fr_tensor *fr_log_softmax(fr_tensor *x, int dim);
+
+/* fn_clamp.c: min(max(x, lo), hi), lo <= hi; the gradient passes where lo
+ * <= x <= hi (PyTorch's). f32. */
+fr_tensor *fr_clamp(fr_tensor *x, float lo, float hi);
+
+/* fn_pad.c: F.pad(x, (left, right, top, bottom), mode) over the last two
+ * dims; FR_PAD_ZERO or FR_PAD_REFLECT (each padding < the size it pads).
+ * f32. */
+fr_tensor *fr_pad(fr_tensor *x, const int pad[4], fr_pad_mode mode);
+
 /* fn_linear.c */
 fr_tensor *fr_linear(fr_tensor *x, fr_tensor *w, fr_tensor *b);   /* b may be NULL */
 fr_tensor *fr_matmul(fr_tensor *a, fr_tensor *b);                 /* (M,K)(K,N) */
@@ -52,6 +82,15 @@ fr_tensor *fr_conv2d(fr_tensor *x, fr_tensor *w, fr_tensor *b, fr_conv_params p)
  * ones (when given); eval uses the running ones. */
 fr_tensor *fr_batch_norm(fr_tensor *x, fr_tensor *gamma, fr_tensor *beta, fr_tensor *running_mean,
                          fr_tensor *running_var, bool training, float momentum, float eps);
+
+/* fn_norm.c: F.group_norm(x, groups, weight, bias, eps) then `act` (p as
+ * fr_activation's), in one pass each way; x (N, C, ...) f32, groups
+ * dividing C. Layer norm over (C, H, W) is groups = 1, instance norm
+ * groups = C. Keeps x and the statistics, never the output; `recompute`
+ * gives the output a recipe, so an op that saves it keeps the recipe. */
+fr_tensor *fr_group_norm_act(fr_tensor *x, fr_tensor *gamma, fr_tensor *beta, int groups, float eps,
+                             fr_act act, float p, bool recompute);
+fr_tensor *fr_group_norm(fr_tensor *x, fr_tensor *gamma, fr_tensor *beta, int groups, float eps);
 
 /* fn_pool.c */
 fr_tensor *fr_max_pool2d(fr_tensor *x, fr_pool_params p);
@@ -88,6 +127,9 @@ fr_tensor *fr_autocast_weight(fr_tensor *w, fr_dtype compute);
 
 /* fn_loss.c: fused log-softmax + NLL, mean over the batch; labels i32 */
 fr_tensor *fr_cross_entropy(fr_tensor *logits, fr_tensor *labels);
+/* ... with label smoothing eps in [0, 1] (F.cross_entropy(...,
+ * label_smoothing=eps)); eps 0 is fr_cross_entropy. */
+fr_tensor *fr_cross_entropy_smooth(fr_tensor *logits, fr_tensor *labels, float eps);
 /* Pointwise losses, mean over every element, PyTorch's formulas
  * (tensor/loss_math.h): pred and target f32 of one shape; the target
  * takes no gradient (refused if it requires one). smooth L1's beta >= 0

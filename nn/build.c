@@ -213,7 +213,19 @@ fr_module *fr_norm_new(fr_module *parent, const char *name, fr_norm_opts o) {
     fr_module *mod = act_layer_new(parent, name, FR_LAYER_NORM, o.act, o.slope, &l);
     if (!mod)
         return NULL;
-    fr_status st = fr_batch_norm2d_layer_init(&l->bn, mod->model->params, mod->name, o.channels);
+    fr_status st;
+    if ((unsigned)o.kind >= FR_NORM_KIND_COUNT)
+        st = fr_error(FR_ERR_ARG, "norm %s: unknown kind %d", mod->name, (int)o.kind);
+    else if (o.kind != FR_NORM_GROUP && o.groups != 0)
+        st = fr_error(FR_ERR_ARG, "norm %s: .groups %d is for FR_NORM_GROUP only", mod->name, o.groups);
+    else if (o.kind != FR_NORM_BATCH)
+        st = fr_group_norm_layer_init(&l->gn, mod->model->params, mod->name, o.channels,
+                                      o.kind == FR_NORM_GROUP   ? o.groups
+                                      : o.kind == FR_NORM_LAYER ? 1
+                                                                : o.channels);
+    else
+        st = fr_batch_norm2d_layer_init(&l->bn, mod->model->params, mod->name, o.channels);
+    l->norm_kind = o.kind;
     if (st != FR_OK)
         return fail(mod->model, st);
     mod->model->build->n_norms++;

@@ -124,11 +124,29 @@ fr_module *fr_conv2d_new(fr_module *parent, const char *name, fr_conv2d_opts o);
  * one layer where recompute and abn change how things run. Any fr_act
  * (tensor/shapes.h); abn takes only the invertible ones (identity,
  * leaky ReLU) and ReLU, which it turns into LeakyReLU 0.01; the others are
- * refused under abn. */
+ * refused under abn.
+ * Other kinds (eps 1e-5, weight 1 and bias 0, PyTorch's names "weight" and
+ * "bias", no running statistics, the same in training and eval):
+ * FR_NORM_GROUP is nn.GroupNorm(groups, channels), FR_NORM_LAYER
+ * nn.GroupNorm(1, channels) (layer norm over C, H, W of each sample), and
+ * FR_NORM_INSTANCE nn.InstanceNorm2d(channels, affine=True) (=
+ * nn.GroupNorm(channels, channels)). Each is fused with its activation
+ * (frugal's own kernels: oneDNN 2.6 has no group normalisation); recompute
+ * makes its output a recipe as for BN; abn is refused (InPlace-ABN inverts
+ * batch norm only). */
+typedef enum {
+    FR_NORM_BATCH = 0,
+    FR_NORM_GROUP,
+    FR_NORM_LAYER,
+    FR_NORM_INSTANCE,
+    FR_NORM_KIND_COUNT
+} fr_norm_kind;
 typedef struct {
     int channels;      /* required */
     fr_act act;        /* [FR_ACT_IDENTITY] */
     float slope;       /* leaky ReLU's slope [0.01], ELU's alpha [1] */
+    fr_norm_kind kind; /* [FR_NORM_BATCH] */
+    int groups;        /* FR_NORM_GROUP only: dividing channels (required) */
 } fr_norm_opts;
 fr_module *fr_norm_new(fr_module *parent, const char *name, fr_norm_opts o);
 

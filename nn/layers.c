@@ -64,6 +64,20 @@ fr_status fr_batch_norm2d_layer_init(fr_batch_norm2d_layer *l, fr_params *params
     return fr_fill_(l->running_var, 1.0f);
 }
 
+fr_status fr_group_norm_layer_init(fr_group_norm_layer *l, fr_params *params, const char *name,
+                                   int channels, int groups) {
+    FR_TRY(check_sizes("groupnorm", name, channels, 1));
+    if (groups < 1 || channels % groups != 0)
+        return fr_error(FR_ERR_ARG, "groupnorm %s: groups %d does not divide its %d channels", name,
+                        groups, channels);
+    *l = (fr_group_norm_layer){.groups = groups, .eps = 1e-5f};
+    const int64_t *c = FR_SHAPE(channels);
+    if (!(l->weight = new_tensor(params, name, "weight", FR_PARAMETER, FR_F32, 1, c)) ||
+        !(l->bias = new_tensor(params, name, "bias", FR_PARAMETER, FR_F32, 1, c)))
+        return fr_last_status();
+    return fr_fill_(l->weight, 1.0f);
+}
+
 void fr_batch_norm2d_layer_count_batch(const fr_batch_norm2d_layer *l) {
     /* PyTorch counts batches seen in training; the counter is host memory
      * (params.h), so this costs no device round trip. A checkpointed segment

@@ -82,6 +82,18 @@ fr_bn_state fr_batch_norm2d_layer_state(const fr_batch_norm2d_layer *l, bool tra
  * that bypass fr_batch_norm2d_layer_forward call it themselves. */
 void fr_batch_norm2d_layer_count_batch(const fr_batch_norm2d_layer *l);
 
+/* ---- GroupNorm (layer and instance norm are its cases) ---- */
+typedef struct {
+    fr_tensor *weight, *bias;   /* (C) */
+    int groups;
+    float eps;                  /* 1e-5 */
+} fr_group_norm_layer;
+
+/* weight 1, bias 0; FR_ERR_ARG naming the layer when groups does not
+ * divide channels */
+fr_status fr_group_norm_layer_init(fr_group_norm_layer *l, fr_params *params, const char *name,
+                                   int channels, int groups);
+
 /* ---- Linear: y (N, OUT) = x (N, IN) W^T + b ---- */
 typedef struct {
     fr_tensor *weight;  /* (OUT, IN) */

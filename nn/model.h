@@ -87,6 +87,11 @@ typedef struct fr_grad_sync {
 } fr_grad_sync;
 
 typedef struct fr_model fr_model;
+/* The loss a training step minimises, for a model whose output is not
+ * class logits (an autoencoder, a regressor): out is the forward's output
+ * (f32), x the input batch and y its labels (borrowed); a new one-element
+ * loss (mean over the batch) or NULL with an error. */
+typedef fr_tensor *(*fr_model_loss_fn)(fr_model *m, fr_tensor *out, fr_tensor *x, fr_tensor *y);
 struct fr_model {
     char name[32];         /* "resnet20" */
     int in_channels, num_classes;
@@ -101,6 +106,11 @@ struct fr_model {
     void *impl;            /* owned state of a bare forward */
     void (*impl_free)(void *impl);
     const fr_grad_sync *grad_sync; /* borrowed; NULL when training alone */
+    /* NULL: cross-entropy of the output as class logits, and top-1 accuracy.
+     * Set (in the model's create function, so every program gets it): the
+     * training step, evaluation and memreport minimise this instead and
+     * report no accuracy (NaN; the programs print "n/a"). */
+    fr_model_loss_fn loss;
 };
 
 /* The model's forward (its module tree run by the engine under m->cfg, or

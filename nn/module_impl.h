@@ -24,6 +24,8 @@ typedef struct {
     fr_layer_kind kind;
     fr_conv2d_layer conv;
     fr_batch_norm2d_layer bn;
+    fr_norm_kind norm_kind;    /* FR_NORM_BATCH: bn; else gn */
+    fr_group_norm_layer gn;
     fr_act act;        /* norm and act layers */
     float slope;       /* its parameter, defaults applied (fr_act_forward) */
     fr_linear_layer linear;

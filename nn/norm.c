@@ -47,12 +47,39 @@ static fr_tensor *plain_bn(const fr_batch_norm2d_layer *bn, fr_tensor *x, const 
     return y;
 }
 
+/* Group, layer and instance norm: fused with the activation (one kernel
+ * under every strategy, so every strategy computes plain's bits); under
+ * recompute in training the output is a recipe. With a residual the sum
+ * comes between the norm and the activation, as for BN. */
+static fr_tensor *group_norm_apply(const fr_module *m, fr_tensor *x, fr_tensor *residual,
+                                   const fr_run *run) {
+    const fr_layer *l = m->state;
+    const fr_group_norm_layer *gn = &l->gn;
+    const fr_strategy *st = &run->strategy;
+    if (st->abn || st->abn_reference) {
+        fr_error(FR_ERR_ARG, "%s: strategy %s cannot apply: %s is a group/layer/instance norm, and "
+                 "InPlace-ABN inverts batch norm only; use recompute instead", run->model,
+                 st->abn ? "abn" : "abn_reference", m->name);
+        return NULL;
+    }
+    bool recompute = st->recompute && run->training;
+    if (!residual)
+        return fr_group_norm_act(x, gn->weight, gn->bias, gn->groups, gn->eps, l->act, l->slope,
+                                 recompute);
+    fr_tensor *y = fr_group_norm_act(x, gn->weight, gn->bias, gn->groups, gn->eps, FR_ACT_IDENTITY,
+                                     0.0f, false);
+    y = fr_chain(y, fr_residual_add(y, residual, run));
+    return act_consume(y, l->act, l->slope, run);
+}
+
 fr_tensor *fr_norm_apply(const fr_module *m, fr_tensor *x, fr_tensor *residual, const fr_run *run) {
     if (!x) {
         fr_error_null("norm", "x");
         return NULL;
     }
     const fr_layer *l = m->state;
+    if (l->norm_kind != FR_NORM_BATCH)
+        return group_norm_apply(m, x, residual, run);
     const fr_batch_norm2d_layer *bn = &l->bn;
     fr_act act = l->act;
     const fr_strategy *st = &run->strategy;

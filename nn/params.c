@@ -257,3 +257,39 @@ fr_status fr_params_load(fr_params *p, const char *path) {
     fr_st_close(f);
     return st;
 }
+
+/* ---- iterating and freezing (params.h) ---- */
+
+fr_param *fr_params_next(const fr_params *p, const fr_param *prev, fr_param_kind kind) {
+    if (!p)
+        return NULL;
+    int i = prev ? (int)(prev - p->items) + 1 : 0;
+    for (; i < p->count; i++)
+        if (p->items[i].kind == kind)
+            return &p->items[i];
+    return NULL;
+}
+
+/* name is prefix itself or lies under it ("layer1" covers "layer1.0.conv1.weight",
+ * not "layer10.weight") */
+static bool under(const char *name, const char *prefix) {
+    size_t n = strlen(prefix);
+    return n == 0 || (!strncmp(name, prefix, n) && (name[n] == '\0' || name[n] == '.'));
+}
+
+fr_status fr_params_set_trainable(fr_params *p, const char *prefix, bool trainable) {
+    if (!p || !prefix)
+        return fr_error(FR_ERR_ARG, "set_trainable: %s is NULL", p ? "prefix" : "params");
+    int hits = 0;
+    for (fr_param *e = NULL; (e = fr_params_next(p, e, FR_PARAMETER));)
+        if (under(e->name, prefix)) {
+            fr_set_requires_grad(e->tensor, trainable);
+            if (!trainable)
+                fr_zero_grad(e->tensor);
+            hits++;
+        }
+    if (!hits)
+        return fr_error(FR_ERR_ARG, "set_trainable: no parameter is named \"%s\" or starts with \"%s.\"",
+                        prefix, prefix);
+    return FR_OK;
+}

@@ -59,6 +59,20 @@ fr_tensor *fr_params_new_tensor(fr_params *p, const char *name, fr_param_kind ki
  * reference; a parameter gets requires_grad). */
 fr_status fr_params_add(fr_params *p, const char *name, fr_tensor *t, fr_param_kind kind);
 
+/* The entries of one kind in order, PyTorch's named_parameters() (kind
+ * FR_PARAMETER) or named_buffers() (FR_BUFFER):
+ *     for (fr_param *e = NULL; (e = fr_params_next(p, e, FR_PARAMETER));)
+ *         printf("%s\n", e->name);
+ * prev NULL starts; NULL at the end. */
+fr_param *fr_params_next(const fr_params *p, const fr_param *prev, fr_param_kind kind);
+
+/* Freezes (trainable false) or unfreezes the parameters of a module: every
+ * FR_PARAMETER named `prefix` or starting with `prefix.` ("" is all) stops
+ * or starts requiring grad, so backward gives it no gradient and the
+ * optimizer leaves it alone (requires_grad_(False) on module.parameters()).
+ * FR_ERR_ARG naming the prefix when no parameter matches. */
+fr_status fr_params_set_trainable(fr_params *p, const char *prefix, bool trainable);
+
 /* The tensor registered under `name` (BORROWED), or NULL (no error set). */
 fr_tensor *fr_params_get(const fr_params *p, const char *name);
 /* Its index, or -1. */

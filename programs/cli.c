@@ -404,6 +404,14 @@ void fr_progress_init(fr_progress *p, FILE *out, fr_device dev, int64_t steps_to
                        .t_start = fr_cli_now(), .steps_total = steps_total, .epochs = epochs};
 }
 
+const char *fr_cli_format_acc(double acc, int digits, char *buf, size_t len) {
+    if (isnan(acc))
+        snprintf(buf, len, "n/a");
+    else
+        snprintf(buf, len, "%.*f%%", digits, 100.0 * acc);
+    return buf;
+}
+
 void fr_progress_step(fr_progress *p, int64_t epoch, int64_t step, int64_t per_epoch, double loss,
                       double acc, double images_per_s) {
     p->steps_done++;
@@ -416,9 +424,10 @@ void fr_progress_step(fr_progress *p, int64_t epoch, int64_t step, int64_t per_e
     if (p->scaler && p->scaler->dtype != FR_F32)
         snprintf(amp, sizeof amp, "  scale %g skipped %lld", (double)p->scaler->scale,
                  (long long)p->scaler->skipped);
-    fprintf(p->out, "%sepoch %lld/%d  step %lld/%lld  loss %.4f  acc %5.1f%%  %.0f img/s%s  ETA %s  %s%s",
+    char acc_s[16];
+    fprintf(p->out, "%sepoch %lld/%d  step %lld/%lld  loss %.4f  acc %6s  %.0f img/s%s  ETA %s  %s%s",
             p->tty ? "\r" : "", (long long)epoch + 1, p->epochs, (long long)step, (long long)per_epoch, loss,
-            100.0 * acc, images_per_s, amp, fr_cli_format_duration(eta, eta_s, sizeof eta_s),
+            fr_cli_format_acc(acc, 1, acc_s, sizeof acc_s), images_per_s, amp, fr_cli_format_duration(eta, eta_s, sizeof eta_s),
             fr_cli_memory(p->dev, mem, sizeof mem), p->tty ? "\033[K" : "\n");
     fflush(p->out);
     p->dirty = p->tty;

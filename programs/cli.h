@@ -136,6 +136,9 @@ typedef struct {
 void fr_progress_init(fr_progress *p, FILE *out, fr_device dev, int64_t steps_total, int epochs, int every);
 /* After each step: epoch (0-based), step in epoch (1-based) of `per_epoch`,
  * running mean loss and accuracy of the epoch, images/s of the epoch. */
+/* "91.23%" (digits after the point), or "n/a" for a NaN accuracy (a model
+ * with its own loss: nn/model.h); returns buf. */
+const char *fr_cli_format_acc(double acc, int digits, char *buf, size_t len);
 void fr_progress_step(fr_progress *p, int64_t epoch, int64_t step, int64_t per_epoch, double loss,
                       double acc, double images_per_s);
 /* Ends an in-place line before other output. */

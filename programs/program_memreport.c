@@ -131,7 +131,7 @@ static fr_status train_step(trainer *tr, series *s) {
         fr_tensor *x = parts == 1 ? fr_retain(tr->x) : fr_narrow(tr->x, 0, lo, len);
         fr_tensor *y = parts == 1 ? fr_retain(tr->labels) : fr_narrow(tr->labels, 0, lo, len);
         fr_tensor *logits = x && y ? fr_model_forward(tr->model, x, true) : NULL;
-        fr_tensor *l = logits ? fr_cross_entropy(logits, y) : NULL;
+        fr_tensor *l = fr_model_loss(tr->model, logits, x, y);
         fr_tensor *loss = l && parts > 1 ? fr_scale(l, (float)len / (float)n) : fr_retain(l);
         fr_release(l);
         fr_release(logits);

@@ -504,7 +504,7 @@ static fr_status train_epoch(run *r, fr_progress *pg, double *loss, double *acc,
         /* rank 0's own loss and accuracy; images/s of all processes */
         if (r->rank == 0)
             fr_progress_step(pg, st->epoch, st->batch, per_epoch, loss_sum / (double)steps,
-                             (double)hits / (double)seen, dt > 0 ? (double)(seen * r->world) / dt : 0);
+                             r->model->loss ? NAN : (double)hits / (double)seen, dt > 0 ? (double)(seen * r->world) / dt : 0);
     }
     if (r->dist) {
         double sums[3] = {loss_sum, (double)hits, (double)seen};
@@ -514,7 +514,7 @@ static fr_status train_epoch(run *r, fr_progress *pg, double *loss, double *acc,
         seen = (int64_t)sums[2];
     }
     *loss = steps ? loss_sum / (double)steps : 0;
-    *acc = seen ? (double)hits / (double)seen : 0;
+    *acc = r->model->loss ? NAN : seen ? (double)hits / (double)seen : 0;
     *secs = fr_cli_now() - t0;
     return FR_OK;
 }
@@ -553,11 +553,12 @@ static fr_status train(run *r, const options *o) {
                             fr_nonfinite_culprit(r->model, why, sizeof why));
         }
         double eval_secs = fr_cli_now() - t0;
-        char mem[96], d1[32];
+        char mem[96], d1[32], a1[16], a2[16];
         if (r->rank == 0)
-            printf("epoch %lld/%d: train loss %.4f acc %.2f%% | test loss %.4f acc %.2f%% (%lld images) | "
-               "%s train + %.1f s test | %s\n", (long long)st->epoch + 1, st->epochs, loss, 100 * acc,
-               test_loss, 100 * test_acc, (long long)n_test, fr_cli_format_duration(secs, d1, sizeof d1),
+            printf("epoch %lld/%d: train loss %.4f acc %s | test loss %.4f acc %s (%lld images) | "
+               "%s train + %.1f s test | %s\n", (long long)st->epoch + 1, st->epochs, loss,
+               fr_cli_format_acc(acc, 2, a1, sizeof a1), test_loss,
+               fr_cli_format_acc(test_acc, 2, a2, sizeof a2), (long long)n_test, fr_cli_format_duration(secs, d1, sizeof d1),
                eval_secs, fr_cli_memory(pg.dev, mem, sizeof mem));
         if (o->save) {
             fr_train_state next = *st;

@@ -318,8 +318,9 @@ static fr_status validate(run *r, const options *o) {
     size_t eval_peak = peak_with_model(r, before);
     size_t train_peak = 0;
     FR_TRY(measure_train_step(r, &train_peak));
-    printf("accuracy %.2f%% (%lld images), loss %.4f, %.0f images/s\n", 100 * acc, (long long)n, loss,
-           secs > 0 ? (double)n / secs : 0);
+    char acc_s[16];
+    printf("accuracy %s (%lld images), loss %.4f, %.0f images/s\n",
+           fr_cli_format_acc(acc, 2, acc_s, sizeof acc_s), (long long)n, loss, secs > 0 ? (double)n / secs : 0);
     char label[128];
     printf("peak memory (model included, data set excluded):\n");
     snprintf(label, sizeof label, "eval pass, no_grad, %s", fr_dtype_name(r->model->cfg.precision));

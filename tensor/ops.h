@@ -49,6 +49,38 @@ fr_status fr_relu_backward(fr_tensor *dx, const fr_tensor *dy, const fr_tensor *
 fr_status fr_leaky_relu_forward(fr_tensor *y, const fr_tensor *x, float slope);
 fr_status fr_leaky_relu_backward(fr_tensor *dx, const fr_tensor *dy, const fr_tensor *y, float slope);
 
+/* ---- broadcasting (ops_broadcast.c; shapes.h), f32 ---- */
+/* The broadcast of a's and b's shapes (NumPy's rule), or FR_ERR_SHAPE
+ * naming op and both shapes. */
+fr_status fr_broadcast_shape(const char *op, const fr_tensor *a, const fr_tensor *b, int *ndim,
+                             int64_t *shape);
+/* out (the broadcast shape) = op(a, b); FR_BINARY_FIRST expands a to out's
+ * shape and ignores b (may be NULL); FR_BINARY_EQ gives 1 or 0 */
+fr_status fr_bcast_binary_out(fr_tensor *out, const fr_tensor *a, const fr_tensor *b,
+                              fr_binary_op op);
+/* out = scale * x summed down to out's shape: out right-aligned against x,
+ * each of its dims x's size or 1 (the gradient of a broadcast operand) */
+fr_status fr_reduce_sum_out(fr_tensor *out, const fr_tensor *x, float scale);
+/* out = the maximum of x over the same dims (a NaN wins) */
+fr_status fr_reduce_max_out(fr_tensor *out, const fr_tensor *x);
+
+/* ---- softmax over dim (ops_softmax.c), f32, y like x; log_out for
+ * log-softmax. Backward reads the output y only. ---- */
+fr_status fr_softmax_forward(fr_tensor *y, const fr_tensor *x, int dim, bool log_out);
+fr_status fr_softmax_backward(fr_tensor *dx, const fr_tensor *dy, const fr_tensor *y, int dim,
+                              bool log_out);
+
+/* ---- padding of the last two dims and clamp (ops_pad.c), f32. pad is
+ * (left, right, top, bottom), F.pad's order; reflect needs each < the size
+ * it pads. ---- */
+fr_status fr_pad2d_shape(const fr_tensor *x, const int pad[4], fr_pad_mode mode, fr_pad_shape *s);
+fr_status fr_pad2d_forward(fr_tensor *y, const fr_tensor *x, const int pad[4], fr_pad_mode mode);
+fr_status fr_pad2d_backward(fr_tensor *dx, const fr_tensor *dy, const int pad[4], fr_pad_mode mode);
+/* y = min(max(x, lo), hi), lo <= hi; dx = dy where lo <= x <= hi */
+fr_status fr_clamp_forward(fr_tensor *y, const fr_tensor *x, float lo, float hi);
+fr_status fr_clamp_backward(fr_tensor *dx, const fr_tensor *dy, const fr_tensor *x, float lo,
+                            float hi);
+
 /* ---- matrix products (ops_linear.c) ---- */
 /* c(M,N) = alpha * op(a) op(b) + beta * c; 2-d tensors */
 fr_status fr_gemm_out(fr_tensor *c, const fr_tensor *a, const fr_tensor *b, bool trans_a,
@@ -135,6 +167,22 @@ fr_status fr_bn_act_backward(fr_tensor *dx, fr_tensor *dz, fr_tensor *dgamma, fr
  * every process must make the same calls in the same order. */
 typedef fr_status (*fr_bn_sum_fn)(double *values, int n, void *ctx);
 void fr_batch_norm_set_sync(fr_bn_sum_fn fn, void *ctx);
+
+/* ---- group normalisation + activation (ops_groupnorm.c), f32. x (N, C,
+ * ...) in `groups` groups (dividing C); mean, invstd (N, groups); gamma
+ * (weight), beta (bias) (C). ---- */
+fr_status fr_group_norm_stats(fr_tensor *mean, fr_tensor *invstd, const fr_tensor *x, int groups,
+                              float eps);
+/* y = act(GN(x)); y may be x */
+fr_status fr_group_norm_act_forward(fr_tensor *y, const fr_tensor *x, const fr_tensor *mean,
+                                    const fr_tensor *invstd, const fr_tensor *gamma,
+                                    const fr_tensor *beta, int groups, fr_act act, float slope);
+/* from x (the pre-activation is recomputed, no output kept); dx may be
+ * NULL; dgamma, dbeta overwritten */
+fr_status fr_group_norm_act_backward(fr_tensor *dx, fr_tensor *dgamma, fr_tensor *dbeta,
+                                     const fr_tensor *dy, const fr_tensor *x, const fr_tensor *mean,
+                                     const fr_tensor *invstd, const fr_tensor *gamma,
+                                     const fr_tensor *beta, int groups, fr_act act, float slope);
 
 /* ---- pooling (ops_pool.c) ---- */
 typedef struct {

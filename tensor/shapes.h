@@ -4,6 +4,8 @@
 #ifndef FR_SHAPES_H
 #define FR_SHAPES_H
 
+#include <stdbool.h>
+
 typedef struct {
     int n, c, h, w;   /* input (N,C,H,W) */
     int k, r, s;      /* weight (K,C,R,S) */
@@ -16,6 +18,52 @@ typedef struct {
     int oh, ow;        /* output */
     int kernel, stride, pad;
 } fr_pool_shape;
+
+/* ---- broadcasting (tensor/ops_broadcast.c; docs/ARCHITECTURE.md,
+ * "Broadcasting ops") ----
+ * NumPy's rule, read from the last dim: two sizes fit when equal or when
+ * one is 1. A binary op walks the output's shape with each operand's
+ * strides (0 along a dim it is broadcast over); a reduction sums x over the
+ * dims where the output's size is 1 and x's is not. */
+#define FR_BCAST_DIMS 5
+typedef enum {
+    FR_BINARY_ADD = 0,
+    FR_BINARY_SUB,
+    FR_BINARY_MUL,
+    FR_BINARY_DIV,
+    FR_BINARY_FIRST,   /* out = a: expanding a to the output's shape */
+    FR_BINARY_EQ,      /* out = a == b ? 1 : 0 (max's gradient mask) */
+    FR_BINARY_COUNT
+} fr_binary_op;
+typedef struct {
+    int ndim;
+    long long shape[FR_BCAST_DIMS];     /* the output's */
+    long long stride_a[FR_BCAST_DIMS];  /* in elements, 0 where a is broadcast */
+    long long stride_b[FR_BCAST_DIMS];
+} fr_bcast_shape;
+/* x (shape) reduced to out: out's size along dim d is shape[d] or 1 */
+typedef struct {
+    int ndim;
+    long long shape[FR_BCAST_DIMS];     /* x's */
+    bool reduce[FR_BCAST_DIMS];         /* summed over (out's size 1) */
+} fr_reduce_shape;
+
+/* ---- padding of the last two dims (tensor/ops_pad.c): x (P, H, W) with
+ * P = N * C planes -> y (P, top + H + bottom, left + W + right) ---- */
+typedef enum { FR_PAD_ZERO = 0, FR_PAD_REFLECT, FR_PAD_COUNT } fr_pad_mode;
+typedef struct {
+    long long planes;
+    int h, w, top, bottom, left, right;
+    fr_pad_mode mode;
+} fr_pad_shape;
+
+/* ---- group normalisation (tensor/ops_groupnorm.c): x (N, C, HW) in G
+ * groups of C / G channels, each sample's group normalised over its
+ * C / G * HW values. Layer norm over (C, H, W) is G = 1, instance norm
+ * G = C (nn/build.h: fr_norm_opts.kind). ---- */
+typedef struct {
+    int n, c, hw, groups;
+} fr_gn_shape;
 
 /* The activations (tensor/activation.h has their formulas; docs/MODELS.md
  * the PyTorch equivalents). One line each: X(NAME, "name", needs,

@@ -85,22 +85,30 @@ static fr_tensor *ce_loss(void *ctx) {
     return fr_cross_entropy(c->logits, c->labels);
 }
 
+static fr_tensor *ce_smooth_loss(void *ctx) {
+    ce_case *c = ctx;
+    return fr_cross_entropy_smooth(c->logits, c->labels, 0.2f);
+}
+
 static void test_gradcheck(void) {
     int32_t lab[5] = {0, 6, 3, 3, 1};
-    ce_case c = {fr_t_rand(FR_CPU, 2, FR_SHAPE(5, 7), 3),
-                 fr_from_host(FR_CPU, FR_I32, 1, FR_SHAPE(5), FR_TAG_DATA, lab)};
-    CHECK_OK(fr_scale_out(c.logits, c.logits, 3.0f));
-    fr_set_requires_grad(c.logits, true);
-    fr_tensor *l = ce_loss(&c);
-    CHECK_NOTNULL(l);
-    if (l) {
-        CHECK_OK(fr_backward(l));
-        /* float32 loss ~2, eps 1e-2, gradients ~0.1 */
-        CHECK(fr_t_gradcheck(ce_loss, &c, &c.logits, 1, 1e-2, 2e-4, 1e-3, 35));
+    fr_t_loss_fn fns[2] = {ce_loss, ce_smooth_loss};
+    for (int k = 0; k < 2; k++) {
+        ce_case c = {fr_t_rand(FR_CPU, 2, FR_SHAPE(5, 7), 3),
+                     fr_from_host(FR_CPU, FR_I32, 1, FR_SHAPE(5), FR_TAG_DATA, lab)};
+        CHECK_OK(fr_scale_out(c.logits, c.logits, 3.0f));
+        fr_set_requires_grad(c.logits, true);
+        fr_tensor *l = fns[k](&c);
+        CHECK_NOTNULL(l);
+        if (l) {
+            CHECK_OK(fr_backward(l));
+            /* float32 loss ~2, eps 1e-2, gradients ~0.1 */
+            CHECK(fr_t_gradcheck(fns[k], &c, &c.logits, 1, 1e-2, 2e-4, 1e-3, 35));
+        }
+        fr_release(l);
+        fr_release(c.labels);
+        fr_release(c.logits);
     }
-    fr_release(l);
-    fr_release(c.labels);
-    fr_release(c.logits);
 }
 
 static void test_bad_arguments(void) {
@@ -151,8 +159,42 @@ static void test_bad_arguments(void) {
     fr_release(logits);
 }
 
+/* fr_cross_entropy_smooth against F.cross_entropy(label_smoothing=eps)
+ * (tests/fixtures/gen_loss_smooth.py), 1e-5 relative; eps 0 is plain
+ * cross-entropy bit for bit; eps outside [0, 1] refused. */
+static void test_label_smoothing_matches_torch(void) {
+    fr_st_file *f = fr_t_fixture("loss_smooth");
+    fr_tensor *labels = fr_t_fixture_tensor(f, "labels", FR_CPU);
+    const char *names[2] = {"eps01", "eps1"};
+    const float eps[2] = {0.1f, 1.0f};
+    for (int i = 0; i < 2; i++) {
+        fr_tensor *z = fr_t_fixture_tensor(f, "logits", FR_CPU);
+        fr_set_requires_grad(z, true);
+        fr_tensor *l = fr_cross_entropy_smooth(z, labels, eps[i]);
+        CHECK_NOTNULL(l);
+        if (l) {
+            fr_t_fixture_expect(f, names[i], "loss", l, 1e-7, 1e-5);
+            CHECK_OK(fr_backward(l));
+            fr_t_fixture_expect(f, names[i], "dlogits", z->grad, 1e-7, 1e-5);
+        }
+        fr_release(l);
+        fr_release(z);
+    }
+    fr_tensor *z = fr_t_fixture_tensor(f, "logits", FR_CPU);
+    fr_tensor *a = fr_cross_entropy_smooth(z, labels, 0.0f), *b = fr_cross_entropy(z, labels);
+    CHECK(a && b && fr_item(a) == fr_item(b));
+    CHECK_ERR(fr_t_status_of(fr_cross_entropy_smooth(z, labels, 1.5f)), FR_ERR_ARG, "eps 1.5");
+    CHECK_ERR(fr_t_status_of(fr_cross_entropy_smooth(z, labels, -0.1f)), FR_ERR_ARG, "[0, 1]");
+    fr_release(a);
+    fr_release(b);
+    fr_release(z);
+    fr_release(labels);
+    fr_st_close(f);
+}
+
 int main(void) {
     RUN(test_matches_torch);
+    RUN(test_label_smoothing_matches_torch);
     RUN(test_large_logits_stay_finite);
     RUN(test_upstream_gradient);
     RUN(test_gradcheck);

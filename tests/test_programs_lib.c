@@ -41,6 +41,25 @@ static fr_model *tiny_create(const char *name, int in_channels, int num_classes,
     return fr_model_finish(m);
 }
 
+/* An autoencoder: its output is the image again, not class logits, so it
+ * brings its own loss (MSE against the input; nn/model.h: m->loss). */
+static fr_tensor *reconstruction_loss(fr_model *m, fr_tensor *out, fr_tensor *x, fr_tensor *y) {
+    (void)m, (void)y;
+    return fr_mse_loss(out, x);
+}
+
+static fr_model *tiny_ae_create(const char *name, int in_channels, int num_classes, uint64_t seed) {
+    fr_model *m = fr_model_new(name, in_channels, num_classes, seed);
+    fr_module *net = fr_model_root(m);
+    fr_conv2d_new(net, "enc", (fr_conv2d_opts){.in = in_channels, .out = 8});
+    fr_norm_new(net, "enc_bn", (fr_norm_opts){.channels = 8, .act = FR_ACT_SILU});
+    fr_conv2d_new(net, "dec", (fr_conv2d_opts){.in = 8, .out = in_channels, .bias = true});
+    m = fr_model_finish(m);
+    if (m)
+        m->loss = reconstruction_loss;
+    return m;
+}
+
 static void put_be32(FILE *f, uint32_t v) {
     for (int s = 24; s >= 0; s -= 8)
         fputc((int)(v >> s) & 255, f);
@@ -103,6 +122,51 @@ static void test_train_validate_memreport_on_a_registered_model(void) {
     CHECK(stat(path, &sb) == 0 && sb.st_size > 0);
 }
 
+/* A model whose output is not logits trains, validates and is measured
+ * under the programs' own flags, with its loss and no accuracy ("n/a"). */
+static void test_autoencoder_under_the_programs(void) {
+    char line[2048], path[700];
+    write_idx(dir, "train", 64);
+    write_idx(dir, "t10k", 32);
+    snprintf(line, sizeof line,
+             "train --model tiny_ae --data mnist:%s --batch 16 --epochs 2 --lr 0.05 --threads 1 "
+             "--strategy recompute --save %s/ae.safetensors", dir, dir);
+    CHECK(run_main(fr_train_main, line) == 0);
+    snprintf(path, sizeof path, "%s/ae.safetensors", dir);
+    snprintf(line, sizeof line, "validate --checkpoint %s --data mnist:%s --batch 8 --threads 1", path, dir);
+    CHECK(run_main(fr_validate_main, line) == 0);
+    snprintf(line, sizeof line,
+             "memreport --model tiny_ae --in-channels 1 --size 8 --batch 8 --steps 1 --strategies plain,recompute");
+    CHECK(run_main(fr_memreport_main, line) == 0);
+}
+
+/* The loss falls over a few steps of fr_train_step on one batch, and
+ * fr_train_step counts no correct predictions for it. */
+static void test_autoencoder_loss_falls(void) {
+    fr_model *m = tiny_ae_create("tiny_ae", 1, 8, 3);
+    CHECK_NOTNULL(m);
+    if (!m)
+        return;
+    fr_optim *opt = fr_adam_new(m->params, fr_adam_defaults(0.01, 0));
+    fr_tensor *x = fr_t_rand(FR_CPU, 4, FR_SHAPE(8, 1, 8, 8), 4);
+    fr_tensor *y = fr_zeros(FR_CPU, FR_I32, 1, FR_SHAPE(8), FR_TAG_DATA);
+    double first = 0, last = 0;
+    int64_t correct = -1;
+    for (int i = 0; i < 30; i++) {
+        double l = 0;
+        CHECK_OK(fr_train_step(m, opt, NULL, x, y, 1, &l, &correct, NULL));
+        if (i == 0)
+            first = l;
+        last = l;
+    }
+    CHECK(last < 0.5 * first);
+    CHECK(correct == 0);
+    fr_release(x);
+    fr_release(y);
+    fr_optim_free(opt);
+    fr_model_free(m);
+}
+
 static void test_unregistered_model_is_refused(void) {
     char line[1024];
     snprintf(line, sizeof line, "train --model tiny2 --data mnist:%s --epochs 1 --threads 1", dir);
@@ -119,6 +183,9 @@ int main(void) {
     CHECK_OK(fr_model_register("tiny", false, tiny_create, "tiny (a test model)"));
     RUN(test_train_validate_memreport_on_a_registered_model);
     RUN(test_unregistered_model_is_refused);
+    CHECK_OK(fr_model_register("tiny_ae", false, tiny_ae_create, "tiny_ae (a test autoencoder)"));
+    RUN(test_autoencoder_under_the_programs);
+    RUN(test_autoencoder_loss_falls);
     fr_t_remove_tmpdir(dir);
     return TEST_SUMMARY();
 }

@@ -91,6 +91,7 @@ void fr_optim_free(fr_optim *opt) {
         free(opt->state[s]);
     }
     free(opt->steps);
+    free(opt->no_decay);
     free(opt);
 }
 
@@ -102,6 +103,11 @@ static fr_tensor *state_of(fr_optim *opt, int slot, int i, const fr_tensor *w) {
     return opt->state[slot][i];
 }
 
+/* entry i's weight decay: 0 in the no-decay group */
+static double decay_of(const fr_optim *opt, int i, double wd) {
+    return opt->no_decay && opt->no_decay[i] ? 0.0 : wd;
+}
+
 static fr_status step_one(fr_optim *opt, int i, fr_tensor *w) {
     if (opt->kind == FR_OPTIM_SGD) {
         const fr_sgd_options *o = &opt->sgd;
@@ -109,15 +115,16 @@ static fr_status step_one(fr_optim *opt, int i, fr_tensor *w) {
         bool first = !opt->state[0][i]; /* PyTorch: the buffer starts as a copy of d */
         if (o->momentum != 0 && !(buf = state_of(opt, 0, i, w)))
             return fr_last_status();
-        FR_TRY(fr_sgd_update_(w, buf, w->grad, opt->lr, o->momentum, o->dampening, o->weight_decay,
-                              o->nesterov, first));
+        FR_TRY(fr_sgd_update_(w, buf, w->grad, opt->lr, o->momentum, o->dampening,
+                              decay_of(opt, i, o->weight_decay), o->nesterov, first));
     } else {
         const fr_adam_options *o = &opt->adam;
         fr_tensor *m = state_of(opt, 0, i, w), *v = m ? state_of(opt, 1, i, w) : NULL;
         if (!v)
             return fr_last_status();
-        FR_TRY(fr_adam_update_(w, m, v, w->grad, opt->lr, o->beta1, o->beta2, o->eps, o->weight_decay,
-                               opt->kind == FR_OPTIM_ADAMW, opt->steps[i] + 1));
+        FR_TRY(fr_adam_update_(w, m, v, w->grad, opt->lr, o->beta1, o->beta2, o->eps,
+                               decay_of(opt, i, o->weight_decay), opt->kind == FR_OPTIM_ADAMW,
+                               opt->steps[i] + 1));
     }
     opt->steps[i]++;
     return FR_OK;

@@ -72,6 +72,7 @@ typedef struct fr_optim {
     int n;
     fr_tensor **state[2];
     int64_t *steps;
+    bool *no_decay;         /* per entry: weight decay 0 (fr_optim_exclude_from_decay) */
 } fr_optim;
 
 /* NULL with FR_ERR_ARG (naming the option) for values PyTorch rejects:
@@ -94,6 +95,26 @@ size_t fr_optim_state_bytes(const fr_optim *opt);
  * "exp_avg_sq"), or NULL when the optimizer keeps no such state (SGD without
  * momentum keeps none). */
 const char *fr_optim_state_name(const fr_optim *opt, int slot);
+
+/* ---- training utilities (train/grad_utils.c) ---- */
+
+/* Parameter groups, the common case: weight decay 0 for the entries pred
+ * accepts (NULL: fr_param_is_norm_or_bias), the optimizer's own for the
+ * rest, as PyTorch's two param groups [{"params": decay}, {"params":
+ * no_decay, "weight_decay": 0}]. *count (may be NULL) gets how many were
+ * excluded. Configuration, not state: a resumed run calls it again. */
+typedef bool (*fr_param_pred)(const fr_param *e, void *ctx);
+fr_status fr_optim_exclude_from_decay(fr_optim *opt, fr_param_pred pred, void *ctx, int *count);
+/* Parameters of one dimension or less: biases and the weights of norm
+ * layers (the usual rule, `p.ndim <= 1`). */
+bool fr_param_is_norm_or_bias(const fr_param *e, void *ctx);
+
+/* torch.nn.utils.clip_grad_norm_(params, max_norm) (2-norm): the total
+ * norm of every parameter gradient (the norm of the per-tensor norms, each
+ * in f32) into *total_norm (may be NULL); when it exceeds max_norm every
+ * gradient is scaled by max_norm / (total + 1e-6). Parameters without a
+ * gradient are skipped. FR_ERR_ARG for max_norm <= 0. */
+fr_status fr_clip_grad_norm(fr_params *p, double max_norm, double *total_norm);
 
 #ifdef __cplusplus
 }

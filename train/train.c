@@ -1,6 +1,7 @@
 /* train.c: the training step, evaluation and top-1 count; see train.h. */
 #include "train.h"
 
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 
@@ -33,6 +34,12 @@ fr_status fr_count_correct(const fr_tensor *logits, const fr_tensor *labels, int
     return st;
 }
 
+fr_tensor *fr_model_loss(fr_model *m, fr_tensor *out, fr_tensor *x, fr_tensor *y) {
+    if (!out)
+        return NULL;
+    return m->loss ? m->loss(m, out, x, y) : fr_cross_entropy(out, y);
+}
+
 /* Forward, loss and backward of one micro-batch; the loss is scaled by
  * `share` before backward so the gradients of the parts add up to the
  * whole batch's, and then by the loss scaler's scale (when there is one) so
@@ -41,11 +48,11 @@ fr_status fr_count_correct(const fr_tensor *logits, const fr_tensor *labels, int
 static fr_status micro_step(fr_model *m, const fr_loss_scaler *scaler, fr_tensor *x, fr_tensor *y,
                             float share, double *loss, int64_t *correct) {
     fr_tensor *logits = fr_model_forward(m, x, true);
-    fr_tensor *l = logits ? fr_cross_entropy(logits, y) : NULL;
+    fr_tensor *l = fr_model_loss(m, logits, x, y);
     fr_tensor *part = l ? fr_scale(l, share) : NULL;
     fr_tensor *scaled = part && scaler ? fr_loss_scaler_scale(scaler, part) : fr_retain(part);
     fr_status st = scaled ? FR_OK : fr_last_status();
-    if (st == FR_OK && correct)
+    if (st == FR_OK && correct && !m->loss)
         st = fr_count_correct(logits, y, correct);
     if (st == FR_OK)
         *loss = fr_item(part);
@@ -114,7 +121,7 @@ fr_status fr_train_step(fr_model *m, fr_optim *opt, fr_loss_scaler *scaler, fr_t
     if (st == FR_OK && loss)
         *loss = total;
     if (st == FR_OK && correct)
-        *correct = hits;
+        *correct = hits; /* 0 for a model with its own loss */
     if (st == FR_OK && stepped)
         *stepped = did_step;
     return st;
@@ -131,9 +138,9 @@ fr_status fr_evaluate(fr_model *m, fr_loader *loader, double *loss, double *accu
         if (st != FR_OK || !x)
             break;
         fr_tensor *logits = fr_model_forward(m, x, false);
-        fr_tensor *l = logits ? fr_cross_entropy(logits, y) : NULL;
+        fr_tensor *l = fr_model_loss(m, logits, x, y);
         int64_t c = 0;
-        st = l ? fr_count_correct(logits, y, &c) : fr_last_status();
+        st = !l ? fr_last_status() : m->loss ? FR_OK : fr_count_correct(logits, y, &c);
         if (st == FR_OK) {
             loss_sum += fr_item(l) * (double)x->shape[0];
             seen += x->shape[0];
@@ -152,8 +159,8 @@ fr_status fr_evaluate(fr_model *m, fr_loader *loader, double *loss, double *accu
         return st;
     if (loss)
         *loss = seen ? loss_sum / (double)seen : 0;
-    if (accuracy)
-        *accuracy = seen ? (double)hits / (double)seen : 0;
+    if (accuracy) /* no accuracy for a model with its own loss */
+        *accuracy = m->loss ? NAN : seen ? (double)hits / (double)seen : 0;
     if (images)
         *images = seen;
     return FR_OK;

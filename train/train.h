@@ -19,6 +19,10 @@
 extern "C" {
 #endif
 
+/* The loss of m's output on a batch: m->loss when the model has one, else
+ * fr_cross_entropy(out, y). A new reference or NULL with an error. */
+fr_tensor *fr_model_loss(fr_model *m, fr_tensor *out, fr_tensor *x, fr_tensor *y);
+
 /* Correct top-1 predictions of logits (N, K) for labels (N) i32 (any
  * device). */
 fr_status fr_count_correct(const fr_tensor *logits, const fr_tensor *labels, int64_t *correct);
