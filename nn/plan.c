@@ -26,7 +26,8 @@ double fr_plan_peak(const fr_plan_costs *c, const int *seg_len, int n_seg) {
         double kept = 0;
         for (int j = a; j < b; j++) {
             kept += c->cost[j] + (j > a ? at(c->input_kept, j) : 0);
-            double grads = c->input[j] + (j + 1 < c->n ? c->input[j + 1] : 0);
+            double in_bwd = c->backward && c->backward[j] > c->input[j] ? c->backward[j] : c->input[j];
+            double grads = in_bwd + (j + 1 < c->n ? c->input[j + 1] : 0);
             if (held + kept + grads > peak)
                 peak = held + kept + grads;
         }
