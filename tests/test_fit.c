@@ -1,10 +1,10 @@
-/* test_fit.c: batch sizes chosen from measured bytes (nn/fit.c, planner.h).
+/* test_fit.c: batch sizes chosen from measured bytes (planner/fit.c, planner.h).
  * The evaluation pass under a budget: fr_fit_eval_batch's batch, run for
  * real, peaks within the budget (exact ledger bytes), and a budget that
  * holds the whole batch keeps it. */
 #include "testlib.h"
-#include "nn/planner.h"
-#include "nn/resnet.h"
+#include "planner/planner.h"
+#include "models/resnet.h"
 
 /* Peak bytes above what is in use of a no_grad eval forward of n images. */
 static size_t eval_peak(fr_model *m, int n) {
