@@ -136,8 +136,15 @@ void *fr_mem_alloc(fr_device dev, size_t nbytes, fr_mem_tag tag) {
     } else {
         size_t block = 0;
         p = fr_cuda_alloc(nbytes, &block);
-        if (!p)
-            return NULL; /* fr_cuda_alloc has set the error */
+        if (!p) { /* fr_cuda_alloc has set the error; an OOM gets the phase too */
+            char during[96], msg[1024];
+            phase_text(during, sizeof during);
+            if (*during && fr_last_status() == FR_ERR_OOM) {
+                snprintf(msg, sizeof msg, "%s", fr_last_error());
+                fr_error(FR_ERR_OOM, "%s%s", msg, during);
+            }
+            return NULL;
+        }
     }
     pthread_mutex_lock(&ledger_lock);
     count(dev, tag, nbytes, true);
