@@ -217,6 +217,9 @@ void fr_tape_pop(void);
  * status. */
 typedef fr_status (*fr_grad_ready_fn)(fr_tensor *leaf, void *ctx);
 void fr_set_grad_ready_hook(fr_grad_ready_fn fn, void *ctx);
+/* The hook set now (NULL for none) and its ctx: a trial backward that must
+ * not all-reduce sets it aside (nn/segments.c). */
+fr_grad_ready_fn fr_get_grad_ready_hook(void **ctx);
 
 #ifdef __cplusplus
 }

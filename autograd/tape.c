@@ -524,6 +524,12 @@ void fr_set_grad_ready_hook(fr_grad_ready_fn fn, void *ctx) {
     ready_ctx = ctx;
 }
 
+fr_grad_ready_fn fr_get_grad_ready_hook(void **ctx) {
+    if (ctx)
+        *ctx = ready_ctx;
+    return ready_fn;
+}
+
 typedef struct {
     int node;
     fr_tensor *leaf;

@@ -14,17 +14,26 @@
  * ledger's peak since the last fr_cpu_reset_peak, nor a limit set by
  * fr_cpu_set_limit (tensor/memory.c holds the ledger's bytes in use under
  * that limit too), except by the size-class rounding of blocks in use.
- *  - size classes: multiples of 64 bytes up to 4 KiB, then eight classes per
- *    power of two (at most 12.5% rounding);
- *  - a freed block goes to the free list of its class (reused first) and to
- *    the tail of one list of every cached block in the order they were
- *    freed;
- *  - a request that no cached block of its class serves and that would take
- *    `reserved` over the bound first gives back the oldest cached blocks.
- *    A large block (from FR_CPU_MMAP_MIN up, mapped with mmap) given back
- *    for a large request is resized with mremap instead of unmapped: its
- *    pages stay in place, so only the difference is faulted in or released
- *    (this is the "splitting" that size classes otherwise lack);
+ *  - small blocks (under FR_CPU_MMAP_MIN) take size classes: multiples of
+ *    64 bytes up to 4 KiB, then eight classes per power of two (at most
+ *    12.5% rounding); a freed one goes to the free list of its class
+ *    (reused first);
+ *  - large blocks take whole pages from mmap. A freed one joins the cached
+ *    pieces right before and after it in memory; a request takes the
+ *    smallest cached piece that holds it (best fit) and leaves the rest
+ *    cached. Any page range of an anonymous mapping can be unmapped or
+ *    resized alone, so pieces need no bookkeeping beyond their size. Why:
+ *    with classes only, a step whose large blocks change size (the
+ *    activations of one stage, then the next's) found the wrong classes in
+ *    the cache and gave blocks back and mapped new ones in every step
+ *    (+1.6 s of system CPU in a 40-step ResNet-20 run); split and joined,
+ *    the step settles after its first repetitions and makes no system call;
+ *  - every cached block is also in one list in the order they were freed;
+ *  - a request that no cached block serves and that would take `reserved`
+ *    over the bound first gives back the oldest cached blocks. A large
+ *    piece given back for a large request is resized with mremap instead
+ *    of unmapped: its pages stay in place, so only the difference is
+ *    faulted in or released;
  *  - small blocks come from malloc (posix_memalign), large ones straight
  *    from mmap, so a block given back is really gone from the process
  *    (glibc keeps freed heap memory and raises its mmap threshold after
@@ -54,12 +63,18 @@
 #endif
 
 #define N_BUCKETS 1024
+#define PAGE ((size_t)4096)
 
-/* A cached block's first bytes (every class is at least 64 bytes). */
+/* A cached block's first bytes (every class is at least 64 bytes). A small
+ * block sits in its class's free list; a large piece sits in the list of
+ * every cached large piece by address (next/prev), which is what lets a
+ * piece be split for a smaller request and joined with its free
+ * neighbours. */
 typedef struct block {
-    struct block *next, *prev;   /* in its class's free list */
+    struct block *next, *prev;   /* in its class's free list, or by address */
     struct block *newer, *older; /* in the list of every cached block */
-    size_t size;                 /* its class */
+    size_t size;                 /* its class, or a large piece's bytes */
+    bool large;                  /* a piece of a mapping (else a malloc block) */
 } block;
 
 typedef struct size_list {
@@ -70,20 +85,28 @@ typedef struct size_list {
 
 static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
 static size_list *buckets[N_BUCKETS];
+static block *large_first; /* cached large pieces by address */
 static block *oldest, *newest;
 static size_t reserved_bytes, cached_bytes, reserved_peak;
 static size_t in_use, in_use_peak; /* requested bytes, as the ledger counts them */
 static size_t limit_bytes, n_system_allocs;
 
+/* Large iff the request is at least FR_CPU_MMAP_MIN: decided on the request,
+ * so fr_cpu_free finds the same answer from the same nbytes. */
+static bool is_large(size_t nbytes) { return CACHE_ON && nbytes >= FR_CPU_MMAP_MIN; }
+
+/* A large request takes whole pages (it can be cut from any cached piece);
+ * a small one a size class: multiples of 64 bytes up to 4 KiB, then eight
+ * classes per power of two. */
 static size_t size_class(size_t n) {
+    if (is_large(n))
+        return (n + PAGE - 1) & ~(PAGE - 1);
     if (n <= 4096)
         return n ? (n + 63) & ~(size_t)63 : 64;
     int lg = 63 - __builtin_clzll((unsigned long long)(n - 1)); /* 2^lg < n <= 2^(lg+1) */
     size_t step = (size_t)1 << (lg - 3);                        /* eight steps per power of two */
     return (n + step - 1) & ~(step - 1);
 }
-
-static bool is_large(size_t size) { return CACHE_ON && size >= FR_CPU_MMAP_MIN; }
 
 /* With the lock held; NULL when a list cannot be created. */
 static size_list *list_of(size_t size, bool create) {
@@ -102,8 +125,8 @@ static size_list *list_of(size_t size, bool create) {
     return l;
 }
 
-static void *system_alloc(size_t size) {
-    if (is_large(size)) {
+static void *system_alloc(size_t size, bool large) {
+    if (large) {
         void *p = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
         return p == MAP_FAILED ? NULL : p;
     }
@@ -113,8 +136,10 @@ static void *system_alloc(size_t size) {
     return p;
 }
 
-static void system_free(void *p, size_t size) {
-    if (is_large(size))
+/* Any page range of an anonymous mapping can be unmapped on its own, so a
+ * piece cut from a bigger mapping (or joined from two) goes back alone. */
+static void system_free(void *p, size_t size, bool large) {
+    if (large)
         munmap(p, size);
     else
         free(p);
@@ -127,16 +152,8 @@ static size_t bound(void) {
     return limit_bytes && limit_bytes < b ? limit_bytes : b;
 }
 
-/* Takes b out of the cache (lock held); its bytes stay reserved. */
-static void unlink_cached(block *b) {
-    size_list *l = list_of(b->size, false);
-    FR_ASSERT(l);
-    if (b->prev)
-        b->prev->next = b->next;
-    else
-        l->head = b->next;
-    if (b->next)
-        b->next->prev = b->prev;
+/* Age list (lock held). */
+static void age_unlink(block *b) {
     if (b->older)
         b->older->newer = b->newer;
     else
@@ -145,20 +162,145 @@ static void unlink_cached(block *b) {
         b->newer->older = b->older;
     else
         newest = b->older;
+}
+
+static void age_push_newest(block *b) {
+    b->newer = NULL;
+    b->older = newest;
+    if (newest)
+        newest->newer = b;
+    else
+        oldest = b;
+    newest = b;
+}
+
+
+/* Takes b out of the cache (lock held); its bytes stay reserved. */
+static void unlink_cached(block *b) {
+    if (b->large) {
+        if (b->prev)
+            b->prev->next = b->next;
+        else
+            large_first = b->next;
+        if (b->next)
+            b->next->prev = b->prev;
+    } else {
+        size_list *l = list_of(b->size, false);
+        FR_ASSERT(l);
+        if (b->prev)
+            b->prev->next = b->next;
+        else
+            l->head = b->next;
+        if (b->next)
+            b->next->prev = b->prev;
+    }
+    age_unlink(b);
     cached_bytes -= b->size;
+}
+/* Puts r in b's place in both lists (lock held): the rest of a split piece
+ * keeps the piece's place by address and by age. */
+static void replace_cached(block *b, block *r) {
+    r->next = b->next;
+    r->prev = b->prev;
+    r->newer = b->newer;
+    r->older = b->older;
+    if (r->prev)
+        r->prev->next = r;
+    else
+        large_first = r;
+    if (r->next)
+        r->next->prev = r;
+    if (r->older)
+        r->older->newer = r;
+    else
+        oldest = r;
+    if (r->newer)
+        r->newer->older = r;
+    else
+        newest = r;
+}
+
+/* A cached block for `size` bytes, or NULL (lock held). Small: the head of
+ * its class's list. Large: the smallest cached piece that holds it (best
+ * fit), cut to size; the rest stays cached where the piece was. */
+static void *take_cached(size_t size, bool large) {
+    if (!large) {
+        size_list *l = CACHE_ON ? list_of(size, false) : NULL;
+        if (!l || !l->head)
+            return NULL;
+        block *b = l->head;
+        unlink_cached(b);
+        return b;
+    }
+    block *best = NULL;
+    for (block *b = large_first; b; b = b->next)
+        if (b->size >= size && (!best || b->size < best->size)) {
+            best = b;
+            if (b->size == size)
+                break;
+        }
+    if (!best)
+        return NULL;
+    if (best->size == size) {
+        unlink_cached(best);
+    } else {
+        block *r = (block *)((char *)best + size);
+        r->size = best->size - size;
+        r->large = true;
+        replace_cached(best, r);
+        cached_bytes -= size;
+    }
+    return best;
+}
+
+/* Caches a freed large piece (lock held), joined with the cached pieces
+ * right before and after it in memory, so the next request of any size
+ * can be cut from the whole. The joined piece counts as freed now. */
+static void cache_large(block *b, size_t size) {
+    b->size = size;
+    b->large = true;
+    cached_bytes += size;
+    block *prev = NULL, *next = large_first;
+    while (next && next < b) {
+        prev = next;
+        next = next->next;
+    }
+    if (prev && (char *)prev + prev->size == (char *)b) {
+        age_unlink(prev);
+        prev->size += size;
+        b = prev;
+    } else {
+        b->prev = prev;
+        b->next = next;
+        if (prev)
+            prev->next = b;
+        else
+            large_first = b;
+        if (next)
+            next->prev = b;
+    }
+    if (next && (char *)b + b->size == (char *)next) {
+        b->next = next->next;
+        if (next->next)
+            next->next->prev = b;
+        age_unlink(next);
+        b->size += next->size;
+    }
+    age_push_newest(b);
 }
 
 /* Gives the oldest cached blocks back until `extra` more bytes fit under
- * `cap` or the cache is empty (lock held). When `want` is a large class,
- * the first large block given back is resized to it with mremap and
- * returned instead (its bytes counted as reserved); else NULL. */
-static void *trim(size_t cap, size_t extra, size_t want) {
+ * `cap` or the cache is empty (lock held). When `want` is large, the first
+ * large piece given back is resized to it with mremap and returned instead
+ * (its bytes counted as reserved); else NULL. */
+static void *trim(size_t cap, size_t extra, size_t want, bool want_large) {
     void *got = NULL;
     while (oldest && reserved_bytes + (got ? 0 : extra) > cap) {
         block *b = oldest;
         size_t size = b->size;
+        bool large = b->large;
         unlink_cached(b);
-        if (!got && is_large(want) && is_large(size)) {
+        if (!got && want_large && large) {
             void *p = size == want ? b : mremap(b, size, want, MREMAP_MAYMOVE);
             if (p != MAP_FAILED) {
                 got = p;
@@ -167,32 +309,28 @@ static void *trim(size_t cap, size_t extra, size_t want) {
                 continue;
             }
         }
-        system_free(b, size);
+        system_free(b, size, large);
         reserved_bytes -= size;
     }
     return got;
 }
 
 void *fr_cpu_alloc(size_t nbytes) {
+    bool large = is_large(nbytes);
     size_t size = size_class(nbytes);
     pthread_mutex_lock(&lock);
-    size_list *l = CACHE_ON ? list_of(size, false) : NULL;
-    void *p = NULL;
-    if (l && l->head) {
-        block *b = l->head;
-        unlink_cached(b);
-        p = b;
-    } else {
+    void *p = take_cached(size, large);
+    if (!p) {
         size_t peak = in_use + nbytes > in_use_peak ? in_use + nbytes : in_use_peak;
         size_t saved_peak = in_use_peak;
         in_use_peak = peak; /* the bound counts this request */
-        p = trim(bound(), size, size);
+        p = trim(bound(), size, size, large);
         in_use_peak = saved_peak;
         if (!p) {
-            p = system_alloc(size);
+            p = system_alloc(size, large);
             if (!p && CACHE_ON) {
-                trim(0, 0, 0);
-                p = system_alloc(size);
+                trim(0, 0, 0, false);
+                p = system_alloc(size, large);
             }
             if (p) {
                 n_system_allocs++;
@@ -214,28 +352,26 @@ void *fr_cpu_alloc(size_t nbytes) {
 void fr_cpu_free(void *ptr, size_t nbytes) {
     if (!ptr)
         return;
+    bool large = is_large(nbytes);
     size_t size = size_class(nbytes);
     pthread_mutex_lock(&lock);
     in_use -= nbytes;
-    size_list *l = CACHE_ON ? list_of(size, true) : NULL;
-    if (l) {
+    size_list *l = CACHE_ON && !large ? list_of(size, true) : NULL;
+    if (large) {
+        cache_large(ptr, size);
+    } else if (l) {
         block *b = ptr;
         b->size = size;
+        b->large = false;
         b->prev = NULL;
         b->next = l->head;
         if (l->head)
             l->head->prev = b;
         l->head = b;
-        b->newer = NULL;
-        b->older = newest;
-        if (newest)
-            newest->newer = b;
-        else
-            oldest = b;
-        newest = b;
+        age_push_newest(b);
         cached_bytes += size;
     } else { /* no cache (sanitizer), or no memory for a new list: give it back */
-        system_free(ptr, size);
+        system_free(ptr, size, false);
         reserved_bytes -= size;
     }
     pthread_mutex_unlock(&lock);
@@ -243,14 +379,14 @@ void fr_cpu_free(void *ptr, size_t nbytes) {
 
 void fr_cpu_empty_cache(void) {
     pthread_mutex_lock(&lock);
-    trim(0, 0, 0);
+    trim(0, 0, 0, false);
     pthread_mutex_unlock(&lock);
 }
 
 void fr_cpu_reset_peak(void) {
     pthread_mutex_lock(&lock);
     in_use_peak = in_use;
-    trim(bound(), 0, 0);
+    trim(bound(), 0, 0, false);
     reserved_peak = reserved_bytes;
     pthread_mutex_unlock(&lock);
 }
@@ -259,7 +395,7 @@ void fr_cpu_set_limit(size_t max_bytes) {
     pthread_mutex_lock(&lock);
     limit_bytes = max_bytes;
     if (limit_bytes)
-        trim(limit_bytes, 0, 0);
+        trim(limit_bytes, 0, 0, false);
     pthread_mutex_unlock(&lock);
 }
 

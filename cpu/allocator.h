@@ -10,12 +10,14 @@
 /* `reserved` stays within this percentage of the peak of requested bytes
  * since the last fr_cpu_reset_peak (plus the rounding of blocks in use). */
 #define FR_CPU_RESERVE_PCT 115
-/* Blocks from this class size up are mapped with mmap (and given back with
- * munmap); smaller ones come from malloc. */
+/* Requests from this size up take whole pages of mmap'd memory, cut from
+ * and joined with cached pieces (and given back with munmap); smaller ones
+ * come from malloc in size classes. */
 #define FR_CPU_MMAP_MIN ((size_t)256 << 10)
 
 /* A 64-byte aligned block of at least nbytes (a unique pointer for 0), from
- * the cache when a freed block of the same size class is there, else from
+ * the cache when a freed block of its size class (small) or a cached piece
+ * that holds it (large) is there, else from
  * the system after giving back cached blocks over the bound or the limit
  * (and emptying the cache once if the system refuses). NULL when the system
  * refuses; sets no error (the caller does). */

@@ -26,7 +26,8 @@ double fr_seg_peak(const fr_seg_costs *c, const int *seg_len, int n_seg) {
         double kept = 0;
         for (int j = a; j < b; j++) {
             kept += c->cost[j] + (j > a ? at(c->input_kept, j) : 0);
-            double grads = c->input[j] + (j + 1 < c->n ? c->input[j + 1] : 0);
+            double in_bwd = c->backward && c->backward[j] > c->input[j] ? c->backward[j] : c->input[j];
+            double grads = in_bwd + (j + 1 < c->n ? c->input[j + 1] : 0);
             if (held + kept + grads > peak)
                 peak = held + kept + grads;
         }
@@ -88,11 +89,12 @@ static void keep_if_better(const fr_seg_costs *c, const int *trial, int t, int *
     }
 }
 
-/* The estimate leaves out what a step allocates inside its own backward
- * (workspace, a recomputed norm output, gradients of its inner tensors), which
- * a replay adds on top of the held inputs; so a split is kept only when its
- * estimate is clearly (by a fifth) below the uncut sequence's, else the
- * sequence stays uncut (one segment: the same peak as no checkpoint). */
+/* The estimate is a model of the peak, not the peak (what a step allocates
+ * inside its own backward is measured once per step, nn/segments.c, but
+ * how those bytes overlap with the held ones is not); so a split is kept
+ * only when its estimate is clearly (by a fifth) below the uncut
+ * sequence's, else the sequence stays uncut (one segment: the same peak as
+ * no checkpoint). */
 #define CUT_MARGIN 0.8
 
 static int worth_cutting(double best, double uncut, int n, int *seg_len, int best_n) {

@@ -44,9 +44,13 @@ size_t fr_seg_elem_bytes(void);
  *            starts at i; also the size of the gradient flowing there);
  *  input_kept[i]: bytes of its input that step i itself keeps (a conv or a
  *            norm layer keeps what it reads; 0 for most blocks, whose first
- *            op's input is the block's); NULL: none. */
+ *            op's input is the block's); NULL: none;
+ *  backward[i]: the most bytes step i's backward allocates above what it
+ *            holds when it starts (its input's gradient, a norm output it
+ *            recomputes, workspaces), measured by running it once; NULL:
+ *            the input's gradient only. */
 typedef struct {
-    const double *cost, *input, *input_kept;
+    const double *cost, *input, *input_kept, *backward;
     int n;
 } fr_seg_costs;
 

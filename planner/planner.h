@@ -137,6 +137,15 @@ void fr_plan_print_measured(const fr_memory_plan *plan, size_t measured_peak, si
 
 void fr_memory_plan_free(fr_memory_plan *plan); /* NULL-safe */
 
+/* The largest batch <= shape[0] for an evaluation pass (eval mode, no_grad)
+ * of m on inputs of `shape` whose predicted peak, with `held` bytes in use
+ * beside it, fits `budget` (planner/fit.c): two measured forwards, at `probe`
+ * images (a batch known to fit, such as the plan's micro-batch) and half of
+ * it, give the bytes as a + b * batch. At least 1; *predicted (may be NULL)
+ * gets the predicted peak at the chosen batch. Resets the ledger's peaks. */
+fr_status fr_fit_eval_batch(fr_model *m, const int64_t *shape, int probe, size_t budget, size_t held,
+                            int *batch, double *predicted);
+
 #ifdef __cplusplus
 }
 #endif

@@ -326,6 +326,7 @@ static fr_status setup(const options *o, run *r) {
     r->kind = spec.kind;
     if (o->augment < 0 && !o->resume)
         st->augment = fr_data_augment_default(spec.kind);
+    fr_mem_set_phase("loading the data", 0);
     if (!(r->train_ds = fr_data_open(&spec, true, st->limit_train)))
         return fr_last_status();
     spec.channels = (int)r->train_ds->c; /* a folder's test split takes the training split's */
@@ -341,6 +342,7 @@ static fr_status setup(const options *o, run *r) {
                         "match the training split (%d classes, %lld channels)", spec.dir,
                         r->test_ds->num_classes, (long long)r->test_ds->c, r->train_ds->num_classes,
                         (long long)r->train_ds->c);
+    fr_mem_set_phase("setting up", 0);
     fr_device dev = o->device ? FR_CUDA : FR_CPU;
     FR_TRY(shard_batch(o, r));
     int batch = st->batch_size / r->world; /* this process's part of each step */
@@ -469,6 +471,7 @@ static fr_status train_epoch(run *r, fr_progress *pg, double *loss, double *acc,
         double l = 0;
         int64_t c = 0;
         bool stepped = false;
+        fr_mem_set_phase("training", st->step + 1);
         fr_status s = fr_train_step(r->model, r->opt, &r->scaler, x, y, st->accum, &l, &c, &stepped);
         int64_t b = x->shape[0];
         fr_release(x);
@@ -538,7 +541,9 @@ static fr_status train(run *r, const options *o) {
         fr_progress_break(&pg);
         double t0 = fr_cli_now();
         FR_TRY(fr_loader_seek(r->test_ld, 0, 0));
+        fr_mem_set_phase("evaluation", 0);
         FR_TRY(fr_evaluate(r->model, r->test_ld, &test_loss, &test_acc, &n_test));
+        fr_mem_set_phase(NULL, 0);
         if (r->dist) { /* each process evaluated its shard of the test set */
             double sums[3] = {test_loss * (double)n_test, test_acc * (double)n_test, (double)n_test};
             FR_TRY(fr_dist_sum(r->dist, sums, 3));
@@ -609,6 +614,31 @@ static fr_status train(run *r, const options *o) {
     return FR_OK;
 }
 
+/* The test pass under --memory-budget gets its own batch (planner/fit.c): the
+ * largest whose measured no_grad forward fits the budget beside what the
+ * run holds then (parameters, data sets, optimizer state, gradients, the
+ * loader's batches: the one evaluated and two in preparation). */
+static fr_status eval_batch(const options *o, run *r, const int64_t *shape, size_t optim_bytes,
+                            size_t image_bytes) {
+    fr_device dev = fr_device_of(r->model->params->items[0].tensor);
+    int probe = r->plan.micro_batch > 0 ? r->plan.micro_batch : (int)shape[0], n = 0;
+    size_t held = fr_mem_total_current(dev) + optim_bytes + fr_params_bytes(r->model->params);
+    double predicted = 0;
+    FR_TRY(fr_fit_eval_batch(r->model, shape, probe, o->memory_budget, held + 2 * probe * image_bytes,
+                             &n, &predicted));
+    if (n >= shape[0])
+        return FR_OK;
+    char b[32];
+    if (r->rank == 0)
+        printf("test pass: batch %d under no_grad (predicted peak %s within the budget)\n", n,
+               fr_mem_format_bytes((size_t)predicted, b, sizeof b));
+    fr_loader_free(r->test_ld);
+    fr_loader_config lc = {.batch_size = n, .device = dev, .prefetch = true,
+                           .aug = fr_data_augment(r->kind, r->test_ds, false), .shards = r->world,
+                           .shard = r->rank};
+    return (r->test_ld = fr_loader_new(r->test_ds, &lc)) ? FR_OK : fr_last_status();
+}
+
 /* --memory-budget: the planner chooses the strategy of each block, the
  * checkpoint segments and the micro-batches (planner/planner.h), for a step that
  * also holds the optimizer state and the batch the loader prefetches. Before
@@ -625,6 +655,7 @@ static fr_status plan_memory(const options *o, run *r) {
     fr_plan_options po = {.allow_abn = r->model->cfg.strategy.abn,
                           .optim_bytes = fr_plan_optim_bytes(r->opt),
                           .extra_bytes = fr_mem_current(dev, FR_TAG_DATA) + 2 * batch_bytes};
+    fr_mem_set_phase("planning", 0);
     FR_TRY(fr_plan_memory(r->model, shape, o->memory_budget, &po, &r->plan));
     if (o->resume && r->plan.accum != st->accum)
         return fr_error(FR_ERR_ARG, "--memory-budget: the plan needs %d micro-batches, the run in %s "
@@ -634,7 +665,29 @@ static fr_status plan_memory(const options *o, run *r) {
     st->accum = r->plan.accum;
     if (r->rank == 0)
         fr_plan_print(&r->plan, stdout);
+    FR_TRY(eval_batch(o, r, shape, po.optim_bytes, batch_bytes / (size_t)shape[0]));
+    fr_mem_set_phase(NULL, 0);
     return fr_plan_apply(r->model, &r->plan);
+}
+
+/* An out-of-memory error (which names the phase, step and tag that asked:
+ * tensor/memory.h) also says what would have fitted: the plan's smallest
+ * budget, or that a budget plans a step for a limit. */
+static fr_status oom_hint(const options *o, const run *r) {
+    char why[1024], b[32];
+    snprintf(why, sizeof why, "%s", fr_last_error());
+    const char *phase = fr_mem_phase();
+    if (!phase || (strcmp(phase, "training") && strcmp(phase, "evaluation")))
+        return FR_ERR_OOM; /* loading data or planning: a budget does not change that */
+    if (r->plan.min_budget > 0)
+        return fr_error(FR_ERR_OOM, "%s; the smallest budget the planner found for batch %d is %s "
+                        "(--memory-budget; --memory-limit at least that plus the data set's bytes)",
+                        why, r->plan.batch, fr_mem_format_bytes((size_t)r->plan.min_budget, b, sizeof b));
+    if (o->memory_limit && !o->memory_budget)
+        return fr_error(FR_ERR_OOM, "%s; --memory-budget %s plans a step that fits (and names the "
+                        "smallest budget that works)", why,
+                        fr_mem_format_bytes(o->memory_limit, b, sizeof b));
+    return FR_ERR_OOM;
 }
 
 /* MPI when asked (--dist) or when started by an MPI launcher. */
@@ -688,6 +741,8 @@ int fr_train_main(int argc, char **argv) {
             print_header(&r, &o);
         s = train(&r, &o);
     }
+    if (s == FR_ERR_OOM)
+        s = oom_hint(&o, &r);
     if (s != FR_OK && r.world > 1) {
         /* the others may be waiting for this process in a collective: end them all */
         fprintf(stderr, "train: rank %d of %d: %s\n", r.rank, r.world, fr_last_error());

@@ -23,6 +23,7 @@ const char *fr_mem_tag_name(fr_mem_tag tag) {
 static pthread_mutex_t ledger_lock = PTHREAD_MUTEX_INITIALIZER;
 static fr_mem_stats ledger[FR_DEVICE_COUNT];
 static size_t limits[FR_DEVICE_COUNT];
+static size_t watch[FR_DEVICE_COUNT];
 static fr_mem_trace_fn trace_fn;
 static void *trace_user;
 
@@ -32,6 +33,8 @@ static void note_peaks(fr_device dev) {
     for (int t = 0; t < FR_TAG_COUNT; t++)
         if (s->current[t] > s->peak[t])
             s->peak[t] = s->current[t];
+    if (s->total_current > watch[dev])
+        watch[dev] = s->total_current;
     if (s->total_current > s->total_peak) {
         s->total_peak = s->total_current;
         memcpy(s->at_peak, s->current, sizeof s->at_peak);
@@ -56,12 +59,55 @@ static void count(fr_device dev, fr_mem_tag tag, size_t nbytes, bool add) {
     note_peaks(dev);
 }
 
+static const char *phase_name;
+static int64_t phase_step;
+
+void fr_mem_set_phase(const char *phase, int64_t step) {
+    pthread_mutex_lock(&ledger_lock);
+    phase_name = phase;
+    phase_step = step;
+    pthread_mutex_unlock(&ledger_lock);
+}
+
+void fr_mem_watch_start(fr_device dev) {
+    pthread_mutex_lock(&ledger_lock);
+    watch[dev] = ledger[dev].total_current;
+    pthread_mutex_unlock(&ledger_lock);
+}
+
+size_t fr_mem_watch_peak(fr_device dev) {
+    pthread_mutex_lock(&ledger_lock);
+    size_t w = watch[dev];
+    pthread_mutex_unlock(&ledger_lock);
+    return w;
+}
+
+const char *fr_mem_phase(void) {
+    pthread_mutex_lock(&ledger_lock);
+    const char *p = phase_name;
+    pthread_mutex_unlock(&ledger_lock);
+    return p;
+}
+
+/* " during training step 12", or "" (lock not held). */
+static void phase_text(char *buf, size_t len) {
+    pthread_mutex_lock(&ledger_lock);
+    if (!phase_name)
+        buf[0] = 0;
+    else if (phase_step > 0)
+        snprintf(buf, len, " during %s step %lld", phase_name, (long long)phase_step);
+    else
+        snprintf(buf, len, " during %s", phase_name);
+    pthread_mutex_unlock(&ledger_lock);
+}
+
 static fr_status oom(fr_device dev, size_t nbytes, fr_mem_tag tag, const char *why) {
-    char want[32], used[32];
+    char want[32], used[32], during[96];
     fr_mem_format_bytes(nbytes, want, sizeof want);
     fr_mem_format_bytes(fr_mem_total_current(dev), used, sizeof used);
-    return fr_error(FR_ERR_OOM, "out of memory on %s: %s for %s (%s in use; %s)",
-                    fr_device_name(dev), want, fr_mem_tag_name(tag), used, why);
+    phase_text(during, sizeof during);
+    return fr_error(FR_ERR_OOM, "out of memory on %s: %s for %s (%s in use; %s)%s",
+                    fr_device_name(dev), want, fr_mem_tag_name(tag), used, why, during);
 }
 
 void *fr_mem_alloc(fr_device dev, size_t nbytes, fr_mem_tag tag) {
@@ -90,8 +136,15 @@ void *fr_mem_alloc(fr_device dev, size_t nbytes, fr_mem_tag tag) {
     } else {
         size_t block = 0;
         p = fr_cuda_alloc(nbytes, &block);
-        if (!p)
-            return NULL; /* fr_cuda_alloc has set the error */
+        if (!p) { /* fr_cuda_alloc has set the error; an OOM gets the phase too */
+            char during[96], msg[1024];
+            phase_text(during, sizeof during);
+            if (*during && fr_last_status() == FR_ERR_OOM) {
+                snprintf(msg, sizeof msg, "%s", fr_last_error());
+                fr_error(FR_ERR_OOM, "%s%s", msg, during);
+            }
+            return NULL;
+        }
     }
     pthread_mutex_lock(&ledger_lock);
     count(dev, tag, nbytes, true);

@@ -59,6 +59,15 @@ void fr_mem_free(fr_device dev, void *ptr, size_t nbytes, fr_mem_tag tag);
  * activation becomes saved when the tape keeps it, and back). */
 void fr_mem_retag(fr_device dev, size_t nbytes, fr_mem_tag from, fr_mem_tag to);
 
+/* What the process is doing, for out-of-memory messages: `phase` (a string
+ * that outlives the call: "planning", "training", "evaluation"; NULL for
+ * none) and the step within it (counted from 1; 0 for none). An OOM error
+ * then ends "during training step 12", so a run that dies says which part
+ * of it asked. Set by the programs; one setting for the whole process. */
+void fr_mem_set_phase(const char *phase, int64_t step);
+/* The phase set last (NULL for none). */
+const char *fr_mem_phase(void);
+
 void fr_mem_get_stats(fr_device dev, fr_mem_stats *out);
 size_t fr_mem_current(fr_device dev, fr_mem_tag tag);
 size_t fr_mem_peak(fr_device dev, fr_mem_tag tag);
@@ -68,6 +77,13 @@ size_t fr_mem_total_peak(fr_device dev);
  * gives back cached blocks over the allocator's bound for the new peak
  * (cpu/allocator.c: reserved <= 115% of the ledger's peak since the reset). */
 void fr_mem_reset_peak(void);
+/* A second high-water mark of the total in use on `dev`, restarted at the
+ * current total by fr_mem_watch_start and left alone by fr_mem_reset_peak:
+ * for a measurement inside a step whose own peak must stay whole (the
+ * checkpoint planner's trial backward, nn/segments.c). One watcher at a
+ * time. */
+void fr_mem_watch_start(fr_device dev);
+size_t fr_mem_watch_peak(fr_device dev);
 /* A cap on total bytes in use on `dev` (0 = none); used to test and to
  * simulate small devices. On the CPU the caching allocator keeps its
  * reserved bytes under it too (cached blocks are given back first), so the

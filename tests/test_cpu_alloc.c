@@ -2,7 +2,9 @@
  * public memory API: freed blocks are reused without a system allocation
  * (also over the training steps of a small ResNet, for every block of any
  * size), reserved bytes cover allocated ones, empty_cache gives cached
- * blocks back, and the ledger still counts requested bytes exactly. Under
+ * blocks back, a step whose large blocks change size from phase to phase
+ * settles without system calls under the bound (large cached pieces are
+ * split and joined), and the ledger still counts requested bytes exactly. Under
  * AddressSanitizer the cache is off (so use-after-free stays detectable) and
  * the reuse tests skip. */
 #include <stdlib.h>
@@ -52,6 +54,47 @@ static void test_empty_cache(void) {
     fr_mem_empty_cache();
 }
 
+/* Each round, eight 1 MiB blocks live together, then one 8 MiB block: the
+ * peak is 8 MiB and the bound 115% of it, so the cache cannot hold both
+ * sets of blocks. A cache of size classes gave the oldest blocks back (or
+ * resized them) in every round; cutting the 1 MiB blocks from a cached
+ * 8 MiB piece and joining them again when freed settles after the first
+ * rounds: no system call at all after them, reserved within the bound. */
+static void test_changing_sizes_settle_without_system_calls(void) {
+    NEED_CACHE();
+    fr_mem_empty_cache();
+    fr_mem_reset_peak();
+    size_t base = cpu_stats().total_current, after_warmup = 0;
+    const size_t mib = (size_t)1 << 20;
+    for (int round = 0; round < 12; round++) {
+        void *small[8];
+        for (int i = 0; i < 8; i++) {
+            small[i] = fr_mem_alloc(FR_CPU, mib, FR_TAG_TRANSIENT);
+            CHECK_NOTNULL(small[i]);
+            if (small[i])
+                memset(small[i], i, mib);
+        }
+        for (int i = 0; i < 8; i++)
+            fr_mem_free(FR_CPU, small[i], mib, FR_TAG_TRANSIENT);
+        void *big = fr_mem_alloc(FR_CPU, 8 * mib, FR_TAG_TRANSIENT);
+        CHECK_NOTNULL(big);
+        if (big)
+            memset(big, 7, 8 * mib);
+        fr_mem_free(FR_CPU, big, 8 * mib, FR_TAG_TRANSIENT);
+        fr_mem_stats s = cpu_stats();
+        CHECK(s.reserved <= base + 8 * mib + 8 * mib / 100 * 15 + mib);
+        if (round == 2)
+            after_warmup = s.device_mallocs;
+        else if (round > 2 && s.device_mallocs != after_warmup) {
+            fprintf(stderr, "    round %d: %zu system calls since round 2\n", round,
+                    s.device_mallocs - after_warmup);
+            fr_t_failed_now = 1;
+            break;
+        }
+    }
+    fr_mem_empty_cache();
+}
+
 /* Training steps of a small ResNet (batch 8, 16x16): once two steps have run,
  * every later step is served from the cache: no system allocation for any
  * block, activation-sized or not. (The first step's optimizer update creates
@@ -93,6 +136,7 @@ static void test_resnet_steps_need_no_system_allocation(void) {
 int main(void) {
     RUN(test_reuse_without_system_allocation);
     RUN(test_empty_cache);
+    RUN(test_changing_sizes_settle_without_system_calls);
     RUN(test_resnet_steps_need_no_system_allocation);
     return TEST_SUMMARY();
 }

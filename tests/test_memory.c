@@ -73,6 +73,18 @@ static void test_limit_gives_clear_oom(void) {
     CHECK_ERR(fr_t_status_of(fr_empty(FR_CPU, FR_F32, 1, FR_SHAPE(100), FR_TAG_SAVED)), FR_ERR_OOM,
               "out of memory on cpu: 400 B for saved");
     CHECK(strstr(fr_last_error(), "limit") != NULL);
+    CHECK(strstr(fr_last_error(), "during") == NULL); /* no phase set */
+    /* the phase and step the program is in end the message (issue 22) */
+    fr_mem_set_phase("training", 3);
+    CHECK_ERR(fr_t_status_of(fr_empty(FR_CPU, FR_F32, 1, FR_SHAPE(100), FR_TAG_WORKSPACE)), FR_ERR_OOM,
+              "400 B for workspace");
+    CHECK(strstr(fr_last_error(), " during training step 3") != NULL);
+    fr_mem_set_phase("evaluation", 0);
+    CHECK(fr_mem_phase() && !strcmp(fr_mem_phase(), "evaluation"));
+    CHECK_ERR(fr_t_status_of(fr_empty(FR_CPU, FR_F32, 1, FR_SHAPE(100), FR_TAG_SAVED)), FR_ERR_OOM,
+              "during evaluation");
+    fr_mem_set_phase(NULL, 0);
+    CHECK(!fr_mem_phase());
     fr_mem_set_limit(FR_CPU, 0);
     fr_release(ok);
     CHECK(fr_mem_total_current(FR_CPU) == base);
