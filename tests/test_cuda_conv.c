@@ -25,7 +25,7 @@ typedef struct {
 } conv_case;
 
 static void run_conv(conv_case cc, uint32_t seed) {
-    fr_conv_params p = {cc.stride, cc.pad};
+    fr_conv_params p = {.stride = cc.stride, .pad = cc.pad};
     fr_t_pair x = PR_RAND(seed, cc.n, cc.c, cc.h, cc.w), w = PR_RAND(seed + 1, cc.k, cc.c, cc.r, cc.r);
     fr_t_pair b = cc.bias ? PR_RAND(seed + 2, cc.k) : (fr_t_pair){NULL, NULL};
     fr_conv_shape s;
@@ -152,7 +152,7 @@ static void test_conv_workspace_budget(void) {
  * first time under the limit. */
 static void conv_under_limit(bool cudnn, int ch) {
     fr_cuda_set_cudnn(cudnn);
-    fr_conv_params p = {1, 1};
+    fr_conv_params p = {.stride = 1, .pad = 1};
     fr_t_pair x = PR_RAND(200, 8, ch, 16, 16), w = PR_RAND(201, ch, ch, 3, 3);
     fr_t_pair dy = PR_RAND(202, 8, ch, 16, 16), y = PR_EMPTY(8, ch, 16, 16);
     fr_t_pair dx = PR_EMPTY(8, ch, 16, 16), dw = PR_EMPTY(ch, ch, 3, 3);
