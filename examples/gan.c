@@ -406,8 +406,11 @@ static fr_status train(const options *o, run *r) {
     fr_rng rng;
     fr_rng_seed(&rng, (uint64_t)o->seed + 1);
     fr_mem_reset_peak();
-    double t0 = fr_cli_now();
+    double t0 = fr_cli_now(), t_warm = t0; /* t_warm: after WARMUP steps */
+    enum { WARMUP = 5 };
     for (int64_t step = 1; step <= o->steps; step++) {
+        if (step == WARMUP + 1)
+            t_warm = fr_cli_now();
         fr_tensor *real, *y;
         FR_TRY(fr_loader_next(r->ld, &real, &y));
         if (!real) { /* epoch over: the next call starts another */
@@ -434,7 +437,12 @@ static fr_status train(const options *o, run *r) {
             fflush(stdout);
         }
     }
-    printf("trained in %.1f s\n", fr_cli_now() - t0);
+    double t1 = fr_cli_now();
+    printf("trained in %.1f s", t1 - t0);
+    if (o->steps > WARMUP) /* bench/torch_gan.py times the same step in PyTorch */
+        printf(", %.1f ms per step after the first %d", 1000.0 * (t1 - t_warm) /
+               (double)(o->steps - WARMUP), WARMUP);
+    printf("\n");
     if (!(r->fake = samples(r->m.g, &rng)))
         return fr_last_status();
     FR_TRY(write_grid(r->fake, o->out));
