@@ -39,9 +39,9 @@
  *    replayed in backward. "checkpoint:k" puts k steps in a segment;
  *    "checkpoint" chooses segments from the bytes each step was measured to
  *    keep, under the current strategy and precision (a trial forward on the
- *    first step of each input shape; nn/plan.h). A step is a block, a dense
- *    module, a nested chain of layers only, or a conv2d (or
- *    conv_transpose2d) layer with the layers after it up to the next conv (so a flat chain of layers is cut
+ *    first step of each input shape; nn/seg_split.h). A step is a block, a dense
+ *    module, a nested chain of layers only, or a conv2d (or conv_transpose2d)
+ *    layer with the layers after it up to the next conv (so a flat chain of layers is cut
  *    between convs); dense modules are never inside a segment of the
  *    sequence around them (they checkpoint their own children instead).
  * A strategy the model cannot honour is refused with FR_ERR_ARG naming the
