@@ -114,25 +114,11 @@ static void test_every_strategy_equals_plain(void) {
     static const char *const exact[] = {"inplace", "recompute", "checkpoint", "checkpoint:1",
                                         "checkpoint:2", "recompute+checkpoint",
                                         "inplace+recompute+checkpoint:3"};
-    fr_t_step plain = fr_t_model_step(m, "plain", init, x, labels);
-    for (size_t i = 0; i < sizeof exact / sizeof *exact; i++) {
-        fr_t_step r = fr_t_model_step(m, exact[i], init, x, labels);
-        fr_t_compare_steps(m, &plain, &r, -1, exact[i]);
-        CHECK(r.peak_saved <= plain.peak_saved);
-        if (strstr(exact[i], "checkpoint"))
-            CHECK(r.peak_saved < plain.peak_saved);
-        fr_t_step_free(&r, m->params->count);
-    }
-    fr_t_step ref = fr_t_model_step(m, "abn_reference", init, x, labels);
+    fr_t_check_strategies(m, init, x, labels, "plain", exact, (int)(sizeof exact / sizeof *exact),
+                          -1, 5);
     static const char *const abn[] = {"abn", "abn+checkpoint:2"};
-    for (size_t i = 0; i < sizeof abn / sizeof *abn; i++) {
-        fr_t_step r = fr_t_model_step(m, abn[i], init, x, labels);
-        fr_t_compare_steps(m, &ref, &r, 2e-4, abn[i]);
-        CHECK(r.peak_saved < ref.peak_saved);
-        fr_t_step_free(&r, m->params->count);
-    }
-    fr_t_step_free(&ref, m->params->count);
-    fr_t_step_free(&plain, m->params->count);
+    fr_t_check_strategies(m, init, x, labels, "abn_reference", abn, (int)(sizeof abn / sizeof *abn),
+                          2e-4, 5);
     fr_t_snapshot_free(m, init);
     fr_release(x);
     fr_release(labels);
