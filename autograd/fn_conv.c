@@ -1,4 +1,6 @@
-/* fn_conv.c: differentiable 2-d convolution, groups = 1.
+/* fn_conv.c: differentiable 2-d convolution (grouped, dilated) and
+ * transposed convolution (one node: the transposed op's passes are the
+ * convolution's, swapped: tensor/ops_conv.c).
  *
  * The node saves only what the wanted gradients need: x for dw (so a first
  * layer whose weights are frozen keeps no reference to the batch) and w for
@@ -21,6 +23,8 @@ enum { CONV_X = 0, CONV_W, CONV_B };
 
 typedef struct {
     fr_conv_params p;
+    fr_conv_transpose_params tp;
+    bool transposed;
     int64_t x_shape[4], w_shape[4];
     fr_dtype x_dtype, w_dtype, compute; /* compute: the dtype w is cast to (autocast) */
     int x, w; /* saved slots, -1 when not saved */
@@ -30,6 +34,12 @@ static fr_tensor *grad_like(const fr_tensor *dy, fr_dtype dtype, int ndim, const
     return fr_empty(fr_device_of(dy), dtype, ndim, shape, FR_TAG_TRANSIENT);
 }
 
+static fr_status run_backward(const conv_ctx *c, fr_tensor *dx, fr_tensor *dw, fr_tensor *db,
+                              const fr_tensor *dy, const fr_tensor *x, const fr_tensor *w) {
+    return c->transposed ? fr_conv_transpose2d_backward(dx, dw, db, dy, x, w, c->tp)
+                         : fr_conv2d_backward(dx, dw, db, dy, x, w, c->p);
+}
+
 static fr_status conv_backward(fr_node *node, fr_tensor *const *dout, fr_tensor **din) {
     const conv_ctx *c = node->ctx;
     fr_tensor *dy = dout[0];
@@ -37,7 +47,7 @@ static fr_status conv_backward(fr_node *node, fr_tensor *const *dout, fr_tensor 
     if (fr_node_needs_grad(node, CONV_W)) {
         fr_tensor *x = fr_node_unpack(node, c->x);
         fr_tensor *dw = x ? grad_like(dy, c->w_dtype, 4, c->w_shape) : NULL;
-        st = dw ? fr_conv2d_backward(NULL, dw, NULL, dy, x, NULL, c->p) : fr_last_status();
+        st = dw ? run_backward(c, NULL, dw, NULL, dy, x, NULL) : fr_last_status();
         fr_release(x);
         if (st != FR_OK) {
             fr_release(dw);
@@ -50,7 +60,7 @@ static fr_status conv_backward(fr_node *node, fr_tensor *const *dout, fr_tensor 
         fr_tensor *w = saved_w ? fr_autocast_weight(saved_w, c->compute) : NULL;
         fr_release(saved_w);
         fr_tensor *dx = w ? grad_like(dy, c->x_dtype, 4, c->x_shape) : NULL;
-        st = dx ? fr_conv2d_backward(dx, NULL, NULL, dy, NULL, w, c->p) : fr_last_status();
+        st = dx ? run_backward(c, dx, NULL, NULL, dy, NULL, w) : fr_last_status();
         fr_release(w);
         if (st != FR_OK) {
             fr_release(dx);
@@ -59,8 +69,8 @@ static fr_status conv_backward(fr_node *node, fr_tensor *const *dout, fr_tensor 
         din[CONV_X] = dx;
     }
     if (fr_node_needs_grad(node, CONV_B)) {
-        fr_tensor *db = grad_like(dy, FR_F32, 1, FR_SHAPE(c->w_shape[0]));
-        st = db ? fr_conv2d_backward(NULL, NULL, db, dy, NULL, NULL, c->p) : fr_last_status();
+        fr_tensor *db = grad_like(dy, FR_F32, 1, FR_SHAPE(dy->shape[1]));
+        st = db ? run_backward(c, NULL, NULL, db, dy, NULL, NULL) : fr_last_status();
         if (st != FR_OK) {
             fr_release(db);
             return st;
@@ -70,17 +80,18 @@ static fr_status conv_backward(fr_node *node, fr_tensor *const *dout, fr_tensor 
     return FR_OK;
 }
 
-/* Records the node for y = conv(x, w) + b. */
-static fr_status conv_record(fr_tensor *const *in, fr_conv_params p, fr_dtype compute, fr_tensor *y) {
+/* Records the node for y = conv(x, w) + b (c's settings filled). */
+static fr_status conv_record(fr_tensor *const *in, conv_ctx init, fr_dtype compute, fr_tensor *y) {
+    const char *op = init.transposed ? "conv_transpose2d" : "conv2d";
     conv_ctx *c = calloc(1, sizeof *c);
     if (!c)
-        return fr_error(FR_ERR_OOM, "conv2d: out of memory recording a node");
-    fr_node *node = fr_node_new("conv2d", conv_backward, 3, in, 1);
+        return fr_error(FR_ERR_OOM, "%s: out of memory recording a node", op);
+    fr_node *node = fr_node_new(op, conv_backward, 3, in, 1);
     if (!node) {
         free(c);
         return fr_last_status();
     }
-    c->p = p;
+    *c = init;
     memcpy(c->x_shape, in[CONV_X]->shape, sizeof c->x_shape);
     memcpy(c->w_shape, in[CONV_W]->shape, sizeof c->w_shape);
     c->x_dtype = in[CONV_X]->dtype;
@@ -96,25 +107,38 @@ static fr_status conv_record(fr_tensor *const *in, fr_conv_params p, fr_dtype co
     return FR_OK;
 }
 
-fr_tensor *fr_conv2d(fr_tensor *x, fr_tensor *w, fr_tensor *b, fr_conv_params p) {
+/* Either op: y's shape from s, the forward, the node. */
+static fr_tensor *conv_any(fr_tensor *x, fr_tensor *w, fr_tensor *b, conv_ctx init) {
+    const char *op = init.transposed ? "conv_transpose2d" : "conv2d";
     fr_conv_shape s;
-    if (fr_check_defined("conv2d", "x", x) != FR_OK || fr_check_defined("conv2d", "w", w) != FR_OK ||
-        fr_conv2d_shape(x, w, p, &s) != FR_OK)
+    if (fr_check_defined(op, "x", x) != FR_OK || fr_check_defined(op, "w", w) != FR_OK ||
+        (init.transposed ? fr_conv_transpose2d_shape(x, w, init.tp, &s)
+                         : fr_conv2d_shape(x, w, init.p, &s)) != FR_OK)
         return NULL;
     fr_dtype compute = fr_autocast_out_dtype(x);
-    fr_tensor *y = fr_empty(fr_device_of(x), compute, 4, FR_SHAPE(s.n, s.k, s.oh, s.ow),
-                            FR_TAG_TRANSIENT);
+    const int64_t *shape = init.transposed ? FR_SHAPE(s.n, s.c, s.h, s.w)
+                                           : FR_SHAPE(s.n, s.k, s.oh, s.ow);
+    fr_tensor *y = fr_empty(fr_device_of(x), compute, 4, shape, FR_TAG_TRANSIENT);
     fr_tensor *wc = y ? fr_autocast_weight(w, compute) : NULL;
     if (!wc) {
         fr_release(y);
         return NULL;
     }
     fr_tensor *in[3] = {x, w, b};
-    fr_status st = fr_conv2d_forward(y, x, wc, b, p);
+    fr_status st = init.transposed ? fr_conv_transpose2d_forward(y, x, wc, b, init.tp)
+                                   : fr_conv2d_forward(y, x, wc, b, init.p);
     fr_release(wc);
     if (st == FR_OK && fr_should_record(3, in))
-        st = conv_record(in, p, compute, y);
+        st = conv_record(in, init, compute, y);
     if (st != FR_OK)
         fr_clear(&y);
     return y;
+}
+
+fr_tensor *fr_conv2d(fr_tensor *x, fr_tensor *w, fr_tensor *b, fr_conv_params p) {
+    return conv_any(x, w, b, (conv_ctx){.p = p});
+}
+
+fr_tensor *fr_conv_transpose2d(fr_tensor *x, fr_tensor *w, fr_tensor *b, fr_conv_transpose_params p) {
+    return conv_any(x, w, b, (conv_ctx){.tp = p, .transposed = true});
 }

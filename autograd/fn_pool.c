@@ -1,14 +1,15 @@
-/* fn_pool.c: differentiable max, average and global average pooling.
+/* fn_pool.c: differentiable max, average, adaptive average and global
+ * average pooling.
  *
  * Max pooling saves x and finds each window's argmax again in backward, so no
- * index tensor is ever kept; average pooling saves nothing at all (its
+ * index tensor is ever kept; average pooling (adaptive too) saves nothing at all (its
  * gradient depends only on shapes, which the context holds). */
 #include <stdlib.h>
 #include <string.h>
 
 #include "functions.h"
 
-typedef enum { POOL_MAX, POOL_AVG, POOL_GLOBAL } pool_kind;
+typedef enum { POOL_MAX, POOL_AVG, POOL_GLOBAL, POOL_ADAPTIVE } pool_kind;
 
 typedef struct {
     pool_kind kind;
@@ -27,7 +28,8 @@ static fr_status pool_backward(fr_node *node, fr_tensor *const *dout, fr_tensor 
     fr_status st = !dx                   ? fr_last_status()
                    : c->kind == POOL_MAX ? fr_max_pool2d_backward(dx, dout[0], x, c->p)
                    : c->kind == POOL_AVG ? fr_avg_pool2d_backward(dx, dout[0], c->p)
-                                         : fr_global_avg_pool_backward(dx, dout[0]);
+                   : c->kind == POOL_ADAPTIVE ? fr_adaptive_avg_pool2d_backward(dx, dout[0])
+                                              : fr_global_avg_pool_backward(dx, dout[0]);
     fr_release(x);
     if (st != FR_OK) {
         fr_release(dx);
@@ -59,11 +61,20 @@ static fr_status pool_record(const char *op, pool_kind kind, fr_pool_params p, f
     return FR_OK;
 }
 
+/* p: the window; for POOL_ADAPTIVE p.kernel and p.stride carry the
+ * output's height and width. */
 static fr_tensor *pool(const char *op, pool_kind kind, fr_tensor *x, fr_pool_params p) {
     fr_pool_shape s;
     if (fr_check_defined(op, "x", x) != FR_OK || fr_check_ndim(op, "x", x, 4) != FR_OK)
         return NULL;
-    if (kind != POOL_GLOBAL && fr_pool2d_shape(x, p, &s) != FR_OK)
+    if (kind == POOL_ADAPTIVE) {
+        if (p.kernel < 1 || p.stride < 1) {
+            fr_error(FR_ERR_ARG, "%s: output size %dx%d must be positive", op, p.kernel, p.stride);
+            return NULL;
+        }
+        s = (fr_pool_shape){.n = (int)x->shape[0], .c = (int)x->shape[1], .oh = p.kernel,
+                            .ow = p.stride};
+    } else if (kind != POOL_GLOBAL && fr_pool2d_shape(x, p, &s) != FR_OK)
         return NULL;
     fr_tensor *y = kind == POOL_GLOBAL
                        ? fr_empty(fr_device_of(x), x->dtype, 2, FR_SHAPE(x->shape[0], x->shape[1]),
@@ -72,9 +83,10 @@ static fr_tensor *pool(const char *op, pool_kind kind, fr_tensor *x, fr_pool_par
                                   FR_TAG_TRANSIENT);
     if (!y)
         return NULL;
-    fr_status st = kind == POOL_MAX   ? fr_max_pool2d_forward(y, x, p)
-                   : kind == POOL_AVG ? fr_avg_pool2d_forward(y, x, p)
-                                      : fr_global_avg_pool_forward(y, x);
+    fr_status st = kind == POOL_MAX        ? fr_max_pool2d_forward(y, x, p)
+                   : kind == POOL_AVG      ? fr_avg_pool2d_forward(y, x, p)
+                   : kind == POOL_ADAPTIVE ? fr_adaptive_avg_pool2d_forward(y, x)
+                                           : fr_global_avg_pool_forward(y, x);
     if (st == FR_OK && fr_should_record(1, &x))
         st = pool_record(op, kind, p, x, y);
     if (st != FR_OK)
@@ -86,4 +98,7 @@ fr_tensor *fr_max_pool2d(fr_tensor *x, fr_pool_params p) { return pool("max_pool
 fr_tensor *fr_avg_pool2d(fr_tensor *x, fr_pool_params p) { return pool("avg_pool2d", POOL_AVG, x, p); }
 fr_tensor *fr_global_avg_pool(fr_tensor *x) {
     return pool("global_avg_pool", POOL_GLOBAL, x, (fr_pool_params){0, 0, 0});
+}
+fr_tensor *fr_adaptive_avg_pool2d(fr_tensor *x, int out_h, int out_w) {
+    return pool("adaptive_avg_pool2d", POOL_ADAPTIVE, x, (fr_pool_params){out_h, out_w, 0});
 }

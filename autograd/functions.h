@@ -77,6 +77,9 @@ fr_tensor *fr_matmul(fr_tensor *a, fr_tensor *b);                 /* (M,K)(K,N) 
 
 /* fn_conv.c */
 fr_tensor *fr_conv2d(fr_tensor *x, fr_tensor *w, fr_tensor *b, fr_conv_params p);
+/* PyTorch's conv_transpose2d: x (N, Cin, H, W), w (Cin, Cout/groups, R, S),
+ * b (Cout) or NULL (tensor/ops.h has the output shape). */
+fr_tensor *fr_conv_transpose2d(fr_tensor *x, fr_tensor *w, fr_tensor *b, fr_conv_transpose_params p);
 
 /* fn_batchnorm.c: training uses batch statistics and updates the running
  * ones (when given); eval uses the running ones. */
@@ -96,6 +99,12 @@ fr_tensor *fr_group_norm(fr_tensor *x, fr_tensor *gamma, fr_tensor *beta, int gr
 fr_tensor *fr_max_pool2d(fr_tensor *x, fr_pool_params p);
 fr_tensor *fr_avg_pool2d(fr_tensor *x, fr_pool_params p);
 fr_tensor *fr_global_avg_pool(fr_tensor *x);           /* (N,C,H,W) -> (N,C) */
+/* (N, C, H, W) -> (N, C, out_h, out_w), PyTorch's adaptive_avg_pool2d */
+fr_tensor *fr_adaptive_avg_pool2d(fr_tensor *x, int out_h, int out_w);
+
+/* fn_upsample.c: PyTorch's interpolate(scale_factor = o.scale, mode,
+ * align_corners) for an integer scale (tensor/ops.h) */
+fr_tensor *fr_upsample(fr_tensor *x, fr_upsample_opts o);
 
 /* fn_concat.c: along channels (dim 1) */
 fr_tensor *fr_concat(fr_tensor *const *inputs, int count);

@@ -180,31 +180,49 @@ static fr_tensor *random_tensor(int ndim, const int64_t *shape, uint32_t seed) {
 /* The convolutions of a CIFAR ResNet (He et al. 2016) at batch 64: the 3x3
  * convs of the three stages, the stride-2 3x3 convs that enter stages 2 and
  * 3, and the 1x1 stride-2 projection shortcuts (option B). The stem conv
- * (3 -> 16) is left out: its share of the step is small. */
+ * (3 -> 16) is left out: its share of the step is small. Then the layers
+ * of issue 21 on CIFAR shapes: depthwise 3x3 (groups = channels, a
+ * MobileNet block's) and a transposed 4x4 stride-2 (a DCGAN / U-Net
+ * decoder's upsampling; c, h, w are its input, k its output channels). */
 typedef struct {
     const char *name;
     int n, c, h, w, k, r, s, stride, pad;
+    int groups;      /* 0: 1 */
+    bool transposed;
 } conv_case;
 
 static const conv_case conv_cases[] = {
-    {"3x3 16->16 s1 @32", 64, 16, 32, 32, 16, 3, 3, 1, 1},
-    {"3x3 32->32 s1 @16", 64, 32, 16, 16, 32, 3, 3, 1, 1},
-    {"3x3 64->64 s1 @8", 64, 64, 8, 8, 64, 3, 3, 1, 1},
-    {"3x3 16->32 s2 @32", 64, 16, 32, 32, 32, 3, 3, 2, 1},
-    {"3x3 32->64 s2 @16", 64, 32, 16, 16, 64, 3, 3, 2, 1},
-    {"1x1 16->32 s2 @32", 64, 16, 32, 32, 32, 1, 1, 2, 0},
-    {"1x1 32->64 s2 @16", 64, 32, 16, 16, 64, 1, 1, 2, 0},
+    {"3x3 16->16 s1 @32", 64, 16, 32, 32, 16, 3, 3, 1, 1, 0, false},
+    {"3x3 32->32 s1 @16", 64, 32, 16, 16, 32, 3, 3, 1, 1, 0, false},
+    {"3x3 64->64 s1 @8", 64, 64, 8, 8, 64, 3, 3, 1, 1, 0, false},
+    {"3x3 16->32 s2 @32", 64, 16, 32, 32, 32, 3, 3, 2, 1, 0, false},
+    {"3x3 32->64 s2 @16", 64, 32, 16, 16, 64, 3, 3, 2, 1, 0, false},
+    {"1x1 16->32 s2 @32", 64, 16, 32, 32, 32, 1, 1, 2, 0, 0, false},
+    {"1x1 32->64 s2 @16", 64, 32, 16, 16, 64, 1, 1, 2, 0, 0, false},
+    {"dw3x3 32 s1 @32", 64, 32, 32, 32, 32, 3, 3, 1, 1, 32, false},
+    {"dw3x3 64 s1 @16", 64, 64, 16, 16, 64, 3, 3, 1, 1, 64, false},
+    {"convT4x4 64->32 s2 @16", 64, 64, 16, 16, 32, 4, 4, 2, 1, 0, true},
 };
 enum { N_CONV = sizeof conv_cases / sizeof conv_cases[0] };
 
 static int conv_out(int size, int k, int stride, int pad) { return (size + 2 * pad - k) / stride + 1; }
+static int conv_groups(const conv_case *cc) { return cc->groups ? cc->groups : 1; }
+/* the output's height / width (a transposed case's is the larger one) */
+static int case_oh(const conv_case *cc) {
+    return cc->transposed ? (cc->h - 1) * cc->stride - 2 * cc->pad + cc->r
+                          : conv_out(cc->h, cc->r, cc->stride, cc->pad);
+}
+static int case_ow(const conv_case *cc) {
+    return cc->transposed ? (cc->w - 1) * cc->stride - 2 * cc->pad + cc->s
+                          : conv_out(cc->w, cc->s, cc->stride, cc->pad);
+}
 
 /* Multiply-adds x 2 of one pass; forward, backward-data and backward-weight
- * each do the same number. */
+ * each do the same number. A transposed case does as many as the
+ * convolution it transposes (input and output swapped). */
 static double conv_flop(const conv_case *cc) {
-    int oh = conv_out(cc->h, cc->r, cc->stride, cc->pad);
-    int ow = conv_out(cc->w, cc->s, cc->stride, cc->pad);
-    return 2.0 * cc->n * cc->k * oh * ow * (double)cc->c * cc->r * cc->s;
+    double pixels = cc->transposed ? (double)cc->h * cc->w : (double)case_oh(cc) * case_ow(cc);
+    return 2.0 * cc->n * pixels * cc->k * ((double)cc->c / conv_groups(cc)) * cc->r * cc->s;
 }
 
 typedef enum { PASS_FWD, PASS_BWD_DATA, PASS_BWD_WEIGHT, PASS_ALL, PASS_COUNT } conv_pass;
@@ -223,36 +241,46 @@ static void conv_list(const bench_opts *o) {
             conv_case_name(name, sizeof name, cc, (conv_pass)p);
             if (!wanted(o, name))
                 continue;
-            printf("C\tconv\t%s\t%.0f\tn=%d c=%d h=%d w=%d k=%d r=%d s=%d stride=%d pad=%d pass=%s\n",
+            printf("C\tconv\t%s\t%.0f\tn=%d c=%d h=%d w=%d k=%d r=%d s=%d stride=%d pad=%d "
+                   "groups=%d transposed=%d pass=%s\n",
                    name, conv_flop(cc) * (p == PASS_ALL ? 3 : 1), cc->n, cc->c, cc->h, cc->w, cc->k,
-                   cc->r, cc->s, cc->stride, cc->pad, pass_names[p]);
+                   cc->r, cc->s, cc->stride, cc->pad, conv_groups(cc), cc->transposed,
+                   pass_names[p]);
         }
     }
 }
 
 typedef struct {
-    fr_tensor *x, *w, *y, *dy, *dx, *dw; // x (N,C,H,W), w (K,C,R,S), y dy (N,K,OH,OW)
+    fr_tensor *x, *w, *y, *dy, *dx, *dw; // x (N,C,H,W), w (K,C/g,R,S) or (C,K/g,R,S), y dy (N,K,OH,OW)
     fr_conv_params p;
+    fr_conv_transpose_params tp;
+    bool transposed;
 } conv_ctx;
 
-static fr_status conv_fwd(void *v) {
-    conv_ctx *c = v;
-    return fr_conv2d_forward(c->y, c->x, c->w, NULL, c->p);
+static fr_status conv_forward_call(conv_ctx *c) {
+    return c->transposed ? fr_conv_transpose2d_forward(c->y, c->x, c->w, NULL, c->tp)
+                         : fr_conv2d_forward(c->y, c->x, c->w, NULL, c->p);
 }
+static fr_status conv_backward_call(conv_ctx *c, fr_tensor *dx, fr_tensor *dw) {
+    return c->transposed ? fr_conv_transpose2d_backward(dx, dw, NULL, c->dy, c->x, c->w, c->tp)
+                         : fr_conv2d_backward(dx, dw, NULL, c->dy, c->x, c->w, c->p);
+}
+
+static fr_status conv_fwd(void *v) { return conv_forward_call(v); }
 static fr_status conv_bwd_data(void *v) {
     conv_ctx *c = v;
-    return fr_conv2d_backward(c->dx, NULL, NULL, c->dy, c->x, c->w, c->p);
+    return conv_backward_call(c, c->dx, NULL);
 }
 static fr_status conv_bwd_weight(void *v) {
     conv_ctx *c = v;
-    return fr_conv2d_backward(NULL, c->dw, NULL, c->dy, c->x, c->w, c->p);
+    return conv_backward_call(c, NULL, c->dw);
 }
 /* What a training step does per conv layer: forward, then both gradients in
  * one backward call (which may share work between them). */
 static fr_status conv_all(void *v) {
     conv_ctx *c = v;
-    FR_TRY(fr_conv2d_forward(c->y, c->x, c->w, NULL, c->p));
-    return fr_conv2d_backward(c->dx, c->dw, NULL, c->dy, c->x, c->w, c->p);
+    FR_TRY(conv_forward_call(c));
+    return conv_backward_call(c, c->dx, c->dw);
 }
 
 static void conv_ctx_free(conv_ctx *c) {
@@ -268,15 +296,17 @@ static fr_status conv_run(const bench_opts *o) {
     static const bench_call calls[PASS_COUNT] = {conv_fwd, conv_bwd_data, conv_bwd_weight, conv_all};
     for (int i = 0; i < N_CONV; i++) {
         const conv_case *cc = &conv_cases[i];
-        int oh = conv_out(cc->h, cc->r, cc->stride, cc->pad);
-        int ow = conv_out(cc->w, cc->s, cc->stride, cc->pad);
-        conv_ctx c = {.p = {.stride = cc->stride, .pad = cc->pad}};
+        int oh = case_oh(cc), ow = case_ow(cc), g = conv_groups(cc);
+        conv_ctx c = {.p = {.stride = cc->stride, .pad = cc->pad, .groups = g},
+                      .tp = {.stride = cc->stride, .pad = cc->pad, .groups = g},
+                      .transposed = cc->transposed};
         c.x = random_tensor(4, FR_SHAPE(cc->n, cc->c, cc->h, cc->w), 1);
-        c.w = random_tensor(4, FR_SHAPE(cc->k, cc->c, cc->r, cc->s), 2);
+        c.w = cc->transposed ? random_tensor(4, FR_SHAPE(cc->c, cc->k / g, cc->r, cc->s), 2)
+                             : random_tensor(4, FR_SHAPE(cc->k, cc->c / g, cc->r, cc->s), 2);
         c.dy = random_tensor(4, FR_SHAPE(cc->n, cc->k, oh, ow), 3);
         c.y = fr_empty(FR_CPU, FR_F32, 4, FR_SHAPE(cc->n, cc->k, oh, ow), FR_TAG_TRANSIENT);
         c.dx = fr_empty(FR_CPU, FR_F32, 4, FR_SHAPE(cc->n, cc->c, cc->h, cc->w), FR_TAG_TRANSIENT);
-        c.dw = fr_empty(FR_CPU, FR_F32, 4, FR_SHAPE(cc->k, cc->c, cc->r, cc->s), FR_TAG_GRAD);
+        c.dw = c.w ? fr_empty(FR_CPU, FR_F32, 4, c.w->shape, FR_TAG_GRAD) : NULL;
         fr_status st = c.x && c.w && c.dy && c.y && c.dx && c.dw ? FR_OK : fr_last_status();
         for (int p = 0; p < PASS_COUNT && st == FR_OK; p++) {
             char name[96];
@@ -322,6 +352,8 @@ static int gemm_cases(gemm_case *out) {
     }
     for (int i = 0; i < N_CONV; i++) {
         const conv_case *cc = &conv_cases[i];
+        if (cc->groups || cc->transposed) /* oneDNN's own kernels, no im2col GEMM */
+            continue;
         int pix = conv_out(cc->h, cc->r, cc->stride, cc->pad) *
                   conv_out(cc->w, cc->s, cc->stride, cc->pad);
         int crs = cc->c * cc->r * cc->s;

@@ -68,16 +68,21 @@ def conv_call(torch, p):
     n, c, h, w = (int(p[key]) for key in ("n", "c", "h", "w"))
     k, r, s = (int(p[key]) for key in ("k", "r", "s"))
     stride, pad = int(p["stride"]), int(p["pad"])
+    groups, transposed = int(p.get("groups", 1)), p.get("transposed", "0") == "1"
     x = uniform(torch, n, c, h, w)
-    wt = uniform(torch, k, c, r, s)
-    y = torch.nn.functional.conv2d(x, wt, None, stride, pad)
+    # a transposed case: x (N, Cin = c, H, W), weight (Cin, Cout/groups, R, S)
+    wt = uniform(torch, c, k // groups, r, s) if transposed else uniform(torch, k, c // groups, r, s)
+    if transposed:
+        y = torch.nn.functional.conv_transpose2d(x, wt, None, stride, pad, groups=groups)
+    else:
+        y = torch.nn.functional.conv2d(x, wt, None, stride, pad, groups=groups)
     dy = uniform(torch, *y.shape)
     conv = torch.ops.aten.convolution
     bwd = torch.ops.aten.convolution_backward
     # The aten ops that autograd itself calls, without the graph bookkeeping,
     # so both sides time the same work: the output mask asks for
     # (dx, dw, db); no bias, like frugal's call.
-    args = ([stride, stride], [pad, pad], [1, 1], False, [0, 0], 1)
+    args = ([stride, stride], [pad, pad], [1, 1], transposed, [0, 0], groups)
 
     def fwd():
         return conv(x, wt, None, *args)

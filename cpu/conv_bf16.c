@@ -22,7 +22,7 @@
 
 bool fr_cpu_conv_bf16_applies(const fr_conv_shape *s, int direction) {
     return fr_cpu_have_dnnl() && fr_cpu_isa_has_bf16() && (direction == 0 || direction == 1) &&
-           s->r == 3 && s->s == 3;
+           s->r == 3 && s->s == 3 && fr_conv_groups(s) == 1 && fr_conv_dilation(s) == 1;
 }
 
 fr_status fr_cpu_conv2d_half(void *out, const void *in0, const void *in1, fr_dtype dtype,

@@ -102,28 +102,44 @@ static void init_md(dnnl_memory_desc_t *md, int a, int b, int c, int d, dnnl_dat
     FR_ASSERT(st == dnnl_success);
 }
 
+/* The weight's descriptor: (K, C, R, S), or for groups g oneDNN's (g,
+ * K/g, C/g, R, S), which is the same bytes as frugal's (K, C/g, R, S). */
+static void init_weight_md(dnnl_memory_desc_t *md, const fr_conv_shape *s, dnnl_data_type_t dt,
+                           bool any) {
+    int g = fr_conv_groups(s);
+    if (g == 1) {
+        init_md(md, s->k, s->c, s->r, s->s, dt, any ? dnnl_format_tag_any : dnnl_oihw);
+        return;
+    }
+    dnnl_dims_t dims = {g, s->k / g, s->c / g, s->r, s->s};
+    dnnl_status_t st = dnnl_memory_desc_init_by_tag(md, 5, dims, dt,
+                                                    any ? dnnl_format_tag_any : dnnl_goihw);
+    FR_ASSERT(st == dnnl_success);
+}
+
 static fr_status build_conv(fr_dnnl_plan *plan, const void *key_) {
     const conv_key *key = key_;
     const fr_conv_shape *s = &key->s;
     dnnl_memory_desc_t x_user, w_user, y_user, x_md, w_md, y_md;
     dnnl_data_type_t dt = key->dt;
     init_md(&x_user, s->n, s->c, s->h, s->w, dt, dnnl_nchw);
-    init_md(&w_user, s->k, s->c, s->r, s->s, dt, dnnl_oihw);
+    init_weight_md(&w_user, s, dt, false);
     init_md(&y_user, s->n, s->k, s->oh, s->ow, dt, dnnl_nchw);
     dnnl_format_tag_t act = key->layout == LAYOUT_BLOCKED ? dnnl_format_tag_any : dnnl_nchw;
-    dnnl_format_tag_t wei = key->layout == LAYOUT_BLOCKED ? dnnl_format_tag_any : dnnl_oihw;
     init_md(&x_md, s->n, s->c, s->h, s->w, dt, act);
-    init_md(&w_md, s->k, s->c, s->r, s->s, dt, wei);
+    init_weight_md(&w_md, s, dt, key->layout == LAYOUT_BLOCKED);
     init_md(&y_md, s->n, s->k, s->oh, s->ow, dt, act);
-    /* OH = (H + 2 pad - R) / stride + 1 rounds down; oneDNN wants the right
-     * padding that makes the division exact (at most pad). */
-    dnnl_dims_t strides = {s->stride, s->stride}, pad_l = {s->pad, s->pad};
-    dnnl_dims_t pad_r = {(s->oh - 1) * s->stride + s->r - s->h - s->pad,
-                         (s->ow - 1) * s->stride + s->s - s->w - s->pad};
+    /* OH = (H + 2 pad - d (R - 1) - 1) / stride + 1 rounds down; oneDNN
+     * wants the right padding that makes the division exact (at most pad).
+     * Its dilation counts the gaps between taps (frugal's minus one). */
+    int d = fr_conv_dilation(s);
+    dnnl_dims_t strides = {s->stride, s->stride}, pad_l = {s->pad, s->pad}, dil = {d - 1, d - 1};
+    dnnl_dims_t pad_r = {(s->oh - 1) * s->stride + (s->r - 1) * d + 1 - s->h - s->pad,
+                         (s->ow - 1) * s->stride + (s->s - 1) * d + 1 - s->w - s->pad};
     dnnl_convolution_desc_t fwd_d, bwd_d;
-    dnnl_status_t st = dnnl_convolution_forward_desc_init(
+    dnnl_status_t st = dnnl_dilated_convolution_forward_desc_init(
         &fwd_d, dnnl_forward_training, dnnl_convolution_direct, &x_md, &w_md, NULL, &y_md, strides,
-        pad_l, pad_r);
+        dil, pad_l, pad_r);
     if (st != dnnl_success)
         return fr_dnnl_error(st, "describing a convolution");
     dnnl_primitive_attr_t attr = fr_dnnl_attr_new();
@@ -145,8 +161,8 @@ static fr_status build_conv(fr_dnnl_plan *plan, const void *key_) {
         return fr_dnnl_plan_init(plan, st, NULL, 0, NULL, NULL, NULL);
     }
     if (key->dir == DIR_BWD_DATA) {
-        st = dnnl_convolution_backward_data_desc_init(&bwd_d, dnnl_convolution_direct, &x_md, &w_md,
-                                                      &y_md, strides, pad_l, pad_r);
+        st = dnnl_dilated_convolution_backward_data_desc_init(
+            &bwd_d, dnnl_convolution_direct, &x_md, &w_md, &y_md, strides, dil, pad_l, pad_r);
         if (st == dnnl_success)
             st = dnnl_primitive_desc_create(&pd, &bwd_d, attr, fr_dnnl_engine(), fwd_pd);
         out = fr_dnnl_plan_init(plan, st, pd, 3,
@@ -154,8 +170,8 @@ static fr_status build_conv(fr_dnnl_plan *plan, const void *key_) {
                                 (dnnl_memory_desc_t[]){x_user, y_user, w_user},
                                 (bool[]){true, false, false});
     } else {
-        st = dnnl_convolution_backward_weights_desc_init(&bwd_d, dnnl_convolution_direct, &x_md,
-                                                         &w_md, NULL, &y_md, strides, pad_l, pad_r);
+        st = dnnl_dilated_convolution_backward_weights_desc_init(
+            &bwd_d, dnnl_convolution_direct, &x_md, &w_md, NULL, &y_md, strides, dil, pad_l, pad_r);
         if (st == dnnl_success)
             st = dnnl_primitive_desc_create(&pd, &bwd_d, attr, fr_dnnl_engine(), fwd_pd);
         out = fr_dnnl_plan_init(plan, st, pd, 3,
@@ -276,7 +292,7 @@ static fr_status run_weight_groups(const fr_conv_shape *s, const conv_args *a) {
             plan_ws = plans[m - 1]->ws_bytes > plan_ws ? plans[m - 1]->ws_bytes : plan_ws;
         }
     }
-    size_t dw_len = (size_t)s->k * s->c * s->r * s->s;
+    size_t dw_len = (size_t)s->k * (s->c / fr_conv_groups(s)) * s->r * s->s;
     size_t dw_bytes = (dw_len * sizeof(float) + 63) & ~(size_t)63;
     /* per thread: a plan's workspace and, where a group sums calls, one
      * call's gradient (a group's first call writes its partial directly) */

@@ -1,4 +1,5 @@
-/* cpu/conv_im2col.c: the reference 2-d convolution (groups = 1) on the host,
+/* cpu/conv_im2col.c: the reference 2-d convolution (any dilation; groups
+ * through per-group copies, at the end) on the host,
  * forward and both backward passes, as column matrices and GEMM. It runs
  * when frugal is built without oneDNN, for shapes oneDNN has no kernel for,
  * and under fr_cpu_conv_set_backend(FR_CPU_CONV_IM2COL); tests/test_conv.c
@@ -173,18 +174,19 @@ static void add_even(float *restrict dp, const float *restrict s, int n, ptrdiff
 /* col (CRS, rows*OW) from output rows [oh0, oh0+rows) of image x (C, H, W). */
 static void im2col(float *col, const float *x, const fr_conv_shape *s, int oh0, int rows) {
     size_t cols = (size_t)rows * s->ow;
+    int dil = fr_conv_dilation(s);
     ptrdiff_t x_len = (ptrdiff_t)s->c * s->h * s->w;
     for (int c = 0; c < s->c; c++)
         for (int ky = 0; ky < s->r; ky++) {
             const float *plane = x + (size_t)c * s->h * s->w; // (H, W)
             int ra, rb;
-            valid_range(s->h, s->oh, s->stride, s->pad, ky, &ra, &rb);
+            valid_range(s->h, s->oh, s->stride, s->pad, ky * dil, &ra, &rb);
             ra = ra < oh0 ? oh0 : ra > oh0 + rows ? oh0 + rows : ra;
             rb = rb > oh0 + rows ? oh0 + rows : rb < ra ? ra : rb;
             for (int kx = 0; kx < s->s; kx++) {
                 float *dst = col + ((size_t)(c * s->r + ky) * s->s + kx) * cols; // (rows, OW)
                 int lo, hi;
-                valid_range(s->w, s->ow, s->stride, s->pad, kx, &lo, &hi);
+                valid_range(s->w, s->ow, s->stride, s->pad, kx * dil, &lo, &hi);
                 /* rows whose input row is padding */
                 memset(dst, 0, (size_t)(ra - oh0) * s->ow * sizeof *dst);
                 memset(dst + (size_t)(rb - oh0) * s->ow, 0,
@@ -192,9 +194,9 @@ static void im2col(float *col, const float *x, const fr_conv_shape *s, int oh0, 
                 if (rb == ra)
                     continue;
                 float *d = dst + (size_t)(ra - oh0) * s->ow;
-                const float *src = plane + (size_t)(ra * s->stride - s->pad + ky) * s->w;
+                const float *src = plane + (size_t)(ra * s->stride - s->pad + ky * dil) * s->w;
                 if (same_width(s)) {
-                    ptrdiff_t shift = kx - s->pad;
+                    ptrdiff_t shift = kx * dil - s->pad;
                     size_t len = (size_t)(rb - ra) * s->ow;
                     size_t j0 = shift < 0 ? (size_t)-shift : 0, j1 = shift > 0 ? len - shift : len;
                     memcpy(d + j0, src + j0 + shift, (j1 - j0) * sizeof *d);
@@ -206,7 +208,7 @@ static void im2col(float *col, const float *x, const fr_conv_shape *s, int oh0, 
                      * their reads stay inside the image (all but the first
                      * row and column of the image): the padding lanes hold
                      * neighbouring pixels and are zeroed after. */
-                    ptrdiff_t off = (src - x) - s->pad + kx;
+                    ptrdiff_t off = (src - x) - s->pad + kx * dil;
                     if (s->stride == 2 && off >= 0) {
                         copy_even(d, x + off, s->ow, x_len - off);
                         zero_edges(d, 1, s->ow, lo, hi);
@@ -214,7 +216,7 @@ static void im2col(float *col, const float *x, const fr_conv_shape *s, int oh0, 
                     }
                     for (int ow = 0; ow < lo; ow++)
                         d[ow] = 0.0f;
-                    const float *sp = src + lo * s->stride - s->pad + kx;
+                    const float *sp = src + lo * s->stride - s->pad + kx * dil;
                     for (int ow = lo; ow < hi; ow++)
                         d[ow] = sp[(size_t)(ow - lo) * s->stride];
                     for (int ow = hi; ow < s->ow; ow++)
@@ -229,12 +231,13 @@ static void im2col(float *col, const float *x, const fr_conv_shape *s, int oh0, 
  * (col is scratch) so each tap can be added as one contiguous run. */
 static void col2im(float *dx, float *col, const fr_conv_shape *s, int oh0, int rows) {
     size_t cols = (size_t)rows * s->ow;
+    int dil = fr_conv_dilation(s);
     ptrdiff_t dx_len = (ptrdiff_t)s->c * s->h * s->w;
     for (int c = 0; c < s->c; c++)
         for (int ky = 0; ky < s->r; ky++) {
             float *plane = dx + (size_t)c * s->h * s->w; // (H, W)
             int ra, rb;
-            valid_range(s->h, s->oh, s->stride, s->pad, ky, &ra, &rb);
+            valid_range(s->h, s->oh, s->stride, s->pad, ky * dil, &ra, &rb);
             ra = ra < oh0 ? oh0 : ra > oh0 + rows ? oh0 + rows : ra;
             rb = rb > oh0 + rows ? oh0 + rows : rb < ra ? ra : rb;
             if (rb == ra)
@@ -242,11 +245,11 @@ static void col2im(float *dx, float *col, const fr_conv_shape *s, int oh0, int r
             for (int kx = 0; kx < s->s; kx++) {
                 float *src = col + ((size_t)(c * s->r + ky) * s->s + kx) * cols +
                              (size_t)(ra - oh0) * s->ow; // (rb - ra, OW)
-                float *d = plane + (size_t)(ra * s->stride - s->pad + ky) * s->w;
+                float *d = plane + (size_t)(ra * s->stride - s->pad + ky * dil) * s->w;
                 int lo, hi;
-                valid_range(s->w, s->ow, s->stride, s->pad, kx, &lo, &hi);
+                valid_range(s->w, s->ow, s->stride, s->pad, kx * dil, &lo, &hi);
                 if (same_width(s)) {
-                    ptrdiff_t shift = kx - s->pad;
+                    ptrdiff_t shift = kx * dil - s->pad;
                     size_t len = (size_t)(rb - ra) * s->ow;
                     size_t j0 = shift < 0 ? (size_t)-shift : 0, j1 = shift > 0 ? len - shift : len;
                     zero_edges(src, rb - ra, s->ow, lo, hi);
@@ -254,13 +257,13 @@ static void col2im(float *dx, float *col, const fr_conv_shape *s, int oh0, int r
                     continue;
                 }
                 for (int oh = ra; oh < rb; oh++, src += s->ow, d += (size_t)s->stride * s->w) {
-                    ptrdiff_t off = (d - dx) - s->pad + kx; /* as in im2col */
+                    ptrdiff_t off = (d - dx) - s->pad + kx * dil; /* as in im2col */
                     if (s->stride == 2 && off >= 0) {
                         zero_edges(src, 1, s->ow, lo, hi);
                         add_even(dx + off, src, s->ow, dx_len - off);
                         continue;
                     }
-                    float *dp = d + lo * s->stride - s->pad + kx;
+                    float *dp = d + lo * s->stride - s->pad + kx * dil;
                     for (int ow = lo; ow < hi; ow++)
                         dp[(size_t)(ow - lo) * s->stride] += src[ow];
                 }
@@ -288,7 +291,7 @@ static fr_status worker_failed(fr_status st, const char *what, const fr_conv_sha
                     what, fr_status_name(st), s->n, s->c, s->h, s->w, s->k, s->c, s->r, s->s);
 }
 
-fr_status fr_cpu_conv2d_forward_im2col(float *y, const float *x, const float *w, const fr_conv_shape *s) {
+static fr_status dense_forward(float *y, const float *x, const float *w, const fr_conv_shape *s) {
     int crs = s->c * s->r * s->s, ohw = s->oh * s->ow;
     size_t x_img = (size_t)s->c * s->h * s->w, y_img = (size_t)s->k * ohw;
     fr_status failed = FR_OK;
@@ -340,7 +343,7 @@ fr_status fr_cpu_conv2d_forward_im2col(float *y, const float *x, const float *w,
  * batch 64, one core: 5.3 -> 4.0 ms). */
 static bool is_flippable(const fr_conv_shape *s) {
     return s->stride == 1 && s->r == s->s && s->r == 2 * s->pad + 1 && s->oh == s->h &&
-           s->ow == s->w;
+           s->ow == s->w && fr_conv_dilation(s) == 1;
 }
 
 static fr_status bwd_data_as_forward(float *dx, const float *dy, const float *w,
@@ -360,12 +363,13 @@ static fr_status bwd_data_as_forward(float *dx, const float *dy, const float *w,
     fr_conv_shape t = *s;
     t.c = s->k;
     t.k = s->c;
-    fr_status st = fr_cpu_conv2d_forward_im2col(dx, dy, wt, &t);
+    fr_status st = dense_forward(dx, dy, wt, &t);
     fr_mem_free(FR_CPU, wt, bytes, FR_TAG_WORKSPACE);
     return st;
 }
 
-fr_status fr_cpu_conv2d_backward_data_im2col(float *dx, const float *dy, const float *w, const fr_conv_shape *s) {
+static fr_status dense_backward_data(float *dx, const float *dy, const float *w,
+                                     const fr_conv_shape *s) {
     int crs = s->c * s->r * s->s, ohw = s->oh * s->ow;
     size_t x_img = (size_t)s->c * s->h * s->w, y_img = (size_t)s->k * ohw;
     fr_status failed = FR_OK;
@@ -421,7 +425,8 @@ fr_status fr_cpu_conv2d_backward_data_im2col(float *dx, const float *dy, const f
  * units: OpenBLAS runs this tall-and-narrow product about twice as fast as
  * dw = dy col^T when K is 16, and no slower otherwise. The partials are
  * summed and transposed into dw at the end. */
-fr_status fr_cpu_conv2d_backward_weight_im2col(float *dw, const float *dy, const float *x, const fr_conv_shape *s) {
+static fr_status dense_backward_weight(float *dw, const float *dy, const float *x,
+                                       const fr_conv_shape *s) {
     int crs = s->c * s->r * s->s, ohw = s->oh * s->ow;
     size_t x_img = (size_t)s->c * s->h * s->w, y_img = (size_t)s->k * ohw;
     size_t dw_len = (size_t)s->k * crs;
@@ -479,4 +484,65 @@ fr_status fr_cpu_conv2d_backward_weight_im2col(float *dw, const float *dy, const
     }
     fr_mem_free(FR_CPU, ws, ws_bytes, FR_TAG_WORKSPACE);
     return failed == FR_OK ? FR_OK : worker_failed(failed, "backward (weight)", s);
+}
+
+/* ---- groups: each group is an ungrouped convolution of C/groups input
+ * and K/groups output channels on its own channel slices and its own
+ * contiguous block of w (K/groups, C/groups, R, S). The reference gathers a
+ * group's slices of the batch into contiguous buffers, runs the ungrouped
+ * kernel on them and scatters the result back: simple rather than fast
+ * (oneDNN runs grouped shapes; cpu/conv_rules.c). ---- */
+
+typedef enum { PASS_FWD = 0, PASS_BWD_DATA, PASS_BWD_WEIGHT } pass;
+
+static fr_status grouped(const fr_conv_shape *s, pass what, float *out, const float *a,
+                         const float *b) {
+    int g = fr_conv_groups(s), cg = s->c / g, kg = s->k / g;
+    fr_conv_shape sg = *s;
+    sg.c = cg;
+    sg.k = kg;
+    sg.groups = 1;
+    size_t x_len = (size_t)s->n * cg * s->h * s->w, y_len = (size_t)s->n * kg * s->oh * s->ow;
+    size_t w_len = (size_t)kg * cg * s->r * s->s, bytes = (x_len + y_len) * sizeof(float);
+    float *xg = fr_mem_alloc(FR_CPU, bytes, FR_TAG_WORKSPACE); // (N, C/g, H, W)
+    if (!xg)
+        return fr_last_status();
+    float *yg = xg + x_len; // (N, K/g, OH, OW)
+    int hw = s->h * s->w, ohw = s->oh * s->ow;
+    fr_status st = FR_OK;
+    for (int i = 0; i < g && st == FR_OK; i++) {
+        if (what == PASS_FWD) { /* out y, a x, b w */
+            fr_cpu_copy_channels(xg, cg, 0, a, s->c, i * cg, cg, s->n, hw, sizeof(float));
+            st = dense_forward(yg, xg, b + i * w_len, &sg);
+            if (st == FR_OK)
+                fr_cpu_copy_channels(out, s->k, i * kg, yg, kg, 0, kg, s->n, ohw, sizeof(float));
+        } else if (what == PASS_BWD_DATA) { /* out dx, a dy, b w */
+            fr_cpu_copy_channels(yg, kg, 0, a, s->k, i * kg, kg, s->n, ohw, sizeof(float));
+            st = dense_backward_data(xg, yg, b + i * w_len, &sg);
+            if (st == FR_OK)
+                fr_cpu_copy_channels(out, s->c, i * cg, xg, cg, 0, cg, s->n, hw, sizeof(float));
+        } else { /* out dw, a dy, b x */
+            fr_cpu_copy_channels(yg, kg, 0, a, s->k, i * kg, kg, s->n, ohw, sizeof(float));
+            fr_cpu_copy_channels(xg, cg, 0, b, s->c, i * cg, cg, s->n, hw, sizeof(float));
+            st = dense_backward_weight(out + i * w_len, yg, xg, &sg);
+        }
+    }
+    fr_mem_free(FR_CPU, xg, bytes, FR_TAG_WORKSPACE);
+    return st;
+}
+
+fr_status fr_cpu_conv2d_forward_im2col(float *y, const float *x, const float *w, const fr_conv_shape *s) {
+    return fr_conv_groups(s) == 1 ? dense_forward(y, x, w, s) : grouped(s, PASS_FWD, y, x, w);
+}
+
+fr_status fr_cpu_conv2d_backward_data_im2col(float *dx, const float *dy, const float *w,
+                                             const fr_conv_shape *s) {
+    return fr_conv_groups(s) == 1 ? dense_backward_data(dx, dy, w, s)
+                                  : grouped(s, PASS_BWD_DATA, dx, dy, w);
+}
+
+fr_status fr_cpu_conv2d_backward_weight_im2col(float *dw, const float *dy, const float *x,
+                                               const fr_conv_shape *s) {
+    return fr_conv_groups(s) == 1 ? dense_backward_weight(dw, dy, x, s)
+                                  : grouped(s, PASS_BWD_WEIGHT, dw, dy, x);
 }

@@ -44,6 +44,11 @@ fr_conv_path fr_cpu_conv_rule(const fr_conv_shape *s, int direction, fr_cpu_isa 
     if (!fr_cpu_have_dnnl() || (unsigned)isa >= FR_ISA_COUNT)
         return FR_CONV_PATH_OWN;
     const isa_rule *r = &rules[isa];
+    /* Grouped and dilated shapes: oneDNN's depthwise and dilated kernels
+     * (the weight gradient in image groups, so it does not depend on the
+     * thread count); frugal's own kernels have only the reference for them. */
+    if (fr_conv_groups(s) > 1 || fr_conv_dilation(s) > 1)
+        return direction == 2 ? FR_CONV_PATH_DNNL_GROUPS : FR_CONV_PATH_DNNL;
     if (direction != 2) {
         const data_rule *d = direction == 0 ? &r->fwd : &r->bwd_data;
         bool wins = (s->c <= d->max_c && s->k >= d->min_k) || (d->any_3x3 && s->r == 3 && s->s == 3);

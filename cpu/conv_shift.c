@@ -61,7 +61,8 @@ bool fr_cpu_conv_shift_applies(const fr_conv_shape *s) {
     fr_cpu_isa isa;
     bool cpu_ok = fr_cpu_isa_get(&isa) == FR_OK && isa >= FR_ISA_AVX2;
     return cpu_ok && s->r == 3 && s->s == 3 && s->stride == 1 && s->pad == 1 && s->oh == s->h &&
-           s->ow == s->w && s->n > 0 && s->c > 0 && s->k > 0 && s->h > 0 && s->w > 0;
+           s->ow == s->w && s->n > 0 && s->c > 0 && s->k > 0 && s->h > 0 && s->w > 0 &&
+           fr_conv_groups(s) == 1 && fr_conv_dilation(s) == 1;
 #else
     (void)s;
     return false;

@@ -1,4 +1,5 @@
-/* cpu/pool.c: max, average and global average pooling on the host.
+/* cpu/pool.c: max, average, adaptive average and global average pooling
+ * on the host.
  *
  * Each (image, channel) plane is independent, so planes are the unit of
  * OpenMP work: backward scatters into its own plane of dx only, and never
@@ -134,6 +135,60 @@ fr_status fr_cpu_global_avg_pool_backward(float *dx, const float *dy, int nc, in
         float *d = dx + (size_t)p * hw; // (HW)
         for (int i = 0; i < hw; i++)
             d[i] = v;
+    }
+    return FR_OK;
+}
+
+/* ---- adaptive average pooling: output o of an axis averages input
+ * [floor(o in / out), ceil((o + 1) in / out)) ---- */
+
+static int adaptive_start(int o, int in, int out) { return (int)((long long)o * in / out); }
+static int adaptive_end(int o, int in, int out) {
+    return (int)(((long long)(o + 1) * in + out - 1) / out);
+}
+
+fr_status fr_cpu_adaptive_avg_pool2d_forward(float *y, const float *x, const fr_pool_shape *s) {
+    int planes = s->n * s->c;
+    size_t in = (size_t)s->h * s->w, out = (size_t)s->oh * s->ow;
+#pragma omp parallel for schedule(static) if ((size_t)planes * in > 32768)
+    for (int p = 0; p < planes; p++) {
+        const float *xp = x + p * in; // (H, W)
+        float *yp = y + p * out;      // (OH, OW)
+        for (int oh = 0; oh < s->oh; oh++) {
+            int h0 = adaptive_start(oh, s->h, s->oh), h1 = adaptive_end(oh, s->h, s->oh);
+            for (int ow = 0; ow < s->ow; ow++) {
+                int w0 = adaptive_start(ow, s->w, s->ow), w1 = adaptive_end(ow, s->w, s->ow);
+                float sum = 0.0f;
+                for (int ih = h0; ih < h1; ih++)
+                    for (int iw = w0; iw < w1; iw++)
+                        sum += xp[(size_t)ih * s->w + iw];
+                yp[(size_t)oh * s->ow + ow] = sum / (float)((h1 - h0) * (w1 - w0));
+            }
+        }
+    }
+    return FR_OK;
+}
+
+/* dx gathers from every window holding it, in (oh, ow) order (as
+ * cuda/pool.cu does). */
+fr_status fr_cpu_adaptive_avg_pool2d_backward(float *dx, const float *dy, const fr_pool_shape *s) {
+    int planes = s->n * s->c;
+    size_t in = (size_t)s->h * s->w, out = (size_t)s->oh * s->ow;
+#pragma omp parallel for schedule(static) if ((size_t)planes * in > 32768)
+    for (int p = 0; p < planes; p++) {
+        float *d = dx + p * in;        // (H, W)
+        const float *g = dy + p * out; // (OH, OW)
+        memset(d, 0, in * sizeof *d);
+        for (int oh = 0; oh < s->oh; oh++) {
+            int h0 = adaptive_start(oh, s->h, s->oh), h1 = adaptive_end(oh, s->h, s->oh);
+            for (int ow = 0; ow < s->ow; ow++) {
+                int w0 = adaptive_start(ow, s->w, s->ow), w1 = adaptive_end(ow, s->w, s->ow);
+                float v = g[(size_t)oh * s->ow + ow] / (float)((h1 - h0) * (w1 - w0));
+                for (int ih = h0; ih < h1; ih++)
+                    for (int iw = w0; iw < w1; iw++)
+                        d[(size_t)ih * s->w + iw] += v;
+            }
+        }
     }
     return FR_OK;
 }

@@ -1,4 +1,4 @@
-/* conv.cu: 2-d convolution (groups = 1) on the GPU. The kernels of
+/* conv.cu: 2-d convolution on the GPU (grouped shapes on cuDNN only). The kernels of
  * kernels.def first offer the call to cuDNN (conv_cudnn.cu); when it declines
  * (cuDNN off or unavailable, a shape it cannot do, no workspace to be had)
  * the convolution runs here as column matrices and cuBLAS GEMM, batched over
@@ -46,7 +46,8 @@ __global__ void im2col_kernel(float *col, const float *x, fr_conv_shape s, int n
         int c = (int)(row / ((size_t)s.r * s.s)), rs = (int)(row % ((size_t)s.r * s.s));
         int ky = rs / s.s, kx = rs % s.s;
         int oh = (int)(p / (size_t)s.ow), ow = (int)(p % (size_t)s.ow);
-        int ih = oh * s.stride - s.pad + ky, iw = ow * s.stride - s.pad + kx;
+        int d = fr_conv_dilation(&s);
+        int ih = oh * s.stride - s.pad + ky * d, iw = ow * s.stride - s.pad + kx * d;
         float v = 0.0f;
         if (ih >= 0 && ih < s.h && iw >= 0 && iw < s.w)
             v = x[(((size_t)(n0 + (int)b) * s.c + c) * s.h + ih) * s.w + iw];
@@ -70,15 +71,16 @@ __global__ void col2im_kernel(float *dx, const float *dcol, fr_conv_shape s, int
         size_t b = t / (size_t)s.c;
         const float *img = dcol + b * crs * p_count; // (CRS, P)
         float acc = 0.0f;
+        int d = fr_conv_dilation(&s);
         for (int ky = 0; ky < s.r; ky++) {
-            int dh = ih + s.pad - ky;
+            int dh = ih + s.pad - ky * d;
             if (dh < 0 || dh % s.stride != 0)
                 continue;
             int oh = dh / s.stride;
             if (oh >= s.oh)
                 continue;
             for (int kx = 0; kx < s.s; kx++) {
-                int dw = iw + s.pad - kx;
+                int dw = iw + s.pad - kx * d;
                 if (dw < 0 || dw % s.stride != 0)
                     continue;
                 int ow = dw / s.stride;
@@ -249,25 +251,44 @@ static fr_status im2col_bwd_weight(float *dw, const float *dy, const float *x,
 
 /* ---- the kernels: cuDNN first ---- */
 
+/* The column path here is ungrouped: a grouped shape cuDNN declined (cuDNN
+ * off with FR_CUDNN=0, or no workspace) is refused rather than run wrong. */
+static fr_status own_takes(const fr_conv_shape *s, const char *pass) {
+    if (fr_conv_groups(s) == 1)
+        return FR_OK;
+    return fr_error(FR_ERR_ARG, "conv2d %s: groups %d (%d -> %d channels) run on cuDNN only, and "
+                    "cuDNN did not take this shape (FR_CUDNN=0?)", pass, fr_conv_groups(s), s->c,
+                    s->k);
+}
+
 extern "C" fr_status fr_cuda_conv2d_forward(float *y, const float *x, const float *w,
                                         const fr_conv_shape *s) {
     bool ran = false;
     FR_TRY(fr_cudnn_conv2d_forward(y, x, w, s, &ran));
-    return ran ? FR_OK : im2col_fwd(y, x, w, s);
+    if (ran)
+        return FR_OK;
+    FR_TRY(own_takes(s, "forward"));
+    return im2col_fwd(y, x, w, s);
 }
 
 extern "C" fr_status fr_cuda_conv2d_backward_data(float *dx, const float *dy, const float *w,
                                              const fr_conv_shape *s) {
     bool ran = false;
     FR_TRY(fr_cudnn_conv2d_backward_data(dx, dy, w, s, &ran));
-    return ran ? FR_OK : im2col_bwd_data(dx, dy, w, s);
+    if (ran)
+        return FR_OK;
+    FR_TRY(own_takes(s, "backward (data)"));
+    return im2col_bwd_data(dx, dy, w, s);
 }
 
 extern "C" fr_status fr_cuda_conv2d_backward_weight(float *dw, const float *dy, const float *x,
                                                const fr_conv_shape *s) {
     bool ran = false;
     FR_TRY(fr_cudnn_conv2d_backward_weight(dw, dy, x, s, &ran));
-    return ran ? FR_OK : im2col_bwd_weight(dw, dy, x, s);
+    if (ran)
+        return FR_OK;
+    FR_TRY(own_takes(s, "backward (weight)"));
+    return im2col_bwd_weight(dw, dy, x, s);
 }
 
 /* kernels.def: half-precision compute on the GPU is not written yet; the

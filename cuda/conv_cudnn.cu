@@ -63,7 +63,7 @@ FR_STATIC_ASSERT(CUDNN_CONVOLUTION_FWD_ALGO_COUNT <= MAX_RESULTS &&
                      CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT <= MAX_RESULTS,
                  "MAX_RESULTS must hold every algorithm of a direction");
 /* Shapes are compared with memcmp: only ints, so no padding bytes. */
-FR_STATIC_ASSERT(sizeof(fr_conv_shape) == 11 * sizeof(int), "fr_conv_shape must be 11 ints");
+FR_STATIC_ASSERT(sizeof(fr_conv_shape) == 13 * sizeof(int), "fr_conv_shape must be 13 ints");
 
 typedef enum { FWD = 0, BWD_DATA, BWD_FILTER, N_DIRS } direction;
 
@@ -137,12 +137,15 @@ static fr_status plan_setup(plan *p) {
     FR_CUDNN_CHECK(cudnnSetTensor4dDescriptor(p->y, CUDNN_TENSOR_NCHW, CUDNN_DATA_FLOAT, s->n, s->k,
                                               s->oh, s->ow));
     FR_CUDNN_CHECK(cudnnCreateFilterDescriptor(&p->w));
-    FR_CUDNN_CHECK(cudnnSetFilter4dDescriptor(p->w, CUDNN_DATA_FLOAT, CUDNN_TENSOR_NCHW, s->k, s->c,
-                                              s->r, s->s));
+    int g = fr_conv_groups(s), d = fr_conv_dilation(s);
+    /* a grouped filter is described per group: (K, C/groups, R, S) */
+    FR_CUDNN_CHECK(cudnnSetFilter4dDescriptor(p->w, CUDNN_DATA_FLOAT, CUDNN_TENSOR_NCHW, s->k,
+                                              s->c / g, s->r, s->s));
     FR_CUDNN_CHECK(cudnnCreateConvolutionDescriptor(&p->conv));
     /* cross-correlation, as PyTorch and the CPU kernels compute */
-    FR_CUDNN_CHECK(cudnnSetConvolution2dDescriptor(p->conv, s->pad, s->pad, s->stride, s->stride, 1,
-                                                   1, CUDNN_CROSS_CORRELATION, CUDNN_DATA_FLOAT));
+    FR_CUDNN_CHECK(cudnnSetConvolution2dDescriptor(p->conv, s->pad, s->pad, s->stride, s->stride, d,
+                                                   d, CUDNN_CROSS_CORRELATION, CUDNN_DATA_FLOAT));
+    FR_CUDNN_CHECK(cudnnSetConvolutionGroupCount(p->conv, g));
     FR_CUDNN_CHECK(cudnnSetConvolutionMathType(p->conv, CUDNN_FMA_MATH));
     int n = 0, k = 0, oh = 0, ow = 0;
     FR_CUDNN_CHECK(cudnnGetConvolution2dForwardOutputDim(p->conv, p->x, p->w, &n, &k, &oh, &ow));

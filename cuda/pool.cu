@@ -169,3 +169,59 @@ extern "C" fr_status fr_cuda_global_avg_pool_backward(float *dx, const float *dy
     size_t total = (size_t)nc * (size_t)hw;
     FR_CUDA_RUN_1D(global_avg_pool_backward_kernel, total, dx, dy, (size_t)hw, total);
 }
+
+/* ---- adaptive average pooling (cpu/pool.c has the windows) ---- */
+
+__device__ inline int adaptive_start(int o, int in, int out) { return (int)((long long)o * in / out); }
+__device__ inline int adaptive_end(int o, int in, int out) {
+    return (int)(((long long)(o + 1) * in + out - 1) / out);
+}
+
+__global__ void adaptive_avg_pool2d_forward_kernel(float *y, const float *x, fr_pool_shape s,
+                                                   size_t total) {
+    FR_CUDA_FOR(i, total) {
+        int ow = (int)(i % (size_t)s.ow), oh = (int)(i / (size_t)s.ow % (size_t)s.oh);
+        const float *xp = x + i / ((size_t)s.oh * s.ow) * (size_t)s.h * s.w; // (H, W)
+        int h0 = adaptive_start(oh, s.h, s.oh), h1 = adaptive_end(oh, s.h, s.oh);
+        int w0 = adaptive_start(ow, s.w, s.ow), w1 = adaptive_end(ow, s.w, s.ow);
+        float sum = 0.0f;
+        for (int ih = h0; ih < h1; ih++)
+            for (int iw = w0; iw < w1; iw++)
+                sum += xp[(size_t)ih * s.w + iw];
+        y[i] = sum / (float)((h1 - h0) * (w1 - w0));
+    }
+}
+
+/* One thread per input, gathering from the windows that hold it in (oh,
+ * ow) order, as the CPU kernel scatters. */
+__global__ void adaptive_avg_pool2d_backward_kernel(float *dx, const float *dy, fr_pool_shape s,
+                                                    size_t total) {
+    FR_CUDA_FOR(i, total) {
+        int iw = (int)(i % (size_t)s.w), ih = (int)(i / (size_t)s.w % (size_t)s.h);
+        const float *g = dy + i / ((size_t)s.h * s.w) * (size_t)s.oh * s.ow; // (OH, OW)
+        float acc = 0.0f;
+        for (int oh = 0; oh < s.oh; oh++) {
+            int h0 = adaptive_start(oh, s.h, s.oh), h1 = adaptive_end(oh, s.h, s.oh);
+            if (ih < h0 || ih >= h1)
+                continue;
+            for (int ow = 0; ow < s.ow; ow++) {
+                int w0 = adaptive_start(ow, s.w, s.ow), w1 = adaptive_end(ow, s.w, s.ow);
+                if (iw >= w0 && iw < w1)
+                    acc += g[(size_t)oh * s.ow + ow] / (float)((h1 - h0) * (w1 - w0));
+            }
+        }
+        dx[i] = acc;
+    }
+}
+
+extern "C" fr_status fr_cuda_adaptive_avg_pool2d_forward(float *y, const float *x,
+                                                         const fr_pool_shape *s) {
+    size_t total = (size_t)s->n * s->c * s->oh * s->ow;
+    FR_CUDA_RUN_1D(adaptive_avg_pool2d_forward_kernel, total, y, x, *s, total);
+}
+
+extern "C" fr_status fr_cuda_adaptive_avg_pool2d_backward(float *dx, const float *dy,
+                                                          const fr_pool_shape *s) {
+    size_t total = (size_t)s->n * s->c * s->h * s->w;
+    FR_CUDA_RUN_1D(adaptive_avg_pool2d_backward_kernel, total, dx, dy, *s, total);
+}

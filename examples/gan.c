@@ -1,24 +1,34 @@
-/* gan: a small DCGAN-like generator and discriminator trained on
- * Fashion-MNIST with the alternating loop, two models on one tape.
+/* gan: a DCGAN (Radford et al. 2016) trained on Fashion-MNIST with the
+ * alternating loop, two models on one tape, written as PyTorch's DCGAN is:
  *
- *     gan --steps 200 --strategy recompute --out gan.png
+ *     G: z (N, 32, 1, 1) -> ConvTranspose2d(32, 64, 7) -> BN-ReLU (64, 7, 7)
+ *        -> ConvTranspose2d(64, 32, 4, 2, 1) -> BN-ReLU (32, 14, 14)
+ *        -> ConvTranspose2d(32, 1, 4, 2, 1) -> Tanh (1, 28, 28)
+ *     D: Conv2d(1, 32, 4, 2, 1) -> LeakyReLU(0.2) (32, 14, 14)
+ *        -> Conv2d(32, 64, 4, 2, 1) -> BN-LeakyReLU(0.2) (64, 7, 7)
+ *        -> Flatten -> Linear(3136, 1): one logit
+ *     losses: BCEWithLogits(D(real), 1) + BCEWithLogits(D(G(z).detach()), 0)
+ *             for D, BCEWithLogits(D(G(z)), 1) for G; Adam(2e-4, betas 0.5, 0.999)
  *
- * Each step: fake = G(z); the discriminator's loss on real images and on
- * fake.detach(), its backward and its Adam step; then the generator's loss
- * through D(fake) and its backward with inputs = G's parameters, so D's
- * gradients are not computed, and G's Adam step. G's graph stays pending on
- * the tape while D's backward runs: a backward consumes only its own graph
- * (docs/ARCHITECTURE.md, "Graphs on the tape").
+ *     gan --steps 1000 --strategy recompute --out gan.png
  *
- * frugal has no transposed convolution, so the generator upsamples by
- * nearest neighbour written as a matrix product with a constant 0/1 matrix
- * (fr_matmul, differentiable; it saves no activation), followed by 3x3
- * convolutions, and bounds its output with a hardtanh made of ReLUs (frugal
- * has no tanh). Losses are two-class cross-entropy (equal to BCE with logits
- * on the logit difference). Both models are written with nn/build.h and
- * hold no strategy code: --strategy is set on both and the engine applies
- * it (norm layers for inplace/recompute/abn, segments of the root's
- * sequence for checkpoint; docs/MODELS.md). */
+ * Each step: fake = G(z); D's loss on real images and on fake.detach(),
+ * its backward and its Adam step; then G's loss through D(fake) and its
+ * backward with inputs = G's parameters, so D's gradients are not
+ * computed, and G's Adam step. G's graph stays pending on the tape while
+ * D's backward runs: a backward consumes only its own graph
+ * (docs/ARCHITECTURE.md, "Graphs on the tape"). Both models are written
+ * with nn/build.h and hold no strategy code: --strategy is set on both and
+ * the engine applies it (docs/MODELS.md).
+ *
+ * Sample quality: a small classifier (two conv-BN-ReLU-maxpool stages, a
+ * linear layer) trains on the same real batches beside the GAN, at no
+ * extra data cost. At the end it classifies 256 samples of G and 256 held
+ * out real images and the example prints, for each, the mean top-class
+ * probability (how much a sample looks like one garment rather than a blur
+ * between several: recognisable samples score near the real images) and
+ * how many of the ten classes the predictions cover, with the largest
+ * class's share (a collapsed generator draws one or two classes only). */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -36,7 +46,9 @@
 #pragma GCC diagnostic pop
 
 #define ZDIM 32
-#define GRID 8 /* the PNG shows GRID x GRID samples */
+#define GRID 8     /* the PNG shows GRID x GRID samples */
+#define SAMPLES 256 /* samples the classifier judges */
+#define CLASSES 10
 
 typedef struct {
     const char *data, *out, *strategy;
@@ -44,143 +56,59 @@ typedef struct {
     double lr;
 } options;
 
-/* G: z (N, 32) -> fc -> (N, 16, 7, 7) -> bn0 (BN-ReLU) -> up7 ->
- * conv1 -> bn1 (BN-ReLU) (16, 14, 14) -> up14 -> conv2 (1, 28, 28) ->
- * hardtanh. D: conv1 4x4/2 (16, 14, 14) -> leaky ReLU 0.2 -> conv2 4x4/2 ->
- * bn2 (BN-ReLU) (32, 7, 7) -> flatten -> fc -> 2 logits. Each is an
- * fr_model (nn/build.h); the pieces that are not layers are blocks without
- * layers of their own, so they are steps of the root's sequence that the
- * engine can put in checkpoint segments like any other. */
 typedef struct {
-    fr_model *g, *d;
-    fr_tensor *up7, *up14; /* (49, 196), (196, 784) nearest-neighbour maps; owned here */
+    fr_model *g, *d, *c; /* generator, discriminator, the judging classifier */
 } models;
 
-/* The 0/1 matrix (s*s, 4*s*s) mapping an s x s map to its 2s x 2s
- * nearest-neighbour enlargement: out = in U. */
-static fr_tensor *upsample_matrix(int s) {
-    int n = s * s, m = 4 * n;
-    float *u = calloc((size_t)n * (size_t)m, sizeof *u);
-    if (!u) {
-        fr_error(FR_ERR_OOM, "gan: out of memory");
-        return NULL;
-    }
-    for (int y = 0; y < 2 * s; y++)
-        for (int x = 0; x < 2 * s; x++)
-            u[(size_t)((y / 2) * s + x / 2) * (size_t)m + (size_t)(y * 2 * s + x)] = 1.0f;
-    fr_tensor *t = fr_from_host(FR_CPU, FR_F32, 2, FR_SHAPE(n, m), FR_TAG_PARAM, u);
-    free(u);
-    return t;
-}
-
-/* The state of the upsampling block: its matrix, borrowed from `models`
- * (which outlives the model's forwards and their replays). */
-typedef struct {
-    fr_tensor *u;
-} upsample_block;
-
-/* (N, C, s, s) -> (N, C, 2s, 2s) */
-static fr_tensor *upsample_forward(fr_module *self, fr_tensor *x, const fr_run *run) {
-    (void)run;
-    fr_tensor *u = ((upsample_block *)fr_block_state(self))->u;
-    int64_t n = x->shape[0], c = x->shape[1], s = x->shape[2];
-    fr_tensor *flat = fr_reshape(x, 2, FR_SHAPE(n * c, s * s));
-    fr_tensor *y = flat ? fr_matmul(flat, u) : NULL;
-    fr_release(flat);
-    return y ? fr_chain(y, fr_reshape(y, 4, FR_SHAPE(n, c, 2 * s, 2 * s))) : NULL;
-}
-
-static void upsample_new(fr_module *parent, const char *name, fr_tensor *u) {
-    upsample_block *b = fr_block_state(fr_block_new(parent, name, upsample_forward, sizeof *b));
-    if (b)
-        b->u = u;
-}
-
-/* The generator's stem: z -> fc -> (N, 16, 7, 7) -> bn0 (BN-ReLU). One block
- * rather than fc, a reshape block and bn0 in the sequence, so that bn0's
- * input is a tensor of the block's own and never the input of a checkpoint
- * segment, which the engine holds and abn could not write over. */
-typedef struct {
-    fr_module *fc, *bn0;
-} stem_block;
-
-static fr_tensor *stem_forward(fr_module *self, fr_tensor *z, const fr_run *run) {
-    stem_block *b = fr_block_state(self);
-    fr_tensor *h = fr_forward(b->fc, z, run);
-    h = h ? fr_chain(h, fr_reshape(h, 4, FR_SHAPE(z->shape[0], 16, 7, 7))) : NULL;
-    return fr_chain(h, fr_forward(b->bn0, h, run));
-}
-
-/* Named "" so that its layers are "fc" and "bn0", not "stem.fc". */
-static void stem_new(fr_module *parent) {
-    fr_module *blk = fr_block_new(parent, "", stem_forward, sizeof(stem_block));
-    stem_block *b = fr_block_state(blk);
-    if (!b)
-        return;
-    b->fc = fr_linear_new(blk, "fc", (fr_linear_opts){.in = ZDIM, .out = 16 * 7 * 7});
-    b->bn0 = fr_norm_new(blk, "bn0", (fr_norm_opts){.channels = 16, .act = FR_ACT_RELU});
-}
-
-/* hardtanh(x) = relu(x + 1) - relu(x - 1) - 1 from existing ops: keeps the
- * generator's pixels in [-1, 1], where the data are (frugal has no tanh). */
-static fr_tensor *hardtanh_forward(fr_module *self, fr_tensor *x, const fr_run *run) {
-    (void)self;
-    (void)run;
-    fr_tensor *one = fr_empty_like(x, FR_TAG_DATA), *minus = fr_empty_like(x, FR_TAG_DATA);
-    fr_tensor *r1 = NULL, *r2 = NULL, *d = NULL, *y = NULL;
-    if (one && minus && fr_fill_(one, 1.0f) == FR_OK && fr_fill_(minus, -1.0f) == FR_OK) {
-        r1 = fr_add(x, one);
-        r1 = r1 ? fr_chain(r1, fr_relu(r1)) : NULL;
-        r2 = fr_add(x, minus);
-        r2 = r2 ? fr_chain(r2, fr_relu(r2)) : NULL;
-        r2 = r2 ? fr_chain(r2, fr_scale(r2, -1.0f)) : NULL;
-        d = r1 && r2 ? fr_add(r1, r2) : NULL;
-        y = d ? fr_add(d, minus) : NULL;
-    }
-    fr_tensor *all[] = {one, minus, r1, r2, d};
-    for (size_t i = 0; i < sizeof all / sizeof *all; i++)
-        fr_release(all[i]);
-    return y;
-}
-
-/* The DCGAN discriminator's leaky ReLU (slope 0.2; the norm layers only
- * have ReLU). */
-static fr_tensor *leaky_forward(fr_module *self, fr_tensor *x, const fr_run *run) {
-    (void)self;
-    (void)run;
-    return fr_leaky_relu(x, 0.2f);
-}
-
-static fr_model *generator_new(fr_tensor *up7, fr_tensor *up14, uint64_t seed) {
+static fr_model *generator_new(uint64_t seed) {
     /* "in channels" and "classes" are only recorded: z's features, one grey channel out */
     fr_model *m = fr_model_new("gan_g", ZDIM, 1, seed);
     fr_module *net = fr_model_root(m);
-    stem_new(net);
-    upsample_new(net, "up7", up7);
-    fr_conv2d_new(net, "conv1", (fr_conv2d_opts){.in = 16, .out = 16});
-    fr_norm_new(net, "bn1", (fr_norm_opts){.channels = 16, .act = FR_ACT_RELU});
-    upsample_new(net, "up14", up14);
-    fr_conv2d_new(net, "conv2", (fr_conv2d_opts){.in = 16, .out = 1, .bias = true});
-    fr_block_new(net, "hardtanh", hardtanh_forward, 0);
+    fr_conv_transpose2d_new(net, "up1", (fr_conv_transpose2d_opts){.in = ZDIM, .out = 64,
+                                                                   .kernel = 7, .no_bias = true});
+    fr_norm_new(net, "bn1", (fr_norm_opts){.channels = 64, .act = FR_ACT_RELU});
+    fr_conv_transpose2d_new(net, "up2", (fr_conv_transpose2d_opts){.in = 64, .out = 32, .kernel = 4,
+                                                                   .stride = 2, .pad = 1,
+                                                                   .no_bias = true});
+    fr_norm_new(net, "bn2", (fr_norm_opts){.channels = 32, .act = FR_ACT_RELU});
+    fr_conv_transpose2d_new(net, "up3", (fr_conv_transpose2d_opts){.in = 32, .out = 1, .kernel = 4,
+                                                                   .stride = 2, .pad = 1});
+    fr_act_new(net, "tanh", (fr_act_opts){.act = FR_ACT_TANH});
     return fr_model_finish(m);
 }
 
 static fr_model *discriminator_new(uint64_t seed) {
-    fr_model *m = fr_model_new("gan_d", 1, 2, seed);
+    fr_model *m = fr_model_new("gan_d", 1, 1, seed);
     fr_module *net = fr_model_root(m);
-    fr_conv2d_new(net, "conv1", (fr_conv2d_opts){.in = 1, .out = 16, .kernel = 4, .stride = 2, .pad = 1,
-                                                  .bias = true});
-    fr_block_new(net, "leaky", leaky_forward, 0);
-    fr_conv2d_new(net, "conv2", (fr_conv2d_opts){.in = 16, .out = 32, .kernel = 4, .stride = 2, .pad = 1});
-    fr_norm_new(net, "bn2", (fr_norm_opts){.channels = 32, .act = FR_ACT_RELU});
+    fr_conv2d_new(net, "conv1", (fr_conv2d_opts){.in = 1, .out = 32, .kernel = 4, .stride = 2,
+                                                  .pad = 1, .bias = true});
+    fr_act_new(net, "leaky", (fr_act_opts){.act = FR_ACT_LEAKY_RELU, .slope = 0.2f});
+    fr_conv2d_new(net, "conv2", (fr_conv2d_opts){.in = 32, .out = 64, .kernel = 4, .stride = 2,
+                                                  .pad = 1});
+    fr_norm_new(net, "bn2", (fr_norm_opts){.channels = 64, .act = FR_ACT_LEAKY_RELU, .slope = 0.2f});
     fr_flatten_new(net, "flatten");
-    fr_linear_new(net, "fc", (fr_linear_opts){.in = 32 * 7 * 7, .out = 2});
+    fr_linear_new(net, "fc", (fr_linear_opts){.in = 64 * 7 * 7, .out = 1});
+    return fr_model_finish(m);
+}
+
+static fr_model *classifier_new(uint64_t seed) {
+    fr_model *m = fr_model_new("gan_judge", 1, CLASSES, seed);
+    fr_module *net = fr_model_root(m);
+    fr_pool_params half = {.kernel = 2, .stride = 2};
+    fr_conv2d_new(net, "conv1", (fr_conv2d_opts){.in = 1, .out = 16});
+    fr_norm_new(net, "bn1", (fr_norm_opts){.channels = 16, .act = FR_ACT_RELU});
+    fr_max_pool2d_new(net, "pool1", half);
+    fr_conv2d_new(net, "conv2", (fr_conv2d_opts){.in = 16, .out = 32});
+    fr_norm_new(net, "bn2", (fr_norm_opts){.channels = 32, .act = FR_ACT_RELU});
+    fr_max_pool2d_new(net, "pool2", half);
+    fr_flatten_new(net, "flatten");
+    fr_linear_new(net, "fc", (fr_linear_opts){.in = 32 * 7 * 7, .out = CLASSES});
     return fr_model_finish(m);
 }
 
 static fr_status models_init(models *ms, fr_strategy s, uint64_t seed) {
-    if (!(ms->up7 = upsample_matrix(7)) || !(ms->up14 = upsample_matrix(14)) ||
-        !(ms->g = generator_new(ms->up7, ms->up14, seed)) || !(ms->d = discriminator_new(seed + 1)))
+    if (!(ms->g = generator_new(seed)) || !(ms->d = discriminator_new(seed + 1)) ||
+        !(ms->c = classifier_new(seed + 2)))
         return fr_last_status();
     ms->g->cfg.strategy = ms->d->cfg.strategy = s;
     return FR_OK;
@@ -189,8 +117,7 @@ static fr_status models_init(models *ms, fr_strategy s, uint64_t seed) {
 static void models_free(models *ms) {
     fr_model_free(ms->g);
     fr_model_free(ms->d);
-    fr_release(ms->up7);
-    fr_release(ms->up14);
+    fr_model_free(ms->c);
 }
 
 static fr_tensor *noise(int64_t n, fr_rng *rng) {
@@ -201,27 +128,37 @@ static fr_tensor *noise(int64_t n, fr_rng *rng) {
     }
     for (int64_t i = 0; i < n * ZDIM; i++)
         z[i] = (float)fr_rng_normal(rng);
-    fr_tensor *t = fr_from_host(FR_CPU, FR_F32, 2, FR_SHAPE(n, ZDIM), FR_TAG_DATA, z);
+    fr_tensor *t = fr_from_host(FR_CPU, FR_F32, 4, FR_SHAPE(n, ZDIM, 1, 1), FR_TAG_DATA, z);
     free(z);
     return t;
 }
 
-static fr_tensor *labels(int64_t n, int32_t value) {
-    int32_t *v = malloc((size_t)n * sizeof *v);
-    if (!v) {
-        fr_error(FR_ERR_OOM, "gan: out of memory");
-        return NULL;
-    }
-    for (int64_t i = 0; i < n; i++)
-        v[i] = value;
-    fr_tensor *t = fr_from_host(FR_CPU, FR_I32, 1, FR_SHAPE(n), FR_TAG_DATA, v);
-    free(v);
+/* BCE targets: (N, 1) all `value` */
+static fr_tensor *targets(int64_t n, float value) {
+    fr_tensor *t = fr_empty(FR_CPU, FR_F32, 2, FR_SHAPE(n, 1), FR_TAG_DATA);
+    if (t && fr_fill_(t, value) != FR_OK)
+        fr_clear(&t);
     return t;
 }
 
 static fr_tensor *d_loss(fr_model *d, fr_tensor *x, fr_tensor *target) {
     fr_tensor *logits = fr_model_forward(d, x, true);
-    return logits ? fr_chain(logits, fr_cross_entropy(logits, target)) : NULL;
+    return logits ? fr_chain(logits, fr_bce_with_logits_loss(logits, target)) : NULL;
+}
+
+/* One step of the judging classifier on a real batch (cross-entropy). */
+static fr_status classifier_step(fr_model *c, fr_optim *opt, fr_tensor *real, fr_tensor *y) {
+    fr_tensor *logits = fr_model_forward(c, real, true);
+    fr_tensor *l = logits ? fr_cross_entropy(logits, y) : NULL;
+    fr_release(logits);
+    fr_status st = l ? fr_backward(l) : fr_last_status();
+    fr_release(l);
+    if (st == FR_OK)
+        st = fr_optim_step(opt);
+    fr_optim_zero_grad(opt);
+    if (st != FR_OK)
+        fr_tape_clear();
+    return st;
 }
 
 /* One alternating step; *ld, *lg get the two losses. */
@@ -262,20 +199,23 @@ static fr_status gan_step(fr_model *g, fr_model *d, fr_optim *gopt, fr_optim *do
     return st;
 }
 
-/* GRID x GRID samples of G (batch statistics, no_grad) as a grey PNG. */
-static fr_status write_grid(fr_model *g, const char *path, fr_rng *rng) {
-    fr_tensor *z = noise(GRID * GRID, rng);
+/* SAMPLES samples of G (batch statistics, no_grad): (SAMPLES, 1, 28, 28). */
+static fr_tensor *samples(fr_model *g, fr_rng *rng) {
+    fr_tensor *z = noise(SAMPLES, rng);
     fr_no_grad_enter();
     fr_tensor *img = z ? fr_model_forward(g, z, true) : NULL;
     fr_no_grad_exit();
     fr_release(z);
-    if (!img)
-        return fr_last_status();
+    return img;
+}
+
+/* The first GRID x GRID images of img (N, 1, 28, 28) in [-1, 1] as a grey PNG. */
+static fr_status write_grid(const fr_tensor *img, const char *path) {
     enum { S = 28, W = GRID * S };
-    float *px = malloc(GRID * GRID * S * S * sizeof *px);
+    size_t n = (size_t)fr_numel(img);
+    float *px = malloc(n * sizeof *px);
     unsigned char *out = malloc(W * W);
-    fr_status st = px && out ? fr_read_f32(img, px, GRID * GRID * S * S) : fr_error(FR_ERR_OOM, "gan: out of memory");
-    fr_release(img);
+    fr_status st = px && out ? fr_read_f32(img, px, n) : fr_error(FR_ERR_OOM, "gan: out of memory");
     for (int i = 0; st == FR_OK && i < GRID * GRID; i++)
         for (int y = 0; y < S; y++)
             for (int x = 0; x < S; x++) {
@@ -295,9 +235,83 @@ static fr_status write_grid(fr_model *g, const char *path, fr_rng *rng) {
     return st;
 }
 
+/* What the classifier makes of SAMPLES images x: the mean top-class
+ * probability, the predicted classes' histogram, and (labels given) the
+ * accuracy. */
+typedef struct {
+    double mean_top, accuracy;
+    int hist[CLASSES];
+} judgement;
+
+static fr_status judge(fr_model *c, const fr_tensor *x, const int32_t *labels, judgement *j) {
+    *j = (judgement){0};
+    fr_no_grad_enter();
+    fr_tensor *logits = fr_model_forward(c, (fr_tensor *)x, false);
+    fr_no_grad_exit();
+    if (!logits)
+        return fr_last_status();
+    float v[SAMPLES * CLASSES];
+    fr_status st = fr_read_f32(logits, v, SAMPLES * CLASSES);
+    fr_release(logits);
+    int correct = 0;
+    for (int i = 0; st == FR_OK && i < SAMPLES; i++) {
+        const float *l = v + i * CLASSES;
+        int best = 0;
+        for (int k = 1; k < CLASSES; k++)
+            best = l[k] > l[best] ? k : best;
+        double sum = 0;
+        for (int k = 0; k < CLASSES; k++)
+            sum += exp((double)l[k] - l[best]);
+        j->mean_top += 1.0 / sum / SAMPLES; /* softmax of the top class */
+        j->hist[best]++;
+        correct += labels && labels[i] == best;
+    }
+    j->accuracy = (double)correct / SAMPLES;
+    return st;
+}
+
+static void print_judgement(const char *what, const judgement *j) {
+    int covered = 0, largest = 0;
+    for (int k = 0; k < CLASSES; k++) {
+        covered += j->hist[k] > 0;
+        largest = j->hist[k] > largest ? j->hist[k] : largest;
+    }
+    printf("  %-22s mean top-class probability %.3f, %d of %d classes predicted, largest %4.1f%%  [",
+           what, j->mean_top, covered, CLASSES, 100.0 * largest / SAMPLES);
+    for (int k = 0; k < CLASSES; k++)
+        printf("%s%d", k ? " " : "", j->hist[k]);
+    printf("]\n");
+}
+
+/* SAMPLES held-out real images in [-1, 1], as the loader normalises them,
+ * and their labels. */
+static fr_status held_out(const fr_data_spec *spec, fr_tensor **x, int32_t *labels) {
+    fr_dataset *ds = fr_data_open(spec, false, SAMPLES);
+    if (!ds)
+        return fr_last_status();
+    fr_status st = ds->n == SAMPLES ? FR_OK
+                                    : fr_error(FR_ERR_SHAPE, "gan: the test set has %lld images, "
+                                               "fewer than %d", (long long)ds->n, SAMPLES);
+    enum { PX = 28 * 28 };
+    float *f = st == FR_OK ? malloc((size_t)SAMPLES * PX * sizeof *f) : NULL;
+    if (st == FR_OK && !f)
+        st = fr_error(FR_ERR_OOM, "gan: out of memory");
+    if (st == FR_OK) {
+        const uint8_t *u = fr_data(ds->images);
+        for (size_t i = 0; i < (size_t)SAMPLES * PX; i++)
+            f[i] = (u[i] / 255.0f - 0.5f) / 0.5f;
+        memcpy(labels, fr_data(ds->labels), SAMPLES * sizeof *labels);
+        if (!(*x = fr_from_host(FR_CPU, FR_F32, 4, FR_SHAPE(SAMPLES, 1, 28, 28), FR_TAG_DATA, f)))
+            st = fr_last_status();
+    }
+    free(f);
+    fr_dataset_free(ds);
+    return st;
+}
+
 static fr_status parse_args(int argc, char **argv, options *o) {
-    *o = (options){.data = "fashion-mnist", .out = "gan.png", .strategy = "plain", .steps = 200,
-                   .batch = 32, .seed = 1, .limit = 10000, .lr = 2e-4};
+    *o = (options){.data = "fashion-mnist", .out = "gan.png", .strategy = "plain", .steps = 1000,
+                   .batch = 64, .seed = 1, .limit = 10000, .lr = 2e-4};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         bool known = true;
@@ -336,8 +350,8 @@ static fr_status parse_args(int argc, char **argv, options *o) {
 static void usage(FILE *out) {
     fprintf(out, "usage: gan [flags]\n"
                  "  --data SPEC      fashion-mnist[:DIR] (default) or mnist:DIR\n"
-                 "  --steps N        alternating steps (200)\n"
-                 "  --batch N        real images per step, and as many fakes (32)\n"
+                 "  --steps N        alternating steps (1000)\n"
+                 "  --batch N        real images per step, and as many fakes (64)\n"
                  "  --strategy S     memory strategy of both models (plain; see train --help)\n"
                  "  --lr X           Adam learning rate, betas (0.5, 0.999) (0.0002)\n"
                  "  --limit N        first N training images (10000; 0 = all)\n"
@@ -351,7 +365,8 @@ typedef struct {
     fr_loader *ld;
     fr_optim *gopt, *dopt;
     fr_tensor **g_inputs;
-    fr_tensor *ones, *zeros;
+    fr_optim *copt;
+    fr_tensor *ones, *zeros, *fake, *real;
 } run;
 
 static fr_status train(const options *o, run *r) {
@@ -375,7 +390,8 @@ static fr_status train(const options *o, run *r) {
     fr_adam_options ao = fr_adam_defaults(o->lr, 0);
     ao.beta1 = 0.5;
     if (!(r->gopt = fr_adam_new(r->m.g->params, ao)) || !(r->dopt = fr_adam_new(r->m.d->params, ao)) ||
-        !(r->ones = labels(o->batch, 1)) || !(r->zeros = labels(o->batch, 0)))
+        !(r->copt = fr_adam_new(r->m.c->params, fr_adam_defaults(1e-3, 0))) ||
+        !(r->ones = targets(o->batch, 1.0f)) || !(r->zeros = targets(o->batch, 0.0f)))
         return fr_last_status();
     int n_g = 0;
     const fr_params *gp = r->m.g->params;
@@ -390,19 +406,24 @@ static fr_status train(const options *o, run *r) {
     fr_rng rng;
     fr_rng_seed(&rng, (uint64_t)o->seed + 1);
     fr_mem_reset_peak();
-    double t0 = fr_cli_now();
+    double t0 = fr_cli_now(), t_warm = t0; /* t_warm: after WARMUP steps */
+    enum { WARMUP = 5 };
     for (int64_t step = 1; step <= o->steps; step++) {
+        if (step == WARMUP + 1)
+            t_warm = fr_cli_now();
         fr_tensor *real, *y;
         FR_TRY(fr_loader_next(r->ld, &real, &y));
         if (!real) { /* epoch over: the next call starts another */
             FR_TRY(fr_loader_next(r->ld, &real, &y));
         }
-        fr_release(y);
         fr_tensor *z = noise(o->batch, &rng);
         double ld = 0, lg = 0;
         fr_status st = z ? gan_step(r->m.g, r->m.d, r->gopt, r->dopt, r->g_inputs, n_g, real, z,
                                     r->ones, r->zeros, &ld, &lg)
                          : fr_last_status();
+        if (st == FR_OK)
+            st = classifier_step(r->m.c, r->copt, real, y);
+        fr_release(y);
         fr_release(real);
         fr_release(z);
         FR_TRY(st);
@@ -410,19 +431,41 @@ static fr_status train(const options *o, run *r) {
             return fr_error(FR_ERR_ARG, "gan: step %lld: loss is not finite (D %g, G %g); try a "
                             "smaller --lr",
                             (long long)step, ld, lg);
-        printf("step %lld/%lld: loss D %.4f  G %.4f\n", (long long)step, (long long)o->steps, ld, lg);
-        fflush(stdout);
+        if (step % 50 == 0 || step == o->steps) {
+            printf("step %lld/%lld: loss D %.4f  G %.4f\n", (long long)step, (long long)o->steps, ld,
+                   lg);
+            fflush(stdout);
+        }
     }
-    printf("trained in %.1f s\n", fr_cli_now() - t0);
-    FR_TRY(write_grid(r->m.g, o->out, &rng));
+    double t1 = fr_cli_now();
+    printf("trained in %.1f s", t1 - t0);
+    if (o->steps > WARMUP) /* bench/torch_gan.py times the same step in PyTorch */
+        printf(", %.1f ms per step after the first %d", 1000.0 * (t1 - t_warm) /
+               (double)(o->steps - WARMUP), WARMUP);
+    printf("\n");
+    if (!(r->fake = samples(r->m.g, &rng)))
+        return fr_last_status();
+    FR_TRY(write_grid(r->fake, o->out));
     printf("wrote %s (%dx%d samples)\nmemory ledger (peaks over training):\n", o->out, GRID, GRID);
     fr_mem_report(stdout);
+    int32_t real_labels[SAMPLES];
+    judgement jf, jr;
+    FR_TRY(held_out(&spec, &r->real, real_labels));
+    FR_TRY(judge(r->m.c, r->real, real_labels, &jr));
+    FR_TRY(judge(r->m.c, r->fake, NULL, &jf));
+    printf("sample quality, by the classifier trained beside the GAN (%.1f%% on %d held-out "
+           "images):\n", 100.0 * jr.accuracy, SAMPLES);
+    print_judgement("held-out real images", &jr);
+    print_judgement("generated samples", &jf);
     return FR_OK;
 }
 
 static void run_free(run *r) {
     fr_release(r->ones);
     fr_release(r->zeros);
+    fr_release(r->fake);
+    fr_release(r->real);
+    fr_optim_free(r->copt);
     free(r->g_inputs);
     fr_optim_free(r->gopt);
     fr_optim_free(r->dopt);

@@ -173,13 +173,63 @@ fr_module *fr_conv2d_new(fr_module *parent, const char *name, fr_conv2d_opts o) 
     if (!mod)
         return NULL;
     int kernel = o.kernel ? o.kernel : 3;
-    int pad = o.pad == FR_NO_PAD ? 0 : o.pad ? o.pad : kernel / 2;
-    fr_status st = o.pad < FR_NO_PAD
-                       ? fr_error(FR_ERR_ARG, "conv2d %s: negative padding %d", mod->name, o.pad)
-                       : fr_conv2d_layer_init(&l->conv, mod->model->params, mod->name, o.in, o.out,
-                                              kernel, o.stride ? o.stride : 1, pad, o.bias,
-                                              &mod->model->build->rng);
+    int groups = o.groups ? o.groups : 1, dilation = o.dilation ? o.dilation : 1;
+    int pad = o.pad == FR_NO_PAD ? 0 : o.pad ? o.pad : dilation * (kernel / 2);
+    fr_status st = FR_OK;
+    if (o.pad < FR_NO_PAD)
+        st = fr_error(FR_ERR_ARG, "conv2d %s: negative padding %d", mod->name, o.pad);
+    else if (groups < 1 || dilation < 1 || o.in % groups || o.out % groups)
+        st = fr_error(FR_ERR_ARG, "conv2d %s: groups %d must divide in %d and out %d, and "
+                      "dilation %d must be >= 1", mod->name, groups, o.in, o.out, dilation);
+    else
+        st = fr_conv2d_layer_init(&l->conv, mod->model->params, mod->name, o.in / groups, o.out,
+                                  kernel, o.stride ? o.stride : 1, pad, o.bias,
+                                  &mod->model->build->rng);
+    l->conv.p.groups = groups;
+    l->conv.p.dilation = dilation;
     return st == FR_OK ? mod : fail(mod->model, st);
+}
+
+fr_module *fr_conv_transpose2d_new(fr_module *parent, const char *name, fr_conv_transpose2d_opts o) {
+    fr_layer *l;
+    fr_module *mod = layer_new(parent, name, FR_LAYER_CONV_TRANSPOSE2D, &l);
+    if (!mod)
+        return NULL;
+    fr_conv_transpose_params p = {.stride = o.stride ? o.stride : 1, .pad = o.pad,
+                                  .output_pad = o.output_pad, .groups = o.groups ? o.groups : 1};
+    fr_status st = FR_OK;
+    if (o.pad < 0 || o.output_pad < 0 || o.output_pad >= p.stride)
+        st = fr_error(FR_ERR_ARG, "conv_transpose2d %s: pad %d must be >= 0 and output_pad %d in "
+                      "[0, stride %d)", mod->name, o.pad, o.output_pad, p.stride);
+    else
+        st = fr_conv_transpose2d_layer_init(&l->convt, mod->model->params, mod->name, o.in, o.out,
+                                            o.kernel, p, !o.no_bias, &mod->model->build->rng);
+    return st == FR_OK ? mod : fail(mod->model, st);
+}
+
+fr_module *fr_upsample_new(fr_module *parent, const char *name, fr_upsample_opts o) {
+    fr_layer *l;
+    fr_module *mod = layer_new(parent, name, FR_LAYER_UPSAMPLE, &l);
+    if (!mod)
+        return NULL;
+    fr_status st = fr_upsample_check("upsample", mod->name, o);
+    l->upsample = o;
+    return st == FR_OK ? mod : fail(mod->model, st);
+}
+
+fr_module *fr_adaptive_avg_pool2d_new(fr_module *parent, const char *name, int out_h, int out_w) {
+    fr_layer *l;
+    fr_module *mod = layer_new(parent, name, FR_LAYER_ADAPTIVE_AVG_POOL2D, &l);
+    if (!mod)
+        return NULL;
+    if (out_h < 1 || out_w < 1) {
+        fr_error(FR_ERR_ARG, "adaptive_avg_pool2d %s: output size %dx%d must be positive",
+                 mod->name, out_h, out_w);
+        return fail(mod->model, FR_ERR_ARG);
+    }
+    l->out_h = out_h;
+    l->out_w = out_w;
+    return mod;
 }
 
 /* An activation's parameter with its default where 0: leaky ReLU's slope
@@ -310,6 +360,12 @@ static fr_tensor *layer_forward(const fr_module *m, fr_tensor *x, const fr_run *
         return fr_dropout(x, l->p, run->training);
     case FR_LAYER_ACT:
         return fr_act_layer_apply(m, x, run);
+    case FR_LAYER_CONV_TRANSPOSE2D:
+        return fr_conv_transpose2d_layer_forward(&l->convt, x);
+    case FR_LAYER_UPSAMPLE:
+        return fr_upsample(x, l->upsample);
+    case FR_LAYER_ADAPTIVE_AVG_POOL2D:
+        return fr_adaptive_avg_pool2d(x, l->out_h, l->out_w);
     default:
         FR_ASSERT(!"unknown layer kind");
         return NULL;

@@ -16,8 +16,8 @@
  * empty name ("") adds no component (the root's is empty).
  *
  * Modules:
- *  - layers: conv2d, norm (BatchNorm2d + activation), linear, pools,
- *    flatten, dropout. Each reads its input and returns a new tensor.
+ *  - layers: conv2d, conv_transpose2d, norm (BatchNorm2d + activation),
+ *    linear, pools, upsample, flatten, dropout. Each reads its input and returns a new tensor.
  *  - chain: its children run one after another (nested chains are run as
  *    their children, so "layer1.0" in "layer1" in the root is one step of
  *    the root's sequence).
@@ -40,8 +40,8 @@
  *    "checkpoint" chooses segments from the bytes each step was measured to
  *    keep, under the current strategy and precision (a trial forward on the
  *    first step of each input shape; nn/seg_split.h). A step is a block, a dense
- *    module, a nested chain of layers only, or a conv2d layer with the
- *    layers after it up to the next conv (so a flat chain of layers is cut
+ *    module, a nested chain of layers only, or a conv2d (or conv_transpose2d)
+ *    layer with the layers after it up to the next conv (so a flat chain of layers is cut
  *    between convs); dense modules are never inside a segment of the
  *    sequence around them (they checkpoint their own children instead).
  * A strategy the model cannot honour is refused with FR_ERR_ARG naming the
@@ -114,11 +114,33 @@ typedef struct {
     int in, out;       /* channels (required) */
     int kernel;        /* square [3] */
     int stride;        /* [1] */
-    int pad;           /* [kernel / 2]; FR_NO_PAD for none */
+    int pad;           /* [dilation * (kernel / 2)]; FR_NO_PAD for none */
     bool bias;         /* [false: a norm layer usually follows] */
+    int groups;        /* [1]; in and out multiples of it; depthwise: groups == in */
+    int dilation;      /* [1] */
 } fr_conv2d_opts;
 #define FR_NO_PAD (-1)
 fr_module *fr_conv2d_new(fr_module *parent, const char *name, fr_conv2d_opts o);
+
+/* nn.ConvTranspose2d(in, out, kernel, stride, pad, output_pad, groups,
+ * bias): weight (in, out/groups, kernel, kernel); output size (H - 1) *
+ * stride - 2 pad + kernel + output_pad. Bias on unless no_bias, as PyTorch. */
+typedef struct {
+    int in, out;       /* channels (required) */
+    int kernel;        /* square (required) */
+    int stride;        /* [1] */
+    int pad;           /* [0] */
+    int output_pad;    /* [0]; smaller than stride */
+    int groups;        /* [1] */
+    bool no_bias;      /* [bias on, as PyTorch] */
+} fr_conv_transpose2d_opts;
+fr_module *fr_conv_transpose2d_new(fr_module *parent, const char *name, fr_conv_transpose2d_opts o);
+
+/* nn.Upsample(scale_factor = scale, mode, align_corners) with an integer
+ * scale (fr_upsample_opts: tensor/ops.h) */
+fr_module *fr_upsample_new(fr_module *parent, const char *name, fr_upsample_opts o);
+/* nn.AdaptiveAvgPool2d((out_h, out_w)) */
+fr_module *fr_adaptive_avg_pool2d_new(fr_module *parent, const char *name, int out_h, int out_w);
 
 /* BatchNorm2d (momentum 0.1, eps 1e-5) then `act` [identity], fused. The
  * one layer where recompute and abn change how things run. Any fr_act

@@ -1,4 +1,4 @@
-/* layers.c: Conv2d, BatchNorm2d and Linear over a parameter registry; see
+/* layers.c: Conv2d, ConvTranspose2d, BatchNorm2d and Linear over a parameter registry; see
  * layers.h. */
 #include "layers.h"
 
@@ -47,6 +47,41 @@ fr_tensor *fr_conv2d_layer_forward(const fr_conv2d_layer *l, fr_tensor *x) {
         return NULL;
     }
     return fr_conv2d(x, l->weight, l->bias, l->p);
+}
+
+fr_status fr_conv_transpose2d_layer_init(fr_conv_transpose2d_layer *l, fr_params *params,
+                                         const char *name, int in_channels, int out_channels,
+                                         int kernel, fr_conv_transpose_params p, bool bias,
+                                         fr_rng *rng) {
+    const char *op = "conv_transpose2d";
+    FR_TRY(check_sizes(op, name, in_channels, out_channels));
+    FR_TRY(check_sizes(op, name, kernel, p.stride));
+    int g = p.groups ? p.groups : 1;
+    if (g < 1 || in_channels % g || out_channels % g)
+        return fr_error(FR_ERR_ARG, "%s %s: groups %d must divide the %d input and %d output "
+                        "channels", op, name, g, in_channels, out_channels);
+    *l = (fr_conv_transpose2d_layer){.p = p};
+    l->weight = new_tensor(params, name, "weight", FR_PARAMETER, FR_F32, 4,
+                           FR_SHAPE(in_channels, out_channels / g, kernel, kernel));
+    if (!l->weight)
+        return fr_last_status();
+    double bound = 1.0 / sqrt((double)(out_channels / g) * kernel * kernel);
+    FR_TRY(fr_init_uniform_(l->weight, -bound, bound, rng));
+    if (bias) {
+        l->bias = new_tensor(params, name, "bias", FR_PARAMETER, FR_F32, 1, FR_SHAPE(out_channels));
+        if (!l->bias)
+            return fr_last_status();
+        FR_TRY(fr_init_uniform_(l->bias, -bound, bound, rng));
+    }
+    return FR_OK;
+}
+
+fr_tensor *fr_conv_transpose2d_layer_forward(const fr_conv_transpose2d_layer *l, fr_tensor *x) {
+    if (!l || !x) {
+        fr_error_null("conv_transpose2d layer", !l ? "layer" : "x");
+        return NULL;
+    }
+    return fr_conv_transpose2d(x, l->weight, l->bias, l->p);
 }
 
 fr_status fr_batch_norm2d_layer_init(fr_batch_norm2d_layer *l, fr_params *params, const char *name,

@@ -50,9 +50,10 @@ static inline fr_tensor *fr_chain(fr_tensor *prev, fr_tensor *next) {
     return next;
 }
 
-/* ---- Conv2d, groups 1, square kernel ---- */
+/* ---- Conv2d, square kernel. in_channels is the weight's C (C/groups for
+ * a grouped layer: set p.groups after init, as fr_conv2d_new does) ---- */
 typedef struct {
-    fr_tensor *weight;  /* (K, C, R, R) */
+    fr_tensor *weight;  /* (K, C/groups, R, R) */
     fr_tensor *bias;    /* (K), or NULL */
     fr_conv_params p;
 } fr_conv2d_layer;
@@ -60,6 +61,21 @@ typedef struct {
 fr_status fr_conv2d_layer_init(fr_conv2d_layer *l, fr_params *params, const char *name, int in_channels,
                                int out_channels, int kernel, int stride, int pad, bool bias, fr_rng *rng);
 fr_tensor *fr_conv2d_layer_forward(const fr_conv2d_layer *l, fr_tensor *x);
+
+/* ---- ConvTranspose2d, square kernel: PyTorch's layout and default
+ * initialisation (weight and bias U(-1/sqrt(fan_in), 1/sqrt(fan_in)) with
+ * fan_in = Cout/groups * R * R, the weight's dims after the first) ---- */
+typedef struct {
+    fr_tensor *weight;  /* (Cin, Cout/groups, R, R) */
+    fr_tensor *bias;    /* (Cout), or NULL */
+    fr_conv_transpose_params p;
+} fr_conv_transpose2d_layer;
+
+fr_status fr_conv_transpose2d_layer_init(fr_conv_transpose2d_layer *l, fr_params *params,
+                                         const char *name, int in_channels, int out_channels,
+                                         int kernel, fr_conv_transpose_params p, bool bias,
+                                         fr_rng *rng);
+fr_tensor *fr_conv_transpose2d_layer_forward(const fr_conv_transpose2d_layer *l, fr_tensor *x);
 
 /* ---- BatchNorm2d (also takes (N, C) input) ---- */
 typedef struct {

@@ -17,12 +17,18 @@ typedef enum {
     FR_LAYER_FLATTEN,
     FR_LAYER_DROPOUT,
     FR_LAYER_ACT,
+    FR_LAYER_CONV_TRANSPOSE2D,
+    FR_LAYER_UPSAMPLE,
+    FR_LAYER_ADAPTIVE_AVG_POOL2D,
     FR_LAYER_KIND_COUNT
 } fr_layer_kind;
 
 typedef struct {
     fr_layer_kind kind;
     fr_conv2d_layer conv;
+    fr_conv_transpose2d_layer convt;
+    fr_upsample_opts upsample;
+    int out_h, out_w;  /* adaptive pool */
     fr_batch_norm2d_layer bn;
     fr_norm_kind norm_kind;    /* FR_NORM_BATCH: bn; else gn */
     fr_group_norm_layer gn;

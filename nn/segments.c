@@ -64,8 +64,8 @@ fr_status fr_chain_prepare(fr_module *c) {
     if (st == FR_OK && (!c->step_first || !c->step_len))
         st = fr_error(FR_ERR_OOM, "%s: out of memory", c->model->name);
     /* A block or a dense module is a step of its own, and so is a nested
-     * chain of layers only. In a run of other layers each conv2d starts a
-     * step, which the layers after it (norm, pool, flatten, linear) join,
+     * chain of layers only. In a run of other layers each conv2d (or
+     * conv_transpose2d) starts a step, which the layers after it (norm, pool, flatten, linear) join,
      * so a flat chain (a VGG) can be cut before any conv. A norm layer
      * never starts a step after a layer: under abn it writes over its
      * input, which a segment's checkpoint (or the trial measuring the step)
@@ -74,9 +74,10 @@ fr_status fr_chain_prepare(fr_module *c) {
         const fr_module *it = c->items[i];
         bool after_layer = i > 0 && it->kind == FR_MODULE_LAYER &&
                            c->items[i - 1]->kind == FR_MODULE_LAYER;
-        bool joins = after_layer && (unit[i] ? unit[i] == unit[i - 1]
-                                             : !unit[i - 1] && ((const fr_layer *)it->state)->kind !=
-                                                                   FR_LAYER_CONV2D);
+        fr_layer_kind kind = it->kind == FR_MODULE_LAYER ? ((const fr_layer *)it->state)->kind
+                                                          : FR_LAYER_KIND_COUNT;
+        bool starts = kind == FR_LAYER_CONV2D || kind == FR_LAYER_CONV_TRANSPOSE2D;
+        bool joins = after_layer && (unit[i] ? unit[i] == unit[i - 1] : !unit[i - 1] && !starts);
         if (joins) {
             c->step_len[c->n_steps - 1]++;
             continue;

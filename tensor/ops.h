@@ -91,11 +91,14 @@ fr_status fr_linear_forward(fr_tensor *y, const fr_tensor *x, const fr_tensor *w
 fr_status fr_linear_backward(fr_tensor *dx, fr_tensor *dw, fr_tensor *db, const fr_tensor *dy,
                              const fr_tensor *x, const fr_tensor *w);
 
-/* ---- convolution (ops_conv.c), groups = 1 ---- */
+/* ---- convolution (ops_conv.c) ---- */
 typedef struct {
     int stride, pad;
+    int groups;    /* [1]; C and K must be multiples, w is (K, C/groups, R, S) */
+    int dilation;  /* [1] */
 } fr_conv_params;
-/* The output shape for x (N,C,H,W) and w (K,C,R,S), or an error. */
+/* The output shape for x (N,C,H,W) and w (K,C/groups,R,S), or an error:
+ * OH = (H + 2 pad - dilation (R - 1) - 1) / stride + 1, as PyTorch. */
 fr_status fr_conv2d_shape(const fr_tensor *x, const fr_tensor *w, fr_conv_params p, fr_conv_shape *s);
 /* y (N,K,OH,OW) = conv(x, w) + b; b (K) may be NULL */
 fr_status fr_conv2d_forward(fr_tensor *y, const fr_tensor *x, const fr_tensor *w, const fr_tensor *b,
@@ -103,6 +106,27 @@ fr_status fr_conv2d_forward(fr_tensor *y, const fr_tensor *x, const fr_tensor *w
 /* any of dx, dw, db may be NULL (not wanted); x is needed only for dw */
 fr_status fr_conv2d_backward(fr_tensor *dx, fr_tensor *dw, fr_tensor *db, const fr_tensor *dy,
                              const fr_tensor *x, const fr_tensor *w, fr_conv_params p);
+
+/* ---- transposed convolution (ops_conv.c), PyTorch's ConvTranspose2d:
+ * x (N, Cin, H, W), w (Cin, Cout/groups, R, S), b (Cout), y (N, Cout, OH, OW)
+ * with OH = (H - 1) stride - 2 pad + dilation (R - 1) + output_pad + 1. It
+ * is the data gradient of the convolution with that weight, and is run as
+ * one (cuDNN and oneDNN's backward-data kernels). ---- */
+typedef struct {
+    int stride, pad;
+    int output_pad;  /* [0]; < stride */
+    int groups;      /* [1] */
+    int dilation;    /* [1] */
+} fr_conv_transpose_params;
+/* The convolution it transposes: s's input is y's shape, s's output x's. */
+fr_status fr_conv_transpose2d_shape(const fr_tensor *x, const fr_tensor *w,
+                                    fr_conv_transpose_params p, fr_conv_shape *s);
+fr_status fr_conv_transpose2d_forward(fr_tensor *y, const fr_tensor *x, const fr_tensor *w,
+                                      const fr_tensor *b, fr_conv_transpose_params p);
+/* any of dx, dw, db may be NULL (not wanted); x is needed only for dw */
+fr_status fr_conv_transpose2d_backward(fr_tensor *dx, fr_tensor *dw, fr_tensor *db,
+                                       const fr_tensor *dy, const fr_tensor *x, const fr_tensor *w,
+                                       fr_conv_transpose_params p);
 
 /* ---- batch norm (ops_batchnorm.c). x (N,C,H,W) or (N,C); per-channel
  * tensors (C). ---- */
@@ -193,6 +217,26 @@ fr_status fr_max_pool2d_forward(fr_tensor *y, const fr_tensor *x, fr_pool_params
 fr_status fr_max_pool2d_backward(fr_tensor *dx, const fr_tensor *dy, const fr_tensor *x, fr_pool_params p);
 fr_status fr_avg_pool2d_forward(fr_tensor *y, const fr_tensor *x, fr_pool_params p);
 fr_status fr_avg_pool2d_backward(fr_tensor *dx, const fr_tensor *dy, fr_pool_params p);
+/* Adaptive average pooling (PyTorch's AdaptiveAvgPool2d): y's shape (N, C,
+ * OH, OW) gives the output size; in backward dx carries the input's. */
+fr_status fr_adaptive_avg_pool2d_forward(fr_tensor *y, const fr_tensor *x);
+fr_status fr_adaptive_avg_pool2d_backward(fr_tensor *dx, const fr_tensor *dy);
+
+/* ---- upsampling (ops_upsample.c): x (N, C, H, W) -> y (N, C, H * scale,
+ * W * scale), PyTorch's nn.Upsample(scale_factor = scale, mode,
+ * align_corners) for an integer scale ---- */
+typedef struct {
+    int scale;                /* >= 1 (required) */
+    fr_upsample_mode mode;    /* [FR_UPSAMPLE_NEAREST] */
+    bool align_corners;       /* bilinear only [false] */
+} fr_upsample_opts;
+/* FR_ERR_ARG naming op and `name` (a layer) for a bad scale, mode, or
+ * align_corners with nearest (PyTorch refuses that too). */
+fr_status fr_upsample_check(const char *op, const char *name, fr_upsample_opts o);
+fr_status fr_upsample_shape_of(const fr_tensor *x, fr_upsample_opts o, fr_upsample_shape *s);
+fr_status fr_upsample_forward(fr_tensor *y, const fr_tensor *x, fr_upsample_opts o);
+/* dx carries the input's shape */
+fr_status fr_upsample_backward(fr_tensor *dx, const fr_tensor *dy, fr_upsample_opts o);
 /* y (N,C) = mean over H,W of x (N,C,H,W) */
 fr_status fr_global_avg_pool_forward(fr_tensor *y, const fr_tensor *x);
 fr_status fr_global_avg_pool_backward(fr_tensor *dx, const fr_tensor *dy);

@@ -161,3 +161,54 @@ fr_status fr_global_avg_pool_backward(fr_tensor *dx, const fr_tensor *dy) {
     return fr_stage_run_units(dx, (size_t)hw, false, &dy, (size_t[]){1}, 1,
                               (size_t)(dx->shape[0] * dx->shape[1]), global_bwd_block, &hw);
 }
+
+/* ---- adaptive average pooling: the output size is y's (dy's) ---- */
+
+static fr_status check_adaptive(const char *op, const char *x_name, const fr_tensor *x,
+                                const char *y_name, const fr_tensor *y, fr_pool_shape *s) {
+    char sx[96], sy[96];
+    FR_TRY(check_t(op, x_name, x, 0, NULL, x_name, x));
+    FR_TRY(fr_check_ndim(op, x_name, x, 4));
+    FR_TRY(check_t(op, y_name, y, 0, NULL, x_name, x));
+    FR_TRY(fr_check_ndim(op, y_name, y, 4));
+    fr_shape_str(x, sx, sizeof sx);
+    fr_shape_str(y, sy, sizeof sy);
+    if (y->shape[0] != x->shape[0] || y->shape[1] != x->shape[1] || y->shape[2] < 1 ||
+        y->shape[3] < 1)
+        return fr_error(FR_ERR_SHAPE, "%s: %s %s and %s %s must share N and C, with an output of "
+                        "at least 1x1", op, x_name, sx, y_name, sy);
+    if (x->shape[0] * x->shape[1] > INT_MAX || x->shape[2] * x->shape[3] > INT_MAX ||
+        y->shape[2] * y->shape[3] > INT_MAX)
+        return fr_error(FR_ERR_SHAPE, "%s: %s %s is too large for the kernels", op, x_name, sx);
+    *s = (fr_pool_shape){.n = (int)x->shape[0], .c = (int)x->shape[1], .h = (int)x->shape[2],
+                         .w = (int)x->shape[3], .oh = (int)y->shape[2], .ow = (int)y->shape[3]};
+    return FR_OK;
+}
+
+static fr_status adaptive_fwd_block(fr_device dev, float *y, const float *const *in, size_t count,
+                                    size_t first, const void *s) {
+    (void)first;
+    fr_pool_shape b = block_shape(s, count);
+    return FR_CALL_KERNEL(dev, adaptive_avg_pool2d_forward, y, in[0], &b);
+}
+
+static fr_status adaptive_bwd_block(fr_device dev, float *dx, const float *const *in, size_t count,
+                                    size_t first, const void *s) {
+    (void)first;
+    fr_pool_shape b = block_shape(s, count);
+    return FR_CALL_KERNEL(dev, adaptive_avg_pool2d_backward, dx, in[0], &b);
+}
+
+fr_status fr_adaptive_avg_pool2d_forward(fr_tensor *y, const fr_tensor *x) {
+    fr_pool_shape s;
+    FR_TRY(check_adaptive("adaptive_avg_pool2d", "x", x, "y", y, &s));
+    return fr_stage_run_units(y, out_img(&s), false, &x, (size_t[]){in_img(&s)}, 1, (size_t)s.n,
+                              adaptive_fwd_block, &s);
+}
+
+fr_status fr_adaptive_avg_pool2d_backward(fr_tensor *dx, const fr_tensor *dy) {
+    fr_pool_shape s;
+    FR_TRY(check_adaptive("adaptive_avg_pool2d_backward", "dx", dx, "dy", dy, &s));
+    return fr_stage_run_units(dx, in_img(&s), false, &dy, (size_t[]){out_img(&s)}, 1, (size_t)s.n,
+                              adaptive_bwd_block, &s);
+}

@@ -1,5 +1,5 @@
-/* shapes.h: the shape records of convolution and pooling, filled by
- * fr_conv2d_shape / fr_pool2d_shape (ops.h) and handed to the kernels
+/* shapes.h: the shape records of convolution, pooling and upsampling,
+ * filled by fr_conv2d_shape / fr_pool2d_shape / fr_upsample_shape_of (ops.h) and handed to the kernels
  * (kernels.def), and the activations (fr_act). Public: a program may ask for an output shape. */
 #ifndef FR_SHAPES_H
 #define FR_SHAPES_H
@@ -8,10 +8,24 @@
 
 typedef struct {
     int n, c, h, w;   /* input (N,C,H,W) */
-    int k, r, s;      /* weight (K,C,R,S) */
+    int k, r, s;      /* weight (K,C/groups,R,S) */
     int oh, ow;       /* output (N,K,OH,OW) */
     int stride, pad;  /* same along both axes */
+    /* groups: input channel group g (C/groups channels) feeds output group
+     * g only (depthwise when groups == C); dilation: the spacing of the
+     * kernel's taps. 0 is taken as 1 (fr_conv_groups, fr_conv_dilation), so
+     * a shape written without them is an ordinary convolution. */
+    int groups, dilation;
 } fr_conv_shape;
+
+#ifdef __CUDACC__
+__host__ __device__
+#endif
+static inline int fr_conv_groups(const fr_conv_shape *s) { return s->groups > 1 ? s->groups : 1; }
+#ifdef __CUDACC__
+__host__ __device__
+#endif
+static inline int fr_conv_dilation(const fr_conv_shape *s) { return s->dilation > 1 ? s->dilation : 1; }
 
 typedef struct {
     int n, c, h, w;    /* input */
@@ -64,6 +78,21 @@ typedef struct {
 typedef struct {
     int n, c, hw, groups;
 } fr_gn_shape;
+/* Upsampling by an integer factor (ops.h: fr_upsample_opts), PyTorch's
+ * nn.Upsample modes. */
+typedef enum {
+    FR_UPSAMPLE_NEAREST = 0,
+    FR_UPSAMPLE_BILINEAR,
+    FR_UPSAMPLE_MODE_COUNT
+} fr_upsample_mode;
+
+typedef struct {
+    int n, c, h, w;    /* input */
+    int oh, ow;        /* output: h * scale, w * scale */
+    int scale;
+    fr_upsample_mode mode;
+    int align_corners; /* bilinear: corner pixels aligned (PyTorch's flag) */
+} fr_upsample_shape;
 
 /* The activations (tensor/activation.h has their formulas; docs/MODELS.md
  * the PyTorch equivalents). One line each: X(NAME, "name", needs,

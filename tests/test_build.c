@@ -129,37 +129,19 @@ static void check_strategies(bool dense) {
     static const char *const exact[] = {"inplace", "recompute", "checkpoint", "checkpoint:1",
                                         "checkpoint:2", "recompute+checkpoint",
                                         "inplace+recompute+checkpoint:3"};
-    /* the same dropout masks in every run: the step draws them from here */
-    fr_manual_seed(5);
-    fr_t_step plain = fr_t_model_step(m, "plain", init, x, labels);
-    for (size_t i = 0; i < sizeof exact / sizeof *exact; i++) {
-        fr_manual_seed(5);
-        fr_t_step r = fr_t_model_step(m, exact[i], init, x, labels);
-        fr_t_compare_steps(m, &plain, &r, -1, exact[i]);
-        CHECK(r.peak_saved <= plain.peak_saved);
-        if (strstr(exact[i], "checkpoint"))
-            CHECK(r.peak_saved < plain.peak_saved);
-        fr_t_step_free(&r, m->params->count);
-    }
+    /* the same dropout masks in every run: each step draws them from seed 5 */
+    fr_t_check_strategies(m, init, x, labels, "plain", exact, (int)(sizeof exact / sizeof *exact),
+                          -1, 5);
     if (!dense) {
-        fr_manual_seed(5);
-        fr_t_step ref = fr_t_model_step(m, "abn_reference", init, x, labels);
         static const char *const abn[] = {"abn", "abn+checkpoint", "abn+checkpoint:2"};
-        for (size_t i = 0; i < sizeof abn / sizeof *abn; i++) {
-            fr_manual_seed(5);
-            fr_t_step r = fr_t_model_step(m, abn[i], init, x, labels);
-            fr_t_compare_steps(m, &ref, &r, 2e-4, abn[i]);
-            CHECK(r.peak_saved < ref.peak_saved);
-            fr_t_step_free(&r, m->params->count);
-        }
-        fr_t_step_free(&ref, m->params->count);
+        fr_t_check_strategies(m, init, x, labels, "abn_reference", abn,
+                              (int)(sizeof abn / sizeof *abn), 2e-4, 5);
     } else {
         CHECK_OK(fr_strategy_parse("abn", &m->cfg.strategy));
         CHECK_ERR(fr_t_status_of(fr_model_forward(m, x, true)), FR_ERR_ARG,
                   "strategy abn cannot apply: dense.l0.norm");
         fr_tape_clear();
     }
-    fr_t_step_free(&plain, m->params->count);
     fr_t_snapshot_free(m, init);
     fr_release(x);
     fr_release(labels);

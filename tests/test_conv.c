@@ -42,7 +42,7 @@ static void test_matches_torch(void) {
             fr_set_requires_grad(w, true);
             if (b)
                 fr_set_requires_grad(b, true);
-            fr_tensor *y = fr_conv2d(x, w, b, (fr_conv_params){c->stride, c->pad});
+            fr_tensor *y = fr_conv2d(x, w, b, (fr_conv_params){.stride = c->stride, .pad = c->pad});
             CHECK_NOTNULL(y);
             if (y) {
                 fr_t_fixture_expect(f, c->name, "y", y, ATOL, RTOL);
@@ -67,7 +67,7 @@ static void test_matches_torch(void) {
 static void test_ops_each_gradient_alone(void) {
     fr_st_file *f = fr_t_fixture("conv");
     const char *name = "s2p0"; /* the last input row is reached by no window */
-    fr_conv_params p = {2, 0};
+    fr_conv_params p = {.stride = 2, .pad = 0};
     fr_tensor *x = fr_t_fixture_case(f, name, "x"), *w = fr_t_fixture_case(f, name, "w"), *b = fr_t_fixture_case(f, name, "b");
     fr_tensor *dy = fr_t_fixture_case(f, name, "dy");
     if (x && w && b && dy) {
@@ -138,7 +138,7 @@ static void check_vs_ref(const double *want, const fr_tensor *got, double atol, 
 static void large_case(int n, int c, int h, int w, int k, int r, int stride, int pad) {
     fr_tensor *x = fr_t_rand(FR_CPU, 4, FR_SHAPE(n, c, h, w), 21);
     fr_tensor *wt = fr_t_rand(FR_CPU, 4, FR_SHAPE(k, c, r, r), 22);
-    fr_conv_params p = {stride, pad};
+    fr_conv_params p = {.stride = stride, .pad = pad};
     fr_conv_shape s;
     CHECK_OK(fr_conv2d_shape(x, wt, p, &s));
     fr_tensor *dy = fr_t_rand(FR_CPU, 4, FR_SHAPE(n, k, s.oh, s.ow), 23);
@@ -199,10 +199,14 @@ static void test_gradcheck(void) {
         fr_conv_params p;
         bool bias;
     } gc[] = {
-        {{2, 2, 5, 4}, {3, 2, 3, 3}, {1, 1}, true},
-        {{2, 3, 7, 7}, {2, 3, 3, 3}, {2, 0}, false},
-        {{2, 4, 3, 3}, {3, 4, 1, 1}, {1, 0}, true},
-        {{1, 2, 6, 5}, {2, 2, 2, 3}, {2, 1}, true},
+        {{2, 2, 5, 4}, {3, 2, 3, 3}, {1, 1, 1, 1}, true},
+        {{2, 3, 7, 7}, {2, 3, 3, 3}, {2, 0, 1, 1}, false},
+        {{2, 4, 3, 3}, {3, 4, 1, 1}, {1, 0, 1, 1}, true},
+        {{1, 2, 6, 5}, {2, 2, 2, 3}, {2, 1, 1, 1}, true},
+        /* grouped, depthwise (stride 2), dilated */
+        {{2, 4, 6, 5}, {6, 2, 3, 3}, {1, 1, 2, 1}, true},
+        {{2, 3, 6, 6}, {3, 1, 3, 3}, {2, 1, 3, 1}, false},
+        {{2, 2, 7, 6}, {3, 2, 3, 3}, {1, 2, 1, 2}, true},
     };
     for (size_t i = 0; i < sizeof gc / sizeof gc[0]; i++) {
         grad_case g = {fr_t_rand(FR_CPU, 4, gc[i].x, 41), fr_t_rand(FR_CPU, 4, gc[i].w, 42),
@@ -231,7 +235,7 @@ static void test_gradcheck(void) {
 static void test_saves_only_what_is_needed(void) {
     fr_tensor *x = fr_t_rand(FR_CPU, 4, FR_SHAPE(2, 3, 6, 6), 51);
     fr_tensor *w = fr_t_rand(FR_CPU, 4, FR_SHAPE(4, 3, 3, 3), 52);
-    fr_conv_params p = {1, 1};
+    fr_conv_params p = {.stride = 1, .pad = 1};
     /* a first layer: the batch needs no gradient; dw needs x, nothing needs w */
     fr_set_requires_grad(w, true);
     fr_tensor *y = fr_conv2d(x, w, NULL, p);
@@ -272,7 +276,7 @@ static void test_modified_input_fails_backward(void) {
     fr_set_requires_grad(w, true);
     fr_set_requires_grad(x0, true);
     fr_tensor *h = fr_scale(x0, 2.0f);
-    fr_tensor *y = h ? fr_conv2d(h, w, NULL, (fr_conv_params){1, 1}) : NULL;
+    fr_tensor *y = h ? fr_conv2d(h, w, NULL, (fr_conv_params){.stride = 1, .pad = 1}) : NULL;
     fr_tensor *h2 = y ? fr_relu_(h) : NULL; /* overwrites what conv2d saved */
     CHECK_NOTNULL(h2);
     fr_tensor *l = y ? fr_t_weighted_sum(y, 4) : NULL;
@@ -297,15 +301,15 @@ static void test_bad_arguments(void) {
     fr_tensor *x3 = fr_t_rand(FR_CPU, 3, FR_SHAPE(3, 8, 8), 75);
     fr_tensor *xi = fr_zeros(FR_CPU, FR_I32, 4, FR_SHAPE(2, 3, 8, 8), FR_TAG_DATA);
     fr_tensor *b5 = fr_t_rand(FR_CPU, 1, FR_SHAPE(5), 76);
-    fr_conv_params p = {1, 1};
+    fr_conv_params p = {.stride = 1, .pad = 1};
     CHECK_ERR(fr_t_status_of(fr_conv2d(x, w5, NULL, p)), FR_ERR_SHAPE,
               "x (2, 3, 8, 8) has 3 channels but w (4, 5, 3, 3) expects 5");
     CHECK_ERR(fr_t_status_of(fr_conv2d(xi, w, NULL, p)), FR_ERR_DTYPE, "x must be f32, f16 or bf16, got i32");
     CHECK_ERR(fr_t_status_of(fr_conv2d(x3, w, NULL, p)), FR_ERR_SHAPE,
               "conv2d: x has shape (3, 8, 8), expected 4 dimensions");
-    CHECK_ERR(fr_t_status_of(fr_conv2d(x, wbig, NULL, (fr_conv_params){1, 0})), FR_ERR_SHAPE,
+    CHECK_ERR(fr_t_status_of(fr_conv2d(x, wbig, NULL, (fr_conv_params){.stride = 1, .pad = 0})), FR_ERR_SHAPE,
               "does not fit the input");
-    CHECK_ERR(fr_t_status_of(fr_conv2d(x, w, NULL, (fr_conv_params){0, 1})), FR_ERR_ARG,
+    CHECK_ERR(fr_t_status_of(fr_conv2d(x, w, NULL, (fr_conv_params){.stride = 0, .pad = 1})), FR_ERR_ARG,
               "stride must be >= 1");
     CHECK_ERR(fr_t_status_of(fr_conv2d(x, w, b5, p)), FR_ERR_SHAPE, "b has shape (5,), expected (4)");
     fr_clear_error(); /* none pending: the NULL itself is the error (docs/ARCHITECTURE.md, "Errors") */

@@ -72,7 +72,7 @@ typedef struct {
 
 static operands make(const conv_case *cc, uint32_t seed) {
     operands o;
-    o.p = (fr_conv_params){cc->stride, cc->pad};
+    o.p = (fr_conv_params){.stride = cc->stride, .pad = cc->pad};
     rand_pair(&o.xf, &o.x, cc->n, cc->c, cc->h, cc->h, seed);
     rand_pair(&o.wf, &o.w, cc->k, cc->c, cc->r, cc->r, seed + 1);
     CHECK_OK(fr_conv2d_shape(o.x, o.w, o.p, &o.s));
@@ -114,10 +114,20 @@ static bool machine_has_bf16(void) {
  * has the instructions and the build has oneDNN. */
 static void test_rule(void) {
     bool bf = machine_has_bf16();
-    fr_conv_shape s3 = {8, 16, 32, 32, 16, 3, 3, 32, 32, 1, 1}, s1 = {8, 16, 32, 32, 16, 1, 1, 32, 32, 1, 0};
+    fr_conv_shape s3 = {.n = 8, .c = 16, .h = 32, .w = 32, .k = 16, .r = 3, .s = 3, .oh = 32, .ow = 32,
+                        .stride = 1, .pad = 1};
+    fr_conv_shape s1 = s3;
+    s1.r = s1.s = 1;
+    s1.pad = 0;
     CHECK(fr_cpu_conv_bf16_applies(&s3, 0) == bf);
     CHECK(fr_cpu_conv_bf16_applies(&s3, 1) == bf);
     CHECK(!fr_cpu_conv_bf16_applies(&s3, 2));
+    fr_conv_shape sg = s3; /* grouped and dilated shapes were not measured: f32 */
+    sg.groups = 4;
+    CHECK(!fr_cpu_conv_bf16_applies(&sg, 0));
+    sg = s3;
+    sg.dilation = 2;
+    CHECK(!fr_cpu_conv_bf16_applies(&sg, 0));
     CHECK(!fr_cpu_conv_bf16_applies(&s1, 0));
     CHECK(!fr_cpu_conv_bf16_applies(&s1, 1));
 }

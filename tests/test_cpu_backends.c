@@ -35,7 +35,7 @@ typedef struct {
 
 static conv_out run_case(const conv_case *cc, fr_cpu_conv_backend b, const fr_tensor *x,
                          const fr_tensor *w, const fr_tensor *dy) {
-    fr_conv_params p = {cc->stride, cc->pad};
+    fr_conv_params p = {.stride = cc->stride, .pad = cc->pad};
     conv_out o = {fr_empty_like(dy, FR_TAG_TRANSIENT), fr_empty_like(x, FR_TAG_TRANSIENT),
                   fr_empty_like(w, FR_TAG_TRANSIENT)};
     /* NaN-filled first: a path that leaves an element unwritten fails */
@@ -66,7 +66,7 @@ static void test_dnnl_matches_im2col(void) {
         fr_tensor *x = fr_t_rand(FR_CPU, 4, FR_SHAPE(cc->n, cc->c, cc->h, cc->h), 31 + (int)i);
         fr_tensor *w = fr_t_rand(FR_CPU, 4, FR_SHAPE(cc->k, cc->c, cc->r, cc->r), 41 + (int)i);
         fr_conv_shape s;
-        CHECK_OK(fr_conv2d_shape(x, w, (fr_conv_params){cc->stride, cc->pad}, &s));
+        CHECK_OK(fr_conv2d_shape(x, w, (fr_conv_params){.stride = cc->stride, .pad = cc->pad}, &s));
         fr_tensor *dy = fr_t_rand(FR_CPU, 4, FR_SHAPE(s.n, s.k, s.oh, s.ow), 51 + (int)i);
         conv_out ref = run_case(cc, FR_CPU_CONV_IM2COL, x, w, dy);
         for (size_t b = 0; b < sizeof paths / sizeof *paths; b++) {
@@ -151,7 +151,7 @@ static void check_images(const conv_case *cc, int part) {
     fr_tensor *x = fr_t_rand(FR_CPU, 4, FR_SHAPE(cc->n, cc->c, cc->h, cc->h), 81);
     fr_tensor *w = fr_t_rand(FR_CPU, 4, FR_SHAPE(cc->k, cc->c, cc->r, cc->r), 82);
     fr_conv_shape s;
-    CHECK_OK(fr_conv2d_shape(x, w, (fr_conv_params){cc->stride, cc->pad}, &s));
+    CHECK_OK(fr_conv2d_shape(x, w, (fr_conv_params){.stride = cc->stride, .pad = cc->pad}, &s));
     fr_tensor *dy = fr_t_rand(FR_CPU, 4, FR_SHAPE(s.n, s.k, s.oh, s.ow), 83);
     fr_tensor *y[2] = {fr_empty_like(dy, FR_TAG_TRANSIENT), fr_empty_like(dy, FR_TAG_TRANSIENT)};
     fr_tensor *dx[2] = {fr_empty_like(x, FR_TAG_TRANSIENT), fr_empty_like(x, FR_TAG_TRANSIENT)};
@@ -223,7 +223,7 @@ static void test_results_do_not_depend_on_threads(void) {
         fr_tensor *x = fr_t_rand(FR_CPU, 4, FR_SHAPE(cc->n, cc->c, cc->h, cc->h), 91);
         fr_tensor *w = fr_t_rand(FR_CPU, 4, FR_SHAPE(cc->k, cc->c, cc->r, cc->r), 92);
         fr_conv_shape s;
-        CHECK_OK(fr_conv2d_shape(x, w, (fr_conv_params){cc->stride, cc->pad}, &s));
+        CHECK_OK(fr_conv2d_shape(x, w, (fr_conv_params){.stride = cc->stride, .pad = cc->pad}, &s));
         fr_tensor *dy = fr_t_rand(FR_CPU, 4, FR_SHAPE(s.n, s.k, s.oh, s.ow), 93);
         conv_out one = {NULL, NULL, NULL};
         for (int threads = 1; threads <= 3; threads++) {
@@ -443,7 +443,7 @@ static void check_case(const conv_case *cc, int seed) {
     fr_tensor *x = fr_t_rand(FR_CPU, 4, FR_SHAPE(cc->n, cc->c, cc->h, cc->h), seed);
     fr_tensor *w = fr_t_rand(FR_CPU, 4, FR_SHAPE(cc->k, cc->c, cc->r, cc->r), seed + 1);
     fr_conv_shape s;
-    fr_conv_params p = {cc->stride, cc->pad};
+    fr_conv_params p = {.stride = cc->stride, .pad = cc->pad};
     CHECK_OK(fr_conv2d_shape(x, w, p, &s));
     fr_tensor *dy = fr_t_rand(FR_CPU, 4, FR_SHAPE(s.n, s.k, s.oh, s.ow), seed + 2);
     fr_tensor *out[2][3];
@@ -505,7 +505,7 @@ static void test_refused(void) {
     fr_tensor *x = fr_t_rand(FR_CPU, 4, FR_SHAPE(2, 4, 8, 8), 1);
     fr_tensor *w = fr_t_rand(FR_CPU, 4, FR_SHAPE(8, 4, 3, 3), 2);
     fr_tensor *y = fr_empty(FR_CPU, FR_F32, 4, FR_SHAPE(2, 8, 8, 8), FR_TAG_TRANSIENT);
-    CHECK_ERR(fr_conv2d_forward(y, x, w, NULL, (fr_conv_params){1, 1}), FR_ERR_ARG, "FR_CPU_ISA");
+    CHECK_ERR(fr_conv2d_forward(y, x, w, NULL, (fr_conv_params){.stride = 1, .pad = 1}), FR_ERR_ARG, "FR_CPU_ISA");
     char line[256];
     fr_cpu_conv_describe(line, sizeof line);
     CHECK(strstr(line, "FR_CPU_ISA") != NULL);

@@ -533,7 +533,7 @@ typedef struct {
  * here; the tape keeps what backward needs. */
 static fr_tensor *net_forward(net *nt) {
     fr_tensor **t = nt->t;
-    fr_conv_params same = {1, 1}, point = {1, 0};
+    fr_conv_params same = {.stride = 1, .pad = 1}, point = {.stride = 1, .pad = 0};
     fr_tensor *h1 = fr_conv2d(t[X], t[W1], t[B1], same);                                // (4,6,8,8)
     fr_tensor *h2 = h1 ? fr_batch_norm(h1, t[G1], t[BE1], t[RM1], t[RV1], true, 0.1f, 1e-5f) : NULL;
     fr_tensor *h3 = h2 ? fr_relu(h2) : NULL;

@@ -1,4 +1,5 @@
-/* test_cuda_conv.c: convolution on the GPU against the CPU kernels, on both
+/* test_cuda_conv.c: convolution (grouped, dilated, transposed too) and
+ * upsampling / adaptive pooling on the GPU against the CPU kernels, on both
  * CUDA backends: cuDNN (conv_cudnn.cu) and im2col + cuBLAS (conv.cu). Each
  * test runs cuDNN first, then im2col, and restores the setting; when the
  * environment says FR_CUDNN=0 only im2col runs (scripts/device-check.sh runs
@@ -25,7 +26,7 @@ typedef struct {
 } conv_case;
 
 static void run_conv(conv_case cc, uint32_t seed) {
-    fr_conv_params p = {cc.stride, cc.pad};
+    fr_conv_params p = {.stride = cc.stride, .pad = cc.pad};
     fr_t_pair x = PR_RAND(seed, cc.n, cc.c, cc.h, cc.w), w = PR_RAND(seed + 1, cc.k, cc.c, cc.r, cc.r);
     fr_t_pair b = cc.bias ? PR_RAND(seed + 2, cc.k) : (fr_t_pair){NULL, NULL};
     fr_conv_shape s;
@@ -152,7 +153,7 @@ static void test_conv_workspace_budget(void) {
  * first time under the limit. */
 static void conv_under_limit(bool cudnn, int ch) {
     fr_cuda_set_cudnn(cudnn);
-    fr_conv_params p = {1, 1};
+    fr_conv_params p = {.stride = 1, .pad = 1};
     fr_t_pair x = PR_RAND(200, 8, ch, 16, 16), w = PR_RAND(201, ch, ch, 3, 3);
     fr_t_pair dy = PR_RAND(202, 8, ch, 16, 16), y = PR_EMPTY(8, ch, 16, 16);
     fr_t_pair dx = PR_EMPTY(8, ch, 16, 16), dw = PR_EMPTY(ch, ch, 3, 3);
@@ -186,10 +187,118 @@ static void test_conv_under_memory_limit(void) {
     fr_cuda_set_cudnn(cudnn);
 }
 
+/* ---- grouped, dilated and transposed convolutions, upsampling and
+ * adaptive pooling: the same pairs. A grouped shape runs on cuDNN only
+ * (conv.cu refuses it), so the im2col backend takes the ungrouped ones. ---- */
+
+typedef struct {
+    int n, c, h, w, k, r, stride, pad, output_pad, groups, dilation;
+    bool transposed;
+} ext_case;
+
+static void run_ext(ext_case e, uint32_t seed) {
+    fr_conv_params p = {.stride = e.stride, .pad = e.pad, .groups = e.groups, .dilation = e.dilation};
+    fr_conv_transpose_params tp = {.stride = e.stride, .pad = e.pad, .output_pad = e.output_pad,
+                                   .groups = e.groups, .dilation = e.dilation};
+    int g = e.groups ? e.groups : 1;
+    fr_t_pair x = PR_RAND(seed, e.n, e.c, e.h, e.w);
+    fr_t_pair w = e.transposed ? PR_RAND(seed + 1, e.c, e.k / g, e.r, e.r)
+                               : PR_RAND(seed + 1, e.k, e.c / g, e.r, e.r);
+    fr_t_pair b = PR_RAND(seed + 2, e.k);
+    fr_conv_shape s;
+    int oh, ow;
+    if (e.transposed) {
+        CHECK_OK(fr_conv_transpose2d_shape(x.c, w.c, tp, &s));
+        oh = s.h, ow = s.w;
+    } else {
+        CHECK_OK(fr_conv2d_shape(x.c, w.c, p, &s));
+        oh = s.oh, ow = s.ow;
+    }
+    fr_t_pair y = PR_EMPTY(e.n, e.k, oh, ow), dy = PR_RAND(seed + 3, e.n, e.k, oh, ow);
+    fr_t_pair dx = PR_EMPTY(e.n, e.c, e.h, e.w);
+    fr_t_pair dw = e.transposed ? PR_EMPTY(e.c, e.k / g, e.r, e.r) : PR_EMPTY(e.k, e.c / g, e.r, e.r);
+    fr_t_pair db = PR_EMPTY(e.k);
+    if (e.transposed) {
+        CHECK_OK(fr_conv_transpose2d_forward(y.c, x.c, w.c, b.c, tp));
+        CHECK_OK(fr_conv_transpose2d_forward(y.g, x.g, w.g, b.g, tp));
+        CHECK_OK(fr_conv_transpose2d_backward(dx.c, dw.c, db.c, dy.c, x.c, w.c, tp));
+        CHECK_OK(fr_conv_transpose2d_backward(dx.g, dw.g, db.g, dy.g, x.g, w.g, tp));
+    } else {
+        CHECK_OK(fr_conv2d_forward(y.c, x.c, w.c, b.c, p));
+        CHECK_OK(fr_conv2d_forward(y.g, x.g, w.g, b.g, p));
+        CHECK_OK(fr_conv2d_backward(dx.c, dw.c, db.c, dy.c, x.c, w.c, p));
+        CHECK_OK(fr_conv2d_backward(dx.g, dw.g, db.g, dy.g, x.g, w.g, p));
+    }
+    fr_t_pair_check(y, 1e-4, 1e-4, e.transposed ? "conv_transpose y" : "grouped/dilated conv y");
+    fr_t_pair_check(dx, 1e-4, 1e-4, "dx");
+    fr_t_pair_check(dw, 1e-4, 1e-4, "dw");
+    fr_t_pair_check(db, 1e-5, 1e-5, "db");
+    fr_t_pair *all[] = {&x, &w, &b, &y, &dy, &dx, &dw, &db};
+    for (size_t i = 0; i < sizeof all / sizeof *all; i++)
+        fr_t_pair_free(all[i]);
+}
+
+static void test_conv_grouped_dilated_transposed(void) {
+    NEED_CUDA();
+    static const ext_case cases[] = {
+        {2, 8, 9, 9, 8, 3, 1, 1, 0, 8, 1, false},  /* depthwise */
+        {2, 6, 9, 8, 6, 3, 2, 1, 0, 6, 1, false},  /* depthwise stride 2 */
+        {2, 4, 8, 8, 6, 3, 1, 1, 0, 2, 1, false},  /* two groups */
+        {2, 3, 9, 9, 4, 3, 1, 2, 0, 1, 2, false},  /* dilated */
+        {2, 8, 4, 4, 4, 4, 2, 1, 0, 1, 1, true},   /* DCGAN 4x4/2 */
+        {2, 3, 5, 4, 2, 3, 2, 1, 1, 1, 1, true},   /* output_pad */
+        {2, 4, 5, 5, 6, 3, 1, 1, 0, 2, 1, true},   /* grouped transposed */
+    };
+    bool cudnn;
+    int backends = conv_backends(&cudnn);
+    for (int bk = 0; bk < backends; bk++) {
+        fr_cuda_set_cudnn(cudnn && bk == 0);
+        for (size_t i = 0; i < sizeof cases / sizeof *cases; i++)
+            if (fr_cuda_cudnn_enabled() || cases[i].groups <= 1)
+                run_ext(cases[i], 300 + 10 * (uint32_t)i);
+    }
+    fr_cuda_set_cudnn(cudnn);
+}
+
+static void test_upsample_and_adaptive_pool(void) {
+    NEED_CUDA();
+    for (int mode = 0; mode < 3; mode++) {
+        fr_upsample_opts o = {.scale = mode == 0 ? 3 : 2,
+                              .mode = mode ? FR_UPSAMPLE_BILINEAR : FR_UPSAMPLE_NEAREST,
+                              .align_corners = mode == 2};
+        fr_t_pair x = PR_RAND(400 + (uint32_t)mode, 2, 3, 5, 4), dx = PR_EMPTY(2, 3, 5, 4);
+        fr_t_pair y = PR_EMPTY(2, 3, 5 * o.scale, 4 * o.scale);
+        fr_t_pair dy = PR_RAND(410 + (uint32_t)mode, 2, 3, 5 * o.scale, 4 * o.scale);
+        CHECK_OK(fr_upsample_forward(y.c, x.c, o));
+        CHECK_OK(fr_upsample_forward(y.g, x.g, o));
+        CHECK_OK(fr_upsample_backward(dx.c, dy.c, o));
+        CHECK_OK(fr_upsample_backward(dx.g, dy.g, o));
+        /* the same products in the same order (nvcc may fuse some into FMAs) */
+        fr_t_pair_check(y, 1e-5, 1e-5, "upsample y");
+        fr_t_pair_check(dx, 1e-5, 1e-5, "upsample dx");
+        fr_t_pair *all[] = {&x, &dx, &y, &dy};
+        for (size_t i = 0; i < sizeof all / sizeof *all; i++)
+            fr_t_pair_free(all[i]);
+    }
+    fr_t_pair x = PR_RAND(420, 2, 3, 7, 6), dx = PR_EMPTY(2, 3, 7, 6);
+    fr_t_pair y = PR_EMPTY(2, 3, 3, 4), dy = PR_RAND(421, 2, 3, 3, 4);
+    CHECK_OK(fr_adaptive_avg_pool2d_forward(y.c, x.c));
+    CHECK_OK(fr_adaptive_avg_pool2d_forward(y.g, x.g));
+    CHECK_OK(fr_adaptive_avg_pool2d_backward(dx.c, dy.c));
+    CHECK_OK(fr_adaptive_avg_pool2d_backward(dx.g, dy.g));
+    fr_t_pair_check(y, 1e-5, 1e-5, "adaptive_avg_pool2d y");
+    fr_t_pair_check(dx, 1e-5, 1e-5, "adaptive_avg_pool2d dx");
+    fr_t_pair *all[] = {&x, &dx, &y, &dy};
+    for (size_t i = 0; i < sizeof all / sizeof *all; i++)
+        fr_t_pair_free(all[i]);
+}
+
 int main(void) {
     RUN(test_conv);
     RUN(test_conv_backend_choice);
     RUN(test_conv_workspace_budget);
     RUN(test_conv_under_memory_limit);
+    RUN(test_conv_grouped_dilated_transposed);
+    RUN(test_upsample_and_adaptive_pool);
     return TEST_SUMMARY();
 }

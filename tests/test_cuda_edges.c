@@ -123,7 +123,7 @@ static fr_tensor *misaligned_copy(const fr_tensor *src) {
 static void test_conv_misaligned(void) {
     NEED_CUDA();
     bool cudnn = fr_cuda_cudnn_enabled();
-    fr_conv_params p = {1, 1};
+    fr_conv_params p = {.stride = 1, .pad = 1};
     for (int backend = 0; backend < (cudnn ? 2 : 1); backend++) {
         fr_cuda_set_cudnn(cudnn && backend == 0);
         fr_t_pair x = PR_RAND(41, 3, 5, 9, 9), w = PR_RAND(42, 6, 5, 3, 3), b = PR_RAND(43, 6);
@@ -163,7 +163,7 @@ static void test_conv_batches_share_a_plan(void) {
     NEED_CUDA();
     if (!fr_cuda_cudnn_enabled())
         SKIP("cuDNN is off (FR_CUDNN=0)");
-    fr_conv_params p = {1, 1};
+    fr_conv_params p = {.stride = 1, .pad = 1};
     const int batches[] = {8, 3, 8};
     for (int i = 0; i < 3; i++) {
         int n = batches[i];

@@ -425,14 +425,14 @@ static void test_autocast_dtypes(void) {
     fr_set_requires_grad(lw, true);
     CHECK(fr_autocast_dtype() == FR_F32);
     CHECK_OK(fr_autocast_enter(FR_BF16));
-    fr_tensor *y = fr_conv2d(x, w, NULL, (fr_conv_params){1, 1});
+    fr_tensor *y = fr_conv2d(x, w, NULL, (fr_conv_params){.stride = 1, .pad = 1});
     CHECK(y && y->dtype == FR_BF16);
     fr_tensor *r = y ? fr_relu(y) : NULL;
     CHECK(r && r->dtype == FR_BF16);
     fr_tensor *g = r ? fr_global_avg_pool(r) : NULL;
     CHECK(g && g->dtype == FR_BF16);
     CHECK_OK(fr_autocast_enter(FR_F32)); /* nested: off */
-    fr_tensor *f = fr_conv2d(x, w, NULL, (fr_conv_params){1, 1});
+    fr_tensor *f = fr_conv2d(x, w, NULL, (fr_conv_params){.stride = 1, .pad = 1});
     CHECK(f && f->dtype == FR_F32);
     fr_autocast_exit();
     fr_tensor *z = g ? fr_linear(g, lw, NULL) : NULL;
@@ -657,7 +657,7 @@ static void test_cuda_half_matches_cpu(void) {
         fr_tensor *xs[2] = {hx, gx}, *ws[2] = {w, gw};
         for (int dev = 0; dev < 2; dev++) {
             CHECK_OK(fr_autocast_enter(dt));
-            fr_tensor *c = fr_conv2d(xs[dev], ws[dev], NULL, (fr_conv_params){1, 1});
+            fr_tensor *c = fr_conv2d(xs[dev], ws[dev], NULL, (fr_conv_params){.stride = 1, .pad = 1});
             fr_tensor *r = c ? fr_relu(c) : NULL;
             y[dev] = r ? fr_global_avg_pool(r) : NULL;
             fr_autocast_exit();

@@ -489,6 +489,27 @@ void fr_t_compare_steps(const fr_model *m, const fr_t_step *ref, const fr_t_step
     }
 }
 
+void fr_t_check_strategies(fr_model *m, float **init, fr_tensor *x, fr_tensor *labels,
+                           const char *ref_strategy, const char *const *strategies, int n,
+                           double tol, uint64_t seed) {
+    fr_manual_seed(seed);
+    fr_t_step ref = fr_t_model_step(m, ref_strategy, init, x, labels);
+    for (int i = 0; i < n; i++) {
+        fr_manual_seed(seed);
+        fr_t_step r = fr_t_model_step(m, strategies[i], init, x, labels);
+        fr_t_compare_steps(m, &ref, &r, tol, strategies[i]);
+        if (tol < 0) {
+            CHECK(r.peak_saved <= ref.peak_saved);
+            if (strstr(strategies[i], "checkpoint"))
+                CHECK(r.peak_saved < ref.peak_saved);
+        } else {
+            CHECK(r.peak_saved < ref.peak_saved);
+        }
+        fr_t_step_free(&r, m->params->count);
+    }
+    fr_t_step_free(&ref, m->params->count);
+}
+
 void fr_t_check_allocator_reuse(fr_device dev, const size_t *sizes, int k, int rounds) {
     enum { MAX_BLOCKS = 16 };
     FR_ASSERT(k >= 1 && k <= MAX_BLOCKS);

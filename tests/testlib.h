@@ -215,6 +215,14 @@ void fr_t_step_free(fr_t_step *r, int n);
  * parameter must have a gradient in both. */
 void fr_t_compare_steps(const fr_model *m, const fr_t_step *ref, const fr_t_step *got, double tol,
                         const char *what);
+/* Each of strategies[0..n) against ref_strategy, one step each from `init`
+ * with the random stream seeded `seed` before every step (the same dropout
+ * masks): fr_t_compare_steps at tol, and fewer saved bytes: tol < 0 (a
+ * function-preserving strategy against plain) at most ref's, below it when
+ * the strategy checkpoints; else (abn against abn_reference) below ref's. */
+void fr_t_check_strategies(fr_model *m, float **init, fr_tensor *x, fr_tensor *labels,
+                           const char *ref_strategy, const char *const *strategies, int n,
+                           double tol, uint64_t seed);
 
 /* ---- files ---- */
 /* The whole file, malloc'd and NUL-terminated (its length into *len when len
