@@ -17,15 +17,18 @@
 #define GROUP FR_COMPRESS_GROUP
 
 #define INLINE static inline __attribute__((always_inline))
+#define REF
 #define AVX2 __attribute__((target("avx2,fma")))
 #define AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq")))
 
 /* Group g (m <= GROUP elements at x, element index base in the tensor):
  * lo and step into hdr, codes into out. */
 INLINE void pack_group(float *hdr, uint8_t *out, const float *x, size_t m, int bits,
-                       uint64_t seed, size_t base) {
+                       uint32_t key) {
     float lo = x[0], hi = x[0];
     int bad = 0;
+    /* min and max are exact in any order: the lanes' split changes nothing */
+#pragma omp simd reduction(min : lo) reduction(max : hi) reduction(| : bad)
     for (size_t i = 0; i < m; i++) {
         float v = x[i];
         lo = v < lo ? v : lo;
@@ -43,11 +46,12 @@ INLINE void pack_group(float *hdr, uint8_t *out, const float *x, size_t m, int b
     hdr[0] = lo;
     hdr[1] = range / (float)top;
     uint8_t c[GROUP];
-    for (size_t i = 0; i < m; i++) {
+#pragma omp simd
+    for (uint32_t i = 0; i < (uint32_t)m; i++) {
         /* x >= lo, so q >= 0; q + u < top + 1 up to rounding, clamped */
-        float q = (x[i] - lo) * inv + fr_dropout_uniform(seed, base + i);
-        unsigned k = (unsigned)q;
-        c[i] = (uint8_t)(k > top ? top : k);
+        float q = (x[i] - lo) * inv + fr_compress_uniform(key, i);
+        int k = (int)q;
+        c[i] = (uint8_t)(k > (int)top ? (int)top : k);
     }
     for (size_t i = m; i < GROUP; i++)
         c[i] = 0;
@@ -65,14 +69,29 @@ INLINE void pack_group(float *hdr, uint8_t *out, const float *x, size_t m, int b
 INLINE void unpack_group(float *x, const float *hdr, const uint8_t *in, size_t m, int bits) {
     float lo = hdr[0], step = hdr[1];
     if (bits == 8) {
+#pragma omp simd
         for (size_t i = 0; i < m; i++)
             x[i] = lo + (float)in[i] * step;
-    } else if (bits == 4) {
-        for (size_t i = 0; i < m; i++)
-            x[i] = lo + (float)((in[i >> 1] >> ((i & 1) * 4)) & 15u) * step;
     } else {
+        /* codes widened to bytes first: a loop over bytes vectorises, one
+         * that shifts by the element's position in its byte does not */
+        uint8_t c[GROUP];
+        if (bits == 4) {
+            for (size_t j = 0; j < GROUP / 2; j++) {
+                c[2 * j] = in[j] & 15u;
+                c[2 * j + 1] = in[j] >> 4;
+            }
+        } else {
+            for (size_t j = 0; j < GROUP / 4; j++) {
+                c[4 * j] = in[j] & 3u;
+                c[4 * j + 1] = (in[j] >> 2) & 3u;
+                c[4 * j + 2] = (in[j] >> 4) & 3u;
+                c[4 * j + 3] = in[j] >> 6;
+            }
+        }
+#pragma omp simd
         for (size_t i = 0; i < m; i++)
-            x[i] = lo + (float)((in[i >> 2] >> ((i & 3) * 2)) & 3u) * step;
+            x[i] = lo + (float)c[i] * step;
     }
 }
 
@@ -84,7 +103,8 @@ INLINE void unpack_group(float *x, const float *hdr, const uint8_t *in, size_t m
     _Pragma("omp parallel for if (groups > 64) schedule(static)")                              \
     for (size_t g = 0; g < groups; g++) {                                                      \
         size_t base = g * GROUP, m = n - base < GROUP ? n - base : GROUP;                       \
-        pack_group(hdr + 2 * g, codes + g * code_bytes, x + base, m, bits, seed, base);        \
+        pack_group(hdr + 2 * g, codes + g * code_bytes, x + base, m, bits,                     \
+                   fr_compress_key(seed, g));                                                  \
     }
 
 #define UNPACK_BODY                                                                            \
@@ -97,7 +117,7 @@ INLINE void unpack_group(float *x, const float *hdr, const uint8_t *in, size_t m
         unpack_group(x + base, hdr + 2 * g, codes + g * code_bytes, m, bits);                  \
     }
 
-static void pack_ref(uint8_t *packed, const float *x, int bits, uint64_t seed, size_t n) {
+REF static void pack_ref(uint8_t *packed, const float *x, int bits, uint64_t seed, size_t n) {
     PACK_BODY
 }
 AVX2 static void pack_avx2(uint8_t *packed, const float *x, int bits, uint64_t seed, size_t n) {
@@ -106,7 +126,7 @@ AVX2 static void pack_avx2(uint8_t *packed, const float *x, int bits, uint64_t s
 AVX512 static void pack_avx512(uint8_t *packed, const float *x, int bits, uint64_t seed, size_t n) {
     PACK_BODY
 }
-static void unpack_ref(float *x, const uint8_t *packed, int bits, size_t n) { UNPACK_BODY }
+REF static void unpack_ref(float *x, const uint8_t *packed, int bits, size_t n) { UNPACK_BODY }
 AVX2 static void unpack_avx2(float *x, const uint8_t *packed, int bits, size_t n) { UNPACK_BODY }
 AVX512 static void unpack_avx512(float *x, const uint8_t *packed, int bits, size_t n) {
     UNPACK_BODY

@@ -40,8 +40,9 @@ __global__ void compress_pack_kernel(uint8_t *packed, const float *x, int bits, 
         }
         unsigned k = 0;
         if (in) {
-            float q = __fadd_rn(__fmul_rn(__fsub_rn(v, lo), inv), fr_dropout_uniform(seed, i));
-            k = (unsigned)q;
+            float q = __fadd_rn(__fmul_rn(__fsub_rn(v, lo), inv),
+                                fr_compress_uniform(fr_compress_key(seed, g), t));
+            k = (unsigned)(int)q;
             k = k > top ? top : k;
         }
         c[t] = (uint8_t)k;
