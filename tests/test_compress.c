@@ -13,6 +13,7 @@
 #include "cpu/compress.h"
 #include "tensor/kernels.h"
 #include "nn/densenet.h"
+#include "nn/planner.h"
 #include "nn/registry.h"
 
 static const int BITS[] = {8, 4, 2};
@@ -360,6 +361,50 @@ static void test_combinations(void) {
     }
 }
 
+/* a budget below the leanest schedule without compression (at the whole
+ * batch) is refused, and met with --allow-compress by compressing blocks;
+ * the step then runs within it on the ledger */
+static void test_planner_compresses(void) {
+    fr_model *m = make("resnet8");
+    fr_tensor *labels, *x = batch(8, 32, 21, &labels);
+    fr_plan_options o = {.max_accum = 1}, oc = {.max_accum = 1, .allow_compress = true};
+    fr_memory_plan lean, lean_c;
+    CHECK_OK(fr_plan_memory(m, x->shape, (size_t)1 << 30, &o, &lean));
+    CHECK_OK(fr_plan_memory(m, x->shape, (size_t)1 << 30, &oc, &lean_c));
+    CHECK(lean_c.leanest_peak < 0.8 * lean.leanest_peak);
+    size_t budget = (size_t)(0.5 * (lean.leanest_peak + lean_c.leanest_peak));
+    fr_memory_plan plan;
+    CHECK_ERR(fr_plan_memory(m, x->shape, budget, &o, &plan), FR_ERR_ARG, "too small");
+    o.allow_compress = true;
+    CHECK_OK(fr_plan_memory(m, x->shape, budget, &o, &plan));
+    int compressed = 0;
+    for (int u = 0; u < plan.n_units; u++)
+        compressed += plan.units[u].strategy.compress != 0;
+    CHECK(compressed > 0 && plan.accum == 1);
+    CHECK_OK(fr_plan_apply(m, &plan));
+    fr_mem_reset_peak();
+    size_t base = fr_mem_total_current(FR_CPU);
+    fr_tensor *logits = fr_model_forward(m, x, true);
+    fr_tensor *loss = logits ? fr_cross_entropy(logits, labels) : NULL;
+    CHECK_NOTNULL(loss);
+    CHECK_OK(fr_backward(loss));
+    size_t peak = fr_mem_total_peak(FR_CPU) - base;
+    printf("    leanest without compression %.0f bytes, with %.0f; budget %zu; %d blocks compressed; "
+           "predicted %.0f, measured %zu (above the parameters and batch)\n",
+           lean.leanest_peak, lean_c.leanest_peak, budget, compressed, plan.predicted_peak, peak);
+    CHECK((double)peak + plan.static_bytes <= (double)budget * 1.02);
+    fr_release(logits);
+    fr_release(loss);
+    fr_params_zero_grad(m->params);
+    fr_plan_remove(m);
+    fr_memory_plan_free(&lean);
+    fr_memory_plan_free(&lean_c);
+    fr_memory_plan_free(&plan);
+    fr_release(x);
+    fr_release(labels);
+    fr_model_free(m);
+}
+
 /* the strategy's name, and what it refuses */
 static void test_strategy_text(void) {
     fr_strategy s;
@@ -394,6 +439,7 @@ int main(void) {
     RUN(test_ledger_exact);
     RUN(test_strategy_text);
     RUN(test_models_close_to_plain);
+    RUN(test_planner_compresses);
     RUN(test_gradients_unbiased);
     RUN(test_combinations);
     return TEST_SUMMARY();
