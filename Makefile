@@ -136,8 +136,15 @@ else
 endif
 CFLAGS := $(CFLAGS_BASE) $(EXTRA_CFLAGS)
 
-LIB_SRC := $(wildcard tensor/*.c cpu/*.c autograd/*.c nn/*.c data/*.c) $(DIST_SRC)
+LIB_SRC := $(wildcard tensor/*.c cpu/*.c autograd/*.c nn/*.c io/*.c models/*.c planner/*.c train/*.c \
+  data/*.c) $(DIST_SRC)
 LIB_OBJ := $(LIB_SRC:%.c=$(BUILD)/%.o)
+# The programs and their flag parsing (programs/) are a small static library
+# of their own on top of libfrugal, so the library proper holds no CLI; what
+# links the programs, a test or an example links both (PROGRAMS_LIB first).
+PROGRAMS_SRC := $(wildcard programs/*.c)
+PROGRAMS_OBJ := $(PROGRAMS_SRC:%.c=$(BUILD)/%.o)
+PROGRAMS_LIB := $(BUILD)/libfrugal_programs.a
 CU_OBJ := $(CU_SRC:%.cu=$(BUILD)/%.cu.o)
 LIB := $(BUILD)/libfrugal.a
 SHLIB := $(BUILD)/libfrugal.so.$(VERSION)
@@ -145,13 +152,14 @@ CONFIG_H := $(BUILD)/include/frugal/config.h
 
 # What `make install` puts under include/frugal/ (sub-folders kept): the
 # public headers. Everything else (tensor/kernels.h, kernels.def, staging.h,
-# cuda/, nn/json.h) is internal; scripts/check-headers.sh refuses a public
+# cuda/, io/json.h) is internal; scripts/check-headers.sh refuses a public
 # header that includes a header not in this list.
 PUBLIC_HEADERS := frugal.h tensor/fr_base.h tensor/shapes.h tensor/tensor.h tensor/memory.h \
-  tensor/ops.h tensor/cuda.h autograd/autograd.h autograd/functions.h \
-  nn/amp.h nn/blocks.h nn/build.h nn/checkpoint.h nn/cli.h nn/densenet.h nn/layers.h nn/model.h \
-  nn/optim.h nn/outfile.h nn/params.h nn/plan.h nn/planner.h nn/programs.h nn/registry.h nn/resnet.h nn/safetensors.h nn/schedule.h \
-  nn/train.h dist/dist.h \
+  tensor/ops.h tensor/cuda.h tensor/rng.h autograd/autograd.h autograd/functions.h \
+  nn/norm.h nn/build.h nn/layers.h nn/model.h nn/params.h nn/seg_split.h \
+  models/densenet.h models/registry.h models/resnet.h planner/planner.h \
+  train/amp.h train/state.h train/optim.h train/schedule.h train/train.h \
+  io/outfile.h io/safetensors.h programs/cli.h programs/programs.h dist/dist.h \
   data/augment.h data/dataset.h data/loader.h data/rng.h
 # The programs, installed as frugal-train, frugal-validate, frugal-memreport
 # and linked against libfrugal.so (docs/INSTALL.md says why three programs).
@@ -169,7 +177,7 @@ BENCH_BIN := $(BENCH_SRC:bench/%.c=$(BUILD)/bench/%) $(BUILD)/bench/peak_alloc.s
 .PHONY: all lib tests test test-only test-multihost demo bench bench-build print-cuda-config asan fuzz fuzz-build fuzz-seeds fixtures deps clean examples \
   install uninstall check-install check-headers check-docs FORCE
 all: lib examples
-lib: $(LIB) $(SHLIB) $(CUDA_LIB)
+lib: $(LIB) $(SHLIB) $(PROGRAMS_LIB) $(CUDA_LIB)
 examples: $(EXAMPLE_BIN)
 tests: $(TEST_BIN) $(CUDA_LIB) $(NO_NCCL_LIB)
 
@@ -194,6 +202,11 @@ $(LIB): $(LIB_OBJ)
 	rm -f $@
 	ar rcs $@ $^
 
+$(PROGRAMS_LIB): $(PROGRAMS_OBJ)
+	@mkdir -p $(dir $@)
+	rm -f $@
+	ar rcs $@ $^
+
 # RUNPATH $ORIGIN: the core finds the CUDA backend beside itself.
 $(SHLIB): $(LIB_OBJ)
 	$(CC) -shared -Wl,-soname,libfrugal.so.$(VERSION_MAJOR) -Wl,-rpath,'$$ORIGIN' $^ $(LDLIBS) -o $@
@@ -211,21 +224,21 @@ $(NO_NCCL_LIB): $(CU_OBJ) cuda/exports.map
 	$(CXX) -shared -Wl,-soname,$(CUDA_BACKEND_FILE) -Wl,-Bsymbolic -Wl,--version-script,cuda/exports.map \
 	  $(filter-out $(BUILD)/cuda/nccl.cu.o,$(CU_OBJ)) $(filter-out -l:libnccl%,$(CUDA_LDLIBS)) -o $@
 
-$(BUILD)/tests/%: tests/%.c $(TESTLIB_OBJ) $(LIB)
+$(BUILD)/tests/%: tests/%.c $(TESTLIB_OBJ) $(PROGRAMS_LIB) $(LIB)
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) $< $(TESTLIB_OBJ) $(LIB) $(LDLIBS) $(PROG_LDFLAGS) -o $@
+	$(CC) $(CFLAGS) $< $(TESTLIB_OBJ) $(PROGRAMS_LIB) $(LIB) $(LDLIBS) $(PROG_LDFLAGS) -o $@
 
 $(BUILD)/tests/testlib.o: tests/testlib.c | $(CONFIG_H)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -c $< -o $@
 
-$(BUILD)/examples/%: examples/%.c $(LIB)
+$(BUILD)/examples/%: examples/%.c $(PROGRAMS_LIB) $(LIB)
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) $< $(LIB) $(LDLIBS) $(PROG_LDFLAGS) -o $@
+	$(CC) $(CFLAGS) $< $(PROGRAMS_LIB) $(LIB) $(LDLIBS) $(PROG_LDFLAGS) -o $@
 
-$(BUILD)/bench/%: bench/%.c $(LIB)
+$(BUILD)/bench/%: bench/%.c $(PROGRAMS_LIB) $(LIB)
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) $< $(LIB) $(LDLIBS) $(PROG_LDFLAGS) -o $@
+	$(CC) $(CFLAGS) $< $(PROGRAMS_LIB) $(LIB) $(LDLIBS) $(PROG_LDFLAGS) -o $@
 
 # The heap-peak shim PyTorch's side of the planner bench runs under
 # (LD_PRELOAD): its own flags, never the sanitizers of SAN=1.
@@ -235,15 +248,15 @@ $(BUILD)/bench/peak_alloc.so: bench/peak_alloc.c
 
 # The installed programs: against libfrugal.so, found in ../lib when
 # installed and in .. inside the build folder.
-$(BUILD)/bin/frugal-%: examples/%.c $(SHLIB)
+$(BUILD)/bin/frugal-%: examples/%.c $(PROGRAMS_LIB) $(SHLIB)
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) $< -L$(BUILD) -lfrugal -lm -Wl,-rpath,'$$ORIGIN/../lib:$$ORIGIN/..' -o $@
+	$(CC) $(CFLAGS) $< $(PROGRAMS_LIB) -L$(BUILD) -lfrugal -lm -Wl,-rpath,'$$ORIGIN/../lib:$$ORIGIN/..' -o $@
 
 $(BUILD)/frugal.pc: FORCE
 	@printf '%s\n' 'prefix=$(PREFIX)' 'libdir=$(LIBDIR)' 'includedir=$(INCLUDEDIR)' '' \
 	  'Name: frugal' 'Description: memory-frugal deep learning in C (tensors, autograd, nn, data)' \
 	  'Version: $(VERSION)' 'Cflags: -I$${includedir}' \
-	  'Libs: -L$${libdir} -Wl,-rpath,$${libdir} -lfrugal' \
+	  'Libs: -L$${libdir} -Wl,-rpath,$${libdir} -lfrugal_programs -lfrugal -lm' \
 	  'Libs.private: $(LDLIBS) $(PROG_LDFLAGS)' >$@
 
 check-headers:
@@ -253,13 +266,14 @@ check-headers:
 check-docs:
 	@python3 scripts/check-docs.py
 
-INSTALLED_LIBS := libfrugal.a libfrugal.so libfrugal.so.$(VERSION_MAJOR) libfrugal.so.$(VERSION) \
+INSTALLED_LIBS := libfrugal.a libfrugal_programs.a libfrugal.so libfrugal.so.$(VERSION_MAJOR) libfrugal.so.$(VERSION) \
   $(CUDA_BACKEND_FILE)
 install: check-headers all $(INSTALL_BIN) $(BUILD)/frugal.pc
 	install -d $(DESTDIR)$(BINDIR) $(DESTDIR)$(LIBDIR)/pkgconfig $(DESTDIR)$(INCLUDEDIR)/frugal
 	for h in $(PUBLIC_HEADERS); do install -D -m 644 $$h $(DESTDIR)$(INCLUDEDIR)/frugal/$$h || exit 1; done
 	install -m 644 $(CONFIG_H) $(DESTDIR)$(INCLUDEDIR)/frugal/config.h
 	install -m 644 $(LIB) $(DESTDIR)$(LIBDIR)/libfrugal.a
+	install -m 644 $(PROGRAMS_LIB) $(DESTDIR)$(LIBDIR)/libfrugal_programs.a
 	install -m 755 $(SHLIB) $(DESTDIR)$(LIBDIR)/
 	ln -sf libfrugal.so.$(VERSION) $(DESTDIR)$(LIBDIR)/libfrugal.so.$(VERSION_MAJOR)
 	ln -sf libfrugal.so.$(VERSION_MAJOR) $(DESTDIR)$(LIBDIR)/libfrugal.so
@@ -335,7 +349,7 @@ FUZZ_FLAGS := -std=c11 -D_GNU_SOURCE -fopenmp -MMD -MP -I. -I$(BUILD)/include/fr
   $(if $(CBLAS_INC),-DFR_HAVE_CBLAS -I$(dir $(CBLAS_INC))) \
   $(if $(MPI_LIBS),-DFR_HAVE_MPI $(MPI_CFLAGS))
 FUZZ_LIBS := -lm -lpthread -lz -lpng16 -lturbojpeg -ldl $(if $(CBLAS_INC),-lopenblas) $(MPI_LIBS)
-FUZZ_OBJ := $(LIB_SRC:%.c=$(FUZZ_DIR)/%.o)
+FUZZ_OBJ := $(LIB_SRC:%.c=$(FUZZ_DIR)/%.o) $(PROGRAMS_SRC:%.c=$(FUZZ_DIR)/%.o)
 FUZZ_BIN := $(patsubst tests/fuzz/%.c,$(FUZZ_DIR)/%,$(wildcard tests/fuzz/fuzz_*.c))
 
 $(FUZZ_DIR)/%.o: %.c $(CONFIG_H)
@@ -356,7 +370,7 @@ fuzz:
 
 # Rewrites the committed seed corpora (tests/fuzz/corpus) from gen_seeds.c.
 fuzz-seeds: lib
-	$(CC) $(CFLAGS) tests/fuzz/gen_seeds.c $(LIB) $(LDLIBS) -o $(BUILD)/gen_seeds
+	$(CC) $(CFLAGS) tests/fuzz/gen_seeds.c $(PROGRAMS_LIB) $(LIB) $(LDLIBS) -o $(BUILD)/gen_seeds
 	$(BUILD)/gen_seeds
 
 # Regenerates the committed PyTorch fixtures (needs Debian's python3-torch).

@@ -1,5 +1,6 @@
 /* tape.c: grad mode, nodes, saved tensors and the backward engine. */
 #include "autograd.h"
+#include "../tensor/rng.h"
 
 #include <stdatomic.h>
 #include <stdio.h>
@@ -71,12 +72,13 @@ void fr_manual_seed(uint64_t seed) { random_state = seed; }
 uint64_t fr_random_state(void) { return random_state; }
 void fr_set_random_state(uint64_t state) { random_state = state; }
 uint64_t fr_random_next_seed(void) {
-    /* SplitMix64: a counter through a finaliser, so consecutive seeds are
-     * unrelated and the state is one integer to save and restore. */
-    uint64_t z = (random_state += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
+    /* SplitMix64 (tensor/rng.h): a counter through a finaliser, so
+     * consecutive seeds are unrelated and the state is one integer to save
+     * and restore. */
+    fr_rng r = {random_state};
+    uint64_t z = fr_rng_next(&r);
+    random_state = r.state;
+    return z;
 }
 
 static _Thread_local int recompute_depth;

@@ -55,11 +55,11 @@
 #endif
 
 #include "frugal.h"
-#include "nn/amp.h"
-#include "nn/densenet.h"
+#include "train/amp.h"
+#include "models/densenet.h"
 #include "nn/layers.h"
-#include "nn/optim.h"
-#include "nn/resnet.h"
+#include "train/optim.h"
+#include "models/resnet.h"
 
 enum { MAX_STEPS = 32, GPU_SIZE = 32, GPU_IN_CHANNELS = 3, CLASSES = 10 };
 enum { GPU_WARMUP = 3, GPU_MAX_STEPS = 1000 };
@@ -77,7 +77,7 @@ typedef struct {
 static const char *const gpu_mixed = "plain@bf16,plain@f16";
 
 /* The issue's models: ResNet-56 and DenseNet-BC-100 at batch 64 on CIFAR
- * shapes. DenseNet takes no abn (nn/densenet.h); its "efficient" variant is
+ * shapes. DenseNet takes no abn (models/densenet.h); its "efficient" variant is
  * the recompute strategy; its inplace keeps what plain keeps (memreport shows
  * it) and is left out to keep `make bench` short: a DenseNet-BC-100 step takes
  * seconds here. */

@@ -1,5 +1,5 @@
 /* bench_planner: step time against memory budget for the planner
- * (nn/planner.h), Chen's split and sqrt(N) segments; bench/torch_checkpoint.py
+ * (planner/planner.h), Chen's split and sqrt(N) segments; bench/torch_checkpoint.py
  * measures PyTorch's checkpoint_sequential on the same model and
  * bench/planner_join.py prints both as a table and an SVG plot.
  *
@@ -39,7 +39,7 @@
 #endif
 
 #include "frugal.h"
-#include "nn/planner.h"
+#include "planner/planner.h"
 
 enum { MAX_STEPS = 64, MAX_BUDGETS = 1000 };
 

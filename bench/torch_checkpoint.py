@@ -7,7 +7,7 @@ puts them side by side).
         [--batch 64] [--steps 3] [--threads 2] [--segments 2,5,29]
 
 The model is bench/torch_models.py's ResNet (the architecture of
-nn/resnet.h) laid out as one flat nn.Sequential: the stem (conv, BN, ReLU),
+models/resnet.h) laid out as one flat nn.Sequential: the stem (conv, BN, ReLU),
 each basic block, then the head (average pool, flatten, fc) -- 3(D-2)/6 + 2
 modules for ResNet-D, 29 for ResNet-56. A step is what bench_planner times:
 zero_grad(set_to_none=True), forward, cross-entropy, backward, SGD step

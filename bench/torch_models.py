@@ -1,4 +1,4 @@
-"""torch_models.py: the architectures of nn/resnet.h and nn/densenet.h written
+"""torch_models.py: the architectures of models/resnet.h and models/densenet.h written
 in PyTorch the way a PyTorch user would write them, as the baseline of
 bench/torch_saved.py.
 

@@ -1,5 +1,5 @@
 """The PyTorch baseline of examples/train: the same CIFAR ResNet (He et al. 2016,
-option-B projection shortcuts, as nn/resnet.h) trained on Fashion-MNIST with
+option-B projection shortcuts, as models/resnet.h) trained on Fashion-MNIST with
 the same optimizer and batch, for a fixed number of steps; prints images/s.
 
     OMP_NUM_THREADS=2 /usr/bin/python3 bench/torch_train.py --steps 30 --threads 2
@@ -21,7 +21,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-# The same ResNet module as the fixture generators (nn/resnet.h's names).
+# The same ResNet module as the fixture generators (models/resnet.h's names).
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "fixtures"))
 from cifar_models import ResNet  # noqa: E402
 

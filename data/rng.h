@@ -10,16 +10,14 @@
 
 #include <stdint.h>
 
+#include "../tensor/rng.h"
+
 typedef struct {
     uint64_t s;
 } fr_data_rng;
 
-static inline uint64_t fr_splitmix64(uint64_t x) {
-    x += 0x9E3779B97F4A7C15ull;
-    x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
-    x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
-    return x ^ (x >> 31);
-}
+/* One SplitMix64 step from x (tensor/rng.h): the seed scrambler. */
+static inline uint64_t fr_splitmix64(uint64_t x) { return fr_rng_at(x, 0); }
 
 /* A seed for a stream identified by (a, b, c). */
 static inline uint64_t fr_data_rng_mix(uint64_t a, uint64_t b, uint64_t c) {
@@ -29,7 +27,7 @@ static inline uint64_t fr_data_rng_mix(uint64_t a, uint64_t b, uint64_t c) {
 static inline void fr_data_rng_seed(fr_data_rng *r, uint64_t seed) {
     r->s = fr_splitmix64(seed);
     if (r->s == 0)
-        r->s = 0x9E3779B97F4A7C15ull;
+        r->s = FR_RNG_GOLDEN;
 }
 
 static inline uint64_t fr_data_rng_next(fr_data_rng *r) {

@@ -1,6 +1,6 @@
 /* memreport: the memory of one training step under each strategy, by
- * ledger tag, as a table and an SVG; nn/program_memreport.c has the flags.
- * Its whole logic is the library call fr_memreport_main (nn/programs.h), so
+ * ledger tag, as a table and an SVG; programs/program_memreport.c has the flags.
+ * Its whole logic is the library call fr_memreport_main (programs/programs.h), so
  * a program that registers its own model reports on it the same way. */
 #include <frugal/frugal.h>
 

@@ -111,8 +111,8 @@ void fr_model_build_free(struct fr_model_build *b) {
         free(mod->items);
         free(mod->step_first);
         free(mod->step_len);
-        fr_seg_plan_free(&mod->plan);
-        fr_seg_plan_free(&mod->schedule);
+        fr_seg_layout_free(&mod->layout);
+        fr_seg_layout_free(&mod->installed);
         free(mod);
     }
     if (b->profiles_free)

@@ -39,7 +39,7 @@
  *    replayed in backward. "checkpoint:k" puts k steps in a segment;
  *    "checkpoint" chooses segments from the bytes each step was measured to
  *    keep, under the current strategy and precision (a trial forward on the
- *    first step of each input shape; nn/plan.h). A step is a block, a dense
+ *    first step of each input shape; nn/seg_split.h). A step is a block, a dense
  *    module, a nested chain of layers only, or a conv2d layer with the
  *    layers after it up to the next conv (so a flat chain of layers is cut
  *    between convs); dense modules are never inside a segment of the

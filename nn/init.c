@@ -1,16 +1,8 @@
-/* init.c: the RNG and the weight initialisers; see layers.h. */
+/* init.c: uniform and normal draws from the RNG (tensor/rng.h) and the weight
+ * initialisers; see layers.h. */
 #include <math.h>
 
 #include "layers.h"
-
-void fr_rng_seed(fr_rng *rng, uint64_t seed) { rng->state = seed; }
-
-uint64_t fr_rng_next(fr_rng *rng) {
-    uint64_t z = (rng->state += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-}
 
 double fr_rng_uniform(fr_rng *rng) { return (double)(fr_rng_next(rng) >> 11) * 0x1.0p-53; }
 

@@ -24,25 +24,18 @@
 #define FR_LAYERS_H
 
 #include "../autograd/functions.h"
+#include "../tensor/rng.h"
 #include "params.h"
 
 #ifdef __cplusplus
 extern "C" {
 #endif
 
-/* ---- RNG (nn/init.c) ----
- * SplitMix64 (Steele, Lea, Flood 2014): a 64-bit state advanced by a fixed
- * odd constant and mixed by two xor-shift-multiply rounds; every seed gives a
- * full-period stream. Uniforms take the top 53 bits (double, [0, 1)); normals
- * use Box-Muller on two uniforms (the cosine branch only, one normal per two
- * draws), in double, then round to float. Weights are therefore the same on
- * every platform with an IEEE libm. */
-typedef struct {
-    uint64_t state;
-} fr_rng;
-
-void fr_rng_seed(fr_rng *rng, uint64_t seed);
-uint64_t fr_rng_next(fr_rng *rng);
+/* ---- RNG draws (nn/init.c) ----
+ * fr_rng is the SplitMix64 stream of tensor/rng.h. Uniforms take the top 53
+ * bits (double, [0, 1)); normals use Box-Muller on two uniforms (the cosine
+ * branch only, one normal per two draws), in double, then round to float.
+ * Weights are therefore the same on every platform with an IEEE libm. */
 double fr_rng_uniform(fr_rng *rng);  /* [0, 1) */
 double fr_rng_normal(fr_rng *rng);   /* mean 0, std 1 */
 

@@ -2,7 +2,7 @@
  * architecture: a forward to logits, a parameter registry, a configuration
  * (the memory strategy) and a free. Models are written with the building
  * API (nn/build.h), which applies every strategy; the built-in ones
- * (nn/resnet.h, nn/densenet.h) are written with it too.
+ * (models/resnet.h, models/densenet.h) are written with it too.
  *
  *     fr_model *m = fr_resnet_create("resnet20", 3, 10, 42);
  *     fr_strategy_parse("recompute+checkpoint", &m->cfg.strategy); // may change between steps
@@ -25,7 +25,7 @@ extern "C" {
  * Every combination computes the same function and the same gradients as
  * plain (abn excepted: see below); they differ in memory and time. The
  * engine applies them to any model built with nn/build.h: the norm layers
- * and residual adds in nn/blocks.c, checkpoint segments in nn/segments.c.
+ * and residual adds in nn/norm.c, checkpoint segments in nn/segments.c.
  *   inplace    ReLU and the residual add written over BN's output
  *   recompute  fused BN+ReLU keeping only its input and batch statistics; its
  *              output is recomputed in backward for the next conv. For DenseNet
@@ -39,7 +39,7 @@ extern "C" {
  *   checkpoint keep only the inputs of segments of blocks and recompute each
  *              segment in backward: k blocks per segment for "checkpoint:k";
  *              for "checkpoint" (-1) segments chosen from the bytes each
- *              block was measured to keep (nn/plan.h), so the large early
+ *              block was measured to keep (nn/seg_split.h), so the large early
  *              blocks get short segments
  *   compress   keep what backward reads as B-bit codes per group of 256
  *              with stochastic rounding, ReLU masks as bits ("compress:B",

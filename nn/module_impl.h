@@ -1,5 +1,5 @@
 /* module_impl.h: the module record behind build.h, shared by the files of
- * the engine (nn/build.c: construction and layers; nn/blocks.c: the norm
+ * the engine (nn/build.c: construction and layers; nn/norm.c: the norm
  * layer under each strategy; nn/segments.c: sequences and checkpointing).
  * Not a public header. */
 #ifndef FR_MODULE_IMPL_H
@@ -44,11 +44,11 @@ typedef struct {
     int *group_len;    /* steps per group */
     bool *group_ckpt;  /* whether the group runs as one checkpointed segment */
     /* NULL: every group runs under the run's strategy. Set by the memory
-     * planner (nn/planner.h): group g runs under group_strategy[g] (its
+     * planner (planner/planner.h): group g runs under group_strategy[g] (its
      * inplace / recompute / abn switches, and checkpoint for a dense
      * module's own children) */
     fr_strategy *group_strategy;
-} fr_seg_plan;
+} fr_seg_layout;
 
 struct fr_module {
     fr_module_kind kind;
@@ -65,11 +65,11 @@ struct fr_module {
     int n_items, n_steps;
     fr_module **items;
     int *step_first, *step_len;
-    fr_seg_plan plan;         /* root chain and dense modules */
-    /* the root chain: a schedule installed by fr_plan_apply (nn/planner.h),
-     * used instead of `plan` for the input shape, precision and strategy
+    fr_seg_layout layout;       /* root chain and dense modules */
+    /* the root chain: a layout installed by fr_plan_apply (planner/planner.h),
+     * used instead of `layout` for the input shape, precision and strategy
      * it was made for */
-    fr_seg_plan schedule;
+    fr_seg_layout installed;
 };
 
 /* The build state a model carries (model.h: fr_model.build). */
@@ -80,7 +80,7 @@ struct fr_model_build {
     fr_module *modules;       /* list through ->next */
     int n_norms;
     bool finished;
-    /* the memory planner's per-block profiles (nn/profile.c), owned */
+    /* the memory planner's per-block profiles (planner/profile.c), owned */
     void *profiles;
     void (*profiles_free)(void *profiles);
 };
@@ -88,9 +88,9 @@ struct fr_model_build {
 /* build.c: frees the modules (fr_model_free calls it). NULL-safe. */
 void fr_model_build_free(struct fr_model_build *b);
 
-/* blocks.c: act(bn(x) + residual) under run->strategy. */
+/* norm.c: act(bn(x) + residual) under run->strategy. */
 fr_tensor *fr_norm_apply(const fr_module *m, fr_tensor *x, fr_tensor *residual, const fr_run *run);
-/* An act layer (fr_act_new) under the run's strategy (blocks.c). */
+/* An act layer (fr_act_new) under the run's strategy (norm.c). */
 fr_tensor *fr_act_layer_apply(const fr_module *m, fr_tensor *x, const fr_run *run);
 
 /* segments.c */
@@ -98,7 +98,7 @@ fr_tensor *fr_chain_forward(fr_module *c, fr_tensor *x, const fr_run *run);
 fr_tensor *fr_dense_forward(fr_module *d, fr_tensor *x, const fr_run *run);
 /* The steps of chain c (items, step arrays); FR_ERR_OOM. */
 fr_status fr_chain_prepare(fr_module *c);
-void fr_seg_plan_free(fr_seg_plan *p);
+void fr_seg_layout_free(fr_seg_layout *p);
 /* The number of steps of a chain or dense module, whether step s is a
  * barrier (a dense module inside a chain: never inside a segment), and
  * steps [first, first + count) run over x as a step runs in a forward that

@@ -26,7 +26,7 @@
 #define FR_PARAMS_H
 
 #include "../tensor/tensor.h"
-#include "safetensors.h"
+#include "../io/safetensors.h"
 
 #ifdef __cplusplus
 extern "C" {

@@ -1,6 +1,6 @@
 /* segments.c: running chains and dense modules, and cutting them into
  * checkpointed segments (Chen et al. 2016) from measured bytes; see build.h
- * and plan.h.
+ * and seg_split.h.
  *
  * A segment is described by value (which sequence, which steps, the run
  * context) and fr_checkpoint keeps a copy, so its replay in backward runs
@@ -10,7 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "plan.h"
+#include "seg_split.h"
 
 typedef struct {
     fr_module *seq;   /* a chain or a dense module */
@@ -219,15 +219,15 @@ static fr_status measure(fr_module *seq, fr_tensor *x, const fr_run *run, double
     return st;
 }
 
-void fr_seg_plan_free(fr_seg_plan *p) {
+void fr_seg_layout_free(fr_seg_layout *p) {
     free(p->group_len);
     free(p->group_ckpt);
     free(p->group_strategy);
-    *p = (fr_seg_plan){0};
+    *p = (fr_seg_layout){0};
 }
 
 
-static bool plan_matches(const fr_seg_plan *p, const fr_tensor *x, const fr_run *run) {
+static bool layout_matches(const fr_seg_layout *p, const fr_tensor *x, const fr_run *run) {
     return p->valid && p->ndim == x->ndim &&
            !memcmp(p->shape, x->shape, (size_t)x->ndim * sizeof x->shape[0]) &&
            p->dtype == x->dtype && p->autocast == fr_autocast_dtype() &&
@@ -236,11 +236,11 @@ static bool plan_matches(const fr_seg_plan *p, const fr_tensor *x, const fr_run 
 }
 
 /* Groups the steps: barriers alone and unsegmented; each run of other steps
- * cut into segments of k steps ("checkpoint:k") or by the planner over the
+ * cut into segments of k steps ("checkpoint:k") or by the splitter (nn/seg_split.h) over the
  * measured bytes ("checkpoint"). */
-static fr_status make_plan(fr_module *seq, fr_tensor *x, const fr_run *run) {
-    fr_seg_plan *p = &seq->plan;
-    fr_seg_plan_free(p);
+static fr_status make_layout(fr_module *seq, fr_tensor *x, const fr_run *run) {
+    fr_seg_layout *p = &seq->layout;
+    fr_seg_layout_free(p);
     int n = n_steps(seq);
     double *cost = calloc(3 * (size_t)n + 1, sizeof *cost);
     int *len = malloc(((size_t)n + 1) * sizeof *len);
@@ -269,7 +269,7 @@ static fr_status make_plan(fr_module *seq, fr_tensor *x, const fr_run *run) {
             for (m = 0; s + m * k < end; m++)
                 len[m] = s + (m + 1) * k <= end ? k : end - s - m * k;
         } else {
-            m = fr_plan_segments(&(fr_plan_costs){.cost = cost + s, .input = input + s,
+            m = fr_seg_split(&(fr_seg_costs){.cost = cost + s, .input = input + s,
                                                   .input_kept = input_kept + s, .n = end - s},
                                  len);
         }
@@ -291,7 +291,7 @@ static fr_status make_plan(fr_module *seq, fr_tensor *x, const fr_run *run) {
     free(cost);
     free(len);
     if (st != FR_OK) {
-        fr_seg_plan_free(p);
+        fr_seg_layout_free(p);
         return st;
     }
     p->valid = true;
@@ -315,13 +315,13 @@ static fr_tensor *run_steps(fr_module *seq, int first, int count, fr_tensor *x, 
  * segment or run as it is. Dense: the output of the last group is joined
  * by its segment, so the features so far are one tensor between groups. */
 static fr_tensor *run_segmented(fr_module *seq, fr_tensor *x, const fr_run *run) {
-    /* a planner's schedule (nn/planner.h) for this very input and strategy,
+    /* a planner's layout (planner/planner.h) for this very input and strategy,
      * else the segments chosen here */
-    const fr_seg_plan *p = &seq->schedule;
-    if (!plan_matches(p, x, run)) {
-        if (!plan_matches(&seq->plan, x, run) && make_plan(seq, x, run) != FR_OK)
+    const fr_seg_layout *p = &seq->installed;
+    if (!layout_matches(p, x, run)) {
+        if (!layout_matches(&seq->layout, x, run) && make_layout(seq, x, run) != FR_OK)
             return NULL;
-        p = &seq->plan;
+        p = &seq->layout;
     }
     fr_tensor *out = fr_retain(x);
     for (int g = 0, s = 0; g < p->n_groups && out; s += p->group_len[g], g++) {

@@ -6,6 +6,7 @@
 #define FR_KERNELS_H
 
 #include "fr_base.h"
+#include "rng.h"
 #include "shapes.h"
 
 #ifdef __cplusplus
@@ -26,17 +27,13 @@ typedef struct {
 } fr_adam_scalars;
 
 /* Dropout's counter-based uniform in [0, 1) for element i of stream `seed`
- * (SplitMix64 finaliser of seed + i * golden ratio; 24 bits). Shared by the
+ * (element i of the SplitMix64 stream `seed`, tensor/rng.h; 24 bits). Shared by the
  * CPU and CUDA kernels, which is what makes their masks identical. */
 #ifdef __CUDACC__
 __host__ __device__
 #endif
 static inline float fr_dropout_uniform(uint64_t seed, uint64_t i) {
-    uint64_t z = seed + (i + 1) * 0x9E3779B97F4A7C15ull;
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    z ^= z >> 31;
-    return (float)(z >> 40) * (1.0f / 16777216.0f);
+    return (float)(fr_rng_at(seed, i) >> 40) * (1.0f / 16777216.0f);
 }
 
 /* Stochastic rounding's uniform in [0, 1) for element j (< 2^32) of group
@@ -57,16 +54,13 @@ static inline float fr_compress_uniform(uint32_t key, uint32_t j) {
     return (float)(int32_t)(h >> 8) * (1.0f / 16777216.0f);
 }
 
-/* The key of group g of a tensor packed under `seed`: SplitMix64 of the
- * pair, so every group of every packed tensor draws its own stream. */
+/* The key of group g of a tensor packed under `seed` (tensor/rng.h's
+ * stream), so every group of every packed tensor draws its own stream. */
 #ifdef __CUDACC__
 __host__ __device__
 #endif
 static inline uint32_t fr_compress_key(uint64_t seed, uint64_t g) {
-    uint64_t z = seed + (g + 1) * 0x9E3779B97F4A7C15ull;
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return (uint32_t)((z ^ (z >> 31)) >> 32);
+    return (uint32_t)(fr_rng_at(seed, g) >> 32);
 }
 
 /* The stream whose element j is element off + j of stream `seed`:
@@ -74,7 +68,7 @@ static inline uint32_t fr_compress_key(uint64_t seed, uint64_t g) {
  * fr_dropout_uniform(seed, off + j), so a tensor can be masked block by block
  * (staged half tensors) with the mask of the whole. */
 static inline uint64_t fr_dropout_seed_at(uint64_t seed, uint64_t off) {
-    return seed + off * 0x9E3779B97F4A7C15ull;
+    return seed + off * FR_RNG_GOLDEN;
 }
 
 #define FR_KERNEL(name, params) fr_status fr_cpu_##name params;

@@ -195,7 +195,7 @@ fr_status fr_adam_update_(fr_tensor *w, fr_tensor *m, fr_tensor *v, const fr_ten
                           int64_t t);
 
 /* ---- mixed precision (ops_amp.c): the gradient checks of dynamic loss
- * scaling (nn/amp.h). f32, contiguous tensors on one device. ---- */
+ * scaling (train/amp.h). f32, contiguous tensors on one device. ---- */
 /* count (one f32 element) += the number of inf / NaN elements of x
  * (accumulates: zero count once, then pass every gradient; read it once). */
 fr_status fr_nonfinite_count_(fr_tensor *count, const fr_tensor *x);

@@ -21,14 +21,14 @@ fail() { echo "install_test: FAILED: $*"; exit 1; }
 echo "== make install PREFIX=$prefix"
 make --no-print-directory -j2 BUILD="$build" PREFIX="$prefix" "$@" install >"$tmp/install.log" 2>&1 ||
     { tail -20 "$tmp/install.log"; fail "make install"; }
-for f in lib/libfrugal.a lib/libfrugal.so lib/pkgconfig/frugal.pc include/frugal/frugal.h \
+for f in lib/libfrugal.a lib/libfrugal_programs.a lib/libfrugal.so lib/pkgconfig/frugal.pc include/frugal/frugal.h \
     include/frugal/config.h bin/frugal-train bin/frugal-validate bin/frugal-memreport; do
     [ -e "$prefix/$f" ] || fail "$f was not installed"
 done
 soname=$(readelf -d "$prefix/lib/libfrugal.so" | sed -n 's/.*(SONAME).*\[\(.*\)\]/\1/p')
 [[ "$soname" == libfrugal.so.[0-9]* ]] || fail "libfrugal.so has soname '$soname'"
 echo "soname $soname"
-for h in tensor/kernels.h tensor/kernels.def tensor/staging.h cuda/fr_cuda.h nn/json.h; do
+for h in tensor/kernels.h tensor/kernels.def tensor/staging.h cuda/fr_cuda.h io/json.h; do
     [ ! -e "$prefix/include/frugal/$h" ] || fail "internal header $h was installed"
 done
 
@@ -107,7 +107,7 @@ else
     (cd "$tmp/user" && ./small_cnn "$data" weights.safetensors) || fail "small_cnn"
 
     echo "== the same program linked statically (pkg-config --static, libfrugal.a)"
-    static=$(pkg-config --cflags --libs --static frugal | sed 's/-lfrugal/-l:libfrugal.a/')
+    static=$(pkg-config --cflags --libs --static frugal | sed 's/-lfrugal /-l:libfrugal.a /')
     (cd "$tmp/user" && cc -std=c11 -O2 small_cnn.c $static -o small_cnn_static && ./small_cnn_static "$data" w2.safetensors) ||
         fail "small_cnn linked statically"
 

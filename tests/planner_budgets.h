@@ -23,7 +23,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "nn/planner.h"
+#include "planner/planner.h"
 #include "testlib.h"
 
 #if defined(__SANITIZE_ADDRESS__)

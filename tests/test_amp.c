@@ -20,7 +20,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "nn/amp.h"
+#include "train/amp.h"
 #include "nn/layers.h"
 #include "testlib.h"
 

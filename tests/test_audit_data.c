@@ -23,8 +23,8 @@
 #include "testlib.h"
 #include "data/dataset.h"
 #include "data/image.h"
-#include "nn/checkpoint.h"
-#include "nn/cli.h"
+#include "train/state.h"
+#include "programs/cli.h"
 
 
 /* A PNG of w x h pixels of `bits` (8 or 16) samples, `spp` samples a pixel
@@ -224,7 +224,7 @@ static void test_programs_split_checks(void) {
     /* weights for 2 classes, trained plain */
     snprintf(path, sizeof path, "%s/w.safetensors", root);
     fr_model *m = fr_model_create("resnet8", 1, 2, 3);
-    CHECK_OK(fr_ckpt_save(path, m, NULL, NULL, NULL));
+    CHECK_OK(fr_state_save(path, m, NULL, NULL, NULL));
     fr_model_free(m);
     snprintf(args, sizeof args, "--checkpoint %s --data folder:%s --strategy abn --batch 2", path, root);
     fr_t_example_fails("validate", args, "--strategy abn: abn changes the network's function",

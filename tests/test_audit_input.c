@@ -20,10 +20,10 @@
 #include <unistd.h>
 
 #include "testlib.h"
-#include "nn/checkpoint.h"
+#include "train/state.h"
 #include "data/image.h"
-#include "nn/cli.h"
-#include "nn/registry.h"
+#include "programs/cli.h"
+#include "models/registry.h"
 
 
 /* ---- model names ---- */
@@ -201,17 +201,17 @@ static void test_checkpoint_optimizer_state_checked(void) {
     r.opt->state[0][0] = fr_zeros_like(r.m->params->items[0].tensor, FR_TAG_OPTIM);
     fr_data_f32(r.opt->state[0][0])[5] = 12345.5f;
     r.opt->steps[0] = 1;
-    CHECK_OK(fr_ckpt_save(path, r.m, r.opt, NULL, &r.st));
-    CHECK_OK(fr_ckpt_load(path, r.m, r.opt, NULL, &r.st));
+    CHECK_OK(fr_state_save(path, r.m, r.opt, NULL, &r.st));
+    CHECK_OK(fr_state_load(path, r.m, r.opt, NULL, &r.st));
     CHECK(patch_float(path, 12345.5f, INFINITY));
-    fr_status st = fr_ckpt_load(path, r.m, r.opt, NULL, &r.st);
+    fr_status st = fr_state_load(path, r.m, r.opt, NULL, &r.st);
     CHECK_ERR(st, FR_ERR_FORMAT, "optim.momentum_buffer.");
     CHECK_ERR(st, FR_ERR_FORMAT, p0);
     CHECK_ERR(st, FR_ERR_FORMAT, "inf at element 5");
     /* a negative step count */
     r.opt->steps[0] = -7;
-    CHECK_OK(fr_ckpt_save(path, r.m, r.opt, NULL, &r.st));
-    st = fr_ckpt_load(path, r.m, r.opt, NULL, &r.st);
+    CHECK_OK(fr_state_save(path, r.m, r.opt, NULL, &r.st));
+    st = fr_state_load(path, r.m, r.opt, NULL, &r.st);
     CHECK_ERR(st, FR_ERR_FORMAT, "optim.step.");
     CHECK_ERR(st, FR_ERR_FORMAT, "holds -7");
     fr_optim_free(opt);
@@ -254,11 +254,11 @@ static void test_metadata_other_values_ignored(void) {
         fr_st_close(f);
     }
     /* {"format": "pt"}: a weights file, and it loads */
-    fr_ckpt_info info;
-    CHECK_OK(fr_ckpt_read_info(path, &info));
+    fr_state_info info;
+    CHECK_OK(fr_state_read_info(path, &info));
     CHECK(!info.is_training && !info.model[0]);
     fr_model *m2 = fr_model_create("resnet8", 1, 2, 4);
-    CHECK_OK(fr_ckpt_load(path, m2, NULL, NULL, NULL));
+    CHECK_OK(fr_state_load(path, m2, NULL, NULL, NULL));
     CHECK(!memcmp(fr_data(m2->params->items[0].tensor), fr_data(m->params->items[0].tensor),
                   fr_nbytes(m->params->items[0].tensor)));
     fr_model_free(m2);
@@ -266,12 +266,12 @@ static void test_metadata_other_values_ignored(void) {
     /* a frugal checkpoint: an unknown key is ignored, a needed one that is not
      * a string is named with what was expected */
     snprintf(path, sizeof path, "%s/ckpt.safetensors", dir);
-    CHECK_OK(fr_ckpt_save(path, m, NULL, NULL, NULL));
+    CHECK_OK(fr_state_save(path, m, NULL, NULL, NULL));
     CHECK(patch_header(path, "\"format_version\"", "\"hub.note\":null,\"format_version\""));
-    CHECK_OK(fr_ckpt_read_info(path, &info));
+    CHECK_OK(fr_state_read_info(path, &info));
     CHECK(!strcmp(info.model, "resnet8"));
     CHECK(patch_header(path, "\"num_classes\":\"2\"", "\"num_classes\":2"));
-    CHECK_ERR(fr_ckpt_read_info(path, &info), FR_ERR_FORMAT,
+    CHECK_ERR(fr_state_read_info(path, &info), FR_ERR_FORMAT,
               "metadata field \"num_classes\" is a number, expected a JSON string");
     fr_model_free(m);
     fr_t_remove_tmpdir(dir);
@@ -284,7 +284,7 @@ static void test_metadata_note_printed_once(void) {
     char path[600], args[1400];
     snprintf(path, sizeof path, "%s/ckpt.safetensors", dir);
     fr_model *m = fr_model_create("resnet8", 1, 2, 3);
-    CHECK_OK(fr_ckpt_save(path, m, NULL, NULL, NULL));
+    CHECK_OK(fr_state_save(path, m, NULL, NULL, NULL));
     fr_model_free(m);
     CHECK(patch_header(path, "\"format_version\"", "\"hub.flag\":true,\"format_version\""));
     /* a data set that is not there: validate reads the checkpoint's metadata, then fails on it */

@@ -12,9 +12,9 @@
 #include "testlib.h"
 #include "cpu/compress.h"
 #include "tensor/kernels.h"
-#include "nn/densenet.h"
-#include "nn/planner.h"
-#include "nn/registry.h"
+#include "models/densenet.h"
+#include "planner/planner.h"
+#include "models/registry.h"
 
 static const int BITS[] = {8, 4, 2};
 

@@ -13,8 +13,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "nn/optim.h"
-#include "nn/resnet.h"
+#include "train/optim.h"
+#include "models/resnet.h"
 #include "testlib.h"
 
 static fr_mem_stats cuda_stats(void) {

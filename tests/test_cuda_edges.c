@@ -16,8 +16,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "nn/optim.h"
-#include "nn/resnet.h"
+#include "train/optim.h"
+#include "models/resnet.h"
 #include "testlib.h"
 
 /* ---- beyond the capped grid ---- */

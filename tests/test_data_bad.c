@@ -18,7 +18,7 @@
 #include "testlib.h"
 #include "data/dataset.h"
 #include "data/image.h"
-#include "nn/cli.h"
+#include "programs/cli.h"
 
 #include "stb_write.h"
 

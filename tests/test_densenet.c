@@ -1,4 +1,4 @@
-/* test_densenet.c: DenseNet-BC (nn/densenet.h) against PyTorch
+/* test_densenet.c: DenseNet-BC (models/densenet.h) against PyTorch
  * (tests/fixtures/gen_densenet.py), the memory-efficient mechanism at op
  * level (recomputable concat + BN+ReLU built on its recipe), every strategy
  * against plain, and the ledger's account of what each keeps: linear in depth
@@ -15,7 +15,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "nn/densenet.h"
+#include "models/densenet.h"
 
 #define TOL 1e-4
 

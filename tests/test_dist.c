@@ -64,9 +64,9 @@
 #include "testlib.h"
 #include "cuda/fr_cuda.h"
 #include "dist/dist.h"
-#include "nn/checkpoint.h"
-#include "nn/cli.h"
-#include "nn/resnet.h"
+#include "train/state.h"
+#include "programs/cli.h"
+#include "models/resnet.h"
 
 enum { N_IMAGES = 192, HW = 8, STEPS = 5 };
 
@@ -414,12 +414,12 @@ static void case_resume(void) {
     CHECK_OK(fr_schedule_constant(&st.schedule, 0.05));
     char path[600];
     snprintf(path, sizeof path, "%s/resume.safetensors", tmp_dir);
-    fr_status saved = rank == 0 ? fr_ckpt_save(path, first.m, first.opt, &first.sc, &st) : FR_OK;
+    fr_status saved = rank == 0 ? fr_state_save(path, first.m, first.opt, &first.sc, &st) : FR_OK;
     CHECK_OK(fr_dist_share_status(dist, 0, saved));
 
     replica_new(&second, ds, c, 11 + (uint64_t)rank, 16, world);
     fr_train_state back;
-    CHECK_OK(fr_ckpt_load(path, second.m, second.opt, &second.sc, &back));
+    CHECK_OK(fr_state_load(path, second.m, second.opt, &second.sc, &back));
     CHECK(back.world_size == world && back.batch == 3 && back.epoch == 0);
     CHECK_OK(fr_dist_attach(dist, second.m, NULL));
     CHECK_OK(fr_loader_seek(second.ld, back.epoch, back.batch));

@@ -1,7 +1,7 @@
 /* test_flat_checkpoint.c: checkpoint on models written as flat chains of
  * layers (docs/MODELS.md section 1): every layer is a step the segment
  * planner may cut (nn/segments.c), and the planner minimises the total peak
- * (nn/plan.h), so checkpoint lowers a flat VGG's total peak, equals plain
+ * (nn/seg_split.h), so checkpoint lowers a flat VGG's total peak, equals plain
  * bit for bit, and never raises the total peak over the same strategy
  * without it. Peaks are the ledger's, exact. */
 #include <stdio.h>
@@ -9,7 +9,7 @@
 
 #include "testlib.h"
 #include "nn/build.h"
-#include "nn/resnet.h"
+#include "models/resnet.h"
 
 /* Where the next layer goes: the root itself, or (wrap) the chain inside a
  * new block of the root's, so each layer is a block: a step on the parent
@@ -178,7 +178,7 @@ static void test_flat_vgg_checkpoint_lowers_total_peak(void) {
 static void test_checkpoint_never_raises_total_peak(void) {
     /* the wrapped models have the same steps on the parent engine, whose
      * planner minimised saved bytes: there checkpoint raised their total
-     * peak (nn/plan.h) */
+     * peak (nn/seg_split.h) */
     fr_model *models[] = {expand_chain(), fr_resnet_create("resnet8", 3, 10, 7), wrapped(flat_vgg),
                           wrapped(expand_chain)};
     for (size_t i = 0; i < sizeof models / sizeof *models; i++) {

@@ -9,9 +9,9 @@
 #include <string.h>
 
 #include "testlib.h"
-#include "nn/densenet.h"
+#include "models/densenet.h"
 #include "nn/layers.h"
-#include "nn/resnet.h"
+#include "models/resnet.h"
 
 /* ---- two models interleaved ---- */
 

@@ -31,8 +31,8 @@
 #include <unistd.h>
 
 #include "testlib.h"
-#include "nn/checkpoint.h"
-#include "nn/cli.h"
+#include "train/state.h"
+#include "programs/cli.h"
 
 /* ---- files ---- */
 
@@ -101,9 +101,9 @@ static void test_checkpoint_metadata_validated(void) {
     snprintf(bad, sizeof bad, "%s/bad.safetensors", dir);
     small_run r;
     CHECK(small_init(&r));
-    CHECK_OK(fr_ckpt_save(good, r.m, r.opt, NULL, &r.st));
-    fr_ckpt_info info;
-    CHECK_OK(fr_ckpt_read_info(good, &info));
+    CHECK_OK(fr_state_save(good, r.m, r.opt, NULL, &r.st));
+    fr_state_info info;
+    CHECK_OK(fr_state_read_info(good, &info));
     CHECK(info.is_training && info.state.step == 3 && info.num_classes == 2);
     static const struct {
         const char *key, *value, *needle;
@@ -132,21 +132,21 @@ static void test_checkpoint_metadata_validated(void) {
     };
     for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
         CHECK(patch_metadata(good, bad, cases[i].key, cases[i].value));
-        fr_status st = fr_ckpt_read_info(bad, &info);
+        fr_status st = fr_state_read_info(bad, &info);
         if (st == FR_OK || !strstr(fr_last_error(), cases[i].needle) || !strstr(fr_last_error(), bad)) {
             fprintf(stderr, "    %s = %s: %s (%s)\n", cases[i].key, cases[i].value, fr_status_name(st),
                     st == FR_OK ? "accepted" : fr_last_error());
             fr_t_failed_now = 1;
         }
         /* and the load refuses it before touching the model */
-        CHECK(fr_ckpt_load(bad, r.m, r.opt, NULL, &r.st) != FR_OK);
+        CHECK(fr_state_load(bad, r.m, r.opt, NULL, &r.st) != FR_OK);
     }
     /* the unpatched copy still loads: the patcher itself changes nothing else */
     CHECK(patch_metadata(good, bad, "data", "synthetic"));
-    CHECK_OK(fr_ckpt_load(bad, r.m, r.opt, NULL, &r.st));
+    CHECK_OK(fr_state_load(bad, r.m, r.opt, NULL, &r.st));
     /* epoch == epochs is a finished run, not an error */
     CHECK(patch_metadata(good, bad, "epoch", "2"));
-    CHECK_OK(fr_ckpt_read_info(bad, &info));
+    CHECK_OK(fr_state_read_info(bad, &info));
     small_free(&r);
     fr_t_remove_tmpdir(dir);
 }
@@ -157,15 +157,15 @@ static void test_nonfinite_weights_never_saved(void) {
     snprintf(path, sizeof path, "%s/run.safetensors", dir);
     small_run r;
     CHECK(small_init(&r));
-    CHECK_OK(fr_ckpt_save(path, r.m, r.opt, NULL, &r.st));
+    CHECK_OK(fr_state_save(path, r.m, r.opt, NULL, &r.st));
     size_t n_before, n_after;
     char *before = fr_t_read_file(path, &n_before);
     fr_tensor *w = r.m->params->items[0].tensor;
     ((float *)fr_data(w))[3] = NAN;
-    CHECK_ERR(fr_ckpt_save(path, r.m, r.opt, NULL, &r.st), FR_ERR_ARG, "NaN");
+    CHECK_ERR(fr_state_save(path, r.m, r.opt, NULL, &r.st), FR_ERR_ARG, "NaN");
     CHECK_ERR(fr_last_status(), FR_ERR_ARG, r.m->params->items[0].name);
     ((float *)fr_data(w))[3] = INFINITY;
-    CHECK_ERR(fr_ckpt_save(path, r.m, r.opt, NULL, &r.st), FR_ERR_ARG, "inf");
+    CHECK_ERR(fr_state_save(path, r.m, r.opt, NULL, &r.st), FR_ERR_ARG, "inf");
     char *after = fr_t_read_file(path, &n_after);
     CHECK(before && after && n_before == n_after && !memcmp(before, after, n_before));
     free(before);
@@ -180,8 +180,8 @@ static void test_fifo_refused_without_blocking(void) {
     snprintf(path, sizeof path, "%s/ckpt.safetensors", dir);
     CHECK(mkfifo(path, 0600) == 0);
     alarm(60); /* a blocking open ends the test program instead of the suite */
-    fr_ckpt_info info;
-    CHECK_ERR(fr_ckpt_read_info(path, &info), FR_ERR_IO, "not a readable regular file");
+    fr_state_info info;
+    CHECK_ERR(fr_state_read_info(path, &info), FR_ERR_IO, "not a readable regular file");
     CHECK(fr_st_open(path) == NULL);
     CHECK_ERR(fr_last_status(), FR_ERR_IO, path);
     alarm(0);
@@ -221,7 +221,7 @@ static void test_dead_writers_temps_removed(void) {
     CHECK(fr_t_write_file(dead, "x", 1) && fr_t_write_file(live, "y", 1) && fr_t_write_file(other, "z", 1));
     small_run r;
     CHECK(small_init(&r));
-    CHECK_OK(fr_ckpt_save(path, r.m, r.opt, NULL, &r.st));
+    CHECK_OK(fr_state_save(path, r.m, r.opt, NULL, &r.st));
     CHECK(access(dead, F_OK) != 0);  /* its writer is gone: removed */
     CHECK(access(live, F_OK) == 0);  /* a live writer's: untouched */
     CHECK(access(other, F_OK) == 0); /* another file's temps are not this save's business */
@@ -235,16 +235,16 @@ static void test_dead_writers_temps_removed(void) {
         pid_t w = fork();
         if (w == 0) {
             for (;;)
-                (void)fr_ckpt_save(path, r.m, r.opt, NULL, &r.st);
+                (void)fr_state_save(path, r.m, r.opt, NULL, &r.st);
         }
         usleep(20000 + 7000 * round);
         kill(w, SIGKILL);
         waitpid(w, NULL, 0);
     }
-    CHECK_OK(fr_ckpt_save(path, r.m, r.opt, NULL, &r.st));
+    CHECK_OK(fr_state_save(path, r.m, r.opt, NULL, &r.st));
     CHECK(count_temps(dir) == 0);
-    fr_ckpt_info info;
-    CHECK_OK(fr_ckpt_read_info(path, &info));
+    fr_state_info info;
+    CHECK_OK(fr_state_read_info(path, &info));
     small_free(&r);
     fr_t_remove_tmpdir(dir);
 }

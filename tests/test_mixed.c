@@ -29,9 +29,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "nn/amp.h"
-#include "nn/densenet.h"
-#include "nn/resnet.h"
+#include "train/amp.h"
+#include "models/densenet.h"
+#include "models/resnet.h"
 #include "testlib.h"
 
 static const fr_dtype halves[] = {FR_F16, FR_BF16};

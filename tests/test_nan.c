@@ -23,7 +23,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "nn/resnet.h"
+#include "models/resnet.h"
 #include "testlib.h"
 
 static const float NaN = NAN, Inf = INFINITY;

@@ -7,9 +7,9 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "nn/blocks.h"
+#include "nn/norm.h"
 #include "nn/build.h"
-#include "nn/resnet.h"
+#include "models/resnet.h"
 
 /* A temporary file name for this process. */
 static const char *tmp_path(const char *tag) {

@@ -6,8 +6,8 @@
 #include <string.h>
 
 #include "nn/layers.h"
-#include "nn/optim.h"
-#include "nn/schedule.h"
+#include "train/optim.h"
+#include "train/schedule.h"
 
 #define ATOL 1e-7
 #define RTOL 1e-6

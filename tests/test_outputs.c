@@ -1,4 +1,4 @@
-/* test_outputs.c: the output-file routine (nn/outfile.h) and what the
+/* test_outputs.c: the output-file routine (io/outfile.h) and what the
  * programs do with it: only regular files are written, never an input, every
  * write atomic with nothing left behind on failure; the advisory lock on
  * train --save; validate and train refuse a non-finite loss naming the
@@ -14,8 +14,8 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include "nn/checkpoint.h"
-#include "nn/resnet.h"
+#include "train/state.h"
+#include "models/resnet.h"
 #include "testlib.h"
 
 /* Entries of dir other than . and .. whose name holds `part`. */
@@ -220,7 +220,7 @@ static void test_validate_outputs(void) {
     at(fifo, sizeof fifo, dir, "fifo");
     at(bad, sizeof bad, dir, "nan.safetensors");
     fr_model *m = fr_resnet_create("resnet8", 1, 10, 3);
-    CHECK_OK(fr_ckpt_save(ck, m, NULL, NULL, NULL));
+    CHECK_OK(fr_state_save(ck, m, NULL, NULL, NULL));
     CHECK(symlink(ck, link_path) == 0 && mkfifo(fifo, 0600) == 0);
     size_t n0, n1;
     char *before = fr_t_read_file(ck, &n0);
@@ -240,7 +240,7 @@ static void test_validate_outputs(void) {
     CHECK(at_w >= 0);
     if (at_w >= 0)
         fr_data_f32(m->params->items[at_w].tensor)[3] = NAN;
-    /* as a plain weights file: fr_ckpt_save refuses non-finite weights */
+    /* as a plain weights file: fr_state_save refuses non-finite weights */
     fr_st_writer *w = fr_st_writer_new();
     CHECK_OK(fr_params_write(m->params, w, NULL));
     CHECK_OK(fr_st_writer_save(w, bad));

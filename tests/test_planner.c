@@ -1,4 +1,4 @@
-/* test_planner.c: the memory planner (nn/planner.h): gradients of
+/* test_planner.c: the memory planner (planner/planner.h): gradients of
  * planned steps equal plain's bit for bit (against plain with the same
  * micro-batches), abn only when asked, a budget below what fits at batch 1
  * names the smallest that works, bad arguments. The budget sweeps against

@@ -1,5 +1,5 @@
 /* test_programs_lib.c: the train, validate and memreport programs as library
- * calls (nn/programs.h) on a model this program registers itself, the way a
+ * calls (programs/programs.h) on a model this program registers itself, the way a
  * user who writes a model in C runs the library's loop on it (issue 10):
  * train saves a checkpoint that names the model, validate rebuilds it from
  * the registry and evaluates it, memreport measures it under two

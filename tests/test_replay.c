@@ -12,7 +12,7 @@
 
 #include "testlib.h"
 #include "frugal.h"
-#include "nn/cli.h"
+#include "programs/cli.h"
 
 #define BATCH 8
 

@@ -13,8 +13,8 @@
 #include <string.h>
 
 #include "nn/layers.h"
-#include "nn/optim.h"
-#include "nn/resnet.h"
+#include "train/optim.h"
+#include "models/resnet.h"
 
 #define TOL 1e-4
 

@@ -10,8 +10,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "nn/optim.h"
-#include "nn/resnet.h"
+#include "train/optim.h"
+#include "models/resnet.h"
 #include "testlib.h"
 
 #if defined(__SANITIZE_ADDRESS__)

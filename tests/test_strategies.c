@@ -6,8 +6,8 @@
 #include <string.h>
 
 #include "testlib.h"
-#include "nn/plan.h"
-#include "nn/resnet.h"
+#include "nn/seg_split.h"
+#include "models/resnet.h"
 
 #define NB 4
 #define C 3
@@ -286,16 +286,16 @@ static void test_plan_balances_bytes(void) {
         input[i] = cost[i] / 4;
     }
     int len[N], uniform[5] = {6, 6, 6, 6, 3};
-    fr_plan_costs pc = {.cost = cost, .input = input, .n = N};
-    int n = fr_plan_segments(&pc, len);
+    fr_seg_costs pc = {.cost = cost, .input = input, .n = N};
+    int n = fr_seg_split(&pc, len);
     int total = 0;
     for (int s = 0; s < n; s++) {
         CHECK(len[s] >= 1);
         total += len[s];
     }
     CHECK(total == N);
-    double planned = fr_plan_peak(&pc, len, n);
-    double equal = fr_plan_peak(&pc, uniform, 5);
+    double planned = fr_seg_peak(&pc, len, n);
+    double equal = fr_seg_peak(&pc, uniform, 5);
     double none = 0;
     for (int i = 0; i < N; i++)
         none += cost[i];
@@ -308,14 +308,14 @@ static void test_plan_balances_bytes(void) {
         int eq[N], m = 0;
         for (int i = 0; i < N; i += k)
             eq[m++] = i + k <= N ? k : N - i;
-        CHECK(planned <= fr_plan_peak(&pc, eq, m));
+        CHECK(planned <= fr_seg_peak(&pc, eq, m));
     }
     /* exhaustive check on a small case: no split of 6 blocks beats it */
     double c6[6] = {8, 8, 4, 4, 2, 2}, i6[6] = {2, 2, 1, 1, 0.5, 0.5};
     int l6[6];
-    fr_plan_costs p6 = {.cost = c6, .input = i6, .n = 6};
-    int n6 = fr_plan_segments(&p6, l6);
-    double best = fr_plan_peak(&p6, l6, n6);
+    fr_seg_costs p6 = {.cost = c6, .input = i6, .n = 6};
+    int n6 = fr_seg_split(&p6, l6);
+    double best = fr_seg_peak(&p6, l6, n6);
     for (int mask = 0; mask < 32; mask++) { /* bit b set: a segment ends after block b */
         int l[6], k = 0, run = 0;
         for (int b = 0; b < 6; b++) {
@@ -325,9 +325,9 @@ static void test_plan_balances_bytes(void) {
                 run = 0;
             }
         }
-        CHECK(best <= fr_plan_peak(&p6, l, k));
+        CHECK(best <= fr_seg_peak(&p6, l, k));
     }
-    CHECK(fr_plan_segments(&(fr_plan_costs){.cost = c6, .input = i6, .n = 0}, l6) == 0);
+    CHECK(fr_seg_split(&(fr_seg_costs){.cost = c6, .input = i6, .n = 0}, l6) == 0);
 }
 
 /* ---- whole models: every strategy against plain ---- */

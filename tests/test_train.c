@@ -1,4 +1,4 @@
-/* test_train.c: training end to end (nn/cli.h's step and evaluation, the
+/* test_train.c: training end to end (programs/cli.h's step and evaluation, the
  * train and validate programs).
  *
  *  - a few steps of ResNet-8 on separable synthetic images lower the loss
@@ -28,10 +28,10 @@
 #include <unistd.h>
 
 #include "testlib.h"
-#include "nn/checkpoint.h"
-#include "nn/cli.h"
-#include "nn/plan.h"
-#include "nn/resnet.h"
+#include "train/state.h"
+#include "programs/cli.h"
+#include "nn/seg_split.h"
+#include "models/resnet.h"
 
 static char build_dir[512];
 
@@ -340,19 +340,19 @@ static void test_precision_flag(void) {
 }
 
 static void test_plan_precision(void) {
-    CHECK(fr_plan_elem_bytes() == 4);
+    CHECK(fr_seg_elem_bytes() == 4);
     CHECK_OK(fr_autocast_enter(FR_F16));
-    CHECK(fr_plan_elem_bytes() == 2);
+    CHECK(fr_seg_elem_bytes() == 2);
     CHECK_OK(fr_autocast_enter(FR_F32)); /* nested f32 region */
-    CHECK(fr_plan_elem_bytes() == 4);
+    CHECK(fr_seg_elem_bytes() == 4);
     fr_autocast_exit();
     fr_autocast_exit();
     CHECK_OK(fr_autocast_enter(FR_BF16));
-    CHECK(fr_plan_elem_bytes() == 2);
+    CHECK(fr_seg_elem_bytes() == 2);
     fr_autocast_exit();
-    CHECK(fr_plan_elem_bytes() == 4);
+    CHECK(fr_seg_elem_bytes() == 4);
     /* a ResNet-56-like profile in elements (3 stages of 9 blocks, widths
-     * 16/32/64 at 32/16/8 pixels, 4 values a block, as nn/resnet.c counts):
+     * 16/32/64 at 32/16/8 pixels, 4 values a block, as models/resnet.c counts):
      * in half the split is the same and the estimated peak exactly half */
     enum { N = 27 };
     double elems[N], input[N], c4[N], i4[N], c2[N], i2[N];
@@ -366,12 +366,12 @@ static void test_plan_precision(void) {
         i2[i] = 2 * input[i];
     }
     int l4[N], l2[N];
-    fr_plan_costs p4 = {.cost = c4, .input = i4, .n = N}, p2 = {.cost = c2, .input = i2, .n = N};
-    int n4 = fr_plan_segments(&p4, l4), n2 = fr_plan_segments(&p2, l2);
+    fr_seg_costs p4 = {.cost = c4, .input = i4, .n = N}, p2 = {.cost = c2, .input = i2, .n = N};
+    int n4 = fr_seg_split(&p4, l4), n2 = fr_seg_split(&p2, l2);
     CHECK(n4 == n2 && n4 > 1 && n4 < N);
     for (int s = 0; s < n4 && s < n2; s++)
         CHECK(l4[s] == l2[s]);
-    CHECK(fr_plan_peak(&p2, l2, n2) == 0.5 * fr_plan_peak(&p4, l4, n4));
+    CHECK(fr_seg_peak(&p2, l2, n2) == 0.5 * fr_seg_peak(&p4, l4, n4));
 }
 
 /* ---- half-precision models: need the half-precision ops (issue 6) ---- */
@@ -522,18 +522,18 @@ static bool same_tensors(const char *a_path, const char *b_path) {
  * programs' handling of the amp fields does not need half-precision ops). */
 static void write_precision_copy(const char *from, const char *to, fr_dtype precision,
                                  fr_loss_scaler_state ss) {
-    fr_ckpt_info info;
-    CHECK_OK(fr_ckpt_read_info(from, &info));
+    fr_state_info info;
+    CHECK_OK(fr_state_read_info(from, &info));
     fr_model *m = fr_cli_model_create(info.model, info.in_channels, info.num_classes, 0);
     CHECK_NOTNULL(m);
     fr_optim *opt = fr_sgd_new(m->params, info.sgd);
     fr_train_state st;
-    CHECK_OK(fr_ckpt_load(from, m, opt, NULL, &st));
+    CHECK_OK(fr_state_load(from, m, opt, NULL, &st));
     m->cfg.precision = precision;
     fr_loss_scaler sc;
     CHECK_OK(fr_loss_scaler_init(&sc, precision));
     CHECK_OK(fr_loss_scaler_set_state(&sc, ss));
-    CHECK_OK(fr_ckpt_save(to, m, opt, &sc, &st));
+    CHECK_OK(fr_state_save(to, m, opt, &sc, &st));
     fr_optim_free(opt);
     fr_model_free(m);
 }
@@ -663,8 +663,8 @@ static void test_programs_half(void) {
     expect_output("validate", args, 0, "one training step (fwd+bwd), plain, f16");
     char path[600];
     snprintf(path, sizeof path, "%s/f16.safetensors", dir);
-    fr_ckpt_info info;
-    CHECK_OK(fr_ckpt_read_info(path, &info));
+    fr_state_info info;
+    CHECK_OK(fr_state_read_info(path, &info));
     CHECK(info.state.precision == FR_F16 && info.state.has_scaler && info.state.scaler.scale > 0);
     snprintf(args, sizeof args,
              "--model resnet8 --data mnist:%s --batch 16 --epochs 1 --lr 0.05 --threads 1 --precision bf16",

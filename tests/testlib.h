@@ -13,7 +13,7 @@
 
 #include "frugal.h"
 #include "nn/model.h"
-#include "nn/safetensors.h"
+#include "io/safetensors.h"
 
 extern int fr_t_failed_now;
 extern const char *fr_t_skip_reason;

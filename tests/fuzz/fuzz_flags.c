@@ -1,4 +1,4 @@
-/* fuzz_flags.c: the flag-value parsers (nn/cli.c, fr_strategy_parse in
+/* fuzz_flags.c: the flag-value parsers (programs/cli.c, fr_strategy_parse in
  * nn/model.c, fr_data_spec_parse) on arbitrary text. The input is split at
  * NUL bytes into words; each word goes through every parser, and what a
  * parser accepts must be what it promises: digits only for sizes and
@@ -6,7 +6,7 @@
  * parses back to itself. Consecutive words also go through the
  * repeated-flag check. */
 #include "fuzz_common.h"
-#include "nn/cli.h"
+#include "programs/cli.h"
 
 static bool digits_only(const char *s, bool sign) {
     if (sign && *s == '-')

@@ -1,7 +1,7 @@
-/* fuzz_safetensors.c: the safetensors reader (nn/safetensors.c, nn/json.c)
+/* fuzz_safetensors.c: the safetensors reader (io/safetensors.c, io/json.c)
  * on arbitrary bytes: open, list, read every tensor and a metadata key. */
 #include "fuzz_common.h"
-#include "nn/safetensors.h"
+#include "io/safetensors.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     size_t before = fr_mem_total_current(FR_CPU);

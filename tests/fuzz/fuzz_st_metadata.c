@@ -1,11 +1,11 @@
 /* fuzz_st_metadata.c: a safetensors __metadata__ of arbitrary JSON (the
- * input is its value's text) through the reader (nn/safetensors.c,
- * nn/json.c) and the checkpoint's metadata reader (nn/checkpoint.c): values
+ * input is its value's text) through the reader (io/safetensors.c,
+ * io/json.c) and the checkpoint's metadata reader (train/state.c): values
  * that are not strings are kept as keys without a value, keys frugal does
  * not read are noted, the fields it needs are range-checked. */
 #include "fuzz_common.h"
-#include "nn/checkpoint.h"
-#include "nn/safetensors.h"
+#include "train/state.h"
+#include "io/safetensors.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     static const char head[] = "{\"__metadata__\":";
@@ -33,8 +33,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
             abort(); /* a value exactly when it is a string */
     }
     fr_st_close(f);
-    fr_ckpt_info info;
-    (void)fr_ckpt_read_info(path, &info);
+    fr_state_info info;
+    (void)fr_state_read_info(path, &info);
     fz_check_no_leak(before);
     return 0;
 }

@@ -8,7 +8,7 @@
 #include <zlib.h>
 
 #include "fuzz_common.h"
-#include "nn/checkpoint.h"
+#include "train/state.h"
 
 #include "../stb_write.h"
 
@@ -188,7 +188,7 @@ static void png_seeds(void) {
 
 static void st_seeds(void) {
     mkdirs("safetensors");
-    mkdirs("checkpoint");
+    mkdirs("state");
     const char *tmp = "tests/fuzz/corpus/.tmp.safetensors";
     fr_st_writer *w = fr_st_writer_new();
     float v[6] = {1, 2, 3, 4, 5, 6};
@@ -213,23 +213,23 @@ static void st_seeds(void) {
     fr_train_state st = {.epoch = 1, .batch = 2, .step = 5, .seed = 3, .batch_size = 2, .accum = 1, .epochs = 3};
     snprintf(st.data, sizeof st.data, "mnist:/data");
     if (fr_schedule_cosine(&st.schedule, 0.1, 9, 0.0) || fr_schedule_warmup(&st.schedule, 2, 0.1) ||
-        fr_ckpt_save(tmp, m, NULL, NULL, NULL))
+        fr_state_save(tmp, m, NULL, NULL, NULL))
         abort();
     bytes = slurp(tmp, &n);
-    seed("checkpoint", "weights", bytes, n);
+    seed("state", "weights", bytes, n);
     seed("safetensors", "weights", bytes, n);
     for (int i = 0; i < opt->n; i++)
         opt->state[0][i] = fr_zeros_like(m->params->items[i].tensor, FR_TAG_OPTIM), opt->steps[i] = 4;
     fr_loss_scaler sc;
-    if (fr_loss_scaler_init(&sc, FR_F32) || fr_ckpt_save(tmp, m, opt, &sc, &st))
+    if (fr_loss_scaler_init(&sc, FR_F32) || fr_state_save(tmp, m, opt, &sc, &st))
         abort();
     bytes = slurp(tmp, &n);
-    seed("checkpoint", "training", bytes, n);
+    seed("state", "training", bytes, n);
     int64_t ms[2] = {3, 6};
-    if (fr_schedule_step(&st.schedule, 0.1, ms, 2, 0.1) || fr_ckpt_save(tmp, m, opt, NULL, &st))
+    if (fr_schedule_step(&st.schedule, 0.1, ms, 2, 0.1) || fr_state_save(tmp, m, opt, NULL, &st))
         abort();
     bytes = slurp(tmp, &n);
-    seed("checkpoint", "training-step-schedule", bytes, n);
+    seed("state", "training-step-schedule", bytes, n);
     remove(tmp);
     fr_optim_free(opt);
     fr_model_free(m);

@@ -1,0 +1,124 @@
+/* norm.c: the norm layer and the residual add under each memory strategy;
+ * see norm.h, build.h and model.h. */
+#include "module_impl.h"
+
+/* Whether t may be written over: nobody else holds the tensor or its bytes
+ * (the engine holds a block's input for the block's whole forward). */
+static bool exclusive(const fr_tensor *t) { return t->refcount == 1 && t->storage->refcount == 1; }
+
+/* act(y), releasing y (leaky ReLU for ReLU in the ABN function). INPLACE
+ * writes over y when the activation's gradient needs only its output: y is
+ * a fresh BN output or sum nobody saved. */
+static fr_tensor *act_consume(fr_tensor *y, fr_act act, float slope, const fr_run *run) {
+    if (!y || act == FR_ACT_IDENTITY)
+        return y;
+    if (run->strategy.abn_reference && act == FR_ACT_RELU) {
+        act = FR_ACT_LEAKY_RELU;
+        slope = FR_ABN_SLOPE;
+    }
+    if (run->strategy.inplace && !fr_act_needs_input(act))
+        return fr_chain(y, fr_activation_(y, act, slope));
+    return fr_chain(y, fr_activation(y, act, slope));
+}
+
+fr_tensor *fr_act_layer_apply(const fr_module *m, fr_tensor *x, const fr_run *run) {
+    const fr_layer *l = m->state;
+    if (!x) {
+        fr_error_null(m->name, "x");
+        return NULL;
+    }
+    /* in place only over a tensor nobody else holds or saved */
+    if (run->strategy.inplace && !fr_act_needs_input(l->act) && exclusive(x))
+        return fr_activation_(x, l->act, l->slope);
+    return fr_activation(x, l->act, l->slope);
+}
+
+/* BN the plain way; for abn_reference the scale is |gamma| + eps. */
+static fr_tensor *plain_bn(const fr_batch_norm2d_layer *bn, fr_tensor *x, const fr_run *run) {
+    if (!run->strategy.abn_reference)
+        return fr_batch_norm2d_layer_forward(bn, x, run->training);
+    fr_tensor *scale = fr_abn_scale(bn->weight, bn->eps);
+    fr_tensor *y = scale ? fr_batch_norm(x, scale, bn->bias, bn->running_mean, bn->running_var,
+                                         run->training, bn->momentum, bn->eps)
+                         : NULL;
+    fr_release(scale);
+    if (y && run->training)
+        fr_batch_norm2d_layer_count_batch(bn);
+    return y;
+}
+
+fr_tensor *fr_norm_apply(const fr_module *m, fr_tensor *x, fr_tensor *residual, const fr_run *run) {
+    if (!x) {
+        fr_error_null("norm", "x");
+        return NULL;
+    }
+    const fr_layer *l = m->state;
+    const fr_batch_norm2d_layer *bn = &l->bn;
+    fr_act act = l->act;
+    const fr_strategy *st = &run->strategy;
+    if ((st->abn || st->abn_reference) && act != FR_ACT_RELU && !fr_act_is_invertible(act)) {
+        /* ABN recovers BN's output from the activation's output */
+        fr_error(FR_ERR_ARG, "%s: strategy %s cannot apply: %s's activation %s cannot be "
+                 "inverted exactly (only identity, relu, taken as leaky_relu, and leaky_relu "
+                 "can); use recompute instead", run->model, st->abn ? "abn" : "abn_reference",
+                 m->name, fr_act_name(act));
+        return NULL;
+    }
+    if ((st->abn || st->abn_reference) && !exclusive(x)) {
+        /* ABN writes its output over its input; where the input is read
+         * again (an identity shortcut, a DenseNet feature) that would change
+         * what the model computes, so the model cannot take abn. Refused for
+         * abn_reference too: it stands for the abn function. */
+        fr_error(FR_ERR_ARG, "%s: strategy %s cannot apply: %s would write over its input, which "
+                 "cannot be overwritten in place: it is still read elsewhere (a block's input, "
+                 "or a tensor another layer keeps); use recompute instead", run->model,
+                 st->abn ? "abn" : "abn_reference", m->name);
+        return NULL;
+    }
+    /* The fused op where the strategy asks for it: ABN always (it defines
+     * the function), recompute in training (where there is something to
+     * save) and where an activation follows (an identity BN's output is
+     * consumed by a sum that saves nothing). */
+    fr_bnact_mode mode = FR_BNACT_COUNT;
+    if (st->abn)
+        mode = FR_BNACT_INPLACE_ABN;
+    else if (st->recompute && run->training && (act != FR_ACT_IDENTITY || residual))
+        /* RECOMPUTE_X keeps x as its recipe when x carries one (a dense
+         * concatenation), and holds it otherwise, as RECOMPUTE does */
+        mode = residual ? FR_BNACT_RECOMPUTE : FR_BNACT_RECOMPUTE_X;
+    else if (st->inplace && !st->abn_reference && run->training &&
+             (act != FR_ACT_IDENTITY || residual))
+        /* inplace keeps what its chain of inplace ops keeps (x and y): the
+         * fused op keeps the same in one pass each way */
+        mode = FR_BNACT_KEEP;
+    else if (!fr_grad_enabled() && !st->abn_reference && (act != FR_ACT_IDENTITY || residual))
+        /* nothing is recorded (validation, a checkpointed segment's first
+         * forward): one pass, the chain's bits, under every strategy */
+        mode = FR_BNACT_KEEP;
+    if (mode != FR_BNACT_COUNT) {
+        float slope = l->slope;
+        if (st->abn && act == FR_ACT_RELU) {
+            act = FR_ACT_LEAKY_RELU;
+            slope = FR_ABN_SLOPE;
+        }
+        fr_bn_state s = fr_batch_norm2d_layer_state(bn, run->training);
+        fr_tensor *y = fr_bn_act(x, residual, &s, act, slope, mode);
+        if (y && run->training)
+            fr_batch_norm2d_layer_count_batch(bn);
+        return y;
+    }
+    fr_tensor *y = plain_bn(bn, x, run);
+    if (residual)
+        y = fr_chain(y, fr_residual_add(y, residual, run));
+    return act_consume(y, act, l->slope, run);
+}
+
+fr_tensor *fr_residual_add(fr_tensor *y, fr_tensor *shortcut, const fr_run *run) {
+    if (!y || !shortcut)
+        return NULL;
+    /* in place only over a tensor nobody else holds (an op's fresh output:
+     * conv and BN save their inputs, not their outputs) */
+    if (run && run->strategy.inplace && exclusive(y))
+        return fr_add_(y, shortcut);
+    return fr_add(y, shortcut);
+}

@@ -1,0 +1,754 @@
+/* planner.c: the memory planner's layout search; see planner.h.
+ *
+ * A layout cuts the root sequence's steps (units) into groups, each kept
+ * or checkpointed and each under one strategy of the profile. One function,
+ * eval_group, predicts what a group adds to the ledger from the profile of
+ * its units: its forward peak above the bytes held before it, what it
+ * leaves held for backward, and its backward peak above what is held then
+ * (the groups before it, the parameter gradients made so far and its
+ * output's gradient). The dynamic programme, the comparison layouts and
+ * the predicted curve all go through it, so they agree exactly. */
+#include "planner.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../nn/module_impl.h"
+#include "../nn/seg_split.h"
+#include "profile.h"
+
+static double mib(double b) { return b / (1024.0 * 1024.0); }
+
+/* ---- one group ---- */
+
+typedef struct {
+    bool ok;          /* the units can run as this group */
+    double fwd_peak;  /* above static + bytes held before the group */
+    double bwd_peak;  /* above static + held before + later gradients */
+    double held;      /* what it leaves held for backward */
+    double ms;        /* forward + backward (+ replay) */
+    bool keeps_out;   /* its output is held by its own nodes */
+} group_eval;
+
+/* The predicted curve, when asked for: points at base + level. */
+typedef struct {
+    fr_plan_point *pts;
+    int n, cap;
+    double ms, base;
+} curve;
+
+static void emit(curve *c, double dt, double level) {
+    if (!c)
+        return;
+    c->ms += dt;
+    if (c->n == c->cap) {
+        int cap = c->cap ? 2 * c->cap : 256;
+        fr_plan_point *grown = realloc(c->pts, (size_t)cap * sizeof *grown);
+        if (!grown)
+            return; /* the curve is a drawing: a short one is not an error */
+        c->pts = grown;
+        c->cap = cap;
+    }
+    c->pts[c->n++] = (fr_plan_point){.ms = c->ms, .bytes = c->base + level};
+}
+
+/* One unit's phase: a peak halfway, then the level after. */
+static void emit_phase(curve *c, double ms, double start, double peak, double end) {
+    emit(c, ms / 2, start + peak);
+    emit(c, ms / 2, end);
+}
+
+/* Whether the units [i, j) can run as a group under strategy k. */
+static bool group_allowed(const fr_profile *p, int i, int j, bool ckpt, int k) {
+    for (int u = i; u < j; u++)
+        if (!fr_profile_valid(p, u, k) || (p->barrier[u] && (ckpt || j - i > 1)))
+            return false;
+    return true;
+}
+
+/* prev_keeps: the group before holds this group's input (its own nodes
+ * saved it). fwd / bwd: the curves to draw into (NULL: none). */
+static group_eval eval_group(const fr_profile *p, int i, int j, bool ckpt, int k, bool prev_keeps,
+                             curve *fwd, curve *bwd) {
+    group_eval g = {.ok = group_allowed(p, i, j, ckpt, k)};
+    if (!g.ok)
+        return g;
+#define C(u) fr_profile_cost(p, (u), k)
+#define HELD_BEFORE(u) ((u) == i ? (ckpt || prev_keeps) : C((u) - 1)->out_saved)
+    const fr_unit_cost *last = C(j - 1);
+    double L = prev_keeps ? 0 : C(i)->in_b, pk = L;
+    for (int u = i; u < j; u++) {
+        const fr_unit_cost *c = C(u);
+        double start = L;
+        if (ckpt) { /* under no_grad: nothing but the group's input stays */
+            pk = fmax(pk, L + c->ng_peak);
+            L += c->ng_delta - (u > i ? c->in_b : 0);
+            g.ms += c->ng_ms;
+        } else {
+            pk = fmax(pk, L + c->fwd_peak);
+            L += c->fwd_delta - (!c->in_saved && !HELD_BEFORE(u) ? c->in_b : 0);
+            g.ms += c->fwd_ms + c->bwd_ms;
+        }
+        emit_phase(fwd, ckpt ? c->ng_ms : c->fwd_ms, start, ckpt ? c->ng_peak : c->fwd_peak, L);
+    }
+    g.fwd_peak = pk;
+    g.keeps_out = !ckpt && last->out_saved;
+    g.held = L - (g.keeps_out ? 0 : last->out_b);
+    /* backward: what the group holds and its output's gradient */
+    L = g.held + last->out_b;
+    double bk = L;
+    if (ckpt) { /* the replay: forward with grad from the held input */
+        for (int u = i; u < j; u++) {
+            const fr_unit_cost *c = C(u);
+            double start = L;
+            bk = fmax(bk, L + c->fwd_peak);
+            L += c->fwd_delta - (!c->in_saved && !HELD_BEFORE(u) ? c->in_b : 0);
+            g.ms += c->fwd_ms + c->bwd_ms;
+            emit_phase(bwd, c->fwd_ms, start, c->fwd_peak, L);
+        }
+    }
+    for (int u = j - 1; u >= i; u--) {
+        const fr_unit_cost *c = C(u);
+        double start = L;
+        if (ckpt && u == j - 1) {
+            /* the segment's output and its gradient stay held by the
+             * checkpoint's backward until the replay is done */
+            double y = c->out_saved ? c->out_b : 0;
+            bk = fmax(bk, L + c->bwd_peak + y);
+            L += c->bwd_delta + y;
+        } else {
+            /* the output's gradient is replaced by the trial's own */
+            bk = fmax(bk, L - c->out_b + c->bwd_peak);
+            L += c->bwd_delta - c->out_b;
+        }
+        if (c->in_saved && !HELD_BEFORE(u))
+            L -= c->in_b;
+        emit_phase(bwd, c->bwd_ms, start, bk - start > 0 ? fmax(0, c->bwd_peak) : 0, L);
+    }
+    g.bwd_peak = bk;
+#undef C
+#undef HELD_BEFORE
+    return g;
+}
+
+/* ---- a layout ---- */
+
+typedef struct {
+    int n_groups;
+    int start[512], len[512], strategy[512];
+    bool ckpt[512];
+} layout;
+
+typedef struct {
+    const fr_profile *p;
+    double statics;   /* parameters, batch, optimizer state (+ all gradients when accumulating) */
+    bool accumulating;
+    double *grads_after; /* (n + 1): gradient bytes of units >= j (0 when accumulating) */
+} context;
+
+/* Peak and time of a whole layout, and its curve when asked. */
+static bool simulate(const context *cx, const layout *s, double *peak, double *ms, curve *out) {
+    const fr_profile *p = cx->p;
+    double held = 0, pk = cx->statics, t = 0;
+    double *held_before = malloc(((size_t)s->n_groups + 1) * sizeof *held_before);
+    group_eval *ge = malloc(((size_t)s->n_groups + 1) * sizeof *ge);
+    bool ok = held_before && ge;
+    bool prev = true;
+    if (out)
+        emit(out, 0, cx->statics);
+    for (int g = 0; ok && g < s->n_groups; g++) {
+        if (out)
+            out->base = cx->statics + held;
+        ge[g] = eval_group(p, s->start[g], s->start[g] + s->len[g], s->ckpt[g], s->strategy[g], prev,
+                           out, NULL);
+        ok = ge[g].ok;
+        held_before[g] = held;
+        pk = fmax(pk, cx->statics + held + ge[g].fwd_peak);
+        held += ge[g].held;
+        t += ge[g].ms;
+        prev = ge[g].keeps_out;
+    }
+    for (int g = s->n_groups - 1; ok && g >= 0; g--) {
+        int j = s->start[g] + s->len[g];
+        double base = cx->statics + held_before[g] + cx->grads_after[j];
+        pk = fmax(pk, base + ge[g].bwd_peak);
+        if (out) {
+            bool before = g > 0 ? ge[g - 1].keeps_out : true;
+            out->base = base;
+            eval_group(p, s->start[g], j, s->ckpt[g], s->strategy[g], before, NULL, out);
+        }
+    }
+    pk = fmax(pk, cx->statics + held);
+    pk = fmax(pk, cx->statics + (cx->accumulating ? 0 : cx->grads_after[0]));
+    free(held_before);
+    free(ge);
+    *peak = pk;
+    *ms = t;
+    return ok;
+}
+
+/* ---- the dynamic programme over Pareto fronts of (held, value) ---- */
+
+typedef struct {
+    double held, value;
+    int from_i, from_keep, from_idx; /* the entry it extends (-1: the start) */
+    int strategy;
+    bool ckpt;
+} entry;
+
+typedef struct {
+    entry *e;
+    int n, cap;
+} front;
+
+/* Inserts x unless an entry holds no more and costs no more; removes the
+ * entries x beats. Sorted by held, value strictly falling. */
+static bool front_insert(front *f, entry x) {
+    int lo = 0, hi = f->n;
+    while (lo < hi) { /* first entry with held > x.held */
+        int mid = (lo + hi) / 2;
+        if (f->e[mid].held <= x.held)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    if (lo > 0 && f->e[lo - 1].value <= x.value)
+        return true;
+    int end = lo;
+    while (end < f->n && f->e[end].value >= x.value)
+        end++;
+    if (end == lo) {
+        if (f->n == f->cap) {
+            int cap = f->cap ? 2 * f->cap : 64;
+            entry *grown = realloc(f->e, (size_t)cap * sizeof *grown);
+            if (!grown)
+                return false;
+            f->e = grown;
+            f->cap = cap;
+        }
+        memmove(f->e + lo + 1, f->e + lo, (size_t)(f->n - lo) * sizeof *f->e);
+        f->n++;
+    } else if (end > lo + 1) {
+        memmove(f->e + lo + 1, f->e + end, (size_t)(f->n - end) * sizeof *f->e);
+        f->n -= end - lo - 1;
+    }
+    f->e[lo] = x;
+    return true;
+}
+
+enum { MODE_TIME, MODE_PEAK };
+
+/* Chooses a layout: MODE_TIME the least time whose peak is <= budget,
+ * MODE_PEAK the least peak. false when none (or out of memory). */
+static bool dynamic_programme(const context *cx, int mode, double budget, layout *best) {
+    const fr_profile *p = cx->p;
+    int n = p->n_units;
+    front *F = calloc(2 * ((size_t)n + 1), sizeof *F);
+    group_eval *memo = malloc((size_t)n * (size_t)n * 2 * FR_PROFILE_STRATEGIES * 2 * sizeof *memo);
+    bool ok = F && memo;
+    if (ok) {
+        for (size_t i = 0; i < (size_t)n * (size_t)n * 2 * FR_PROFILE_STRATEGIES * 2; i++)
+            memo[i].ok = false;
+        /* fill the table once: every (i, j, ckpt, strategy, prev_keeps) */
+        for (int i = 0; i < n; i++)
+            for (int j = i + 1; j <= n; j++)
+                for (int c = 0; c < 2; c++)
+                    for (int k = 0; k < FR_PROFILE_STRATEGIES; k++)
+                        for (int pk = 0; pk < 2; pk++)
+                            memo[((((size_t)i * n + (j - 1)) * 2 + c) * FR_PROFILE_STRATEGIES + k) * 2 + pk] =
+                                eval_group(p, i, j, c, k, pk, NULL, NULL);
+        ok = front_insert(&F[0 * 2 + 1], (entry){.value = mode == MODE_PEAK ? cx->statics : 0,
+                                                 .from_i = -1});
+    }
+    for (int i = 0; ok && i < n; i++)
+        for (int keep = 0; keep < 2 && ok; keep++)
+            for (int e = 0; e < F[i * 2 + keep].n && ok; e++) {
+                entry src = F[i * 2 + keep].e[e];
+                for (int j = i + 1; j <= n && ok; j++)
+                    for (int c = 0; c < 2 && ok; c++)
+                        for (int k = 0; k < FR_PROFILE_STRATEGIES && ok; k++) {
+                            const group_eval *g =
+                                &memo[((((size_t)i * n + (j - 1)) * 2 + c) * FR_PROFILE_STRATEGIES + k) * 2 + keep];
+                            if (!g->ok)
+                                continue;
+                            double fpk = cx->statics + src.held + g->fwd_peak;
+                            double bpk = cx->statics + src.held + cx->grads_after[j] + g->bwd_peak;
+                            double v;
+                            if (mode == MODE_TIME) {
+                                if (fpk > budget || bpk > budget)
+                                    continue;
+                                v = src.value + g->ms;
+                            } else {
+                                v = fmax(src.value, fmax(fpk, bpk));
+                            }
+                            ok = front_insert(&F[j * 2 + g->keeps_out],
+                                              (entry){.held = src.held + g->held, .value = v,
+                                                      .from_i = i, .from_keep = keep, .from_idx = e,
+                                                      .strategy = k, .ckpt = c});
+                        }
+            }
+    /* the best complete layout */
+    int best_keep = -1, best_idx = -1;
+    double best_v = INFINITY;
+    double grads_end = cx->accumulating ? 0 : cx->grads_after[0];
+    for (int keep = 0; ok && keep < 2; keep++)
+        for (int e = 0; e < F[n * 2 + keep].n; e++) {
+            const entry *x = &F[n * 2 + keep].e[e];
+            double end = cx->statics + fmax(x->held, grads_end);
+            double v = mode == MODE_TIME ? x->value : fmax(x->value, end);
+            if (mode == MODE_TIME && end > budget)
+                continue;
+            if (v < best_v) {
+                best_v = v;
+                best_keep = keep;
+                best_idx = e;
+            }
+        }
+    bool found = ok && best_idx >= 0;
+    if (found) { /* walk back */
+        int g = 0, i = n, keep = best_keep, idx = best_idx;
+        layout rev = {0};
+        while (i > 0) {
+            const entry *x = &F[i * 2 + keep].e[idx];
+            rev.start[g] = x->from_i;
+            rev.len[g] = i - x->from_i;
+            rev.strategy[g] = x->strategy;
+            rev.ckpt[g] = x->ckpt;
+            g++;
+            i = x->from_i;
+            keep = x->from_keep;
+            idx = x->from_idx;
+        }
+        best->n_groups = g;
+        for (int a = 0; a < g; a++) {
+            best->start[a] = rev.start[g - 1 - a];
+            best->len[a] = rev.len[g - 1 - a];
+            best->strategy[a] = rev.strategy[g - 1 - a];
+            best->ckpt[a] = rev.ckpt[g - 1 - a];
+        }
+    }
+    for (int i = 0; F && i < 2 * (n + 1); i++)
+        free(F[i].e);
+    free(F);
+    free(memo);
+    return found;
+}
+
+/* ---- the comparison layouts: one strategy everywhere ---- */
+
+/* A dense module takes the strategy with its own children checkpointed
+ * when the others are checkpointed, as "STRATEGY+checkpoint" runs it. */
+static int unit_strategy(const fr_profile *p, int u, int k, bool checkpointing) {
+    int inner = k + FR_PROFILE_BASE_STRATEGIES;
+    return p->barrier[u] && checkpointing && fr_profile_valid(p, u, inner) ? inner : k;
+}
+
+/* seg_k: 0 keeps everything, -1 Chen's split (nn/seg_split.h, as "checkpoint"
+ * runs it), > 0 that many steps a segment. false when a unit cannot take k. */
+static bool uniform_layout(const fr_profile *p, int k, int seg_k, layout *s) {
+    int n = p->n_units;
+    s->n_groups = 0;
+    double *cost = malloc(2 * (size_t)n * sizeof *cost);
+    int *len = malloc((size_t)n * sizeof *len);
+    bool ok = cost && len;
+    for (int u = 0; ok && u < n;) {
+        int kk = unit_strategy(p, u, k, seg_k != 0);
+        ok = fr_profile_valid(p, u, kk);
+        if (!ok)
+            break;
+        if (p->barrier[u] || seg_k == 0) {
+            s->start[s->n_groups] = u;
+            s->len[s->n_groups] = 1;
+            s->strategy[s->n_groups] = kk;
+            s->ckpt[s->n_groups++] = false;
+            u++;
+            continue;
+        }
+        int end = u;
+        while (end < n && !p->barrier[end])
+            end++;
+        int m = 0;
+        if (seg_k > 0) {
+            for (m = 0; u + m * seg_k < end; m++)
+                len[m] = u + (m + 1) * seg_k <= end ? seg_k : end - u - m * seg_k;
+        } else {
+            for (int a = u; a < end; a++) {
+                cost[a - u] = fr_profile_cost(p, a, k)->saved;
+                cost[n + a - u] = fr_profile_cost(p, a, k)->in_b;
+            }
+            m = fr_seg_split(&(fr_seg_costs){.cost = cost, .input = cost + n, .n = end - u}, len);
+        }
+        for (int g = 0; g < m; g++) {
+            s->start[s->n_groups] = u;
+            s->len[s->n_groups] = len[g];
+            s->strategy[s->n_groups] = k;
+            s->ckpt[s->n_groups++] = true;
+            u += len[g];
+        }
+    }
+    free(cost);
+    free(len);
+    return ok;
+}
+
+/* ---- the plan ---- */
+
+static context make_context(const fr_profile *p, const fr_plan_options *o, int batch, bool accumulating) {
+    context cx = {.p = p, .accumulating = accumulating};
+    int n = p->n_units;
+    cx.grads_after = calloc((size_t)n + 1, sizeof *cx.grads_after);
+    if (cx.grads_after && !accumulating)
+        for (int u = n - 1; u >= 0; u--)
+            cx.grads_after[u] = cx.grads_after[u + 1] + fr_profile_cost(p, u, 0)->grads;
+    double batch_bytes = (double)batch * (double)(p->shape[1] * p->shape[2] * p->shape[3]) * 4 +
+                         (double)batch * 4;
+    cx.statics = p->param_bytes + (double)o->optim_bytes + (double)o->extra_bytes + batch_bytes +
+                 (accumulating ? p->grad_bytes : 0);
+    return cx;
+}
+
+size_t fr_plan_optim_bytes(const fr_optim *opt) {
+    if (!opt)
+        return 0;
+    size_t trainable = 0;
+    for (int i = 0; i < opt->params->count; i++)
+        if (opt->params->items[i].kind == FR_PARAMETER)
+            trainable += fr_nbytes(opt->params->items[i].tensor);
+    if (opt->kind == FR_OPTIM_SGD)
+        return opt->sgd.momentum != 0 ? trainable : 0;
+    return 2 * trainable;
+}
+
+void fr_memory_plan_free(fr_memory_plan *plan) {
+    if (!plan)
+        return;
+    free(plan->units);
+    free(plan->points);
+    *plan = (fr_memory_plan){0};
+}
+
+/* The least peak any layout reaches at micro-batch `micro` of `batch`. */
+static fr_status leanest(fr_model *m, int64_t micro, const int64_t *shape, const fr_plan_options *o,
+                         int batch, double *peak) {
+    const fr_profile *p;
+    int64_t s[4] = {micro, shape[1], shape[2], shape[3]};
+    FR_TRY(fr_profile_get(m, s, o->allow_abn, o->allow_compress, &p));
+    context cx = make_context(p, o, batch, micro < batch);
+    layout best;
+    bool found = cx.grads_after && dynamic_programme(&cx, MODE_PEAK, 0, &best);
+    double ms = 0;
+    if (found)
+        found = simulate(&cx, &best, peak, &ms, NULL);
+    free(cx.grads_after);
+    return found ? FR_OK : fr_error(FR_ERR_OOM, "%s: planner: out of memory", m->name);
+}
+
+/* Fills the plan's units and curve from layout s under context cx. */
+static fr_status describe(const context *cx, const layout *s, fr_memory_plan *plan) {
+    const fr_profile *p = cx->p;
+    plan->n_units = p->n_units;
+    plan->units = calloc((size_t)p->n_units, sizeof *plan->units);
+    if (!plan->units)
+        return fr_error(FR_ERR_OOM, "planner: out of memory");
+    for (int g = 0; g < s->n_groups; g++)
+        for (int u = s->start[g]; u < s->start[g] + s->len[g]; u++) {
+            fr_plan_unit *pu = &plan->units[u];
+            snprintf(pu->name, sizeof pu->name, "%s", p->names[u]);
+            pu->strategy = p->strategies[s->strategy[g]];
+            pu->checkpointed = s->ckpt[g];
+            pu->segment_start = u == s->start[g];
+            pu->barrier = p->barrier[u];
+            pu->kept_bytes = fr_profile_cost(p, u, s->strategy[g])->saved;
+        }
+    curve c = {0};
+    double peak, ms;
+    simulate(cx, s, &peak, &ms, &c);
+    plan->points = c.pts;
+    plan->n_points = c.n;
+    return FR_OK;
+}
+
+/* The layout the plan's units describe (fr_plan_predict, apply). */
+static bool units_layout(const fr_profile *p, const fr_plan_unit *units, layout *s) {
+    s->n_groups = 0;
+    for (int u = 0; u < p->n_units; u++) {
+        int k = -1;
+        for (int a = 0; a < FR_PROFILE_STRATEGIES; a++)
+            if (fr_strategy_equal(p->strategies[a], units[u].strategy))
+                k = a;
+        if (k < 0 || s->n_groups == 512)
+            return false;
+        if (u == 0 || units[u].segment_start) {
+            s->start[s->n_groups] = u;
+            s->len[s->n_groups] = 0;
+            s->strategy[s->n_groups] = k;
+            s->ckpt[s->n_groups++] = units[u].checkpointed;
+        } else if (k != s->strategy[s->n_groups - 1] || units[u].checkpointed != s->ckpt[s->n_groups - 1]) {
+            return false;
+        }
+        s->len[s->n_groups - 1]++;
+    }
+    return true;
+}
+
+static fr_status check_model(const fr_model *m, const int64_t *shape) {
+    if (!m || !m->build || !m->build->finished)
+        return fr_error(FR_ERR_ARG, "planner: %s is not a model built with nn/build.h", m ? m->name : "(null)");
+    if (!shape || shape[0] < 1 || shape[1] != m->in_channels || shape[2] < 1 || shape[3] < 1)
+        return fr_error(FR_ERR_ARG, "planner: %s: input shape must be (N >= 1, %d, H, W)", m->name,
+                        m->in_channels);
+    if (fr_seq_steps(m->build->root) > 512)
+        return fr_error(FR_ERR_ARG, "planner: %s: more than 512 steps in its sequence", m->name);
+    return FR_OK;
+}
+
+/* The layout at micro-batch `micro` that fits `budget` fastest: the
+ * dynamic programme, and the comparison layouts, whichever is faster. */
+static fr_status plan_at(fr_model *m, const int64_t *shape, int64_t micro, size_t budget,
+                         const fr_plan_options *o, fr_memory_plan *plan) {
+    const fr_profile *p;
+    int64_t s4[4] = {micro, shape[1], shape[2], shape[3]};
+    FR_TRY(fr_profile_get(m, s4, o->allow_abn, o->allow_compress, &p));
+    int batch = (int)shape[0];
+    context cx = make_context(p, o, batch, micro < batch);
+    if (!cx.grads_after)
+        return fr_error(FR_ERR_OOM, "planner: out of memory");
+    layout dp, cand, best;
+    double peak, ms, best_ms = INFINITY, best_peak = 0;
+    plan->dp_ms = plan->chen_ms = -1;
+    if (dynamic_programme(&cx, MODE_TIME, (double)budget, &dp) && simulate(&cx, &dp, &peak, &ms, NULL) &&
+        peak <= (double)budget) {
+        plan->dp_ms = ms;
+        plan->dp_peak = peak;
+        best = dp;
+        best_ms = ms;
+        best_peak = peak;
+        snprintf(plan->chosen, sizeof plan->chosen, "dynamic programme");
+    }
+    static const char *const names[3] = {"kept", "chen", "sqrt(N)"};
+    int seg_k = (int)lround(sqrt((double)p->n_units));
+    for (int kind = 0; kind < 3; kind++)
+        for (int k = 0; k < FR_PROFILE_BASE_STRATEGIES; k++) {
+            if (!uniform_layout(p, k, kind == 0 ? 0 : kind == 1 ? -1 : (seg_k > 0 ? seg_k : 1), &cand) ||
+                !simulate(&cx, &cand, &peak, &ms, NULL) || peak > (double)budget)
+                continue;
+            if (kind == 1 && (plan->chen_ms < 0 || ms < plan->chen_ms)) {
+                plan->chen_ms = ms;
+                plan->chen_peak = peak;
+            }
+            if (ms < best_ms) {
+                best = cand;
+                best_ms = ms;
+                best_peak = peak;
+                snprintf(plan->chosen, sizeof plan->chosen, "%s, %s everywhere", names[kind],
+                         fr_strategy_format(p->strategies[k], (char[48]){0}, 48));
+            }
+        }
+    fr_status st = FR_OK;
+    if (!isfinite(best_ms)) {
+        st = fr_error(FR_ERR_ARG, "planner: %s: no layout fits %zu bytes at micro-batch %lld",
+                      m->name, budget, (long long)micro);
+    } else {
+        plan->predicted_peak = best_peak;
+        plan->predicted_ms = best_ms * (double)(batch / micro);
+        plan->static_bytes = cx.statics;
+        memcpy(plan->shape, s4, sizeof plan->shape);
+        st = describe(&cx, &best, plan);
+    }
+    free(cx.grads_after);
+    return st;
+}
+
+fr_status fr_plan_memory(fr_model *m, const int64_t *shape, size_t budget, const fr_plan_options *opts,
+                         fr_memory_plan *plan) {
+    *plan = (fr_memory_plan){0};
+    FR_TRY(check_model(m, shape));
+    fr_plan_options o = opts ? *opts : (fr_plan_options){0};
+    int batch = (int)shape[0];
+    if (o.max_accum < 1 || o.max_accum > batch)
+        o.max_accum = batch;
+    plan->budget = budget;
+    plan->batch = batch;
+    plan->options = o;
+    plan->precision = m->cfg.precision;
+    /* the whole batch: plain's figures, and whether anything fits */
+    const fr_profile *p;
+    FR_TRY(fr_profile_get(m, shape, o.allow_abn, o.allow_compress, &p));
+    plan->device = p->device;
+    context cx = make_context(p, &o, batch, false);
+    layout plain;
+    bool ok = cx.grads_after && uniform_layout(p, 0, 0, &plain) &&
+              simulate(&cx, &plain, &plan->plain_peak, &plan->plain_ms, NULL);
+    free(cx.grads_after);
+    if (!ok)
+        return fr_error(FR_ERR_OOM, "planner: out of memory");
+    double lean;
+    FR_TRY(leanest(m, batch, shape, &o, batch, &lean));
+    int accum = 1;
+    if (lean > (double)budget) {
+        /* micro-batches: the fewest parts (a divisor of the batch, so every
+         * part has the shape the layout is made for) that fit */
+        int div[64], nd = 0;
+        for (int a = 2; a <= o.max_accum && nd < 64; a++)
+            if (batch % a == 0)
+                div[nd++] = a;
+        double lean1 = 0;
+        if (nd)
+            FR_TRY(leanest(m, batch / div[nd - 1], shape, &o, batch, &lean1));
+        if (!nd || lean1 > (double)budget) {
+            char need[32], have[32];
+            fr_mem_format_bytes((size_t)ceil(nd ? lean1 : lean), need, sizeof need);
+            fr_mem_format_bytes(budget, have, sizeof have);
+            plan->min_budget = nd ? lean1 : lean;
+            return fr_error(FR_ERR_ARG, "%s: a memory budget of %s (%zu bytes) is too small: the "
+                            "leanest layout needs %s (%.0f bytes) even in micro-batches of %d "
+                            "image%s; give at least that", m->name, have, budget, need,
+                            ceil(nd ? lean1 : lean), nd ? batch / div[nd - 1] : batch,
+                            (nd ? batch / div[nd - 1] : batch) == 1 ? "" : "s");
+        }
+        int lo = -1, hi = nd - 1; /* div[hi] fits; find the first that does */
+        while (hi - lo > 1) {
+            int mid = (lo + hi) / 2;
+            double l;
+            FR_TRY(leanest(m, batch / div[mid], shape, &o, batch, &l));
+            if (l <= (double)budget)
+                hi = mid;
+            else
+                lo = mid;
+        }
+        accum = div[hi];
+        plan->min_budget = lean1;
+        FR_TRY(leanest(m, batch / accum, shape, &o, batch, &lean));
+    }
+    plan->accum = accum;
+    plan->micro_batch = batch / accum;
+    plan->bn_caveat = accum > 1;
+    plan->leanest_peak = lean;
+    fr_status st = plan_at(m, shape, batch / accum, budget, &o, plan);
+    if (st != FR_OK) {
+        fr_memory_plan_free(plan);
+        return st;
+    }
+    /* the strategy for other shapes: the leanest switches the plan uses */
+    plan->base = (fr_strategy){.inplace = true, .recompute = true, .checkpoint = -1};
+    for (int u = 0; u < plan->n_units; u++)
+        plan->base.abn |= plan->units[u].strategy.abn;
+    return FR_OK;
+}
+
+fr_status fr_plan_predict(fr_model *m, const fr_memory_plan *plan, const fr_plan_unit *units,
+                          double *peak, double *ms) {
+    FR_TRY(check_model(m, plan->shape));
+    const fr_profile *p;
+    FR_TRY(fr_profile_get(m, plan->shape, plan->options.allow_abn, plan->options.allow_compress, &p));
+    if (plan->n_units != p->n_units)
+        return fr_error(FR_ERR_ARG, "planner: %s: the plan has %d units, the model %d", m->name,
+                        plan->n_units, p->n_units);
+    context cx = make_context(p, &plan->options, plan->batch, plan->accum > 1);
+    layout s;
+    bool ok = cx.grads_after && units_layout(p, units, &s) && simulate(&cx, &s, peak, ms, NULL);
+    free(cx.grads_after);
+    return ok ? FR_OK
+              : fr_error(FR_ERR_ARG, "planner: %s: the units do not make a layout (a strategy not "
+                         "profiled, a group mixing strategies, a dense module checkpointed)", m->name);
+}
+
+fr_status fr_plan_apply(fr_model *m, const fr_memory_plan *plan) {
+    FR_TRY(check_model(m, plan->shape));
+    const fr_profile *p;
+    FR_TRY(fr_profile_get(m, plan->shape, plan->options.allow_abn, plan->options.allow_compress, &p));
+    layout s;
+    if (plan->n_units != p->n_units || !units_layout(p, plan->units, &s))
+        return fr_error(FR_ERR_ARG, "planner: %s: the plan does not fit this model", m->name);
+    fr_seg_layout *sp = &m->build->root->installed;
+    fr_seg_layout_free(sp);
+    sp->group_len = malloc((size_t)s.n_groups * sizeof *sp->group_len);
+    sp->group_ckpt = malloc((size_t)s.n_groups * sizeof *sp->group_ckpt);
+    sp->group_strategy = malloc((size_t)s.n_groups * sizeof *sp->group_strategy);
+    if (!sp->group_len || !sp->group_ckpt || !sp->group_strategy) {
+        fr_seg_layout_free(sp);
+        return fr_error(FR_ERR_OOM, "planner: out of memory");
+    }
+    for (int g = 0; g < s.n_groups; g++) {
+        sp->group_len[g] = s.len[g];
+        sp->group_ckpt[g] = s.ckpt[g];
+        sp->group_strategy[g] = p->strategies[s.strategy[g]];
+    }
+    sp->n_groups = s.n_groups;
+    /* the key the forward matches (segments.c): a training forward of
+     * this input shape, precision and device under the base strategy */
+    sp->ndim = 4;
+    memcpy(sp->shape, plan->shape, sizeof plan->shape);
+    sp->dtype = FR_F32;
+    sp->autocast = plan->precision;
+    sp->device = plan->device;
+    sp->strategy = plan->base;
+    sp->training = true;
+    sp->valid = true;
+    m->cfg.strategy = plan->base;
+    return FR_OK;
+}
+
+void fr_plan_remove(fr_model *m) {
+    if (m && m->build && m->build->root)
+        fr_seg_layout_free(&m->build->root->installed);
+}
+
+static const char *group_kind(const fr_plan_unit *u) {
+    return u->barrier ? "dense module" : u->checkpointed ? "checkpointed" : "kept";
+}
+
+void fr_plan_print(const fr_memory_plan *plan, FILE *out) {
+    char b[4][32];
+    fprintf(out, "memory plan: budget %s; batch %d", fr_mem_format_bytes(plan->budget, b[0], sizeof b[0]),
+            plan->batch);
+    if (plan->accum > 1)
+        fprintf(out, " as %d micro-batches of %d", plan->accum, plan->micro_batch);
+    fprintf(out, ", %s, %s\n", fr_dtype_name(plan->precision), fr_device_name(plan->device));
+    fprintf(out, "  %-28s %-26s %10s  %s\n", "step", "strategy", "kept MiB", "group");
+    int group = 0;
+    for (int u = 0; u < plan->n_units; u++) {
+        const fr_plan_unit *pu = &plan->units[u];
+        char strat[48];
+        fr_strategy s = pu->strategy;
+        bool inner = s.checkpoint != 0;
+        s.checkpoint = 0;
+        fr_strategy_format(s, strat, sizeof strat);
+        if (inner)
+            snprintf(strat + strlen(strat), sizeof strat - strlen(strat), " (children ckpt)");
+        if (pu->segment_start)
+            group++;
+        fprintf(out, "  %-28.28s %-26s %10.2f  %s %d%s\n", pu->name, strat, mib(pu->kept_bytes),
+                group_kind(pu), group, pu->segment_start ? ", starts here" : "");
+    }
+    fprintf(out, "  predicted peak %s (plain at batch %d: %s; leanest layout: %s)\n",
+            fr_mem_format_bytes((size_t)plan->predicted_peak, b[1], sizeof b[1]), plan->batch,
+            fr_mem_format_bytes((size_t)plan->plain_peak, b[2], sizeof b[2]),
+            fr_mem_format_bytes((size_t)plan->leanest_peak, b[3], sizeof b[3]));
+    double over = plan->plain_ms > 0 ? 100.0 * (plan->predicted_ms - plan->plain_ms) / plan->plain_ms : 0;
+    fprintf(out, "  predicted step %.1f ms (plain %.1f ms): %+.1f%% time; chosen: %s\n",
+            plan->predicted_ms, plan->plain_ms, over, plan->chosen);
+    if (plan->chen_ms >= 0)
+        fprintf(out, "  at this micro-batch: dynamic programme %.1f ms, fastest Chen split that fits "
+                "%.1f ms\n", plan->dp_ms, plan->chen_ms);
+    else
+        fprintf(out, "  at this micro-batch: dynamic programme %.1f ms; no Chen split fits\n", plan->dp_ms);
+    if (plan->bn_caveat)
+        fprintf(out, "  note: batch norm normalises each micro-batch of %d with its own statistics, "
+                "so training differs from batches of %d (docs/TRAINING.md)\n",
+                plan->micro_batch, plan->batch);
+}
+
+void fr_plan_print_measured(const fr_memory_plan *plan, size_t measured_peak, size_t not_yet, FILE *out) {
+    char a[32], b[32], c[32], d[32];
+    double predicted = plan->predicted_peak - (double)not_yet;
+    double err = predicted > 0 ? 100.0 * ((double)measured_peak - predicted) / predicted : 0;
+    fprintf(out, "memory plan: measured peak %s, predicted %s (%+.1f%%)", fr_mem_format_bytes(measured_peak, a, sizeof a),
+            fr_mem_format_bytes((size_t)predicted, b, sizeof b), err);
+    if (not_yet)
+        fprintf(out, " for a step without the %s of optimizer state it creates at its end",
+                fr_mem_format_bytes(not_yet, c, sizeof c));
+    fprintf(out, "; budget %s%s\n", fr_mem_format_bytes(plan->budget, d, sizeof d),
+            measured_peak > plan->budget ? ": EXCEEDED" : "");
+}

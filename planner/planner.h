@@ -1,0 +1,146 @@
+/* planner.h: give a byte budget, get the fastest training step that fits.
+ *
+ *     fr_memory_plan plan;
+ *     FR_TRY(fr_plan_memory(m, FR_SHAPE(64, 3, 32, 32), 512 << 20, NULL, &plan));
+ *     fr_plan_print(&plan, stdout);
+ *     FR_TRY(fr_plan_apply(m, &plan));          // m->cfg.strategy and the layout
+ *     fr_train_step(m, opt, NULL, x, y, plan.accum, &loss, NULL, NULL);
+ *     fr_memory_plan_free(&plan);
+ *
+ * How (docs/ARCHITECTURE.md, "The memory planner"):
+ *  1. A per-block profile (planner/profile.c): every step of the root sequence
+ *     (the units nn/segments.c cuts into checkpoint segments: a block, a
+ *     dense module, a run of layers) is run once per function-preserving
+ *     strategy (plain, inplace, recompute, inplace+recompute; abn and
+ *     abn+inplace only with allow_abn; a dense module also with its own
+ *     children checkpointed; each also under compress:8/4/2 only with
+ *     allow_compress) at the given batch, image size, precision and
+ *     device: forward with grad, backward, and forward under no_grad, each
+ *     read from the ledger (bytes kept, transient peak) and the clock.
+ *     Profiles are cached in the model per input shape, precision, device
+ *     and option set.
+ *  2. A layout: the sequence is cut into groups, each either kept (its
+ *     activations held for backward) or checkpointed (only its input held,
+ *     replayed in backward), each under one strategy. The choice is a
+ *     dynamic programme over the steps (rotor, Beaumont et al. 2019, for
+ *     one level of checkpoints, with a strategy per group) whose states are
+ *     exact Pareto fronts of (bytes held, predicted time): it returns the
+ *     least predicted time whose simulated peak fits the budget. Chen et
+ *     al.'s split (nn/seg_split.h) and sqrt(N) segments under each uniform
+ *     strategy are simulated with the same profile, as a comparison and a
+ *     fallback (the plan records both times).
+ *  3. When even the leanest layout does not fit, the batch is split into
+ *     micro-batches (fr_train_step's accumulation; batch norm then sees
+ *     smaller batches: plan.bn_caveat). A budget below what fits at batch 1
+ *     is FR_ERR_ARG naming the smallest budget that works.
+ *
+ * The peak is predicted for a step in which the batch, the parameters, the
+ * optimizer state (options.optim_bytes) and the gradients stay allocated,
+ * as fr_train_step runs it. fr_plan_memory runs trial steps: it resets the
+ * ledger's peaks, leaves parameters, BN statistics, the random stream and
+ * any .grad as they were, and needs no tensor of the caller's. */
+#ifndef FR_PLANNER_H
+#define FR_PLANNER_H
+
+#include <stdio.h>
+
+#include "../nn/model.h"
+#include "../train/optim.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct {
+    bool allow_abn;       /* InPlace-ABN may be chosen: it changes the function (model.h) */
+    bool allow_compress;  /* compress:8/4/2 may be chosen per block: it changes the
+                             gradients (model.h); profiled 4x as many ways */
+    int max_accum;        /* most micro-batches to split into [the batch size] */
+    size_t optim_bytes;   /* optimizer state held during a step: fr_plan_optim_bytes */
+    size_t extra_bytes;   /* anything else held during a step (a batch being prefetched) */
+} fr_plan_options;
+
+/* Bytes the optimizer's state will take once it exists (SGD with momentum:
+ * one buffer per trainable parameter; Adam: two). */
+size_t fr_plan_optim_bytes(const fr_optim *opt);
+
+/* One step of the root sequence in a plan. */
+typedef struct {
+    char name[64];        /* its first module ("layer1.0"; "conv1+bn1" for a run of layers) */
+    fr_strategy strategy; /* inplace / recompute / abn; checkpoint: a dense module's own children */
+    bool checkpointed;    /* inside a checkpointed segment */
+    bool segment_start;   /* a group (kept or checkpointed) starts here */
+    bool barrier;         /* a dense module: never inside an outer segment */
+    double kept_bytes;    /* what its forward holds for backward under its strategy */
+} fr_plan_unit;
+
+/* A point of the predicted memory curve over one step. */
+typedef struct {
+    double ms;            /* predicted time since the step began */
+    double bytes;         /* predicted total bytes in use */
+} fr_plan_point;
+
+typedef struct {
+    size_t budget;
+    int batch, accum, micro_batch; /* micro_batch = ceil(batch / accum) */
+    bool bn_caveat;       /* accum > 1: BN statistics over micro-batches */
+    fr_strategy base;     /* m->cfg.strategy under the plan (also for other shapes) */
+    int n_units;
+    fr_plan_unit *units;  /* owned */
+    double predicted_peak;     /* bytes, the whole step (accum micro-batches) */
+    double plain_peak;         /* predicted for plain at the whole batch */
+    double static_bytes;       /* parameters, batch, optimizer state */
+    double leanest_peak;       /* the least any layout needs at micro_batch */
+    double min_budget;         /* the least any layout needs in the smallest micro-batches
+                                * (0: not computed); also set when fr_plan_memory fails
+                                * because the budget is below it */
+    double predicted_ms, plain_ms; /* predicted step time; plain at the whole batch */
+    double dp_ms, chen_ms;     /* at this micro-batch: the dynamic programme's choice and the
+                                * fastest Chen split that fits (< 0: none fits) */
+    double dp_peak, chen_peak;
+    char chosen[32];      /* "dynamic programme", "chen", ... */
+    int n_points;
+    fr_plan_point *points; /* owned: the predicted curve of one micro-batch */
+    int64_t shape[4];     /* the micro-batch input the layout is keyed on */
+    fr_dtype precision;
+    fr_device device;
+    fr_plan_options options;
+} fr_memory_plan;
+
+/* Plans a training step of m on inputs of `shape` (N, C, H, W) under
+ * m->cfg.precision, on the device of m's parameters, within `budget`
+ * bytes. opts may be NULL. On success *plan is filled (free it with
+ * fr_memory_plan_free); FR_ERR_ARG when no layout fits even at batch 1
+ * (naming the smallest budget that works), when the model is not built with
+ * nn/build.h, or for a bad shape. */
+fr_status fr_plan_memory(fr_model *m, const int64_t *shape, size_t budget,
+                         const fr_plan_options *opts, fr_memory_plan *plan);
+
+/* Installs the plan: m->cfg.strategy = plan->base and the layout for
+ * plan->shape. Train with accum = plan->accum. Another input shape (or a
+ * changed m->cfg.strategy) runs without the layout, under the base
+ * strategy (automatic checkpoint segments). */
+fr_status fr_plan_apply(fr_model *m, const fr_memory_plan *plan);
+
+/* Removes an installed layout (m->cfg.strategy is left as it is). */
+void fr_plan_remove(fr_model *m);
+
+/* The predicted peak of a layout given unit by unit (strategies[i],
+ * checkpointed[i], segment_start[i]) from the cached profile of `plan`'s
+ * configuration: what the tests use to compare layouts. */
+fr_status fr_plan_predict(fr_model *m, const fr_memory_plan *plan, const fr_plan_unit *units,
+                          double *peak, double *ms);
+
+/* The plan, unit by unit, and its predictions. */
+void fr_plan_print(const fr_memory_plan *plan, FILE *out);
+/* A measured step's peak beside the prediction; `not_yet`: bytes of the
+ * prediction the measured step did not hold yet (the optimizer state, which
+ * a first step creates at its end), compared without them. */
+void fr_plan_print_measured(const fr_memory_plan *plan, size_t measured_peak, size_t not_yet, FILE *out);
+
+void fr_memory_plan_free(fr_memory_plan *plan); /* NULL-safe */
+
+#ifdef __cplusplus
+}
+#endif
+#endif

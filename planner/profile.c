@@ -1,0 +1,329 @@
+/* profile.c: the planner's per-block profile; see profile.h and planner.h.
+ *
+ * Each step of the root sequence runs alone, on a tape of its own, from the
+ * output the steps before it give under no_grad: forward with grad, then
+ * backward from the sum of its output (so the output's gradient is made
+ * and freed by the engine as a real one is), then forward under no_grad.
+ * The ledger's total level around each phase and its peak inside give the
+ * bytes; the clock gives the times. Recompute mode keeps BN running
+ * statistics and counters as they are, the random state is put back, and
+ * any .grad the caller had is set aside and restored, so profiling changes
+ * nothing a training step computes. */
+#include "../nn/module_impl.h"
+#include "profile.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "../autograd/functions.h"
+#include "../tensor/cuda.h"
+
+#define MAX_CACHED 16
+
+typedef struct {
+    int n;
+    fr_profile *items[MAX_CACHED];
+} profile_cache;
+
+static void profile_free(fr_profile *p) {
+    if (!p)
+        return;
+    free(p->names);
+    free(p->barrier);
+    free(p->valid);
+    free(p->cost);
+    free(p);
+}
+
+static void cache_free(void *c) {
+    profile_cache *pc = c;
+    if (!pc)
+        return;
+    for (int i = 0; i < pc->n; i++)
+        profile_free(pc->items[i]);
+    free(pc);
+}
+
+static double now_ms(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec * 1e-6;
+}
+
+static fr_status sync_device(fr_device dev) { return dev == FR_CUDA ? fr_cuda_synchronize() : FR_OK; }
+
+static double level(fr_device dev) { return (double)fr_mem_total_current(dev); }
+static double peak(fr_device dev) { return (double)fr_mem_total_peak(dev); }
+
+/* Bytes of an activation that the ledger counts against the step: not a
+ * data batch, which the caller holds anyway. */
+static double activation_bytes(const fr_tensor *t) {
+    return t->storage->home_tag == FR_TAG_TRANSIENT ? (double)t->storage->nbytes : 0;
+}
+
+static fr_strategy strategy_of(int k) {
+    static const fr_strategy base[FR_PROFILE_BASE_STRATEGIES] = {
+        {0}, {.inplace = true}, {.recompute = true}, {.inplace = true, .recompute = true},
+        {.abn = true}, {.abn = true, .inplace = true}};
+    static const int bits[FR_PROFILE_COMPRESS_LEVELS] = {0, 8, 4, 2};
+    fr_strategy s = base[k % FR_PROFILE_BASE_STRATEGIES];
+    if ((k / FR_PROFILE_BASE_STRATEGIES) % 2)
+        s.checkpoint = -1;
+    s.compress = bits[k / (2 * FR_PROFILE_BASE_STRATEGIES)];
+    return s;
+}
+
+static double grad_bytes(const fr_params *ps) {
+    double n = 0;
+    for (int i = 0; i < ps->count; i++)
+        if (ps->items[i].tensor->grad)
+            n += (double)fr_nbytes(ps->items[i].tensor->grad);
+    return n;
+}
+
+/* Step s over x: *y (NULL on failure), the ledger's peak above the level
+ * before it, and the time. */
+static fr_status timed_forward(fr_module *root, int s, fr_tensor *x, const fr_run *run, fr_device dev,
+                               fr_tensor **y, double *peak_above, double *ms) {
+    fr_mem_reset_peak();
+    double t0 = level(dev), start = now_ms();
+    *y = fr_seq_run_steps(root, s, 1, x, run);
+    fr_status st = *y ? sync_device(dev) : fr_last_status();
+    *ms = now_ms() - start;
+    *peak_above = peak(dev) - t0;
+    return st;
+}
+
+/* One step under one strategy from input x; fills *c. FR_ERR_ARG from the
+ * step (a strategy it refuses) comes back as is for the caller to judge. */
+static fr_status trial(fr_model *m, fr_module *root, int s, fr_tensor *x, const fr_run *run,
+                       fr_device dev, fr_unit_cost *c) {
+    *c = (fr_unit_cost){.in_b = activation_bytes(x)};
+    FR_TRY(fr_tape_push());
+    /* a dense module that cuts its own children plans them on its first
+     * forward (a trial of its own): do that first, outside the measurement */
+    if (run->strategy.checkpoint && fr_seq_is_barrier(root, s)) {
+        fr_tensor *warm = fr_seq_run_steps(root, s, 1, x, run);
+        fr_status st = warm ? FR_OK : fr_last_status();
+        fr_release(warm);
+        fr_tape_clear();
+        if (st != FR_OK) {
+            fr_tape_pop();
+            return st;
+        }
+    }
+    fr_tensor *leaf = s == 0 ? fr_retain(x) : fr_detach(x);
+    fr_status st = leaf ? FR_OK : fr_last_status();
+    if (st == FR_OK && s > 0)
+        fr_set_requires_grad(leaf, true);
+    fr_tensor *y = NULL, *loss = NULL;
+    if (st == FR_OK) {
+        size_t saved0 = fr_mem_current(dev, FR_TAG_SAVED);
+        double t0 = level(dev);
+        st = timed_forward(root, s, leaf, run, dev, &y, &c->fwd_peak, &c->fwd_ms);
+        if (st == FR_OK) {
+            c->in_saved = x->storage->saved_count > 0;
+            c->out_saved = y->storage->saved_count > 0;
+            c->out_b = (double)y->storage->nbytes;
+            c->saved = (double)fr_mem_current(dev, FR_TAG_SAVED) - (double)saved0 -
+                       (c->in_saved ? c->in_b : 0);
+            loss = fr_sum(y);
+            st = loss ? FR_OK : fr_last_status();
+            c->fwd_delta = level(dev) - t0;
+        }
+    }
+    fr_release(y);
+    if (st == FR_OK) {
+        fr_mem_reset_peak();
+        double t1 = level(dev), ms = now_ms();
+        st = fr_backward(loss);
+        if (st == FR_OK)
+            st = sync_device(dev);
+        c->bwd_ms = now_ms() - ms;
+        fr_release(loss);
+        loss = NULL;
+        c->bwd_peak = peak(dev) - t1;
+        c->bwd_delta = level(dev) - t1;
+        c->grads = grad_bytes(m->params);
+    }
+    fr_release(loss);
+    fr_release(leaf);
+    fr_tape_clear();
+    fr_tape_pop();
+    fr_params_zero_grad(m->params);
+    if (st != FR_OK)
+        return st;
+    fr_no_grad_enter();
+    double t0 = level(dev);
+    st = timed_forward(root, s, x, run, dev, &y, &c->ng_peak, &c->ng_ms);
+    c->ng_delta = level(dev) - t0;
+    fr_release(y);
+    fr_no_grad_exit();
+    return st;
+}
+
+static void unit_name(const fr_module *root, int s, char *buf, size_t len) {
+    size_t used = 0;
+    buf[0] = '\0';
+    if (fr_seq_is_barrier(root, s) || root->kind != FR_MODULE_CHAIN) {
+        snprintf(buf, len, "%.*s", (int)len - 1, root->items[root->step_first[s]]->name);
+        return;
+    }
+    for (int i = root->step_first[s]; i < root->step_first[s] + root->step_len[s] && used + 1 < len; i++)
+        used += (size_t)snprintf(buf + used, len - used, "%s%.*s", used ? "+" : "", (int)(len - used - 1),
+                                 root->items[i]->name);
+}
+
+static fr_status measure_all(fr_model *m, fr_profile *p) {
+    fr_module *root = m->build->root;
+    fr_device dev = p->device;
+    fr_run run = {.training = true};
+    snprintf(run.model, sizeof run.model, "%s", m->name);
+    size_t n = (size_t)(p->shape[0] * p->shape[1] * p->shape[2] * p->shape[3]);
+    float *host = malloc(n * sizeof *host);
+    if (!host)
+        return fr_error(FR_ERR_OOM, "%s: planner: out of host memory for a trial batch", m->name);
+    fr_rng rng;
+    fr_rng_seed(&rng, 7);
+    for (size_t i = 0; i < n; i++)
+        host[i] = (float)fr_rng_normal(&rng);
+    fr_tensor *cur = fr_from_host(dev, FR_F32, 4, p->shape, FR_TAG_DATA, host);
+    free(host);
+    if (!cur)
+        return fr_last_status();
+    fr_status st = fr_autocast_enter(p->precision);
+    if (st != FR_OK) {
+        fr_release(cur);
+        return st;
+    }
+    for (int s = 0; s < p->n_units && st == FR_OK; s++) {
+        p->barrier[s] = fr_seq_is_barrier(root, s);
+        unit_name(root, s, p->names[s], sizeof p->names[s]);
+        /* a first run warms caches and buffers (the first GEMM of a
+         * shape, the first touch of fresh pages), which would otherwise be
+         * charged to whichever strategy comes first */
+        fr_unit_cost warm;
+        run.strategy = FR_STRATEGY_PLAIN;
+        st = trial(m, root, s, cur, &run, dev, &warm);
+        for (int k = 0; k < FR_PROFILE_STRATEGIES && st == FR_OK; k++) {
+            /* A dense module under recompute whose children are not
+             * checkpointed returns a recomputable concatenation, which the
+             * step after it does not see in its own trial (its input comes
+             * from a plain run): the composed prediction came out up to 8%
+             * over the ledger (DenseNet-BC-40, batch 2, first dense block:
+             * 10.48 MiB predicted, 9.73 measured). Until that interaction is
+             * profiled, a dense module takes recompute only with its
+             * children checkpointed, which is predicted exactly. */
+            bool dense_recompute = p->barrier[s] && strategy_of(k).recompute && !strategy_of(k).checkpoint;
+            bool wanted = (k % FR_PROFILE_BASE_STRATEGIES < 4 || p->allow_abn) &&
+                          (!strategy_of(k).checkpoint || p->barrier[s]) && !dense_recompute &&
+                          (!strategy_of(k).compress || p->allow_compress);
+            if (!wanted)
+                continue;
+            run.strategy = p->strategies[k];
+            st = trial(m, root, s, cur, &run, dev, &p->cost[s * FR_PROFILE_STRATEGIES + k]);
+            if (st == FR_ERR_ARG && run.strategy.abn) {
+                st = FR_OK; /* a step that cannot take abn (its input is read elsewhere) */
+                continue;
+            }
+            p->valid[s * FR_PROFILE_STRATEGIES + k] = st == FR_OK;
+        }
+        if (st != FR_OK)
+            break;
+        /* the next step's input */
+        fr_no_grad_enter();
+        run.strategy = FR_STRATEGY_PLAIN;
+        fr_tensor *next = fr_seq_run_steps(root, s, 1, cur, &run);
+        fr_no_grad_exit();
+        fr_release(cur);
+        cur = next;
+        if (!cur)
+            st = fr_last_status();
+    }
+    fr_autocast_exit();
+    fr_release(cur);
+    return st;
+}
+
+static bool same_config(const fr_profile *p, const int64_t *shape, fr_dtype precision,
+                        fr_device dev, bool allow_abn, bool allow_compress) {
+    return !memcmp(p->shape, shape, sizeof p->shape) && p->precision == precision &&
+           p->device == dev && p->allow_abn == allow_abn && p->allow_compress == allow_compress;
+}
+
+fr_status fr_profile_get(fr_model *m, const int64_t *shape, bool allow_abn, bool allow_compress,
+                         const fr_profile **out) {
+    struct fr_model_build *b = m->build;
+    fr_device dev = m->params->count ? fr_device_of(m->params->items[0].tensor) : FR_CPU;
+    profile_cache *pc = b->profiles;
+    for (int i = 0; pc && i < pc->n; i++)
+        if (same_config(pc->items[i], shape, m->cfg.precision, dev, allow_abn, allow_compress)) {
+            *out = pc->items[i];
+            return FR_OK;
+        }
+    if (!pc) {
+        if (!(pc = calloc(1, sizeof *pc)))
+            return fr_error(FR_ERR_OOM, "%s: planner: out of memory", m->name);
+        b->profiles = pc;
+        b->profiles_free = cache_free;
+    }
+    int n = fr_seq_steps(b->root);
+    fr_profile *p = calloc(1, sizeof *p);
+    if (p) {
+        p->names = calloc((size_t)n, sizeof *p->names);
+        p->barrier = calloc((size_t)n, sizeof *p->barrier);
+        p->valid = calloc((size_t)n * FR_PROFILE_STRATEGIES, sizeof *p->valid);
+        p->cost = calloc((size_t)n * FR_PROFILE_STRATEGIES, sizeof *p->cost);
+    }
+    if (!p || !p->names || !p->barrier || !p->valid || !p->cost) {
+        profile_free(p);
+        return fr_error(FR_ERR_OOM, "%s: planner: out of memory", m->name);
+    }
+    memcpy(p->shape, shape, sizeof p->shape);
+    p->precision = m->cfg.precision;
+    p->device = dev;
+    p->allow_abn = allow_abn;
+    p->allow_compress = allow_compress;
+    p->n_units = n;
+    for (int k = 0; k < FR_PROFILE_STRATEGIES; k++)
+        p->strategies[k] = strategy_of(k);
+    p->param_bytes = (double)fr_mem_current(dev, FR_TAG_PARAM);
+    for (int i = 0; i < m->params->count; i++)
+        if (m->params->items[i].kind == FR_PARAMETER)
+            p->grad_bytes += (double)fr_nbytes(m->params->items[i].tensor);
+
+    /* set the caller's gradients aside; trials make and free their own */
+    fr_tensor **stash = calloc((size_t)m->params->count + 1, sizeof *stash);
+    if (!stash) {
+        profile_free(p);
+        return fr_error(FR_ERR_OOM, "%s: planner: out of memory", m->name);
+    }
+    for (int i = 0; i < m->params->count; i++) {
+        stash[i] = m->params->items[i].tensor->grad;
+        m->params->items[i].tensor->grad = NULL;
+    }
+    uint64_t random_state = fr_random_state();
+    fr_recompute_enter();
+    fr_status st = measure_all(m, p);
+    fr_recompute_exit();
+    fr_set_random_state(random_state);
+    fr_params_zero_grad(m->params);
+    for (int i = 0; i < m->params->count; i++)
+        m->params->items[i].tensor->grad = stash[i];
+    free(stash);
+    fr_mem_reset_peak();
+    if (st != FR_OK) {
+        profile_free(p);
+        return st;
+    }
+    if (pc->n == MAX_CACHED) { /* the oldest goes */
+        profile_free(pc->items[0]);
+        memmove(pc->items, pc->items + 1, (MAX_CACHED - 1) * sizeof *pc->items);
+        pc->n--;
+    }
+    pc->items[pc->n++] = p;
+    *out = p;
+    return FR_OK;
+}
