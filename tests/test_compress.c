@@ -242,8 +242,8 @@ static void test_models_close_to_plain(void) {
         printf("    %s: saved %zu -> %zu bytes at compress:8\n", names[i], ref.peak_saved,
                got.peak_saved);
         CHECK(got.peak_saved * 3 < ref.peak_saved);
-        fr_t_step_free(&ref, 1);
-        fr_t_step_free(&got, 1);
+        fr_t_step_free(&ref, m->params->count);
+        fr_t_step_free(&got, m->params->count);
         fr_t_snapshot_free(m, init);
         fr_release(x);
         fr_release(labels);
@@ -284,7 +284,7 @@ static void test_gradients_unbiased(void) {
                 }
             }
         }
-        fr_t_step_free(&got, 1);
+        fr_t_step_free(&got, m->params->count);
     }
     double err_mean = 0;
     for (int i = 0; i < n; i++) {
@@ -311,7 +311,7 @@ static void test_gradients_unbiased(void) {
     CHECK(err_mean < err_one / 4); /* unbiased: about err_one / SEEDS */
     free(sum);
     free(sq);
-    fr_t_step_free(&ref, 1);
+    fr_t_step_free(&ref, m->params->count);
     fr_t_snapshot_free(m, init);
     fr_release(x);
     fr_release(labels);
@@ -349,10 +349,10 @@ static void test_combinations(void) {
                 CHECK(a.peak_saved < base.peak_saved);
                 printf("    %s %-36s peak saved %8zu (without: %8zu)\n", models[mi], text,
                        a.peak_saved, base.peak_saved);
-                fr_t_step_free(&a, 1);
-                fr_t_step_free(&again, 1);
+                fr_t_step_free(&a, m->params->count);
+                fr_t_step_free(&again, m->params->count);
             }
-            fr_t_step_free(&base, 1);
+            fr_t_step_free(&base, m->params->count);
         }
         fr_t_snapshot_free(m, init);
         fr_release(x);
