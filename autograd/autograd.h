@@ -155,6 +155,31 @@ int fr_node_save(fr_node *node, fr_tensor *t);
 int fr_node_save_held(fr_node *node, fr_tensor *t);
 /* Saves a recipe directly (takes the caller's reference). */
 int fr_node_save_recipe(fr_node *node, fr_recipe *r);
+/* ---- compressed saved activations (autograd/compressed.c; the strategy
+ * compress:B) ----
+ * While bits (8, 4 or 2; 0: off) are entered on this thread, the save
+ * functions below keep an activation as bits-wide codes per group of
+ * FR_COMPRESS_GROUP elements with stochastic rounding (tensor/kernels.def),
+ * or a sign as one bit, under FR_TAG_SAVED; unpacking decodes to a new f32
+ * tensor. Only tensors the forward made (storage home `transient`) are
+ * compressed; parameters and input batches are held. A f16 / bf16
+ * activation is FR_ERR_DTYPE. enter stores the bits in force before in
+ * *previous, for fr_compress_restore; FR_ERR_ARG for other bits. */
+fr_status fr_compress_enter(int bits, int *previous);
+void fr_compress_restore(int previous);
+int fr_compress_bits(void);
+/* Saves an activation that backward reads by value: as t's recipe when
+ * use_recipe and t carries one, else compressed when compression is on and
+ * applies, else held. A tensor two ops save is packed once (the copy is kept
+ * on t while its storage version stays). */
+int fr_node_save_activation(fr_node *node, fr_tensor *t, bool use_recipe);
+/* Saves a tensor of which backward reads only whether each element is > 0
+ * (the output of ReLU or leaky ReLU): one bit per element when compression
+ * is on and applies (unpacked as 1 or 0), else as fr_node_save. */
+int fr_node_save_sign(fr_node *node, fr_tensor *t);
+/* The compressed copy of t (a new reference) in *out, or NULL when
+ * compression is off or does not apply to t. */
+fr_status fr_compressed_of(fr_tensor *t, fr_recipe **out);
 /* A new reference to saved tensor i (recomputed for a recipe), or NULL with
  * FR_ERR_VERSION when a held tensor was written inplace after saving. */
 fr_tensor *fr_node_unpack(fr_node *node, int i);

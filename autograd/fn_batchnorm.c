@@ -110,7 +110,7 @@ static fr_status bn_backward(fr_node *node, fr_tensor *const *dout, fr_tensor **
 static fr_status save_all(fr_node *node, bn_ctx *c, fr_tensor *x, fr_tensor *mean,
                           fr_tensor *invstd, fr_tensor *gamma) {
     c->x = -1;
-    if ((c->training || fr_node_needs_grad(node, BN_GAMMA)) && (c->x = fr_node_save(node, x)) < 0)
+    if ((c->training || fr_node_needs_grad(node, BN_GAMMA)) && (c->x = fr_node_save_activation(node, x, true)) < 0)
         return fr_last_status();
     if ((c->mean = fr_node_save(node, mean)) < 0 || (c->invstd = fr_node_save(node, invstd)) < 0 ||
         (c->gamma = fr_node_save(node, gamma)) < 0)

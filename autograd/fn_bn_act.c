@@ -82,9 +82,13 @@ static fr_recipe *bnact_recipe_new(fr_tensor *x, bool via_recipe, fr_tensor *mea
     }
     r->base = (fr_recipe){.refcount = 1, .op = "bn_act", .make = bnact_recipe_make,
                           .destroy = bnact_recipe_destroy};
+    /* under compress:B, x's compressed copy (the one the node saved) */
     if (via_recipe && x->recipe)
         r->x_recipe = fr_recipe_retain(x->recipe);
-    else
+    else if (fr_compressed_of(x, &r->x_recipe) != FR_OK) {
+        free(r);
+        return NULL;
+    } else if (!r->x_recipe)
         r->x = fr_retain(x);
     r->mean = fr_retain(mean);
     r->invstd = fr_retain(invstd);
@@ -358,17 +362,17 @@ fr_tensor *fr_bn_act(fr_tensor *x, fr_tensor *residual, const fr_bn_state *bn, f
     if (st == FR_OK && node) {
         bool ok;
         if (abn) {
-            ok = (c->i_y = fr_node_save_held(node, y)) >= 0 &&
+            ok = (c->i_y = fr_node_save_activation(node, y, false)) >= 0 &&
                  (c->i_invstd = fr_node_save(node, invstd)) >= 0 &&
                  (c->i_gamma = fr_node_save(node, bn->gamma)) >= 0 &&
                  (c->i_beta = fr_node_save(node, bn->beta)) >= 0 &&
                  (c->i_gamma_eff = fr_node_save(node, gamma_eff)) >= 0 &&
-                 (!residual || (c->i_residual = fr_node_save(node, residual)) >= 0);
+                 (!residual || (c->i_residual = fr_node_save_activation(node, residual, true)) >= 0);
         } else {
             /* RECOMPUTE_X keeps x's recipe when it has one; plain RECOMPUTE
              * holds x, which its own recipe for y reads. */
             bool via_recipe = mode == FR_BNACT_RECOMPUTE_X;
-            c->i_x = via_recipe ? fr_node_save(node, x) : fr_node_save_held(node, x);
+            c->i_x = fr_node_save_activation(node, x, via_recipe);
             ok = c->i_x >= 0 &&
                  (c->i_mean = fr_node_save(node, mean)) >= 0 &&
                  (c->i_invstd = fr_node_save(node, invstd)) >= 0 &&
@@ -377,7 +381,9 @@ fr_tensor *fr_bn_act(fr_tensor *x, fr_tensor *residual, const fr_bn_state *bn, f
             if (ok && (residual || mode == FR_BNACT_KEEP)) {
                 /* a block output: kept by the next block anyway, so its mask
                  * costs nothing (KEEP: kept whatever follows) */
-                ok = (c->i_y = fr_node_save_held(node, y)) >= 0;
+                bool sign = act == FR_ACT_RELU || act == FR_ACT_LEAKY_RELU;
+                ok = (c->i_y = sign ? fr_node_save_sign(node, y)
+                                    : fr_node_save_activation(node, y, false)) >= 0;
             } else if (ok) {
                 fr_recipe *r = bnact_recipe_new(x, via_recipe, mean, invstd, bn, act, slope);
                 ok = r != NULL;

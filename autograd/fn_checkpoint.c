@@ -116,7 +116,7 @@ fr_tensor *fr_checkpoint(fr_segment_fn fn, const void *fn_ctx, size_t ctx_size, 
         return NULL;
     }
     fr_node_set_ctx(node, c, checkpoint_ctx_free);
-    if (fr_node_save_held(node, x) < 0) {
+    if (fr_node_save_activation(node, x, false) < 0) {
         fr_release(y);
         return NULL;
     }

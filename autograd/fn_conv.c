@@ -99,7 +99,7 @@ static fr_status conv_record(fr_tensor *const *in, conv_ctx init, fr_dtype compu
     c->compute = compute;
     c->x = c->w = -1;
     fr_node_set_ctx(node, c, NULL);
-    if (fr_node_needs_grad(node, CONV_W) && (c->x = fr_node_save(node, in[CONV_X])) < 0)
+    if (fr_node_needs_grad(node, CONV_W) && (c->x = fr_node_save_activation(node, in[CONV_X], true)) < 0)
         return fr_last_status();
     if (fr_node_needs_grad(node, CONV_X) && (c->w = fr_node_save(node, in[CONV_W])) < 0)
         return fr_last_status();

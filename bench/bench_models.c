@@ -82,9 +82,11 @@ static const char *const gpu_mixed = "plain@bf16,plain@f16";
  * it) and is left out to keep `make bench` short: a DenseNet-BC-100 step takes
  * seconds here. */
 static const model_case cases[] = {
-    {"resnet56", "plain,inplace,recompute,abn,checkpoint,recompute+checkpoint,abn+checkpoint", 3, 128,
+    {"resnet56", "plain,inplace,recompute,abn,checkpoint,recompute+checkpoint,abn+checkpoint,"
+     "compress:8,abn+compress:8,abn+checkpoint+compress:4,abn+checkpoint+compress:2", 3, 128,
      20, 64, 32, 3},
-    {"densenet-bc-100", "plain,recompute,checkpoint,recompute+checkpoint", 2, 64, 10, 64, 32, 3},
+    {"densenet-bc-100", "plain,recompute,checkpoint,recompute+checkpoint,compress:8,"
+     "recompute+checkpoint+compress:4,recompute+checkpoint+compress:2", 2, 64, 10, 64, 32, 3},
     /* the demo's model on Fashion-MNIST's shape (README, `make demo`): the
      * training speed the CPU targets quote against PyTorch */
     {"resnet20", "plain,inplace,recompute,checkpoint", 5, 128, 20, 128, 28, 1},

@@ -372,15 +372,7 @@ static fr_tensor *layer_forward(const fr_module *m, fr_tensor *x, const fr_run *
     }
 }
 
-fr_tensor *fr_forward(fr_module *m, fr_tensor *x, const fr_run *run) {
-    if (!x) {
-        fr_error_null(m && m->name[0] ? m->name : "forward", "x");
-        return NULL;
-    }
-    if (!m || !run) {
-        fr_error(FR_ERR_ARG, "forward: module or run is NULL");
-        return NULL;
-    }
+static fr_tensor *forward_kind(fr_module *m, fr_tensor *x, const fr_run *run) {
     switch (m->kind) {
     case FR_MODULE_LAYER:
         return layer_forward(m, x, run);
@@ -401,6 +393,25 @@ fr_tensor *fr_forward(fr_module *m, fr_tensor *x, const fr_run *run) {
         FR_ASSERT(!"unknown module kind");
         return NULL;
     }
+}
+
+fr_tensor *fr_forward(fr_module *m, fr_tensor *x, const fr_run *run) {
+    if (!x) {
+        fr_error_null(m && m->name[0] ? m->name : "forward", "x");
+        return NULL;
+    }
+    if (!m || !run) {
+        fr_error(FR_ERR_ARG, "forward: module or run is NULL");
+        return NULL;
+    }
+    /* compress:B applies to what this module's ops save (a planner gives
+     * blocks different bits: each module enters its own run's) */
+    int outer;
+    if (fr_compress_enter(run->strategy.compress, &outer) != FR_OK)
+        return NULL;
+    fr_tensor *y = forward_kind(m, x, run);
+    fr_compress_restore(outer);
+    return y;
 }
 
 fr_tensor *fr_norm_add(fr_module *norm, fr_tensor *x, fr_tensor *residual, const fr_run *run) {

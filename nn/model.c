@@ -26,7 +26,7 @@ static bool checkpoint_k(const char *text, int *out) {
 
 fr_status fr_strategy_parse(const char *text, fr_strategy *out) {
     static const char *const choices =
-        "plain, or a '+'-joined set of inplace, recompute, abn, checkpoint[:K]";
+        "plain, or a '+'-joined set of inplace, recompute, abn, checkpoint[:K], compress[:8|4|2]";
     if (!text || !*text)
         return fr_error(FR_ERR_ARG, "empty memory strategy (choose %s)", choices);
     fr_strategy s = FR_STRATEGY_PLAIN;
@@ -60,6 +60,12 @@ fr_status fr_strategy_parse(const char *text, fr_strategy *out) {
                 s.checkpoint = -1;
             else if (!strncmp(word, "checkpoint:", 11) && checkpoint_k(word + 11, &s.checkpoint))
                 ;
+            else if (!strcmp(word, "compress") || !strcmp(word, "compress:8"))
+                s.compress = 8;
+            else if (!strcmp(word, "compress:4"))
+                s.compress = 4;
+            else if (!strcmp(word, "compress:2"))
+                s.compress = 2;
             else
                 return fr_error(FR_ERR_ARG, "unknown memory strategy \"%s\" in \"%s\" (choose %s)",
                                 word, text, choices);
@@ -91,6 +97,8 @@ const char *fr_strategy_format(fr_strategy s, char *buf, size_t len) {
         FR_APPEND("%scheckpoint", used ? "+" : "");
     else if (s.checkpoint > 0)
         FR_APPEND("%scheckpoint:%d", used ? "+" : "", s.checkpoint);
+    if (s.compress)
+        FR_APPEND("%scompress:%d", used ? "+" : "", s.compress);
     if (!used)
         FR_APPEND("plain");
 #undef FR_APPEND
@@ -99,7 +107,8 @@ const char *fr_strategy_format(fr_strategy s, char *buf, size_t len) {
 
 bool fr_strategy_equal(fr_strategy a, fr_strategy b) {
     return a.inplace == b.inplace && a.recompute == b.recompute && a.abn == b.abn &&
-           a.abn_reference == b.abn_reference && a.checkpoint == b.checkpoint;
+           a.abn_reference == b.abn_reference && a.checkpoint == b.checkpoint &&
+           a.compress == b.compress;
 }
 
 fr_model *fr_model_alloc(const char *name, int in_channels, int num_classes) {

@@ -40,20 +40,27 @@ extern "C" {
  *              segment in backward: k blocks per segment for "checkpoint:k";
  *              for "checkpoint" (-1) segments chosen from the bytes each
  *              block was measured to keep (nn/seg_split.h), so the large early
- *              blocks get short segments */
+ *              blocks get short segments
+ *   compress   keep what backward reads as B-bit codes per group of 256
+ *              with stochastic rounding, ReLU masks as bits ("compress:B",
+ *              B = 8, 4 or 2; "compress" is 8; autograd/compressed.c). It
+ *              changes the gradients (unbiased, with variance), like abn
+ *              it is a choice the user makes */
 typedef struct {
     bool inplace;
     bool recompute;
     bool abn;
     bool abn_reference; /* the abn function without its memory trick (tests) */
     int checkpoint;     /* 0 off, -1 automatic, k > 0 blocks per segment */
+    int compress;       /* 0 off, else bits per saved element: 8, 4 or 2 */
 } fr_strategy;
 
 #define FR_STRATEGY_PLAIN ((fr_strategy){0})
 #define FR_STRATEGY_INPLACE ((fr_strategy){.inplace = true})
 
 /* "plain", or names joined by '+': "inplace", "recompute", "abn",
- * "checkpoint" or "checkpoint:K" (e.g. "abn+checkpoint:4"). FR_ERR_ARG naming
+ * "checkpoint" or "checkpoint:K", "compress" or "compress:B" (e.g.
+ * "abn+checkpoint:4+compress:4"). FR_ERR_ARG naming
  * the choices otherwise. */
 fr_status fr_strategy_parse(const char *text, fr_strategy *out);
 /* The canonical text of a strategy ("recompute+checkpoint:6"); returns buf. */

@@ -380,7 +380,14 @@ static fr_tensor *run_segmented(fr_module *seq, fr_tensor *x, const fr_run *run)
         }
         segment seg = {.seq = seq, .first = s, .count = p->group_len[g], .run = group_run};
         seg.run.in_segment = true;
+        /* the segment's input is kept as the segment's strategy says */
+        int outer;
+        if (fr_compress_enter(group_run.strategy.compress, &outer) != FR_OK) {
+            fr_clear(&out);
+            break;
+        }
         out = fr_chain(out, fr_checkpoint(segment_forward, &seg, sizeof seg, out));
+        fr_compress_restore(outer);
     }
     return out;
 }

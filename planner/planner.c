@@ -433,7 +433,7 @@ static fr_status leanest(fr_model *m, int64_t micro, const int64_t *shape, const
                          int batch, double *peak) {
     const fr_profile *p;
     int64_t s[4] = {micro, shape[1], shape[2], shape[3]};
-    FR_TRY(fr_profile_get(m, s, o->allow_abn, &p));
+    FR_TRY(fr_profile_get(m, s, o->allow_abn, o->allow_compress, &p));
     context cx = make_context(p, o, batch, micro < batch);
     layout best;
     bool found = cx.grads_after && dynamic_programme(&cx, MODE_PEAK, 0, &best);
@@ -509,7 +509,7 @@ static fr_status plan_at(fr_model *m, const int64_t *shape, int64_t micro, size_
                          const fr_plan_options *o, fr_memory_plan *plan) {
     const fr_profile *p;
     int64_t s4[4] = {micro, shape[1], shape[2], shape[3]};
-    FR_TRY(fr_profile_get(m, s4, o->allow_abn, &p));
+    FR_TRY(fr_profile_get(m, s4, o->allow_abn, o->allow_compress, &p));
     int batch = (int)shape[0];
     context cx = make_context(p, o, batch, micro < batch);
     if (!cx.grads_after)
@@ -574,7 +574,7 @@ fr_status fr_plan_memory(fr_model *m, const int64_t *shape, size_t budget, const
     plan->precision = m->cfg.precision;
     /* the whole batch: plain's figures, and whether anything fits */
     const fr_profile *p;
-    FR_TRY(fr_profile_get(m, shape, o.allow_abn, &p));
+    FR_TRY(fr_profile_get(m, shape, o.allow_abn, o.allow_compress, &p));
     plan->device = p->device;
     context cx = make_context(p, &o, batch, false);
     layout plain;
@@ -641,7 +641,7 @@ fr_status fr_plan_predict(fr_model *m, const fr_memory_plan *plan, const fr_plan
                           double *peak, double *ms) {
     FR_TRY(check_model(m, plan->shape));
     const fr_profile *p;
-    FR_TRY(fr_profile_get(m, plan->shape, plan->options.allow_abn, &p));
+    FR_TRY(fr_profile_get(m, plan->shape, plan->options.allow_abn, plan->options.allow_compress, &p));
     if (plan->n_units != p->n_units)
         return fr_error(FR_ERR_ARG, "planner: %s: the plan has %d units, the model %d", m->name,
                         plan->n_units, p->n_units);
@@ -657,7 +657,7 @@ fr_status fr_plan_predict(fr_model *m, const fr_memory_plan *plan, const fr_plan
 fr_status fr_plan_apply(fr_model *m, const fr_memory_plan *plan) {
     FR_TRY(check_model(m, plan->shape));
     const fr_profile *p;
-    FR_TRY(fr_profile_get(m, plan->shape, plan->options.allow_abn, &p));
+    FR_TRY(fr_profile_get(m, plan->shape, plan->options.allow_abn, plan->options.allow_compress, &p));
     layout s;
     if (plan->n_units != p->n_units || !units_layout(p, plan->units, &s))
         return fr_error(FR_ERR_ARG, "planner: %s: the plan does not fit this model", m->name);

@@ -13,7 +13,8 @@
  *     dense module, a run of layers) is run once per function-preserving
  *     strategy (plain, inplace, recompute, inplace+recompute; abn and
  *     abn+inplace only with allow_abn; a dense module also with its own
- *     children checkpointed) at the given batch, image size, precision and
+ *     children checkpointed; each also under compress:8/4/2 only with
+ *     allow_compress) at the given batch, image size, precision and
  *     device: forward with grad, backward, and forward under no_grad, each
  *     read from the ledger (bytes kept, transient peak) and the clock.
  *     Profiles are cached in the model per input shape, precision, device
@@ -52,6 +53,8 @@ extern "C" {
 
 typedef struct {
     bool allow_abn;       /* InPlace-ABN may be chosen: it changes the function (model.h) */
+    bool allow_compress;  /* compress:8/4/2 may be chosen per block: it changes the
+                             gradients (model.h); profiled 4x as many ways */
     int max_accum;        /* most micro-batches to split into [the batch size] */
     size_t optim_bytes;   /* optimizer state held during a step: fr_plan_optim_bytes */
     size_t extra_bytes;   /* anything else held during a step (a batch being prefetched) */

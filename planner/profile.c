@@ -67,9 +67,11 @@ static fr_strategy strategy_of(int k) {
     static const fr_strategy base[FR_PROFILE_BASE_STRATEGIES] = {
         {0}, {.inplace = true}, {.recompute = true}, {.inplace = true, .recompute = true},
         {.abn = true}, {.abn = true, .inplace = true}};
+    static const int bits[FR_PROFILE_COMPRESS_LEVELS] = {0, 8, 4, 2};
     fr_strategy s = base[k % FR_PROFILE_BASE_STRATEGIES];
-    if (k >= FR_PROFILE_BASE_STRATEGIES)
+    if ((k / FR_PROFILE_BASE_STRATEGIES) % 2)
         s.checkpoint = -1;
+    s.compress = bits[k / (2 * FR_PROFILE_BASE_STRATEGIES)];
     return s;
 }
 
@@ -216,7 +218,8 @@ static fr_status measure_all(fr_model *m, fr_profile *p) {
              * children checkpointed, which is predicted exactly. */
             bool dense_recompute = p->barrier[s] && strategy_of(k).recompute && !strategy_of(k).checkpoint;
             bool wanted = (k % FR_PROFILE_BASE_STRATEGIES < 4 || p->allow_abn) &&
-                          (k < FR_PROFILE_BASE_STRATEGIES || p->barrier[s]) && !dense_recompute;
+                          (!strategy_of(k).checkpoint || p->barrier[s]) && !dense_recompute &&
+                          (!strategy_of(k).compress || p->allow_compress);
             if (!wanted)
                 continue;
             run.strategy = p->strategies[k];
@@ -245,17 +248,18 @@ static fr_status measure_all(fr_model *m, fr_profile *p) {
 }
 
 static bool same_config(const fr_profile *p, const int64_t *shape, fr_dtype precision,
-                        fr_device dev, bool allow_abn) {
+                        fr_device dev, bool allow_abn, bool allow_compress) {
     return !memcmp(p->shape, shape, sizeof p->shape) && p->precision == precision &&
-           p->device == dev && p->allow_abn == allow_abn;
+           p->device == dev && p->allow_abn == allow_abn && p->allow_compress == allow_compress;
 }
 
-fr_status fr_profile_get(fr_model *m, const int64_t *shape, bool allow_abn, const fr_profile **out) {
+fr_status fr_profile_get(fr_model *m, const int64_t *shape, bool allow_abn, bool allow_compress,
+                         const fr_profile **out) {
     struct fr_model_build *b = m->build;
     fr_device dev = m->params->count ? fr_device_of(m->params->items[0].tensor) : FR_CPU;
     profile_cache *pc = b->profiles;
     for (int i = 0; pc && i < pc->n; i++)
-        if (same_config(pc->items[i], shape, m->cfg.precision, dev, allow_abn)) {
+        if (same_config(pc->items[i], shape, m->cfg.precision, dev, allow_abn, allow_compress)) {
             *out = pc->items[i];
             return FR_OK;
         }
@@ -281,6 +285,7 @@ fr_status fr_profile_get(fr_model *m, const int64_t *shape, bool allow_abn, cons
     p->precision = m->cfg.precision;
     p->device = dev;
     p->allow_abn = allow_abn;
+    p->allow_compress = allow_compress;
     p->n_units = n;
     for (int k = 0; k < FR_PROFILE_STRATEGIES; k++)
         p->strategies[k] = strategy_of(k);

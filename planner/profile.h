@@ -9,8 +9,15 @@
 #include "planner.h"
 
 /* plain, inplace, recompute, inplace+recompute, abn, abn+inplace; then the
- * same with a dense module's children checkpointed (dense steps only) */
-enum { FR_PROFILE_BASE_STRATEGIES = 6, FR_PROFILE_STRATEGIES = 2 * FR_PROFILE_BASE_STRATEGIES };
+ * same with a dense module's children checkpointed (dense steps only); the
+ * twelve without compression, then with compress:8, :4 and :2 (only with
+ * allow_compress). Strategy k: base k % 6, children checkpointed when
+ * (k / 6) % 2, compression level k / 12. */
+enum {
+    FR_PROFILE_BASE_STRATEGIES = 6,
+    FR_PROFILE_COMPRESS_LEVELS = 4,
+    FR_PROFILE_STRATEGIES = 2 * FR_PROFILE_BASE_STRATEGIES * FR_PROFILE_COMPRESS_LEVELS
+};
 
 typedef struct {
     double in_b, out_b;   /* the step's input (0: a data batch) and output bytes */
@@ -34,6 +41,7 @@ typedef struct {
     fr_dtype precision;
     fr_device device;
     bool allow_abn;
+    bool allow_compress;
     /* the sequence */
     int n_units;
     fr_strategy strategies[FR_PROFILE_STRATEGIES];
@@ -48,7 +56,8 @@ typedef struct {
 /* The profile of m's root sequence for inputs of `shape` under
  * m->cfg.precision on the device of its parameters: cached in the model,
  * measured on first use. *out is borrowed from the model. */
-fr_status fr_profile_get(fr_model *m, const int64_t *shape, bool allow_abn, const fr_profile **out);
+fr_status fr_profile_get(fr_model *m, const int64_t *shape, bool allow_abn, bool allow_compress,
+                         const fr_profile **out);
 
 static inline const fr_unit_cost *fr_profile_cost(const fr_profile *p, int unit, int strategy) {
     return &p->cost[unit * FR_PROFILE_STRATEGIES + strategy];

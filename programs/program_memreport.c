@@ -43,10 +43,14 @@
 
 #define MAX_STRATEGIES 16
 #define MAX_ROWS (2 * MAX_STRATEGIES) /* each strategy in f32 and in --precision */
-#define DEFAULT_STRATEGIES "plain,inplace,recompute,abn,checkpoint,recompute+checkpoint,abn+checkpoint"
+#define DEFAULT_STRATEGIES                                                                   \
+    "plain,inplace,recompute,abn,checkpoint,recompute+checkpoint,abn+checkpoint,compress:8,"    \
+    "abn+checkpoint+compress:4,abn+checkpoint+compress:2"
 /* For models whose layers cannot take InPlace-ABN (DenseNet, pre-activation
  * ResNets: an activation's input is still read by someone else). */
-#define DEFAULT_STRATEGIES_NO_ABN "plain,inplace,recompute,checkpoint,recompute+checkpoint"
+#define DEFAULT_STRATEGIES_NO_ABN                                                            \
+    "plain,inplace,recompute,checkpoint,recompute+checkpoint,compress:8,"                       \
+    "recompute+checkpoint+compress:4,recompute+checkpoint+compress:2"
 /* Ledger events kept for the plot and the peak's phase; a ResNet-56 step
  * makes a few thousand, a checkpointed DenseNet a few tens of thousands. */
 #define TRACE_CAP (1u << 21)
@@ -62,6 +66,7 @@ typedef struct {
     fr_dtype precision;  /* f32: one row per strategy; f16 / bf16: f32 and this */
     size_t memory_limit; /* --memory-limit: ledger cap per device, 0 = none */
     size_t memory_budget; /* --memory-budget: a row for the planner's step (planner/planner.h) */
+    bool allow_compress;  /* --allow-compress: the planner may compress blocks */
 } options;
 
 /* ---- the trace: filled from the ledger's observer, which runs with the
@@ -568,7 +573,7 @@ static void usage(FILE *out) {
             "  --in-channels N     image channels (default 3)\n"
             "  --classes N         classes (default 10)\n"
             "  --strategies LIST   comma-separated strategies, each plain or a '+'-joined set of\n"
-            "                      inplace, recompute, abn, checkpoint[:K]\n"
+            "                      inplace, recompute, abn, checkpoint[:K], compress[:8|4|2]\n"
             "                      (default %s;\n"
             "                      for DenseNets and pre-activation ResNets, without abn)\n"
             "  --device cpu|cuda   (default cpu)\n"
@@ -582,7 +587,9 @@ static void usage(FILE *out) {
             "                      strategy that needs more fails with an out-of-memory error\n"
             "  --memory-budget SIZE  plan the fastest step that fits SIZE (planner/planner.h), print\n"
             "                      the plan and add its row (\"planned\"; with --svg also its\n"
-            "                      predicted curve); without --strategies the other row is plain\n",
+            "                      predicted curve); without --strategies the other row is plain\n"
+            "  --allow-compress    with --memory-budget: blocks may keep their saved activations\n"
+            "                      compressed (compress:8/4/2: it changes the gradients)\n",
             DEFAULT_STRATEGIES);
 }
 
@@ -607,6 +614,10 @@ static int parse_args(int argc, char **argv, options *o) {
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
             usage(stdout);
             return 1;
+        }
+        if (!strcmp(a, "--allow-compress")) {
+            o->allow_compress = true;
+            continue;
         }
         if (i + 1 >= argc) {
             fprintf(stderr, "memreport: %s needs a value (or unknown option; see --help)\n", a);
@@ -677,6 +688,12 @@ static int parse_args(int argc, char **argv, options *o) {
     /* before any step is measured: memreport reads no file to protect */
     if (o->svg && fr_outfile_check("--svg", o->svg, NULL, 0) != FR_OK) {
         fprintf(stderr, "memreport: %s\n", fr_last_error());
+        return -1;
+    }
+    if (o->allow_compress && !o->memory_budget) {
+        fprintf(stderr, "memreport: --allow-compress lets the --memory-budget planner compress "
+                "blocks and needs --memory-budget; without a budget name compress:B in "
+                "--strategies\n");
         return -1;
     }
     if (!o->strategies && o->memory_budget)
@@ -771,7 +788,8 @@ int fr_memreport_main(int argc, char **argv) {
     if (o.memory_budget) {
         /* the planner's row: one more, in --precision */
         tr.model->cfg.precision = o.precision;
-        fr_plan_options po = {.optim_bytes = fr_plan_optim_bytes(tr.opt)};
+        fr_plan_options po = {.optim_bytes = fr_plan_optim_bytes(tr.opt),
+                              .allow_compress = o.allow_compress};
         if (fr_plan_memory(tr.model, tr.x->shape, o.memory_budget, &po, &plan) != FR_OK) {
             fprintf(stderr, "memreport: --memory-budget: %s\n", fr_last_error());
             goto out;

@@ -39,6 +39,7 @@ typedef struct {
     double lr, momentum, wd;
     bool nesterov;
     bool dist, sync_bn; /* --dist, --sync-bn */
+    bool allow_compress; /* --allow-compress: the planner may give blocks compress:B */
     double bucket_mb;   /* --bucket-mb (0: dist's default) */
     fr_strategy strat; /* parsed --strategy */
     fr_dtype precision; /* parsed --precision (f32 when not given) */
@@ -91,6 +92,9 @@ static void usage(FILE *out) {
             "                        strategy per block, checkpoint segments and, if needed,\n"
             "                        micro-batches (replaces --strategy and --accum; abn only when\n"
             "                        --strategy names it)\n"
+            "  --allow-compress      with --memory-budget: blocks may also keep their saved\n"
+            "                        activations compressed (compress:8/4/2; it changes the\n"
+            "                        gradients, docs/MODELS.md)\n"
             "data parallel (docs/DISTRIBUTED.md): launch with mpirun -np P train ...; --batch is then\n"
             "per process (P x N images a step), and each process trains on its shard of every batch\n"
             "  --dist                require MPI (implied when started by mpirun)\n"
@@ -121,6 +125,7 @@ static fr_status parse_args(int argc, char **argv, options *o) {
         const char *v = i + 1 < argc ? argv[i + 1] : NULL;
         bool trajectory = true;
         bool is_switch = !strcmp(a, "--nesterov") || !strcmp(a, "--sync-bn") || !strcmp(a, "--dist") ||
+                         !strcmp(a, "--allow-compress") ||
                          !strcmp(a, "--augment") || !strcmp(a, "--no-augment");
         if (!is_switch && (!is_value_flag(a) || !v))
             return fr_cli_bad_flag("train", a, is_value_flag(a));
@@ -129,6 +134,8 @@ static fr_status parse_args(int argc, char **argv, options *o) {
             o->nesterov = true;
         } else if (!strcmp(a, "--sync-bn")) {
             o->sync_bn = true;
+        } else if (!strcmp(a, "--allow-compress")) {
+            o->allow_compress = true;
         } else if (!strcmp(a, "--dist")) {
             o->dist = true;
             trajectory = false;
@@ -204,6 +211,10 @@ static fr_status parse_args(int argc, char **argv, options *o) {
     FR_TRY(fr_cli_conflict(&seen, "--augment", "--no-augment", "one turns augmentation on, the other off"));
     FR_TRY(fr_cli_conflict(&seen, "--accum", "--memory-budget", "the budget's plan chooses the "
                            "micro-batches"));
+    if (o->allow_compress && !fr_cli_seen_get(&seen, "--memory-budget"))
+        return fr_error(FR_ERR_ARG, "--allow-compress lets the --memory-budget planner compress "
+                        "blocks and needs --memory-budget; without a budget name compress:B in "
+                        "--strategy");
     if (o->optimizer != OPT_SGD) {
         FR_TRY(fr_cli_conflict(&seen, "--optimizer", "--momentum", "momentum is an SGD setting (adam and "
                                "adamw use their betas)"));
@@ -653,6 +664,7 @@ static fr_status plan_memory(const options *o, run *r) {
     size_t batch_bytes = (size_t)(shape[0] * (ds->c * ds->h * ds->w * 4 + 4));
     fr_device dev = fr_device_of(r->model->params->items[0].tensor);
     fr_plan_options po = {.allow_abn = r->model->cfg.strategy.abn,
+                          .allow_compress = o->allow_compress,
                           .optim_bytes = fr_plan_optim_bytes(r->opt),
                           .extra_bytes = fr_mem_current(dev, FR_TAG_DATA) + 2 * batch_bytes};
     fr_mem_set_phase("planning", 0);

@@ -36,6 +36,33 @@ static inline float fr_dropout_uniform(uint64_t seed, uint64_t i) {
     return (float)(fr_rng_at(seed, i) >> 40) * (1.0f / 16777216.0f);
 }
 
+/* Stochastic rounding's uniform in [0, 1) for element j (< 2^32) of group
+ * stream `key` (kernels.def: compress_pack): MurmurHash3's 32-bit
+ * finaliser, 24 bits. 32-bit arithmetic, so the CPU's loop over a group
+ * vectorises (AVX2 and AVX-512 have 32-bit lane multiplies; a 64-bit
+ * counter made packing 3x slower than the copy it replaces). */
+#ifdef __CUDACC__
+__host__ __device__
+#endif
+static inline float fr_compress_uniform(uint32_t key, uint32_t j) {
+    uint32_t h = key ^ (j * 0x9E3779B9u);
+    h ^= h >> 16;
+    h *= 0x85EBCA6Bu;
+    h ^= h >> 13;
+    h *= 0xC2B2AE35u;
+    h ^= h >> 16;
+    return (float)(int32_t)(h >> 8) * (1.0f / 16777216.0f);
+}
+
+/* The key of group g of a tensor packed under `seed` (tensor/rng.h's
+ * stream), so every group of every packed tensor draws its own stream. */
+#ifdef __CUDACC__
+__host__ __device__
+#endif
+static inline uint32_t fr_compress_key(uint64_t seed, uint64_t g) {
+    return (uint32_t)(fr_rng_at(seed, g) >> 32);
+}
+
 /* The stream whose element j is element off + j of stream `seed`:
  * fr_dropout_uniform(fr_dropout_seed_at(seed, off), j) ==
  * fr_dropout_uniform(seed, off + j), so a tensor can be masked block by block

@@ -299,6 +299,16 @@ fr_status fr_unscale_(fr_tensor *x, float inv_scale);
 fr_status fr_dropout_forward(fr_tensor *y, const fr_tensor *x, float p, uint64_t seed);
 fr_status fr_dropout_backward(fr_tensor *dx, const fr_tensor *dy, float p, uint64_t seed);
 
+/* ---- compressed saved activations (ops_compress.c; kernels.def says the
+ * format). x f32, contiguous; packed / mask u8, contiguous, one dimension of
+ * fr_compress_nbytes(bits, numel(x)) / fr_sign_nbytes(numel(x)) elements,
+ * on x's device; bits 8, 4 or 2. ---- */
+fr_status fr_compress_pack_out(fr_tensor *packed, const fr_tensor *x, int bits, uint64_t seed);
+fr_status fr_compress_unpack_out(fr_tensor *x, const fr_tensor *packed, int bits);
+/* mask bit = x > 0; unpack writes 1 or 0 */
+fr_status fr_sign_pack_out(fr_tensor *mask, const fr_tensor *x);
+fr_status fr_sign_unpack_out(fr_tensor *y, const fr_tensor *mask);
+
 #ifdef __cplusplus
 }
 #endif

@@ -5,6 +5,7 @@
 #define FR_SHAPES_H
 
 #include <stdbool.h>
+#include <stddef.h>
 
 typedef struct {
     int n, c, h, w;   /* input (N,C,H,W) */
@@ -136,5 +137,17 @@ typedef enum {
     FR_LOSS_BCE_LOGITS,
     FR_LOSS_COUNT
 } fr_pointwise_loss;
+
+/* Compressed saved activations (kernels.def: compress_pack): elements per
+ * group, and the bytes of the packed form of n elements at `bits` (8, 4, 2):
+ * lo and step (two f32) plus FR_COMPRESS_GROUP * bits / 8 bytes of codes a
+ * group. */
+#define FR_COMPRESS_GROUP 256
+static inline size_t fr_compress_nbytes(int bits, size_t n) {
+    size_t groups = (n + FR_COMPRESS_GROUP - 1) / FR_COMPRESS_GROUP;
+    return groups * (2 * sizeof(float) + (size_t)FR_COMPRESS_GROUP * (size_t)bits / 8);
+}
+/* Bytes of a sign mask of n elements (kernels.def: sign_pack). */
+static inline size_t fr_sign_nbytes(size_t n) { return (n + 7) / 8; }
 
 #endif

@@ -169,6 +169,7 @@ void fr_release(fr_tensor *t) {
         return;
     fr_release(t->grad);
     fr_recipe_release(t->recipe);
+    fr_recipe_release(t->packed);
     storage_release(t->storage);
     free(t);
     atomic_fetch_sub(&live_tensors, 1);

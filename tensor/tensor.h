@@ -70,6 +70,11 @@ typedef struct fr_tensor {
     uint64_t grad_fn_gen;          /*   with this sequence number is on it */
     int grad_fn_out;               /* which output of grad_fn */
     fr_recipe *recipe;             /* owned; set when the values can be recomputed */
+    fr_recipe *packed;             /* owned; the compressed copy the tape made of these
+                                      values (autograd/compressed.c), so two ops saving
+                                      one tensor share one copy; valid while the storage
+                                      is at packed_version */
+    uint64_t packed_version;
     const char *name;              /* optional, static or owned elsewhere */
 } fr_tensor;
 

@@ -1,0 +1,147 @@
+/* compressed.c: the third form of a saved tensor, beside held and recipe
+ * (docs/ARCHITECTURE.md, "Saved tensors: held, recipe or compressed").
+ *
+ * Under compress:B (fr_compress_enter) an op that saves an activation through
+ * fr_node_save_activation keeps B-bit codes per group of FR_COMPRESS_GROUP
+ * elements (kernels.def: compress_pack) instead of the tensor, and one that
+ * needs only the sign of its output (ReLU, leaky ReLU) keeps one bit per
+ * element (fr_node_save_sign). Both are recipes whose make() decodes, so the
+ * engine unpacks them like any recipe, just before the backward that reads
+ * them, and frees the decoded tensor after it. The codes live in a u8
+ * tensor allocated under FR_TAG_SAVED, so the ledger's `saved` is their
+ * exact size; the original activation is not held and dies with its last
+ * forward reference.
+ *
+ * The rounding's random stream is keyed by one seed per packed tensor, drawn
+ * from the random-op generator (fr_random_next_seed), and the element index:
+ * a checkpointed segment's replay restores that generator and so draws the
+ * same codes, and no code depends on the thread count. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "autograd.h"
+
+typedef struct {
+    fr_recipe base;
+    fr_tensor *packed;  /* u8 codes (FR_TAG_SAVED) */
+    int bits;           /* 8, 4, 2; 1: a sign mask */
+    fr_device device;
+    int ndim;
+    int64_t shape[FR_MAX_DIMS];
+} packed_recipe;
+
+static _Thread_local int compress_bits;
+
+fr_status fr_compress_enter(int bits, int *previous) {
+    if (bits != 0 && bits != 8 && bits != 4 && bits != 2)
+        return fr_error(FR_ERR_ARG, "compress: bits must be 8, 4 or 2 (0: off), got %d", bits);
+    *previous = compress_bits;
+    compress_bits = bits;
+    return FR_OK;
+}
+
+void fr_compress_restore(int previous) { compress_bits = previous; }
+
+int fr_compress_bits(void) { return compress_bits; }
+
+static fr_tensor *packed_make(fr_recipe *self) {
+    packed_recipe *r = (packed_recipe *)self;
+    fr_tensor *y = fr_empty(r->device, FR_F32, r->ndim, r->shape, FR_TAG_TRANSIENT);
+    if (!y)
+        return NULL;
+    fr_status st = r->bits == 1 ? fr_sign_unpack_out(y, r->packed)
+                                : fr_compress_unpack_out(y, r->packed, r->bits);
+    if (st != FR_OK)
+        fr_clear(&y);
+    return y;
+}
+
+static void packed_destroy(fr_recipe *self) {
+    packed_recipe *r = (packed_recipe *)self;
+    fr_release(r->packed);
+    free(r);
+}
+
+/* Whether t is an activation compression applies to: one the forward made
+ * (its storage's home is `transient`: parameters and input batches are
+ * counted as what they are and held), contiguous. A half activation is
+ * refused rather than held at full width, so compress:B never quietly keeps
+ * more than it says. */
+static fr_status eligible(const fr_tensor *t, bool *yes) {
+    *yes = compress_bits && t->storage->home_tag == FR_TAG_TRANSIENT && fr_is_contiguous(t) &&
+           fr_numel(t) > 0;
+    if (*yes && t->dtype != FR_F32)
+        return fr_error(FR_ERR_DTYPE,
+                        "compress:%d: an activation of dtype %s was to be saved compressed; "
+                        "compression takes f32 activations only (run in f32, or without compress)",
+                        compress_bits, fr_dtype_name(t->dtype));
+    return FR_OK;
+}
+
+static fr_recipe *pack(fr_tensor *t, int bits) {
+    size_t n = (size_t)fr_numel(t);
+    int64_t bytes = (int64_t)(bits == 1 ? fr_sign_nbytes(n) : fr_compress_nbytes(bits, n));
+    packed_recipe *r = calloc(1, sizeof *r);
+    if (!r) {
+        fr_error(FR_ERR_OOM, "compress: out of memory");
+        return NULL;
+    }
+    r->base = (fr_recipe){.refcount = 1, .op = bits == 1 ? "sign mask" : "compress",
+                          .make = packed_make, .destroy = packed_destroy};
+    r->bits = bits;
+    r->device = fr_device_of(t);
+    r->ndim = t->ndim;
+    memcpy(r->shape, t->shape, sizeof r->shape);
+    r->packed = fr_empty(r->device, FR_U8, 1, &bytes, FR_TAG_SAVED);
+    fr_status st = !r->packed          ? fr_last_status()
+                   : bits == 1         ? fr_sign_pack_out(r->packed, t)
+                                       : fr_compress_pack_out(r->packed, t, bits,
+                                                              fr_random_next_seed());
+    if (st != FR_OK) {
+        packed_destroy(&r->base);
+        return NULL;
+    }
+    return &r->base;
+}
+
+fr_status fr_compressed_of(fr_tensor *t, fr_recipe **out) {
+    *out = NULL;
+    bool yes;
+    FR_TRY(eligible(t, &yes));
+    if (!yes)
+        return FR_OK;
+    const packed_recipe *cached = (const packed_recipe *)t->packed;
+    if (!cached || t->packed_version != t->storage->version || cached->bits != compress_bits) {
+        fr_recipe *r = pack(t, compress_bits);
+        if (!r)
+            return fr_last_status();
+        fr_recipe_release(t->packed);
+        t->packed = r;
+        t->packed_version = t->storage->version;
+    }
+    *out = fr_recipe_retain(t->packed);
+    return FR_OK;
+}
+
+int fr_node_save_activation(fr_node *node, fr_tensor *t, bool use_recipe) {
+    FR_ASSERT(t);
+    if (use_recipe && t->recipe)
+        return fr_node_save_recipe(node, fr_recipe_retain(t->recipe));
+    fr_recipe *r;
+    if (fr_compressed_of(t, &r) != FR_OK)
+        return -1;
+    return r ? fr_node_save_recipe(node, r) : fr_node_save_held(node, t);
+}
+
+int fr_node_save_sign(fr_node *node, fr_tensor *t) {
+    FR_ASSERT(t);
+    if (t->recipe)
+        return fr_node_save(node, t);
+    bool yes;
+    if (eligible(t, &yes) != FR_OK)
+        return -1;
+    if (!yes)
+        return fr_node_save_held(node, t);
+    fr_recipe *r = pack(t, 1);
+    return r ? fr_node_save_recipe(node, r) : -1;
+}

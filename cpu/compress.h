@@ -1,0 +1,14 @@
+/* cpu/compress.h: the compress kernels of kernels.def on a named ISA path,
+ * so tests can hold the AVX2 and AVX-512 paths to the scalar reference.
+ * Internal to cpu/ and tests. An isa above the machine's is lowered to it. */
+#ifndef FR_CPU_COMPRESS_H
+#define FR_CPU_COMPRESS_H
+
+#include "isa.h"
+
+fr_status fr_cpu_compress_pack_isa(fr_cpu_isa isa, uint8_t *packed, const float *x, int bits,
+                                   uint64_t seed, size_t n);
+fr_status fr_cpu_compress_unpack_isa(fr_cpu_isa isa, float *x, const uint8_t *packed, int bits,
+                                     size_t n);
+
+#endif
