@@ -16,6 +16,7 @@
 #include <string.h>
 
 #include "functions.h"
+#include "node.h"
 
 enum { CONV_X = 0, CONV_W, CONV_B };
 

@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "functions.h"
+#include "node.h"
 
 typedef enum { POOL_MAX, POOL_AVG, POOL_GLOBAL } pool_kind;
 

@@ -59,10 +59,7 @@ fr_status fr_linear_forward(fr_tensor *y, const fr_tensor *x, const fr_tensor *w
 fr_status fr_linear_backward(fr_tensor *dx, fr_tensor *dw, fr_tensor *db, const fr_tensor *dy,
                              const fr_tensor *x, const fr_tensor *w);
 
-/* ---- convolution (ops_conv.c), groups = 1 ---- */
-typedef struct {
-    int stride, pad;
-} fr_conv_params;
+/* ---- convolution (ops_conv.c), groups = 1; fr_conv_params in shapes.h ---- */
 /* The output shape for x (N,C,H,W) and w (K,C,R,S), or an error. */
 fr_status fr_conv2d_shape(const fr_tensor *x, const fr_tensor *w, fr_conv_params p, fr_conv_shape *s);
 /* y (N,K,OH,OW) = conv(x, w) + b; b (K) may be NULL */
@@ -136,10 +133,7 @@ fr_status fr_bn_act_backward(fr_tensor *dx, fr_tensor *dz, fr_tensor *dgamma, fr
 typedef fr_status (*fr_bn_sum_fn)(double *values, int n, void *ctx);
 void fr_batch_norm_set_sync(fr_bn_sum_fn fn, void *ctx);
 
-/* ---- pooling (ops_pool.c) ---- */
-typedef struct {
-    int kernel, stride, pad;
-} fr_pool_params;
+/* ---- pooling (ops_pool.c); fr_pool_params in shapes.h ---- */
 fr_status fr_pool2d_shape(const fr_tensor *x, fr_pool_params p, fr_pool_shape *s);
 fr_status fr_max_pool2d_forward(fr_tensor *y, const fr_tensor *x, fr_pool_params p);
 fr_status fr_max_pool2d_backward(fr_tensor *dx, const fr_tensor *dy, const fr_tensor *x, fr_pool_params p);

@@ -1,8 +1,20 @@
 /* shapes.h: the shape records of convolution and pooling, filled by
  * fr_conv2d_shape / fr_pool2d_shape (ops.h) and handed to the kernels
- * (kernels.def), and the activations (fr_act). Public: a program may ask for an output shape. */
+ * (kernels.def), the parameters they are made from, and the activations
+ * (fr_act). Public: a program may ask for an output shape. */
 #ifndef FR_SHAPES_H
 #define FR_SHAPES_H
+
+/* What a convolution (groups 1) and a pooling take besides their tensors,
+ * in the differentiable functions (autograd/functions.h) and the build
+ * API's layers (nn/build.h) as in the tape-free ops (ops.h). */
+typedef struct {
+    int stride, pad;
+} fr_conv_params;
+
+typedef struct {
+    int kernel, stride, pad;
+} fr_pool_params;
 
 typedef struct {
     int n, c, h, w;   /* input (N,C,H,W) */
