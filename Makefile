@@ -150,17 +150,22 @@ LIB := $(BUILD)/libfrugal.a
 SHLIB := $(BUILD)/libfrugal.so.$(VERSION)
 CONFIG_H := $(BUILD)/include/frugal/config.h
 
-# What `make install` puts under include/frugal/ (sub-folders kept): the
-# public headers. Everything else (tensor/kernels.h, kernels.def, staging.h,
-# cuda/, io/json.h) is internal; scripts/check-headers.sh refuses a public
-# header that includes a header not in this list.
+# What `make install` puts under include/frugal/ (sub-folders kept): two
+# tiers. PUBLIC_HEADERS, for programs, is frugal.h and what it includes;
+# EXT_HEADERS, for op authors, is ext.h and what it adds (the node API and
+# the tape-free ops). Everything else (tensor/kernels.h, kernels.def,
+# staging.h, cuda/, io/json.h, nn/layers.h, nn/seg_split.h,
+# programs/cli_impl.h, ...) is internal; scripts/check-headers.sh refuses a
+# tier that includes a header below it or a list that is not what the
+# umbrella headers reach.
 PUBLIC_HEADERS := frugal.h tensor/fr_base.h tensor/shapes.h tensor/tensor.h tensor/memory.h \
-  tensor/ops.h tensor/cuda.h tensor/rng.h autograd/autograd.h autograd/functions.h \
-  nn/norm.h nn/build.h nn/layers.h nn/model.h nn/params.h nn/seg_split.h \
+  tensor/cuda.h tensor/rng.h autograd/autograd.h autograd/functions.h \
+  nn/build.h nn/init.h nn/model.h nn/params.h \
   models/densenet.h models/registry.h models/resnet.h planner/planner.h \
   train/amp.h train/state.h train/optim.h train/schedule.h train/train.h \
   io/outfile.h io/safetensors.h programs/cli.h programs/programs.h dist/dist.h \
   data/augment.h data/dataset.h data/loader.h data/rng.h
+EXT_HEADERS := ext.h autograd/node.h tensor/ops.h
 # The programs, installed as frugal-train, frugal-validate, frugal-memreport
 # and linked against libfrugal.so (docs/INSTALL.md says why three programs).
 PROGRAMS := train validate memreport
@@ -175,7 +180,7 @@ BENCH_SRC := $(filter-out bench/peak_alloc.c,$(wildcard bench/*.c))
 BENCH_BIN := $(BENCH_SRC:bench/%.c=$(BUILD)/bench/%) $(BUILD)/bench/peak_alloc.so
 
 .PHONY: all lib tests test test-only test-multihost demo bench bench-build print-cuda-config asan fuzz fuzz-build fuzz-seeds fixtures deps clean examples \
-  install uninstall check-install check-headers check-docs FORCE
+  install uninstall check-install check-headers check-docs check-includes FORCE
 all: lib examples
 lib: $(LIB) $(SHLIB) $(PROGRAMS_LIB) $(CUDA_LIB)
 examples: $(EXAMPLE_BIN)
@@ -186,6 +191,7 @@ $(CONFIG_H): FORCE
 	  $(if $(findstring -lopenblas,$(LDLIBS)),1,0) $(if $(findstring -ldnnl,$(LDLIBS)),1,0) \
 	  $(if $(findstring -march=native,$(CFLAGS)),1,0) $(CUDA_BACKEND_FILE) $(if $(HAVE_NCCL),1,0)
 	@ln -sfn $(CURDIR)/frugal.h $(dir $@)frugal.h  # <frugal/frugal.h> in the tree, as installed
+	@ln -sfn $(CURDIR)/ext.h $(dir $@)ext.h
 
 # Every object depends on config.h, which changes with the options (NATIVE,
 # CUDA, BLAS): switching one rebuilds everything.
@@ -260,17 +266,21 @@ $(BUILD)/frugal.pc: FORCE
 	  'Libs.private: $(LDLIBS) $(PROG_LDFLAGS)' >$@
 
 check-headers:
-	@bash scripts/check-headers.sh $(PUBLIC_HEADERS)
+	@bash scripts/check-headers.sh $(PUBLIC_HEADERS) -- $(EXT_HEADERS)
 
 # Every repository path and fr_/FR_ name the docs and comments cite exists.
 check-docs:
 	@python3 scripts/check-docs.py
 
+# The one-way include arrows between folders (docs/ARCHITECTURE.md's map).
+check-includes:
+	@python3 scripts/check-includes.py
+
 INSTALLED_LIBS := libfrugal.a libfrugal_programs.a libfrugal.so libfrugal.so.$(VERSION_MAJOR) libfrugal.so.$(VERSION) \
   $(CUDA_BACKEND_FILE)
 install: check-headers all $(INSTALL_BIN) $(BUILD)/frugal.pc
 	install -d $(DESTDIR)$(BINDIR) $(DESTDIR)$(LIBDIR)/pkgconfig $(DESTDIR)$(INCLUDEDIR)/frugal
-	for h in $(PUBLIC_HEADERS); do install -D -m 644 $$h $(DESTDIR)$(INCLUDEDIR)/frugal/$$h || exit 1; done
+	for h in $(PUBLIC_HEADERS) $(EXT_HEADERS); do install -D -m 644 $$h $(DESTDIR)$(INCLUDEDIR)/frugal/$$h || exit 1; done
 	install -m 644 $(CONFIG_H) $(DESTDIR)$(INCLUDEDIR)/frugal/config.h
 	install -m 644 $(LIB) $(DESTDIR)$(LIBDIR)/libfrugal.a
 	install -m 644 $(PROGRAMS_LIB) $(DESTDIR)$(LIBDIR)/libfrugal_programs.a
@@ -303,7 +313,7 @@ test:
 	@bash scripts/install-deps.sh test
 	@$(MAKE) --no-print-directory test-only
 
-test-only: all tests check-docs
+test-only: all tests check-docs check-includes
 	@FR_TEST_TIMEOUT=$(or $(TEST_TIMEOUT),$(FR_TEST_TIMEOUT),600) bash tests/run_tests.sh $(BUILD)/tests
 
 # Data parallel across network namespaces as hosts, over TCP (root only;

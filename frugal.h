@@ -1,4 +1,4 @@
-/* frugal.h: everything a program needs, in one include: tensors and the
+/* frugal.h: the user tier, everything a program needs, in one include: tensors and the
  * memory ledger, the GPU (tensor/cuda.h), autograd and the differentiable ops,
  * the model-building API and the built-in models, the model registry, the
  * training loop, optimizers and schedules, mixed precision, safetensors and
@@ -10,7 +10,11 @@
  * in the tree, the build links <build>/include/frugal/frugal.h to this file.
  * The includes below are quoted and relative to this file, so they resolve
  * beside it once installed and through -I. in the tree. config.h, generated
- * by the build, records its options and version. */
+ * by the build, records its options and version.
+ *
+ * The headers come in two tiers (docs/ARCHITECTURE.md): this one, for
+ * programs, and <frugal/ext.h>, for op authors (the tape's node API, the
+ * tape-free ops); a header in neither is internal and is not installed. */
 #ifndef FRUGAL_H
 #define FRUGAL_H
 
@@ -36,12 +40,9 @@
 #include "train/train.h"
 #include "tensor/cuda.h"
 #include "tensor/memory.h"
-#include "tensor/ops.h"
 #include "tensor/tensor.h"
 
-#include "nn/norm.h"
-#include "nn/layers.h"
-#include "nn/seg_split.h"
+#include "nn/init.h"
 #include "planner/planner.h"
 #include "io/safetensors.h"
 

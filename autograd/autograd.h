@@ -1,4 +1,7 @@
-/* autograd.h: the tape, its nodes, saved tensors, grad mode and backward.
+/* autograd.h: the tape, grad mode, autocast and backward: what a program
+ * that trains calls. How an op records a node and saves tensors (the
+ * extension tier, for op authors) is autograd/node.h; the description of
+ * both is here.
  *
  * Define-by-run: a differentiable op (autograd/fn_*.c) computes its output
  * with tensor/ops.h and, when fr_should_record() says so, appends a node to
@@ -33,72 +36,22 @@
 #ifndef FR_AUTOGRAD_H
 #define FR_AUTOGRAD_H
 
-#include "../tensor/ops.h"
+#include "../tensor/shapes.h"
 #include "../tensor/tensor.h"
 
 #ifdef __cplusplus
 extern "C" {
 #endif
 
+/* A node of the tape; its record and the API that makes one (for an op
+ * author) are in autograd/node.h. */
 typedef struct fr_node fr_node;
-
-/* dout[i]: gradient of output i (never NULL: an output that received no
- * gradient gets zeros when another output did). din[j]: the function sets a
- * NEW reference for every input j with fr_node_needs_grad(node, j) and may
- * leave others NULL. dout tensors may be shared with other consumers: a
- * backward may write into dout[i] (to reuse it as a din) only when both
- * dout[i]->refcount and dout[i]->storage->refcount are 1. The same tensor
- * (or a view of dout) may be returned for several inputs; the engine copies
- * before it accumulates into shared bytes. */
-typedef fr_status (*fr_backward_fn)(fr_node *node, fr_tensor *const *dout, fr_tensor **din);
-
-typedef enum { FR_EDGE_NONE = 0, FR_EDGE_LEAF, FR_EDGE_NODE } fr_edge_kind;
-typedef struct {
-    fr_edge_kind kind;
-    fr_tensor *leaf;     /* FR_EDGE_LEAF: the leaf (a reference) */
-    fr_node *node;       /* FR_EDGE_NODE: the producer, valid while a node */
-    uint64_t seq;        /*   with this sequence number is on the tape */
-    const char *op;      /* the producer's op, for errors once it is freed */
-    int output;          /* which output of the producer */
-} fr_edge;
-
-typedef struct {
-    fr_tensor *held;          /* held form; NULL for a recipe */
-    uint64_t version;         /* storage version when saved */
-    fr_recipe *recipe;        /* recipe form (a reference) */
-} fr_saved;
-
-struct fr_node {
-    const char *op;           /* "conv2d": named in errors */
-    fr_backward_fn backward;
-    void *ctx;                /* op parameters and small state */
-    void (*ctx_free)(void *ctx);
-    int n_inputs;
-    fr_edge *inputs;
-    int n_outputs;
-    fr_tensor **grads;        /* accumulated gradient per output */
-    int64_t (*out_shapes)[FR_MAX_DIMS];
-    int *out_ndims;
-    fr_dtype *out_dtypes;     /* a missing output gradient is zeros of this dtype */
-    fr_device device;
-    int n_saved, cap_saved;
-    fr_saved *saved;
-    uint64_t seq;             /* creation order; unique in the process */
-    uint64_t mark;            /* id of the last backward that reached it */
-};
 
 /* ---- grad mode ---- */
 /* Nestable: while the depth is > 0 no node is recorded and nothing is saved. */
 void fr_no_grad_enter(void);
 void fr_no_grad_exit(void);
 bool fr_grad_enabled(void);
-
-/* Recomputation mode (nestable): set while backward re-runs forward code
- * (checkpointed segments). Ops that update state in forward — BN running
- * statistics — skip the update then, so a step updates them exactly once. */
-void fr_recompute_enter(void);
-void fr_recompute_exit(void);
-bool fr_in_recompute(void);
 
 /* Autocast (nestable, per thread): while a half dtype is entered, ops that
  * create activations from weights (conv2d, linear) produce that dtype, and
@@ -132,65 +85,6 @@ bool fr_has_grad_fn(const fr_tensor *t);
 void fr_zero_grad(fr_tensor *t);
 /* A view of t that is cut off from the tape. */
 fr_tensor *fr_detach(fr_tensor *t);
-
-/* ---- writing a differentiable op ---- */
-/* Whether an op with these inputs (NULL entries ignored) must record. */
-bool fr_should_record(int n, fr_tensor *const *inputs);
-/* Appends a node. Input edges are taken from the inputs' current state, so an
- * inplace op must call this before rebinding its output. Returns NULL with
- * FR_ERR_GRAPH when an input comes from a graph that backward already freed. */
-fr_node *fr_node_new(const char *op, fr_backward_fn backward, int n_inputs,
-                     fr_tensor *const *inputs, int n_outputs);
-/* Makes `t` output `index` of the node (sets grad_fn, requires_grad). */
-void fr_node_set_output(fr_node *node, int index, fr_tensor *t);
-/* Takes ownership of ctx; ctx_free (may be NULL for plain free) runs when the
- * node is freed. */
-void fr_node_set_ctx(fr_node *node, void *ctx, void (*ctx_free)(void *));
-bool fr_node_needs_grad(const fr_node *node, int input);
-/* Saves t: as its recipe when it carries one, else held. Returns the index
- * or -1 with an error. */
-int fr_node_save(fr_node *node, fr_tensor *t);
-/* Saves t held even if it carries a recipe (for ops whose own recipe is
- * built from t). */
-int fr_node_save_held(fr_node *node, fr_tensor *t);
-/* Saves a recipe directly (takes the caller's reference). */
-int fr_node_save_recipe(fr_node *node, fr_recipe *r);
-/* ---- compressed saved activations (autograd/compressed.c; the strategy
- * compress:B) ----
- * While bits (8, 4 or 2; 0: off) are entered on this thread, the save
- * functions below keep an activation as bits-wide codes per group of
- * FR_COMPRESS_GROUP elements with stochastic rounding (tensor/kernels.def),
- * or a sign as one bit, under FR_TAG_SAVED; unpacking decodes to a new f32
- * tensor. Only tensors the forward made (storage home `transient`) are
- * compressed; parameters and input batches are held. A f16 / bf16
- * activation is FR_ERR_DTYPE. enter stores the bits in force before in
- * *previous, for fr_compress_restore; FR_ERR_ARG for other bits. */
-fr_status fr_compress_enter(int bits, int *previous);
-void fr_compress_restore(int previous);
-int fr_compress_bits(void);
-/* Saves an activation that backward reads by value: as t's recipe when
- * use_recipe and t carries one, else compressed when compression is on and
- * applies, else held. A tensor two ops save is packed once (the copy is kept
- * on t while its storage version stays). */
-int fr_node_save_activation(fr_node *node, fr_tensor *t, bool use_recipe);
-/* Saves a tensor of which backward reads only whether each element is > 0
- * (the output of ReLU or leaky ReLU): one bit per element when compression
- * is on and applies (unpacked as 1 or 0), else as fr_node_save. */
-int fr_node_save_sign(fr_node *node, fr_tensor *t);
-/* The compressed copy of t (a new reference) in *out, or NULL when
- * compression is off or does not apply to t. */
-fr_status fr_compressed_of(fr_tensor *t, fr_recipe **out);
-/* A new reference to saved tensor i (recomputed for a recipe), or NULL with
- * FR_ERR_VERSION when a held tensor was written inplace after saving. */
-fr_tensor *fr_node_unpack(fr_node *node, int i);
-/* Releases saved entry i early (after its last use in backward). */
-void fr_node_drop_saved(fr_node *node, int i);
-/* The common case of one input x and one output y (record.c): when an op
- * must record, a node `op` whose ctx is a malloc'd copy of the ctx_size
- * bytes at ctx (none when 0), which saves `save` (fr_node_save; NULL for
- * nothing) and outputs y. FR_OK when nothing records. */
-fr_status fr_record_unary(const char *op, fr_backward_fn backward, fr_tensor *x, fr_tensor *y,
-                          const void *ctx, size_t ctx_size, fr_tensor *save);
 
 /* ---- the tape ---- */
 /* Runs backward from a one-element tensor, seeding its gradient with 1. */

@@ -20,6 +20,7 @@
 #include <string.h>
 
 #include "autograd.h"
+#include "node.h"
 
 typedef struct {
     fr_recipe base;

@@ -9,6 +9,7 @@
 #include <stdlib.h>
 
 #include "functions.h"
+#include "node.h"
 
 enum { BN_X = 0, BN_GAMMA, BN_BETA };
 

@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "functions.h"
+#include "node.h"
 
 typedef struct {
     fr_binary_op op;

@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "functions.h"
+#include "node.h"
 
 /* Everything the replay reads is owned here, copied at forward time: the
  * segment's description (fn_ctx, a byte copy), the random state and the

@@ -2,6 +2,7 @@
  * element was inside the bounds cannot be told from a clamped output equal
  * to a bound. */
 #include "functions.h"
+#include "node.h"
 
 typedef struct {
     float lo, hi;

@@ -11,6 +11,7 @@
 #include <stdlib.h>
 
 #include "functions.h"
+#include "node.h"
 
 typedef struct {
     int count;

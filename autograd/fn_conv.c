@@ -18,6 +18,7 @@
 #include <string.h>
 
 #include "functions.h"
+#include "node.h"
 
 enum { CONV_X = 0, CONV_W, CONV_B };
 

@@ -2,6 +2,7 @@
 #include <stdlib.h>
 
 #include "functions.h"
+#include "node.h"
 
 typedef struct {
     float p;

@@ -2,6 +2,7 @@
 #include <stdlib.h>
 
 #include "functions.h"
+#include "node.h"
 
 /* A transient tensor shaped like `like`, or NULL. */
 static fr_tensor *new_like(const fr_tensor *like) { return fr_empty_like(like, FR_TAG_TRANSIENT); }

@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "functions.h"
+#include "node.h"
 
 /* Inputs: linear (x, w, b); matmul (a, b) uses the first two slots. */
 enum { MM_A = 0, MM_B, MM_BIAS };

@@ -5,6 +5,7 @@
 #include <stdlib.h>
 
 #include "functions.h"
+#include "node.h"
 
 static fr_status ce_backward(fr_node *node, fr_tensor *const *dout, fr_tensor **din) {
     fr_tensor *logits = fr_node_unpack(node, 0);

@@ -12,6 +12,7 @@
 #include <stdlib.h>
 
 #include "functions.h"
+#include "node.h"
 
 typedef struct {
     int groups;

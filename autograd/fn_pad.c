@@ -4,6 +4,7 @@
 #include <string.h>
 
 #include "functions.h"
+#include "node.h"
 
 typedef struct {
     int pad[4];

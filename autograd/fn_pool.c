@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "functions.h"
+#include "node.h"
 
 typedef enum { POOL_MAX, POOL_AVG, POOL_GLOBAL, POOL_ADAPTIVE } pool_kind;
 

@@ -2,6 +2,7 @@
  * node keeps the output only: both gradients are functions of it
  * (kernels.def: softmax_backward). */
 #include "functions.h"
+#include "node.h"
 
 typedef struct {
     int dim;

@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "functions.h"
+#include "node.h"
 
 typedef struct {
     fr_upsample_opts o;

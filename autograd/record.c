@@ -4,6 +4,7 @@
 #include <string.h>
 
 #include "autograd.h"
+#include "node.h"
 
 fr_status fr_record_unary(const char *op, fr_backward_fn backward, fr_tensor *x, fr_tensor *y,
                           const void *ctx, size_t ctx_size, fr_tensor *save) {

@@ -1,5 +1,6 @@
 /* tape.c: grad mode, nodes, saved tensors and the backward engine. */
 #include "autograd.h"
+#include "node.h"
 #include "../tensor/rng.h"
 
 #include <stdatomic.h>

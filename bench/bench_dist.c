@@ -28,7 +28,7 @@
 
 #include "dist/dist.h"
 #include "frugal.h"
-#include "programs/cli.h"
+#include "programs/cli_impl.h"
 
 static fr_status fill_batch(fr_tensor *x, fr_tensor *y, uint32_t seed) {
     float *px = fr_data_f32(x);

@@ -57,7 +57,7 @@
 #include "frugal.h"
 #include "train/amp.h"
 #include "models/densenet.h"
-#include "nn/layers.h"
+#include "nn/init.h"
 #include "train/optim.h"
 #include "models/resnet.h"
 

@@ -31,7 +31,7 @@
 #include <cblas.h>
 #endif
 
-#include "frugal.h"
+#include "ext.h" /* the tape-free ops it times */
 
 typedef struct {
     int reps;          /* timed repetitions; the median is reported */

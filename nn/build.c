@@ -1,9 +1,80 @@
-/* build.c: the module tree, its names, and the layers; see build.h. */
+/* build.c: the model (its life and forward, model.h), the module tree, its
+ * names, and the layers; see build.h. */
 #include "module_impl.h"
 
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+
+/* ---- the model: its life and its forward (model.h) ---- */
+
+/* A model with an empty registry; fr_model_new gives it its module tree. */
+static fr_model *model_alloc(const char *name, int in_channels, int num_classes) {
+    fr_model *m = calloc(1, sizeof *m);
+    if (!m || !(m->params = fr_params_new())) {
+        free(m);
+        fr_error(FR_ERR_OOM, "model %s: out of memory", name);
+        return NULL;
+    }
+    snprintf(m->name, sizeof m->name, "%s", name);
+    m->in_channels = in_channels;
+    m->num_classes = num_classes;
+    return m;
+}
+
+void fr_model_free(fr_model *m) {
+    if (!m)
+        return;
+    fr_model_build_free(m->build);
+    fr_params_free(m->params);
+    free(m);
+}
+
+/* FR_OK when the model can honour its strategy, else FR_ERR_ARG naming the
+ * model and the strategy (what can only be found while running, abn over
+ * an input read elsewhere, the norm layers report). */
+static fr_status check_strategy(const fr_model *m) {
+    fr_strategy s = m->cfg.strategy;
+    char text[96];
+    fr_strategy_format(s, text, sizeof text);
+    if (!m->build || !m->build->finished)
+        return fr_error(FR_ERR_ARG, "%s: the model was not finished (fr_model_finish)", m->name);
+    bool per_layer = s.inplace || s.recompute || s.abn || s.abn_reference;
+    if (per_layer && m->build->n_norms == 0)
+        return fr_error(FR_ERR_ARG, "%s: strategy %s cannot apply: the model has no norm layer "
+                        "(BatchNorm + activation, fr_norm_new), where inplace, recompute and abn "
+                        "act", m->name, text);
+    if (s.checkpoint) {
+        /* some sequence must have two steps: the root's, or a dense module's */
+        bool any = m->build->root->n_steps >= 2;
+        for (const fr_module *mod = m->build->modules; mod && !any; mod = mod->next)
+            any = mod->kind == FR_MODULE_DENSE && mod->n_children >= 2;
+        if (!any)
+            return fr_error(FR_ERR_ARG, "%s: strategy %s cannot apply: the model has nothing to "
+                            "cut into segments (its root runs one step, a layer, block or dense "
+                            "module, and no dense module has two children)", m->name, text);
+    }
+    return FR_OK;
+}
+
+fr_tensor *fr_model_forward(fr_model *m, fr_tensor *x, bool training) {
+    if (!m) {
+        fr_error(FR_ERR_ARG, "model forward: model is NULL");
+        return NULL;
+    }
+    if (fr_check_defined(m->name, "input", x) != FR_OK || check_strategy(m) != FR_OK ||
+        fr_autocast_enter(m->cfg.precision) != FR_OK)
+        return NULL;
+    fr_run run = {.strategy = m->cfg.strategy, .training = training};
+    snprintf(run.model, sizeof run.model, "%s", m->name);
+    fr_tensor *y = fr_forward(m->build->root, x, &run);
+    fr_autocast_exit();
+    if (!y || y->dtype == FR_F32)
+        return y;
+    fr_tensor *logits = fr_cast(y, FR_F32);
+    fr_release(y);
+    return logits;
+}
 
 /* ---- construction ---- */
 
@@ -65,7 +136,7 @@ fr_model *fr_model_new(const char *name, int in_channels, int num_classes, uint6
                  "num_classes (%d)", name ? name : "", in_channels, num_classes);
         return NULL;
     }
-    fr_model *m = fr_model_alloc(name, in_channels, num_classes);
+    fr_model *m = model_alloc(name, in_channels, num_classes);
     if (!m)
         return NULL;
     if (!(m->build = calloc(1, sizeof *m->build))) {

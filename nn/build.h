@@ -49,8 +49,9 @@
  * elsewhere (the input of a block, which the engine holds for the block's
  * whole forward, or a tensor another layer keeps), checkpoint on a model
  * with nothing to cut (one step at the root, no dense module of two), any
- * strategy on a model without norm layers (checkpoint excepted) or written
- * as a bare forward function.
+ * strategy on a model without norm layers (checkpoint excepted). A forward
+ * written by hand is a block (the root's only child, if it is the whole
+ * model): it runs under every strategy, its norm layers applying them.
  *
  * Conventions. Constructors return the new module, BORROWED (the model owns
  * it and frees it with the model). They return NULL, leaving the error
@@ -65,12 +66,20 @@
 #ifndef FR_BUILD_H
 #define FR_BUILD_H
 
-#include "layers.h"
+#include "../autograd/functions.h"
+#include "init.h"
 #include "model.h"
 
 #ifdef __cplusplus
 extern "C" {
 #endif
+
+/* ---- chaining ---- */
+/* Releases prev and returns next: `x = fr_chain(x, fr_relu(x))`. */
+static inline fr_tensor *fr_chain(fr_tensor *prev, fr_tensor *next) {
+    fr_release(prev);
+    return next;
+}
 
 /* What a forward reads besides its input; made by fr_model_forward and
  * passed down unchanged (a checkpoint keeps a copy for its replay). */
@@ -95,7 +104,7 @@ typedef fr_tensor *(*fr_block_fn)(fr_module *self, fr_tensor *x, const fr_run *r
 
 /* ---- model and containers ---- */
 /* A model whose root is an empty chain named ""; weights are initialised
- * from `seed` in construction order (layers.h). NULL with an error. */
+ * from `seed` in construction order (nn/init.h). NULL with an error. */
 fr_model *fr_model_new(const char *name, int in_channels, int num_classes, uint64_t seed);
 fr_module *fr_model_root(fr_model *m);
 /* Ends construction: returns m, or frees it and returns NULL with the first

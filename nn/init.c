@@ -1,5 +1,5 @@
 /* init.c: uniform and normal draws from the RNG (tensor/rng.h) and the weight
- * initialisers; see layers.h. */
+ * initialisers; see init.h. */
 #include <math.h>
 
 #include "layers.h"

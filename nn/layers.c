@@ -2,6 +2,8 @@
  * layers.h. */
 #include "layers.h"
 
+#include "../autograd/node.h"
+
 #include <math.h>
 
 /* Registers "<name>.<field>" and returns the tensor, or NULL. */

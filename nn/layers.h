@@ -1,4 +1,6 @@
-/* layers.h: layers with parameters, their initialisation, and the RNG.
+/* layers.h: the layers with parameters that the build API's layer modules
+ * hold (nn/module_impl.h); internal to the engine, not installed: a program
+ * writes its layers with nn/build.h.
  *
  * A layer is a small struct of BORROWED tensor pointers into a parameter
  * registry (params.h) plus its settings. `_init` creates and registers the
@@ -7,48 +9,18 @@
  * and returns a NEW reference (or NULL with fr_last_error() set).
  *
  * NULL in, NULL out: a forward given NULL returns NULL under the one NULL
- * convention of every function and layer (fr_error_null in tensor/fr_base.h):
- * the pending first error is kept, its status unchanged, its message inside
- * the new one. With fr_chain this keeps model code short and leak-free while
- * the first error (the one that matters) survives:
- *
- *     fr_tensor *y = fr_conv2d_layer_forward(&l->conv, x);
- *     y = fr_chain(y, fr_batch_norm2d_layer_forward(&l->bn, y, training));
- *     if (!y) return NULL;   // fr_last_error() says what failed first
- *
- * Initialisation follows common PyTorch practice for CIFAR ResNets:
- * convolutions kaiming-normal (fan_out, relu gain): std = sqrt(2 / (K*R*S));
- * BatchNorm weight 1, bias 0, running mean 0, running var 1; Linear (and a
- * convolution's bias) as PyTorch's default: U(-1/sqrt(fan_in), 1/sqrt(fan_in)). */
+ * convention of every function and layer (fr_error_null in tensor/fr_base.h),
+ * so layer calls chain with fr_chain (nn/build.h). Initialisation: nn/init.h. */
 #ifndef FR_LAYERS_H
 #define FR_LAYERS_H
 
 #include "../autograd/functions.h"
-#include "../tensor/rng.h"
+#include "init.h"
 #include "params.h"
 
 #ifdef __cplusplus
 extern "C" {
 #endif
-
-/* ---- RNG draws (nn/init.c) ----
- * fr_rng is the SplitMix64 stream of tensor/rng.h. Uniforms take the top 53
- * bits (double, [0, 1)); normals use Box-Muller on two uniforms (the cosine
- * branch only, one normal per two draws), in double, then round to float.
- * Weights are therefore the same on every platform with an IEEE libm. */
-double fr_rng_uniform(fr_rng *rng);  /* [0, 1) */
-double fr_rng_normal(fr_rng *rng);   /* mean 0, std 1 */
-
-/* Fill a CPU f32 tensor (initialisers of nn/init.c). */
-fr_status fr_init_normal_(fr_tensor *t, double mean, double std, fr_rng *rng);
-fr_status fr_init_uniform_(fr_tensor *t, double low, double high, fr_rng *rng);
-
-/* ---- chaining ---- */
-/* Releases prev and returns next: `x = fr_chain(x, fr_relu(x))`. */
-static inline fr_tensor *fr_chain(fr_tensor *prev, fr_tensor *next) {
-    fr_release(prev);
-    return next;
-}
 
 /* ---- Conv2d, square kernel. in_channels is the weight's C (C/groups for
  * a grouped layer: set p.groups after init, as fr_conv2d_new does) ---- */

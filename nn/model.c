@@ -1,8 +1,7 @@
-/* model.c: the generic model record and strategy names; see model.h. */
+/* model.c: strategy and precision names; see model.h. The model's life
+ * (fr_model_new, fr_model_free) and its forward are in nn/build.c, which
+ * owns the module tree they run. */
 #include "model.h"
-
-#include "../autograd/functions.h"
-#include "module_impl.h"
 
 #include <errno.h>
 #include <stdint.h>
@@ -111,31 +110,6 @@ bool fr_strategy_equal(fr_strategy a, fr_strategy b) {
            a.compress == b.compress;
 }
 
-fr_model *fr_model_alloc(const char *name, int in_channels, int num_classes) {
-    fr_model *m = calloc(1, sizeof *m);
-    if (!m || !(m->params = fr_params_new())) {
-        free(m);
-        fr_error(FR_ERR_OOM, "model %s: out of memory", name);
-        return NULL;
-    }
-    snprintf(m->name, sizeof m->name, "%s", name);
-    m->in_channels = in_channels;
-    m->num_classes = num_classes;
-    return m;
-}
-
-void fr_model_free(fr_model *m) {
-    if (!m)
-        return;
-    if (m->impl_free)
-        m->impl_free(m->impl);
-    else
-        free(m->impl);
-    fr_model_build_free(m->build);
-    fr_params_free(m->params);
-    free(m);
-}
-
 fr_status fr_precision_parse(const char *text, fr_dtype *out) {
     static const struct {
         const char *name;
@@ -148,61 +122,4 @@ fr_status fr_precision_parse(const char *text, fr_dtype *out) {
             return FR_OK;
         }
     return fr_error(FR_ERR_ARG, "unknown precision \"%s\" (choose f32, f16 or bf16)", text ? text : "");
-}
-
-/* FR_OK when the model can honour its strategy, else FR_ERR_ARG naming the
- * model and the strategy (what can only be found while running, abn over
- * an input read elsewhere, the norm layers report). */
-static fr_status check_strategy(const fr_model *m) {
-    fr_strategy s = m->cfg.strategy;
-    char text[96];
-    fr_strategy_format(s, text, sizeof text);
-    if (!m->build) {
-        if (fr_strategy_equal(s, FR_STRATEGY_PLAIN))
-            return FR_OK;
-        return fr_error(FR_ERR_ARG, "%s: strategy %s cannot apply: the model is a bare forward "
-                        "function, not built with nn/build.h, so only plain runs", m->name, text);
-    }
-    if (!m->build->finished)
-        return fr_error(FR_ERR_ARG, "%s: the model was not finished (fr_model_finish)", m->name);
-    bool per_layer = s.inplace || s.recompute || s.abn || s.abn_reference;
-    if (per_layer && m->build->n_norms == 0)
-        return fr_error(FR_ERR_ARG, "%s: strategy %s cannot apply: the model has no norm layer "
-                        "(BatchNorm + activation, fr_norm_new), where inplace, recompute and abn "
-                        "act", m->name, text);
-    if (s.checkpoint) {
-        /* some sequence must have two steps: the root's, or a dense module's */
-        bool any = m->build->root->n_steps >= 2;
-        for (const fr_module *mod = m->build->modules; mod && !any; mod = mod->next)
-            any = mod->kind == FR_MODULE_DENSE && mod->n_children >= 2;
-        if (!any)
-            return fr_error(FR_ERR_ARG, "%s: strategy %s cannot apply: the model has nothing to "
-                            "cut into segments (its root runs one step, a layer, block or dense "
-                            "module, and no dense module has two children)", m->name, text);
-    }
-    return FR_OK;
-}
-
-fr_tensor *fr_model_forward(fr_model *m, fr_tensor *x, bool training) {
-    if (!m) {
-        fr_error(FR_ERR_ARG, "model forward: model is NULL");
-        return NULL;
-    }
-    if (fr_check_defined(m->name, "input", x) != FR_OK || check_strategy(m) != FR_OK ||
-        fr_autocast_enter(m->cfg.precision) != FR_OK)
-        return NULL;
-    fr_tensor *y;
-    if (m->build) {
-        fr_run run = {.strategy = m->cfg.strategy, .training = training};
-        snprintf(run.model, sizeof run.model, "%s", m->name);
-        y = fr_forward(m->build->root, x, &run);
-    } else {
-        y = m->forward(m, x, training);
-    }
-    fr_autocast_exit();
-    if (!y || y->dtype == FR_F32)
-        return y;
-    fr_tensor *logits = fr_cast(y, FR_F32);
-    fr_release(y);
-    return logits;
 }

@@ -105,13 +105,6 @@ struct fr_model {
     fr_model_cfg cfg;
     fr_params *params;     /* owned */
     struct fr_model_build *build; /* the module tree (nn/build.h); owned */
-    /* A bare forward instead of a module tree (tests of the training loop):
-     * x (N, in_channels, H, W) borrowed -> logits (N, num_classes), a new
-     * reference; NULL with an error. Runs under the plain strategy only:
-     * fr_model_forward refuses any other. */
-    fr_tensor *(*forward)(fr_model *m, fr_tensor *x, bool training);
-    void *impl;            /* owned state of a bare forward */
-    void (*impl_free)(void *impl);
     const fr_grad_sync *grad_sync; /* borrowed; NULL when training alone */
     /* NULL: cross-entropy of the output as class logits, and top-1 accuracy.
      * Set (in the model's create function, so every program gets it): the
@@ -120,8 +113,7 @@ struct fr_model {
     fr_model_loss_fn loss;
 };
 
-/* The model's forward (its module tree run by the engine under m->cfg, or
- * its bare forward) under the model's precision policy; the logits come
+/* The model's forward (its module tree run by the engine under m->cfg) under the model's precision policy; the logits come
  * back f32 whatever the policy (a differentiable cast of the few logits), so
  * losses, accuracy and user code never see a half tensor. x borrowed, a new
  * reference out; NULL with an error (FR_ERR_ARG naming the model and the
@@ -129,9 +121,6 @@ struct fr_model {
  * before it stay on the tape: fr_tape_clear() drops them. */
 fr_tensor *fr_model_forward(fr_model *m, fr_tensor *x, bool training);
 
-/* A model with an empty registry and no forward (set m->forward), for a
- * bare-forward model; fr_model_new (build.h) is the usual way. */
-fr_model *fr_model_alloc(const char *name, int in_channels, int num_classes);
 /* Frees the modules, the registry and every tensor in it. NULL-safe. */
 void fr_model_free(fr_model *m);
 

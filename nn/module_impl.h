@@ -5,7 +5,9 @@
 #ifndef FR_MODULE_IMPL_H
 #define FR_MODULE_IMPL_H
 
+#include "../autograd/node.h"
 #include "build.h"
+#include "layers.h"
 
 typedef enum {
     FR_LAYER_CONV2D = 0,

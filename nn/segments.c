@@ -5,6 +5,7 @@
  * A segment is described by value (which sequence, which steps, the run
  * context) and fr_checkpoint keeps a copy, so its replay in backward runs
  * exactly what its forward ran, whatever runs in between. */
+#include "../autograd/node.h"
 #include "module_impl.h"
 
 #include <stdlib.h>

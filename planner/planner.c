@@ -494,7 +494,8 @@ static bool units_layout(const fr_profile *p, const fr_plan_unit *units, layout 
 
 static fr_status check_model(const fr_model *m, const int64_t *shape) {
     if (!m || !m->build || !m->build->finished)
-        return fr_error(FR_ERR_ARG, "planner: %s is not a model built with nn/build.h", m ? m->name : "(null)");
+        return fr_error(FR_ERR_ARG, "planner: %s is not a finished model (nn/build.h: fr_model_finish)",
+                        m ? m->name : "(null)");
     if (!shape || shape[0] < 1 || shape[1] != m->in_channels || shape[2] < 1 || shape[3] < 1)
         return fr_error(FR_ERR_ARG, "planner: %s: input shape must be (N >= 1, %d, H, W)", m->name,
                         m->in_channels);

@@ -18,6 +18,7 @@
 #include <time.h>
 
 #include "../autograd/functions.h"
+#include "../autograd/node.h"
 #include "../tensor/cuda.h"
 
 #define MAX_CACHED 16

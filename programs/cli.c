@@ -1,5 +1,5 @@
 /* cli.c: helpers of the example programs; see cli.h. */
-#include "cli.h"
+#include "cli_impl.h"
 
 #include <errno.h>
 #include <inttypes.h>

@@ -22,7 +22,7 @@
 #include "dist/dist.h"
 #include "frugal.h"
 #include "train/state.h"
-#include "programs/cli.h"
+#include "programs/cli_impl.h"
 #include "programs/programs.h"
 #include "planner/planner.h"
 #include "train/schedule.h"

@@ -23,7 +23,7 @@
 
 #include "frugal.h"
 #include "train/state.h"
-#include "programs/cli.h"
+#include "programs/cli_impl.h"
 #include "programs/programs.h"
 
 static const char *const device_names[] = {"cpu", "cuda"};

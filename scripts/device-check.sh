@@ -256,7 +256,7 @@ fi
 export LD_LIBRARY_PATH
 
 # ---- tests: the CUDA test programs, then the im2col pass ----
-cuda_tests=(test_cuda_alloc_host test_cuda_alloc test_cuda test_cuda_conv test_cuda_edges test_amp
+cuda_tests=(test_cuda_alloc_host test_cuda_alloc test_cuda test_cuda_loader test_cuda_conv test_cuda_edges test_amp
     test_mixed test_nccl)
 t0=$SECONDS
 lim=$(limit 240)

@@ -91,12 +91,7 @@ fr_status fr_linear_forward(fr_tensor *y, const fr_tensor *x, const fr_tensor *w
 fr_status fr_linear_backward(fr_tensor *dx, fr_tensor *dw, fr_tensor *db, const fr_tensor *dy,
                              const fr_tensor *x, const fr_tensor *w);
 
-/* ---- convolution (ops_conv.c) ---- */
-typedef struct {
-    int stride, pad;
-    int groups;    /* [1]; C and K must be multiples, w is (K, C/groups, R, S) */
-    int dilation;  /* [1] */
-} fr_conv_params;
+/* ---- convolution (ops_conv.c); fr_conv_params in shapes.h ---- */
 /* The output shape for x (N,C,H,W) and w (K,C/groups,R,S), or an error:
  * OH = (H + 2 pad - dilation (R - 1) - 1) / stride + 1, as PyTorch. */
 fr_status fr_conv2d_shape(const fr_tensor *x, const fr_tensor *w, fr_conv_params p, fr_conv_shape *s);
@@ -112,12 +107,7 @@ fr_status fr_conv2d_backward(fr_tensor *dx, fr_tensor *dw, fr_tensor *db, const 
  * with OH = (H - 1) stride - 2 pad + dilation (R - 1) + output_pad + 1. It
  * is the data gradient of the convolution with that weight, and is run as
  * one (cuDNN and oneDNN's backward-data kernels). ---- */
-typedef struct {
-    int stride, pad;
-    int output_pad;  /* [0]; < stride */
-    int groups;      /* [1] */
-    int dilation;    /* [1] */
-} fr_conv_transpose_params;
+/* fr_conv_transpose_params in shapes.h */
 /* The convolution it transposes: s's input is y's shape, s's output x's. */
 fr_status fr_conv_transpose2d_shape(const fr_tensor *x, const fr_tensor *w,
                                     fr_conv_transpose_params p, fr_conv_shape *s);
@@ -208,10 +198,7 @@ fr_status fr_group_norm_act_backward(fr_tensor *dx, fr_tensor *dgamma, fr_tensor
                                      const fr_tensor *invstd, const fr_tensor *gamma,
                                      const fr_tensor *beta, int groups, fr_act act, float slope);
 
-/* ---- pooling (ops_pool.c) ---- */
-typedef struct {
-    int kernel, stride, pad;
-} fr_pool_params;
+/* ---- pooling (ops_pool.c); fr_pool_params in shapes.h ---- */
 fr_status fr_pool2d_shape(const fr_tensor *x, fr_pool_params p, fr_pool_shape *s);
 fr_status fr_max_pool2d_forward(fr_tensor *y, const fr_tensor *x, fr_pool_params p);
 fr_status fr_max_pool2d_backward(fr_tensor *dx, const fr_tensor *dy, const fr_tensor *x, fr_pool_params p);
@@ -225,11 +212,7 @@ fr_status fr_adaptive_avg_pool2d_backward(fr_tensor *dx, const fr_tensor *dy);
 /* ---- upsampling (ops_upsample.c): x (N, C, H, W) -> y (N, C, H * scale,
  * W * scale), PyTorch's nn.Upsample(scale_factor = scale, mode,
  * align_corners) for an integer scale ---- */
-typedef struct {
-    int scale;                /* >= 1 (required) */
-    fr_upsample_mode mode;    /* [FR_UPSAMPLE_NEAREST] */
-    bool align_corners;       /* bilinear only [false] */
-} fr_upsample_opts;
+/* fr_upsample_opts in shapes.h */
 /* FR_ERR_ARG naming op and `name` (a layer) for a bad scale, mode, or
  * align_corners with nearest (PyTorch refuses that too). */
 fr_status fr_upsample_check(const char *op, const char *name, fr_upsample_opts o);

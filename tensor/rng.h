@@ -1,7 +1,7 @@
 /* rng.h: the one SplitMix64 (Steele, Lea, Flood 2014) of the project: a
  * 64-bit state advanced by a fixed odd constant (the golden ratio) and mixed
  * by two xor-shift-multiply rounds; every seed gives a full-period stream.
- * Its users: weight initialisation (fr_rng, nn/layers.h), the tape's seed
+ * Its users: weight initialisation (fr_rng, nn/init.h), the tape's seed
  * stream for dropout (autograd/tape.c), dropout's counter-based mask, the
  * same on CPU and GPU (tensor/kernels.h), and the seeding of data/'s
  * shuffles and augmentation (data/rng.h). Header-only, so the CUDA kernels

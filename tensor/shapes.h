@@ -1,11 +1,34 @@
 /* shapes.h: the shape records of convolution, pooling and upsampling,
- * filled by fr_conv2d_shape / fr_pool2d_shape / fr_upsample_shape_of (ops.h) and handed to the kernels
- * (kernels.def), and the activations (fr_act). Public: a program may ask for an output shape. */
+ * filled by fr_conv2d_shape / fr_pool2d_shape / fr_upsample_shape_of (ops.h)
+ * and handed to the kernels (kernels.def), the parameters they are made
+ * from, and the activations (fr_act). Public: a program may ask for an
+ * output shape. */
 #ifndef FR_SHAPES_H
 #define FR_SHAPES_H
 
 #include <stdbool.h>
 #include <stddef.h>
+
+/* What a convolution and a pooling take besides their tensors, in the
+ * differentiable functions (autograd/functions.h) and the build API's layers
+ * (nn/build.h) as in the tape-free ops (ops.h). */
+typedef struct {
+    int stride, pad;
+    int groups;    /* [1]; C and K must be multiples, w is (K, C/groups, R, S) */
+    int dilation;  /* [1] */
+} fr_conv_params;
+
+typedef struct {
+    int kernel, stride, pad;
+} fr_pool_params;
+
+/* PyTorch's ConvTranspose2d (ops.h: fr_conv_transpose2d_shape). */
+typedef struct {
+    int stride, pad;
+    int output_pad;  /* [0]; < stride */
+    int groups;      /* [1] */
+    int dilation;    /* [1] */
+} fr_conv_transpose_params;
 
 typedef struct {
     int n, c, h, w;   /* input (N,C,H,W) */
@@ -86,6 +109,14 @@ typedef enum {
     FR_UPSAMPLE_BILINEAR,
     FR_UPSAMPLE_MODE_COUNT
 } fr_upsample_mode;
+
+/* nn.Upsample(scale_factor = scale, mode, align_corners), integer scale
+ * (ops.h: fr_upsample_shape_of). */
+typedef struct {
+    int scale;                /* >= 1 (required) */
+    fr_upsample_mode mode;    /* [FR_UPSAMPLE_NEAREST] */
+    bool align_corners;       /* bilinear only [false] */
+} fr_upsample_opts;
 
 typedef struct {
     int n, c, h, w;    /* input */

@@ -4,7 +4,7 @@
 # `pkg-config --cflags --libs frugal` that trains a few steps and validates;
 # then the installed frugal-train / frugal-validate on a tiny run, ldd of the
 # installed programs and libraries (no CUDA library may appear), that
-# <frugal/frugal.h> compiles alone, in C and in C++, and that
+# <frugal/frugal.h> compiles alone, in C and in C++, <frugal/ext.h> in C, and that
 # examples/custom_model.c and the README's C snippets build out of tree the
 # same way. `make uninstall` must leave the prefix empty.
 #   tests/install_test.sh [BUILD [MAKE_ARGS...]]   (make check-install)
@@ -28,7 +28,8 @@ done
 soname=$(readelf -d "$prefix/lib/libfrugal.so" | sed -n 's/.*(SONAME).*\[\(.*\)\]/\1/p')
 [[ "$soname" == libfrugal.so.[0-9]* ]] || fail "libfrugal.so has soname '$soname'"
 echo "soname $soname"
-for h in tensor/kernels.h tensor/kernels.def tensor/staging.h cuda/fr_cuda.h io/json.h; do
+for h in tensor/kernels.h tensor/kernels.def tensor/staging.h cuda/fr_cuda.h io/json.h nn/layers.h \
+    nn/seg_split.h nn/module_impl.h programs/cli_impl.h; do
     [ ! -e "$prefix/include/frugal/$h" ] || fail "internal header $h was installed"
 done
 
@@ -51,6 +52,12 @@ cc -std=c11 -Wall -Wextra -Werror "$tmp/only.c" $flags -o "$tmp/only_c" || fail 
 cp "$tmp/only.c" "$tmp/only.cpp"
 c++ -std=c++17 -Wall -Wextra -Werror "$tmp/only.cpp" $flags -o "$tmp/only_cpp" || fail "C++ program"
 "$tmp/only_cpp" || fail "C++ program did not run"
+echo "ok"
+
+echo "== <frugal/ext.h> alone (the op authors' tier)"
+printf '#include <frugal/ext.h>\nint main(void) { return fr_should_record(0, NULL) ? 1 : 0; }\n' >"$tmp/ext.c"
+cc -std=c11 -Wall -Wextra -Werror "$tmp/ext.c" $flags -o "$tmp/ext_c" || fail "C program with ext.h"
+"$tmp/ext_c" || fail "C program with ext.h did not run"
 echo "ok"
 
 # What a user copies: examples/custom_model.c and the README's C snippets,

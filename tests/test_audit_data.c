@@ -24,7 +24,7 @@
 #include "data/dataset.h"
 #include "data/image.h"
 #include "train/state.h"
-#include "programs/cli.h"
+#include "programs/cli_impl.h"
 
 
 /* A PNG of w x h pixels of `bits` (8 or 16) samples, `spp` samples a pixel

@@ -22,7 +22,7 @@
 #include "testlib.h"
 #include "train/state.h"
 #include "data/image.h"
-#include "programs/cli.h"
+#include "programs/cli_impl.h"
 #include "models/registry.h"
 
 

@@ -18,7 +18,7 @@
 #include "testlib.h"
 #include "data/dataset.h"
 #include "data/image.h"
-#include "programs/cli.h"
+#include "programs/cli_impl.h"
 
 #include "stb_write.h"
 

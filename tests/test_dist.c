@@ -1,13 +1,11 @@
-/* test_dist.c: data parallelism (dist/dist.h), the loader's sharding and
- * the tape's gradient-ready hook.
+/* test_dist.c: data parallelism (dist/dist.h) and the loader's sharding;
+ * the tape's gradient-ready hook it relies on is test_grad_hook.c's.
  *
  * Run as a plain program (what tests/run_tests.sh does) it is the driver:
  *  - sharding: each process's batches are its part of the global batch
  *    (the part fr_train_step gives that micro-batch with accum N), the
  *    shards of an epoch are disjoint and cover it, a short last batch is
  *    split and an empty part drops a batch;
- *  - the gradient-ready hook reports each leaf once, when its .grad equals
- *    what it holds after backward, also for a checkpointed segment;
  *  - then every case below in a job of its own, launched as
  *        mpirun -np 2 --oversubscribe [--allow-run-as-root] -x OMP_NUM_THREADS=1 \
  *            <this program> --case NAME --dir TMPDIR
@@ -65,7 +63,7 @@
 #include "cuda/fr_cuda.h"
 #include "dist/dist.h"
 #include "train/state.h"
-#include "programs/cli.h"
+#include "programs/cli_impl.h"
 #include "models/resnet.h"
 
 enum { N_IMAGES = 192, HW = 8, STEPS = 5 };
@@ -158,63 +156,6 @@ static void test_sharding(void) {
     CHECK(strstr(fr_last_error(), "shard 2 of 2") != NULL);
     fr_dataset_free(ds);
 }
-
-/* ---- the gradient-ready hook ---- */
-
-typedef struct {
-    fr_tensor *leaves[4];
-    float at_report[4][8];
-    int reports[4];
-    int n;
-} hook_log;
-
-static fr_status log_ready(fr_tensor *leaf, void *ctx) {
-    hook_log *h = ctx;
-    for (int i = 0; i < h->n; i++)
-        if (h->leaves[i] == leaf) {
-            h->reports[i]++;
-            if (leaf->grad)
-                memcpy(h->at_report[i], fr_data_f32(leaf->grad), (size_t)fr_numel(leaf) * sizeof(float));
-        }
-    return FR_OK;
-}
-
-/* ctx holds a pointer to the weight (fr_checkpoint copies the ctx bytes) */
-static fr_tensor *segment(void *ctx, fr_tensor *x) {
-    fr_tensor *w = *(fr_tensor **)ctx;
-    fr_tensor *a = fr_mul(x, w), *b = fr_relu(a);
-    fr_release(a);
-    return b;
-}
-
-static void check_hook(bool checkpointed) {
-    /* w is used twice (early and late), v once, u inside the checkpointed
-     * segment when asked */
-    fr_tensor *w = fr_t_rand(FR_CPU, 1, FR_SHAPE(8), 1), *v = fr_t_rand(FR_CPU, 1, FR_SHAPE(8), 2);
-    fr_tensor *u = fr_t_rand(FR_CPU, 1, FR_SHAPE(8), 3), *x = fr_t_rand(FR_CPU, 1, FR_SHAPE(8), 4);
-    fr_set_requires_grad(w, true);
-    fr_set_requires_grad(v, true);
-    fr_set_requires_grad(u, true);
-    hook_log h = {.leaves = {w, v, u}, .n = 3};
-    fr_set_grad_ready_hook(log_ready, &h);
-    fr_tensor *a = fr_mul(x, w);
-    fr_tensor *b = checkpointed ? fr_checkpoint(segment, &u, sizeof u, a) : segment(&u, a);
-    fr_tensor *c = fr_mul(b, v), *d = fr_mul(c, w), *l = fr_sum(d);
-    CHECK_OK(fr_backward(l));
-    fr_set_grad_ready_hook(NULL, NULL);
-    for (int i = 0; i < 3; i++) {
-        CHECK(h.reports[i] == 1);
-        CHECK(h.leaves[i]->grad && !memcmp(h.at_report[i], fr_data_f32(h.leaves[i]->grad), 8 * sizeof(float)));
-    }
-    fr_tensor *all[] = {a, b, c, d, l, w, v, u, x};
-    for (size_t i = 0; i < sizeof all / sizeof *all; i++) {
-        fr_zero_grad(all[i]);
-        fr_release(all[i]);
-    }
-}
-
-static void test_grad_ready_hook(void) { check_hook(false); }
-static void test_grad_ready_hook_checkpoint(void) { check_hook(true); }
 
 /* ---- the cases, on every rank ---- */
 
@@ -778,8 +719,6 @@ int main(int argc, char **argv) {
     self[n > 0 ? n : 0] = 0;
     snprintf(dir, sizeof dir, "%s", fr_t_make_tmpdir("dist"));
     RUN(test_sharding);
-    RUN(test_grad_ready_hook);
-    RUN(test_grad_ready_hook_checkpoint);
     RUN(test_exact);
     RUN(test_exact_recompute_checkpoint);
     RUN(test_exact_bf16);

@@ -32,7 +32,7 @@
 
 #include "testlib.h"
 #include "train/state.h"
-#include "programs/cli.h"
+#include "programs/cli_impl.h"
 
 /* ---- files ---- */
 

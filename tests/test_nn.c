@@ -7,7 +7,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "nn/norm.h"
+#include "nn/layers.h"
 #include "nn/build.h"
 #include "models/resnet.h"
 

@@ -12,7 +12,7 @@
 
 #include "testlib.h"
 #include "frugal.h"
-#include "programs/cli.h"
+#include "programs/cli_impl.h"
 
 #define BATCH 8
 

@@ -25,7 +25,7 @@
 
 #include "testlib.h"
 #include "train/state.h"
-#include "programs/cli.h"
+#include "programs/cli_impl.h"
 #include "models/resnet.h"
 
 #define N_IMG 24

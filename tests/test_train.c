@@ -29,7 +29,7 @@
 
 #include "testlib.h"
 #include "train/state.h"
-#include "programs/cli.h"
+#include "programs/cli_impl.h"
 #include "nn/seg_split.h"
 #include "models/resnet.h"
 
@@ -109,22 +109,13 @@ static void test_loss_decreases_bf16(void) { loss_decreases(FR_BF16); }
 /* ---- accumulation ---- */
 
 /* logits = flatten(x) W^T + b: no BN, so micro-batches are independent. */
-static fr_tensor *linear_forward(fr_model *m, fr_tensor *x, bool training) {
-    (void)training;
-    fr_tensor *flat = fr_flatten(x);
-    fr_tensor *y = flat ? fr_linear(flat, fr_params_get(m->params, "fc.weight"),
-                                    fr_params_get(m->params, "fc.bias"))
-                        : NULL;
-    fr_release(flat);
-    return y;
-}
-
 static fr_model *linear_model(int in, int classes) {
-    fr_model *m = fr_model_alloc("linear", 1, classes);
-    m->forward = linear_forward;
-    fr_tensor *w =
-        fr_params_new_tensor(m->params, "fc.weight", FR_PARAMETER, FR_F32, 2, FR_SHAPE(classes, in));
-    fr_tensor *b = fr_params_new_tensor(m->params, "fc.bias", FR_PARAMETER, FR_F32, 1, FR_SHAPE(classes));
+    fr_model *m = fr_model_new("linear", 1, classes, 1);
+    fr_flatten_new(fr_model_root(m), "flat");
+    fr_linear_new(fr_model_root(m), "fc", (fr_linear_opts){.in = in, .out = classes});
+    m = fr_model_finish(m);
+    CHECK_NOTNULL(m);
+    fr_tensor *w = fr_params_get(m->params, "fc.weight"), *b = fr_params_get(m->params, "fc.bias");
     fr_t_fill_rand(fr_data_f32(w), (size_t)fr_numel(w), 11);
     fr_t_fill_rand(fr_data_f32(b), (size_t)fr_numel(b), 12);
     return m;

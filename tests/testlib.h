@@ -11,9 +11,14 @@
 #include <math.h>
 #include <stdio.h>
 
-#include "frugal.h"
-#include "nn/model.h"
+/* Both header tiers, and the internals tests reach into: the layer structs,
+ * the segment splitter and the programs' own helpers. */
+#include "ext.h"
 #include "io/safetensors.h"
+#include "nn/layers.h"
+#include "nn/model.h"
+#include "nn/seg_split.h"
+#include "programs/cli_impl.h"
 
 extern int fr_t_failed_now;
 extern const char *fr_t_skip_reason;

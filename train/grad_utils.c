@@ -4,6 +4,7 @@
 #include <stdlib.h>
 
 #include "../autograd/autograd.h"
+#include "../tensor/ops.h"
 #include "optim.h"
 
 bool fr_param_is_norm_or_bias(const fr_param *e, void *ctx) {

@@ -65,9 +65,10 @@ static inline void fz_check_no_leak(size_t before) {
  * ("fc.weight" (2, 4), "fc.bias" (2)) for 1 x 2 x 2 images, small enough
  * that a whole training checkpoint of it is a few hundred bytes. */
 static inline fr_model *fz_tiny_model(void) {
-    fr_model *m = fr_model_alloc("tiny", 1, 2);
-    if (!m || !fr_params_new_tensor(m->params, "fc.weight", FR_PARAMETER, FR_F32, 2, FR_SHAPE(2, 4)) ||
-        !fr_params_new_tensor(m->params, "fc.bias", FR_PARAMETER, FR_F32, 1, FR_SHAPE(2)))
+    fr_model *m = fr_model_new("tiny", 1, 2, 1);
+    fr_flatten_new(fr_model_root(m), "flat");
+    fr_linear_new(fr_model_root(m), "fc", (fr_linear_opts){.in = 4, .out = 2});
+    if (!(m = fr_model_finish(m)))
         abort();
     float *w = fr_data_f32(fr_params_get(m->params, "fc.weight"));
     for (int i = 0; i < 8; i++)

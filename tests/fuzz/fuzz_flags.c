@@ -6,7 +6,7 @@
  * parses back to itself. Consecutive words also go through the
  * repeated-flag check. */
 #include "fuzz_common.h"
-#include "programs/cli.h"
+#include "programs/cli_impl.h"
 
 static bool digits_only(const char *s, bool sign) {
     if (sign && *s == '-')

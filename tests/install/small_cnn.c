@@ -4,8 +4,8 @@
  *     cc small_cnn.c $(pkg-config --cflags --libs frugal) -o small_cnn
  *     ./small_cnn [DATA_DIR] [WEIGHTS_OUT]
  *
- * It defines a model of its own (conv-BN-ReLU, max pool, conv-BN-ReLU,
- * global average pool, linear), trains it for a few SGD steps on the first
+ * It defines a model of its own with a hand-written forward (conv-BN-ReLU,
+ * max pool, conv-BN-ReLU, global average pool, linear), trains it for a few SGD steps on the first
  * images of Fashion-MNIST, saves the weights, loads them into a fresh model
  * and evaluates both on the same test images: the accuracies must agree.
  * Exit 0 when training lowered the loss and the reload matched. */
@@ -13,46 +13,38 @@
 #include <stdio.h>
 #include <stdlib.h>
 
+/* The forward, written by hand as the model's one root block: the layers
+ * are modules created inside it (nn/build.h), so they are named
+ * "conv1.weight", ... and the engine applies the memory strategies to them. */
 typedef struct {
-    fr_conv2d_layer conv1, conv2;
-    fr_batch_norm2d_layer bn1, bn2;
-    fr_linear_layer fc;
+    fr_module *conv1, *bn1, *pool, *conv2, *bn2, *gap, *fc;
 } small_cnn;
 
-static fr_tensor *small_cnn_forward(fr_model *m, fr_tensor *x, bool training) {
-    small_cnn *n = m->impl;
-    fr_tensor *h = fr_conv2d_layer_forward(&n->conv1, x);
-    h = fr_chain(h, fr_batch_norm2d_layer_forward(&n->bn1, h, training));
-    h = fr_chain(h, fr_relu(h));
-    h = fr_chain(h, fr_max_pool2d(h, (fr_pool_params){.kernel = 2, .stride = 2}));
-    h = fr_chain(h, fr_conv2d_layer_forward(&n->conv2, h));
-    h = fr_chain(h, fr_batch_norm2d_layer_forward(&n->bn2, h, training));
-    h = fr_chain(h, fr_relu(h));
-    h = fr_chain(h, fr_global_avg_pool(h));
-    return fr_chain(h, fr_linear_layer_forward(&n->fc, h));
+static fr_tensor *small_cnn_forward(fr_module *self, fr_tensor *x, const fr_run *run) {
+    small_cnn *n = fr_block_state(self);
+    fr_tensor *h = fr_forward(n->conv1, x, run);
+    h = fr_chain(h, fr_forward(n->bn1, h, run));
+    h = fr_chain(h, fr_forward(n->pool, h, run));
+    h = fr_chain(h, fr_forward(n->conv2, h, run));
+    h = fr_chain(h, fr_forward(n->bn2, h, run));
+    h = fr_chain(h, fr_forward(n->gap, h, run));
+    return fr_chain(h, fr_forward(n->fc, h, run));
 }
 
 static fr_model *small_cnn_new(int in_channels, int classes, uint64_t seed) {
-    fr_model *m = fr_model_alloc("small_cnn", in_channels, classes);
-    small_cnn *n = m ? calloc(1, sizeof *n) : NULL;
-    if (!n) {
-        fr_model_free(m);
-        return NULL;
+    fr_model *m = fr_model_new("small_cnn", in_channels, classes, seed);
+    fr_module *blk = fr_block_new(fr_model_root(m), "", small_cnn_forward, sizeof(small_cnn));
+    small_cnn *n = blk ? fr_block_state(blk) : NULL;
+    if (n) {
+        n->conv1 = fr_conv2d_new(blk, "conv1", (fr_conv2d_opts){.in = in_channels, .out = 16});
+        n->bn1 = fr_norm_new(blk, "bn1", (fr_norm_opts){.channels = 16, .act = FR_ACT_RELU});
+        n->pool = fr_max_pool2d_new(blk, "pool", (fr_pool_params){.kernel = 2, .stride = 2});
+        n->conv2 = fr_conv2d_new(blk, "conv2", (fr_conv2d_opts){.in = 16, .out = 32});
+        n->bn2 = fr_norm_new(blk, "bn2", (fr_norm_opts){.channels = 32, .act = FR_ACT_RELU});
+        n->gap = fr_global_avg_pool_new(blk, "gap");
+        n->fc = fr_linear_new(blk, "fc", (fr_linear_opts){.in = 32, .out = classes});
     }
-    m->impl = n;
-    m->impl_free = free;
-    m->forward = small_cnn_forward;
-    fr_rng rng;
-    fr_rng_seed(&rng, seed);
-    if (fr_conv2d_layer_init(&n->conv1, m->params, "conv1", in_channels, 16, 3, 1, 1, false, &rng) ||
-        fr_batch_norm2d_layer_init(&n->bn1, m->params, "bn1", 16) ||
-        fr_conv2d_layer_init(&n->conv2, m->params, "conv2", 16, 32, 3, 1, 1, false, &rng) ||
-        fr_batch_norm2d_layer_init(&n->bn2, m->params, "bn2", 32) ||
-        fr_linear_layer_init(&n->fc, m->params, "fc", 32, classes, true, &rng)) {
-        fr_model_free(m);
-        return NULL;
-    }
-    return m;
+    return fr_model_finish(m);  /* NULL with the first construction error */
 }
 
 static int fail(const char *what) {
