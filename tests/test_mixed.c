@@ -625,7 +625,12 @@ enum { RESNET56_BATCH = 64 };
 static void test_resnet56_bf16_saved_bytes(void) {
     fr_model *m = fr_resnet_create("resnet56", 3, 10, 1);
     fr_tensor *labels, *x = batch(RESNET56_BATCH, 3, 32, 9, &labels);
-    const char *strategies[] = {"plain", "recompute", "abn", "checkpoint", "abn+checkpoint"};
+    /* checkpoint with a fixed step count: the automatic split minimises the
+     * total peak (nn/seg_split.h), which holds f32 master weights and
+     * workspaces besides what is saved, so at a small batch it may cut bf16
+     * differently from f32 (at b8 under the sanitizers it did: 0.59x); the
+     * ratio of saved bytes is a question about the same layout. */
+    const char *strategies[] = {"plain", "recompute", "abn", "checkpoint:3", "abn+checkpoint:3"};
     for (int s = 0; s < 5; s++) {
         size_t saved[2];
         for (int p = 0; p < 2; p++) {
