@@ -98,7 +98,7 @@ static fr_status run(bench *b, int budgets) {
     while ((k + 1) * (k + 1) <= units)
         k++;
     snprintf(sqrt_k, sizeof sqrt_k, "checkpoint:%d", k);
-    const char *fixed[] = {"plain", "checkpoint", "inplace+recompute+checkpoint", sqrt_k};
+    const char *fixed[] = {"plain", "checkpoint", "recompute+checkpoint", sqrt_k};
     enum { N_FIXED = sizeof fixed / sizeof *fixed };
     size_t fixed_peak[N_FIXED];
     int threads = 1;
