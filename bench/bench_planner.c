@@ -6,7 +6,7 @@
  *     bench_planner [--model resnet56] [--batch 64] [--budgets 10] [--steps 3]
  *
  * First the fixed schedules: plain, Chen's split (checkpoint) under plain
- * and under inplace+recompute, and checkpoint:K with K = floor(sqrt(steps of
+ * and under recompute, and checkpoint:K with K = floor(sqrt(steps of
  * the sequence)). Each gets its measured peak and median step time. Then the
  * planner at `--budgets` budgets from its feasible minimum to plain's
  * predicted peak, and at each non-plain fixed schedule's measured peak (equal
