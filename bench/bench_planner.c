@@ -6,7 +6,7 @@
  *     bench_planner [--model resnet56] [--batch 64] [--budgets 10] [--steps 3]
  *
  * First the fixed schedules: plain, Chen's split (checkpoint) under plain
- * and under inplace+recompute, and checkpoint:K with K = floor(sqrt(steps of
+ * and under recompute, and checkpoint:K with K = floor(sqrt(steps of
  * the sequence)). Each gets its measured peak and median step time. Then the
  * planner at `--budgets` budgets from its feasible minimum to plain's
  * predicted peak, and at each non-plain fixed schedule's measured peak (equal
@@ -98,7 +98,7 @@ static fr_status run(bench *b, int budgets) {
     while ((k + 1) * (k + 1) <= units)
         k++;
     snprintf(sqrt_k, sizeof sqrt_k, "checkpoint:%d", k);
-    const char *fixed[] = {"plain", "checkpoint", "inplace+recompute+checkpoint", sqrt_k};
+    const char *fixed[] = {"plain", "checkpoint", "recompute+checkpoint", sqrt_k};
     enum { N_FIXED = sizeof fixed / sizeof *fixed };
     size_t fixed_peak[N_FIXED];
     int threads = 1;

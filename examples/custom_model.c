@@ -144,7 +144,7 @@ int main(int argc, char **argv) {
         printf("usage: %s [--strategy S] [--steps N] [--batch B] [--val N]\n"
                "  trains a small residual CNN written with nn/build.h on Fashion-MNIST\n"
                "  (%s), validates it under no_grad and prints the memory ledger.\n"
-               "  --strategy  plain (default), or '+'-joined inplace, recompute, abn,\n"
+               "  --strategy  plain (default), or '+'-joined recompute, abn,\n"
                "              checkpoint[:K]\n"
                "  --steps     training steps (default 20)   --batch  batch size (default 32)\n"
                "  --val       test images in the validation pass (default 1000)\n",

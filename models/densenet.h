@@ -27,7 +27,6 @@
  * Memory strategies (model.h) as the engine (nn/build.h) applies them here:
  *   plain      every layer's concatenation, its BN+ReLU output and the
  *              bottleneck's two tensors are kept: memory quadratic in depth.
- *   inplace    ReLUs written over BN outputs (less in flight, same kept).
  *   recompute  the memory-efficient DenseNet: each layer's concatenation and
  *              its first BN+ReLU output are never kept, only recipes that
  *              rebuild them in backward from the features (which are kept

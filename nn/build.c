@@ -39,10 +39,10 @@ static fr_status check_strategy(const fr_model *m) {
     fr_strategy_format(s, text, sizeof text);
     if (!m->build || !m->build->finished)
         return fr_error(FR_ERR_ARG, "%s: the model was not finished (fr_model_finish)", m->name);
-    bool per_layer = s.inplace || s.recompute || s.abn || s.abn_reference;
+    bool per_layer = s.recompute || s.abn || s.abn_reference;
     if (per_layer && m->build->n_norms == 0)
         return fr_error(FR_ERR_ARG, "%s: strategy %s cannot apply: the model has no norm layer "
-                        "(BatchNorm + activation, fr_norm_new), where inplace, recompute and abn "
+                        "(BatchNorm + activation, fr_norm_new), where recompute and abn "
                         "act", m->name, text);
     if (s.checkpoint) {
         /* some sequence must have two steps: the root's, or a dense module's */

@@ -29,7 +29,7 @@
  *    does not run them on its own.
  *
  * How each strategy reaches a model built this way (docs/MODELS.md):
- *  - inplace, recompute, abn, abn_reference: applied by the norm layers
+ *  - recompute, abn, abn_reference: applied by the norm layers
  *    (BN + activation, with an optional residual: fr_norm_add) and by
  *    fr_residual_add; nothing else changes.
  *  - recompute also makes a dense module's concatenations recipes
@@ -182,7 +182,7 @@ typedef struct {
 fr_module *fr_norm_new(fr_module *parent, const char *name, fr_norm_opts o);
 
 /* An activation as a layer (nn.ReLU, nn.GELU, ...: docs/MODELS.md). Runs
- * in place under the inplace strategy when its gradient needs only its
+ * in place under the recompute strategy when its gradient needs only its
  * output and nothing else holds its input. */
 typedef struct {
     fr_act act;        /* required */
@@ -209,7 +209,7 @@ fr_tensor *fr_forward(fr_module *m, fr_tensor *x, const fr_run *run);
 /* A norm layer with a residual: act(bn(x) + residual), fused where the
  * strategy asks. */
 fr_tensor *fr_norm_add(fr_module *norm, fr_tensor *x, fr_tensor *residual, const fr_run *run);
-/* y + shortcut, written into y under inplace when nothing else holds y. */
+/* y + shortcut, written into y under recompute when nothing else holds y. */
 fr_tensor *fr_residual_add(fr_tensor *y, fr_tensor *shortcut, const fr_run *run);
 
 /* ---- introspection ---- */

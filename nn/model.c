@@ -25,7 +25,7 @@ static bool checkpoint_k(const char *text, int *out) {
 
 fr_status fr_strategy_parse(const char *text, fr_strategy *out) {
     static const char *const choices =
-        "plain, or a '+'-joined set of inplace, recompute, abn, checkpoint[:K], compress[:8|4|2]";
+        "plain, or a '+'-joined set of recompute, abn, checkpoint[:K], compress[:8|4|2]";
     if (!text || !*text)
         return fr_error(FR_ERR_ARG, "empty memory strategy (choose %s)", choices);
     fr_strategy s = FR_STRATEGY_PLAIN;
@@ -48,7 +48,12 @@ fr_status fr_strategy_parse(const char *text, fr_strategy *out) {
             if (*rest == '+' && !rest[1])
                 return fr_error(FR_ERR_ARG, "memory strategy \"%s\" ends with '+'", text);
             if (!strcmp(word, "inplace"))
-                s.inplace = true;
+                /* it saved 0 bytes on every built-in model (the fused BN+ReLU
+                 * keeps what its chain kept); its in-place writes live on
+                 * inside recompute, docs/MODELS.md */
+                return fr_error(FR_ERR_ARG, "memory strategy \"%s\": \"inplace\" was folded into "
+                                "recompute (alone it saved 0 bytes on every built-in model); use "
+                                "recompute, or plain for the same memory as inplace", text);
             else if (!strcmp(word, "recompute") || !strcmp(word, "efficient"))
                 s.recompute = true;
             else if (!strcmp(word, "abn"))
@@ -84,8 +89,6 @@ const char *fr_strategy_format(fr_strategy s, char *buf, size_t len) {
     size_t used = 0;
     buf[0] = '\0';
 #define FR_APPEND(...) used += (size_t)snprintf(buf + used, used < len ? len - used : 0, __VA_ARGS__)
-    if (s.inplace)
-        FR_APPEND("%sinplace", used ? "+" : "");
     if (s.recompute)
         FR_APPEND("%srecompute", used ? "+" : "");
     if (s.abn)
@@ -105,7 +108,7 @@ const char *fr_strategy_format(fr_strategy s, char *buf, size_t len) {
 }
 
 bool fr_strategy_equal(fr_strategy a, fr_strategy b) {
-    return a.inplace == b.inplace && a.recompute == b.recompute && a.abn == b.abn &&
+    return a.recompute == b.recompute && a.abn == b.abn &&
            a.abn_reference == b.abn_reference && a.checkpoint == b.checkpoint &&
            a.compress == b.compress;
 }

@@ -26,9 +26,11 @@ extern "C" {
  * plain (abn excepted: see below); they differ in memory and time. The
  * engine applies them to any model built with nn/build.h: the norm layers
  * and residual adds in nn/norm.c, checkpoint segments in nn/segments.c.
- *   inplace    ReLU and the residual add written over BN's output
  *   recompute  fused BN+ReLU keeping only its input and batch statistics; its
- *              output is recomputed in backward for the next conv. For DenseNet
+ *              output is recomputed in backward for the next conv; activation
+ *              layers and residual adds outside it write over a tensor nobody
+ *              else holds (what the retired "inplace" strategy did alone: it
+ *              saved 0 bytes on every built-in model, docs/MODELS.md). For DenseNet
  *              this is the memory-efficient form (Pleiss et al. 2017): the
  *              concatenation and BN+ReLU before each 1x1 conv are recipes
  *              ("efficient" is accepted as another name for it)
@@ -47,7 +49,6 @@ extern "C" {
  *              changes the gradients (unbiased, with variance), like abn
  *              it is a choice the user makes */
 typedef struct {
-    bool inplace;
     bool recompute;
     bool abn;
     bool abn_reference; /* the abn function without its memory trick (tests) */
@@ -56,12 +57,12 @@ typedef struct {
 } fr_strategy;
 
 #define FR_STRATEGY_PLAIN ((fr_strategy){0})
-#define FR_STRATEGY_INPLACE ((fr_strategy){.inplace = true})
 
-/* "plain", or names joined by '+': "inplace", "recompute", "abn",
+/* "plain", or names joined by '+': "recompute", "abn",
  * "checkpoint" or "checkpoint:K", "compress" or "compress:B" (e.g.
  * "abn+checkpoint:4+compress:4"). FR_ERR_ARG naming
- * the choices otherwise. */
+ * the choices otherwise; "inplace" is an error saying it was folded into
+ * recompute. */
 fr_status fr_strategy_parse(const char *text, fr_strategy *out);
 /* The canonical text of a strategy ("recompute+checkpoint:6"); returns buf. */
 const char *fr_strategy_format(fr_strategy s, char *buf, size_t len);

@@ -55,7 +55,7 @@ typedef struct {
     bool *group_ckpt;  /* whether the group runs as one checkpointed segment */
     /* NULL: every group runs under the run's strategy. Set by the memory
      * planner (planner/planner.h): group g runs under group_strategy[g] (its
-     * inplace / recompute / abn switches, and checkpoint for a dense
+     * recompute / abn switches, and checkpoint for a dense
      * module's own children) */
     fr_strategy *group_strategy;
 } fr_seg_layout;

@@ -6,7 +6,12 @@
  * (the engine holds a block's input for the block's whole forward). */
 static bool exclusive(const fr_tensor *t) { return t->refcount == 1 && t->storage->refcount == 1; }
 
-/* act(y), releasing y (leaky ReLU for ReLU in the ABN function). INPLACE
+/* Whether activations and residual adds write over their input: recompute
+ * does (it absorbed the retired "inplace" strategy, which alone saved 0 bytes
+ * on every built-in model: docs/MODELS.md). */
+static bool in_place(const fr_run *run) { return run && run->strategy.recompute; }
+
+/* act(y), releasing y (leaky ReLU for ReLU in the ABN function). recompute
  * writes over y when the activation's gradient needs only its output: y is
  * a fresh BN output or sum nobody saved. */
 static fr_tensor *act_consume(fr_tensor *y, fr_act act, float slope, const fr_run *run) {
@@ -16,7 +21,7 @@ static fr_tensor *act_consume(fr_tensor *y, fr_act act, float slope, const fr_ru
         act = FR_ACT_LEAKY_RELU;
         slope = FR_ABN_SLOPE;
     }
-    if (run->strategy.inplace && !fr_act_needs_input(act))
+    if (in_place(run) && !fr_act_needs_input(act))
         return fr_chain(y, fr_activation_(y, act, slope));
     return fr_chain(y, fr_activation(y, act, slope));
 }
@@ -28,7 +33,7 @@ fr_tensor *fr_act_layer_apply(const fr_module *m, fr_tensor *x, const fr_run *ru
         return NULL;
     }
     /* in place only over a tensor nobody else holds or saved */
-    if (run->strategy.inplace && !fr_act_needs_input(l->act) && exclusive(x))
+    if (in_place(run) && !fr_act_needs_input(l->act) && exclusive(x))
         return fr_activation_(x, l->act, l->slope);
     return fr_activation(x, l->act, l->slope);
 }
@@ -113,11 +118,6 @@ fr_tensor *fr_norm_apply(const fr_module *m, fr_tensor *x, fr_tensor *residual, 
         /* RECOMPUTE_X keeps x as its recipe when x carries one (a dense
          * concatenation), and holds it otherwise, as RECOMPUTE does */
         mode = residual ? FR_BNACT_RECOMPUTE : FR_BNACT_RECOMPUTE_X;
-    else if (st->inplace && !st->abn_reference && run->training &&
-             (act != FR_ACT_IDENTITY || residual))
-        /* inplace keeps what its chain of inplace ops keeps (x and y): the
-         * fused op keeps the same in one pass each way */
-        mode = FR_BNACT_KEEP;
     else if (!fr_grad_enabled() && !st->abn_reference && (act != FR_ACT_IDENTITY || residual))
         /* nothing is recorded (validation, a checkpointed segment's first
          * forward): one pass, the chain's bits, under every strategy */
@@ -145,7 +145,7 @@ fr_tensor *fr_residual_add(fr_tensor *y, fr_tensor *shortcut, const fr_run *run)
         return NULL;
     /* in place only over a tensor nobody else holds (an op's fresh output:
      * conv and BN save their inputs, not their outputs) */
-    if (run && run->strategy.inplace && exclusive(y))
+    if (in_place(run) && exclusive(y))
         return fr_add_(y, shortcut);
     return fr_add(y, shortcut);
 }

@@ -1,5 +1,5 @@
 /* norm.h: the norm layer (BatchNorm2d + activation, with an optional
- * residual) and the residual add are where inplace, recompute and abn change
+ * residual) and the residual add are where recompute and abn change
  * how a model runs; their entry points are in nn/build.h (fr_forward on a
  * norm layer, fr_norm_add, fr_residual_add). This header only names the
  * file: nn/norm.c is the ONE place those three strategies live.

@@ -632,7 +632,7 @@ fr_status fr_plan_memory(fr_model *m, const int64_t *shape, size_t budget, const
         return st;
     }
     /* the strategy for other shapes: the leanest switches the plan uses */
-    plan->base = (fr_strategy){.inplace = true, .recompute = true, .checkpoint = -1};
+    plan->base = (fr_strategy){.recompute = true, .checkpoint = -1};
     for (int u = 0; u < plan->n_units; u++)
         plan->base.abn |= plan->units[u].strategy.abn;
     return FR_OK;

@@ -11,8 +11,7 @@
  *  1. A per-block profile (planner/profile.c): every step of the root sequence
  *     (the units nn/segments.c cuts into checkpoint segments: a block, a
  *     dense module, a run of layers) is run once per function-preserving
- *     strategy (plain, inplace, recompute, inplace+recompute; abn and
- *     abn+inplace only with allow_abn; a dense module also with its own
+ *     strategy (plain, recompute; abn only with allow_abn; a dense module also with its own
  *     children checkpointed; each also under compress:8/4/2 only with
  *     allow_compress) at the given batch, image size, precision and
  *     device: forward with grad, backward, and forward under no_grad, each

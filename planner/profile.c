@@ -66,8 +66,7 @@ static double activation_bytes(const fr_tensor *t) {
 
 static fr_strategy strategy_of(int k) {
     static const fr_strategy base[FR_PROFILE_BASE_STRATEGIES] = {
-        {0}, {.inplace = true}, {.recompute = true}, {.inplace = true, .recompute = true},
-        {.abn = true}, {.abn = true, .inplace = true}};
+        {0}, {.recompute = true}, {.abn = true}};
     static const int bits[FR_PROFILE_COMPRESS_LEVELS] = {0, 8, 4, 2};
     fr_strategy s = base[k % FR_PROFILE_BASE_STRATEGIES];
     if ((k / FR_PROFILE_BASE_STRATEGIES) % 2)
@@ -218,7 +217,7 @@ static fr_status measure_all(fr_model *m, fr_profile *p) {
              * profiled, a dense module takes recompute only with its
              * children checkpointed, which is predicted exactly. */
             bool dense_recompute = p->barrier[s] && strategy_of(k).recompute && !strategy_of(k).checkpoint;
-            bool wanted = (k % FR_PROFILE_BASE_STRATEGIES < 4 || p->allow_abn) &&
+            bool wanted = (k % FR_PROFILE_BASE_STRATEGIES < 2 || p->allow_abn) &&
                           (!strategy_of(k).checkpoint || p->barrier[s]) && !dense_recompute &&
                           (!strategy_of(k).compress || p->allow_compress);
             if (!wanted)

@@ -8,13 +8,13 @@
 
 #include "planner.h"
 
-/* plain, inplace, recompute, inplace+recompute, abn, abn+inplace; then the
- * same with a dense module's children checkpointed (dense steps only); the
- * twelve without compression, then with compress:8, :4 and :2 (only with
- * allow_compress). Strategy k: base k % 6, children checkpointed when
- * (k / 6) % 2, compression level k / 12. */
+/* plain, recompute, abn (only with allow_abn); then the same with a dense
+ * module's children checkpointed (dense steps only); the six without
+ * compression, then with compress:8, :4 and :2 (only with allow_compress).
+ * Strategy k: base k % 3, children checkpointed when (k / 3) % 2,
+ * compression level k / 6. */
 enum {
-    FR_PROFILE_BASE_STRATEGIES = 6,
+    FR_PROFILE_BASE_STRATEGIES = 3,
     FR_PROFILE_COMPRESS_LEVELS = 4,
     FR_PROFILE_STRATEGIES = 2 * FR_PROFILE_BASE_STRATEGIES * FR_PROFILE_COMPRESS_LEVELS
 };

@@ -44,12 +44,12 @@
 #define MAX_STRATEGIES 16
 #define MAX_ROWS (2 * MAX_STRATEGIES) /* each strategy in f32 and in --precision */
 #define DEFAULT_STRATEGIES                                                                   \
-    "plain,inplace,recompute,abn,checkpoint,recompute+checkpoint,abn+checkpoint,compress:8,"    \
+    "plain,recompute,abn,checkpoint,recompute+checkpoint,abn+checkpoint,compress:8,"            \
     "abn+checkpoint+compress:4,abn+checkpoint+compress:2"
 /* For models whose layers cannot take InPlace-ABN (DenseNet, pre-activation
  * ResNets: an activation's input is still read by someone else). */
 #define DEFAULT_STRATEGIES_NO_ABN                                                            \
-    "plain,inplace,recompute,checkpoint,recompute+checkpoint,compress:8,"                       \
+    "plain,recompute,checkpoint,recompute+checkpoint,compress:8,"                               \
     "recompute+checkpoint+compress:4,recompute+checkpoint+compress:2"
 /* Ledger events kept for the plot and the peak's phase; a ResNet-56 step
  * makes a few thousand, a checkpointed DenseNet a few tens of thousands. */
@@ -384,7 +384,7 @@ static void usage(FILE *out) {
             "  --in-channels N     image channels (default 3)\n"
             "  --classes N         classes (default 10)\n"
             "  --strategies LIST   comma-separated strategies, each plain or a '+'-joined set of\n"
-            "                      inplace, recompute, abn, checkpoint[:K], compress[:8|4|2]\n"
+            "                      recompute, abn, checkpoint[:K], compress[:8|4|2]\n"
             "                      (default %s;\n"
             "                      for DenseNets and pre-activation ResNets, without abn)\n"
             "  --device cpu|cuda   (default cpu)\n"

@@ -59,7 +59,7 @@ static void usage(FILE *out) {
             "  --model NAME          resnet20 (default), any resnet<6n+2>, preresnet<9n+2>, densenet-bc-<L>\n"
             "  --data SPEC           fashion-mnist[:DIR] (default, DIR %s),\n"
             "                        mnist:DIR, cifar10:DIR, cifar100:DIR, folder:DIR (DIR/train, DIR/test)\n"
-            "  --strategy S          memory strategy: plain (default), inplace, recompute, abn,\n"
+            "  --strategy S          memory strategy: plain (default), recompute, abn,\n"
             "                        checkpoint[:K], joined with '+' (recompute+checkpoint)\n"
             "  --precision P         f32 (default), f16 or bf16: the precision of activations and\n"
             "                        compute (weights stay f32); f16 with dynamic loss scaling\n"

@@ -322,9 +322,9 @@ static void test_gradients_unbiased(void) {
  * compression, and the same seed gives the same step bit for bit
  * (checkpoint replays draw the forward's codes) */
 static void test_combinations(void) {
-    const char *others[] = {"plain",      "inplace",        "recompute",
+    const char *others[] = {"plain",      "checkpoint:1",   "recompute",
                             "abn",        "checkpoint:2",   "abn+checkpoint",
-                            "recompute+checkpoint", "inplace+recompute+checkpoint:1"};
+                            "recompute+checkpoint", "recompute+checkpoint:1"};
     const char *models[] = {"resnet8", "densenet-bc-40"};
     for (size_t mi = 0; mi < 2; mi++) {
         fr_model *m = make(models[mi]);

@@ -111,9 +111,9 @@ static void test_every_strategy_equals_plain(void) {
     int32_t lab[4] = {0, 3, 1, 4};
     fr_tensor *labels = fr_from_host(FR_CPU, FR_I32, 1, FR_SHAPE(4), FR_TAG_DATA, lab);
     float **init = fr_t_snapshot_save(m);
-    static const char *const exact[] = {"inplace", "recompute", "checkpoint", "checkpoint:1",
+    static const char *const exact[] = {"recompute", "checkpoint", "checkpoint:1",
                                         "checkpoint:2", "recompute+checkpoint",
-                                        "inplace+recompute+checkpoint:3"};
+                                        "recompute+checkpoint:3"};
     fr_t_check_strategies(m, init, x, labels, "plain", exact, (int)(sizeof exact / sizeof *exact),
                           -1, 5);
     static const char *const abn[] = {"abn", "abn+checkpoint:2"};

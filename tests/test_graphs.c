@@ -109,11 +109,11 @@ static void check_interleaved(fr_model *a, fr_model *b, const setting *settings,
 
 static void test_interleaved_models_equal_alone(void) {
     const setting settings[] = {
-        {"plain", FR_F32},           {"inplace", FR_F32},
+        {"plain", FR_F32},           {"checkpoint:2", FR_F32},
         {"recompute", FR_F32},       {"abn_reference", FR_F32},
         {"abn", FR_F32},             {"checkpoint:1", FR_F32},
         {"checkpoint", FR_F32},      {"recompute+checkpoint:2", FR_F32},
-        {"abn+checkpoint:3", FR_F32}, {"inplace+recompute+checkpoint:2", FR_F32},
+        {"abn+checkpoint:3", FR_F32}, {"recompute+checkpoint:2", FR_F32},
         {"recompute+checkpoint:2", FR_BF16}, {"abn", FR_F16},
     };
     check_interleaved(fr_resnet_create("resnet20", 3, 10, 1), fr_resnet_create("resnet20", 3, 10, 2),

@@ -121,7 +121,7 @@ static void test_checkpoint_metadata_validated(void) {
         {"optimizer.momentum", "2", "\"optimizer.momentum\""},
         {"optimizer.weight_decay", "inf", "\"optimizer.weight_decay\""},
         {"strategy", "abn+abn", "given twice"},
-        {"strategy", "inplace+", "ends with '+'"},
+        {"strategy", "recompute+", "ends with '+'"},
         {"training", "0", "\"training\""},
         {"training", "yes", "\"training\""},
         {"num_classes", "100000000", "\"num_classes\""},

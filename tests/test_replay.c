@@ -190,7 +190,7 @@ static void check_model(const char *name, const char *const *strategies, int n_s
 
 static void test_resnet20_replay_owns_its_segment(void) {
     static const char *const s[] = {"checkpoint", "checkpoint:3", "recompute+checkpoint",
-                                    "inplace+checkpoint:1"};
+                                    "recompute+checkpoint:1"};
     check_model("resnet20", s, 4);
 }
 

@@ -343,8 +343,8 @@ static void check_model_strategies(const char *name, int batch, int size) {
     float **init = fr_t_snapshot_save(m);
 
     /* Same math in the same order: bit-identical to plain. */
-    static const char *const exact[] = {"inplace", "recompute", "checkpoint", "checkpoint:2",
-                                        "recompute+checkpoint", "inplace+recompute+checkpoint:3"};
+    static const char *const exact[] = {"recompute", "checkpoint", "checkpoint:2",
+                                        "recompute+checkpoint", "recompute+checkpoint:3"};
     fr_t_step plain = fr_t_model_step(m, "plain", init, x, labels);
     for (size_t i = 0; i < sizeof exact / sizeof *exact; i++) {
         fr_t_step r = fr_t_model_step(m, exact[i], init, x, labels);
