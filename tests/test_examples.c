@@ -1,5 +1,5 @@
 /* test_examples.c: the example models, built by the examples' own builders
- * (examples/mobilenet_model.h), under every function-preserving memory
+ * (examples/mobilenet_model.h, examples/unet_model.h), under every function-preserving memory
  * strategy: the same loss, gradients and running statistics as plain, bit
  * for bit, with no more saved bytes (fewer under checkpointing). */
 #include <stdio.h>
@@ -10,24 +10,30 @@
 #include "frugal.h"
 
 #include "../examples/mobilenet_model.h"
+#include "../examples/unet_model.h"
+
+/* Each of strategies[0..n) bit-identical to plain on m, one step on a random
+ * batch of 2 images c x hw x hw. */
+static void check_exact(fr_model *m, int c, int hw, const char *const *strategies, int n) {
+    fr_tensor *x = fr_t_rand(FR_CPU, 4, FR_SHAPE(2, c, hw, hw), 21);
+    int32_t lab[2] = {7, 2};
+    fr_tensor *labels = fr_from_host(FR_CPU, FR_I32, 1, FR_SHAPE(2), FR_TAG_DATA, lab);
+    float **init = fr_t_snapshot_save(m);
+    fr_t_check_strategies(m, init, x, labels, "plain", strategies, n, -1, 5);
+    fr_t_snapshot_free(m, init);
+    fr_release(x);
+    fr_release(labels);
+}
 
 static void test_mobilenet_strategies_equal_plain(void) {
     fr_model *m = mobilenet_create("mobilenet_se", 3, 10, 3);
     CHECK_NOTNULL(m);
     if (!m)
         return;
-    fr_tensor *x = fr_t_rand(FR_CPU, 4, FR_SHAPE(2, 3, 16, 16), 21);
-    int32_t lab[2] = {7, 2};
-    fr_tensor *labels = fr_from_host(FR_CPU, FR_I32, 1, FR_SHAPE(2), FR_TAG_DATA, lab);
-    float **init = fr_t_snapshot_save(m);
     /* abn is refused (a block's input is read again by its residual add) */
     static const char *const exact[] = {"inplace", "recompute", "checkpoint", "checkpoint:2",
                                         "recompute+checkpoint", "inplace+recompute+checkpoint:3"};
-    fr_t_check_strategies(m, init, x, labels, "plain", exact, (int)(sizeof exact / sizeof *exact),
-                          -1, 5);
-    fr_t_snapshot_free(m, init);
-    fr_release(x);
-    fr_release(labels);
+    check_exact(m, 3, 16, exact, (int)(sizeof exact / sizeof *exact));
     fr_model_free(m);
 }
 
@@ -64,8 +70,32 @@ static void test_mobilenet_saved_bytes_targets(void) {
     fr_model_free(m);
 }
 
+/* The U-Net denoiser (width 4: GroupNorm of one group of 4, skip concats,
+ * bilinear upsampling, its loss callback) under every strategy it honours:
+ * bit-identical to plain. abn is refused (GroupNorm cannot be inverted);
+ * checkpoint too, with a message: the skips cross every stage, so the whole
+ * net is one block and there is nothing to cut into segments. */
+static void test_unet_strategies_equal_plain(void) {
+    fr_model *m = unet_create_width("unet", 1, 10, 4, 4);
+    CHECK_NOTNULL(m);
+    if (!m)
+        return;
+    CHECK(m->loss == unet_loss);
+    static const char *const exact[] = {"inplace", "recompute", "inplace+recompute"};
+    check_exact(m, 1, 12, exact, (int)(sizeof exact / sizeof *exact));
+    fr_tensor *x = fr_t_rand(FR_CPU, 4, FR_SHAPE(2, 1, 12, 12), 23);
+    CHECK_OK(fr_strategy_parse("checkpoint", &m->cfg.strategy));
+    fr_tensor *out = fr_model_forward(m, x, true);
+    CHECK(out == NULL);
+    CHECK_ERR(fr_last_status(), FR_ERR_ARG, "unet: strategy checkpoint cannot apply");
+    fr_release(out);
+    fr_release(x);
+    fr_model_free(m);
+}
+
 int main(void) {
     RUN(test_mobilenet_strategies_equal_plain);
     RUN(test_mobilenet_saved_bytes_targets);
+    RUN(test_unet_strategies_equal_plain);
     return TEST_SUMMARY();
 }
