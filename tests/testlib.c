@@ -417,7 +417,7 @@ fr_t_step fr_t_model_step(fr_model *m, const char *strategy, float **init, fr_te
     r.forward_allocs = after.n_allocs - before.n_allocs;
     r.forward_transient = fr_mem_peak(FR_CPU, FR_TAG_TRANSIENT);
     r.saved_forward = fr_mem_current(FR_CPU, FR_TAG_SAVED);
-    fr_tensor *loss = logits ? fr_cross_entropy(logits, labels) : NULL;
+    fr_tensor *loss = logits ? fr_model_loss(m, logits, x, labels) : NULL; /* m->loss if it has one */
     fr_release(logits);
     r.saved_loss = fr_mem_current(FR_CPU, FR_TAG_SAVED);
     CHECK_NOTNULL(loss);

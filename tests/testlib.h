@@ -208,7 +208,8 @@ typedef struct {
 
 /* Runs one step under `strategy` (fr_strategy_parse's text), from the
  * weights in `init` (fr_t_snapshot_save's, restored first) or, if NULL, as they
- * are; gradients are copied out, then zeroed. */
+ * are; gradients are copied out, then zeroed. The loss is fr_model_loss's:
+ * m->loss when the model has one (an autoencoder), else cross-entropy. */
 fr_t_step fr_t_model_step(fr_model *m, const char *strategy, float **init, fr_tensor *x,
                           fr_tensor *labels);
 /* The loss given and m's gradients / f32 buffers as they are now (the values
