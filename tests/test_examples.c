@@ -31,8 +31,8 @@ static void test_mobilenet_strategies_equal_plain(void) {
     if (!m)
         return;
     /* abn is refused (a block's input is read again by its residual add) */
-    static const char *const exact[] = {"inplace", "recompute", "checkpoint", "checkpoint:2",
-                                        "recompute+checkpoint", "inplace+recompute+checkpoint:3"};
+    static const char *const exact[] = {"recompute", "checkpoint", "checkpoint:2",
+                                        "recompute+checkpoint", "recompute+checkpoint:3"};
     check_exact(m, 3, 16, exact, (int)(sizeof exact / sizeof *exact));
     fr_model_free(m);
 }
@@ -81,7 +81,7 @@ static void test_unet_strategies_equal_plain(void) {
     if (!m)
         return;
     CHECK(m->loss == unet_loss);
-    static const char *const exact[] = {"inplace", "recompute", "inplace+recompute"};
+    static const char *const exact[] = {"recompute"};
     check_exact(m, 1, 12, exact, (int)(sizeof exact / sizeof *exact));
     fr_tensor *x = fr_t_rand(FR_CPU, 4, FR_SHAPE(2, 1, 12, 12), 23);
     CHECK_OK(fr_strategy_parse("checkpoint", &m->cfg.strategy));
