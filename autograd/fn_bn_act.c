@@ -188,7 +188,7 @@ static fr_status abn_backward(fr_node *node, const bnact_ctx *c, fr_tensor *dy, 
         st = fr_bn_act_backward(dx, dz, dgeff, dbeta, dy, t[Y], xhat, zero, one, scale, NULL,
                                 c->act, c->slope);
     if (st == FR_OK)
-        st = fr_abn_gamma_grad_out(dgamma, dgeff, t[GAMMA]);
+        st = fr_abn_gamma_backward(dgamma, dgeff, t[GAMMA]);
     if (st == FR_OK) {
         din[0] = dx;
         dx = NULL;
@@ -225,7 +225,7 @@ static fr_status abn_scale_backward(fr_node *node, fr_tensor *const *dout, fr_te
     if (!gamma)
         return fr_last_status();
     din[0] = fr_empty_like(gamma, FR_TAG_TRANSIENT);
-    fr_status st = din[0] ? fr_abn_gamma_grad_out(din[0], dout[0], gamma) : fr_last_status();
+    fr_status st = din[0] ? fr_abn_gamma_backward(din[0], dout[0], gamma) : fr_last_status();
     fr_release(gamma);
     return st;
 }
@@ -234,7 +234,7 @@ fr_tensor *fr_abn_scale(fr_tensor *gamma, float eps) {
     if (fr_check_f32c("abn_scale", "gamma", gamma) != FR_OK)
         return NULL;
     fr_tensor *y = fr_empty_like(gamma, FR_TAG_TRANSIENT);
-    if (!y || fr_abn_gamma_out(y, gamma, eps) != FR_OK) {
+    if (!y || fr_abn_gamma_forward(y, gamma, eps) != FR_OK) {
         fr_release(y);
         return NULL;
     }
@@ -336,7 +336,7 @@ fr_tensor *fr_bn_act(fr_tensor *x, fr_tensor *residual, const fr_bn_state *bn, f
     bnact_ctx *c = NULL;
     fr_status st = mean && invstd && (gamma_eff || !abn) ? FR_OK : fr_last_status();
     if (st == FR_OK && abn)
-        st = fr_abn_gamma_out(gamma_eff, bn->gamma, bn->eps);
+        st = fr_abn_gamma_forward(gamma_eff, bn->gamma, bn->eps);
     /* An inplace op records before writing, so x's edge is its old producer. */
     if (st == FR_OK && recording) {
         c = malloc(sizeof *c);

@@ -115,6 +115,7 @@ typedef struct {
     fr_tensor *x;       // (N, C, H, W)
     fr_tensor *labels;  // (N)
     fr_loss_scaler *scaler; /* mixed precision rows of the GPU section, else NULL */
+    size_t *held;           /* where the step's hook notes held_outside_saved, or NULL */
 } trainer;
 
 /* Bytes of the registry's tensors and the batch that some tape entry holds
@@ -133,26 +134,28 @@ static size_t held_outside_saved(const trainer *tr) {
     return bytes;
 }
 
-/* One training step; `held` (may be NULL) receives held_outside_saved at
- * the end of the forward. */
+/* fr_train_step's phase hook: notes held_outside_saved when the forward
+ * (and the loss) is done, before backward frees anything. */
+static fr_status note_held(void *ctx, fr_step_phase phase, int micro, int parts) {
+    (void)micro;
+    (void)parts;
+    trainer *tr = ctx;
+    if (phase == FR_STEP_BACKWARD)
+        *tr->held = held_outside_saved(tr);
+    return FR_OK;
+}
+
+/* One training step, the library's (train/train.h): forward,
+ * cross-entropy, backward, the optimizer (or loss scaler) step, zero_grad;
+ * `held` (may be NULL) receives held_outside_saved at the end of the
+ * forward. */
 static fr_status train_step(trainer *tr, size_t *held) {
-    fr_tensor *logits = fr_model_forward(tr->model, tr->x, true);
-    fr_tensor *loss = logits ? fr_cross_entropy(logits, tr->labels) : NULL;
-    fr_release(logits);
-    fr_status st = loss ? FR_OK : fr_last_status();
-    if (loss && held)
-        *held = held_outside_saved(tr);
-    fr_tensor *scaled = loss && tr->scaler ? fr_loss_scaler_scale(tr->scaler, loss) : NULL;
-    if (loss && tr->scaler && !scaled)
-        st = fr_last_status();
-    if (st == FR_OK && loss)
-        st = fr_backward(scaled ? scaled : loss);
-    fr_release(scaled);
-    fr_release(loss);
-    if (st == FR_OK)
-        st = tr->scaler ? fr_loss_scaler_step(tr->scaler, tr->opt, NULL, NULL) : fr_optim_step(tr->opt);
-    fr_tape_clear();
-    fr_optim_zero_grad(tr->opt);
+    const fr_step_hooks hooks = {.ctx = tr, .phase = note_held};
+    tr->held = held;
+    tr->model->step_hooks = held ? &hooks : NULL;
+    fr_status st = fr_train_step(tr->model, tr->opt, tr->scaler, tr->x, tr->labels, 1, NULL, NULL, NULL);
+    tr->model->step_hooks = NULL;
+    tr->held = NULL;
     return st;
 }
 

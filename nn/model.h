@@ -94,6 +94,26 @@ typedef struct fr_grad_sync {
     fr_status (*any)(void *ctx, bool *flag);
 } fr_grad_sync;
 
+/* Phase hooks of fr_train_step (train/train.h), for a caller that marks
+ * where a step is (memreport's per-phase peaks and SVG marks, the bench's
+ * bytes held at the end of the forward) without re-implementing its
+ * micro-batch loop. `phase` is called, in this order, with FR_STEP_FORWARD
+ * and FR_STEP_BACKWARD for each micro-batch `micro` in [0, parts), then
+ * FR_STEP_OPTIMIZER and FR_STEP_END with micro = parts. A hook that returns
+ * an error (set with fr_error) stops the step: fr_train_step returns it,
+ * prefixed with the phase and micro-batch, and calls no further hook. */
+typedef enum {
+    FR_STEP_FORWARD,   /* micro-batch `micro` is about to run its forward */
+    FR_STEP_BACKWARD,  /* its loss is built (logits released); backward is next */
+    FR_STEP_OPTIMIZER, /* every backward (and gradient sync) is done; the optimizer step is next */
+    FR_STEP_END,       /* the optimizer stepped and the gradients are zeroed */
+} fr_step_phase;
+
+typedef struct fr_step_hooks {
+    void *ctx;
+    fr_status (*phase)(void *ctx, fr_step_phase phase, int micro, int parts);
+} fr_step_hooks;
+
 typedef struct fr_model fr_model;
 /* The loss a training step minimises, for a model whose output is not
  * class logits (an autoencoder, a regressor): out is the forward's output
@@ -107,6 +127,7 @@ struct fr_model {
     fr_params *params;     /* owned */
     struct fr_model_build *build; /* the module tree (nn/build.h); owned */
     const fr_grad_sync *grad_sync; /* borrowed; NULL when training alone */
+    const fr_step_hooks *step_hooks; /* borrowed; NULL: fr_train_step calls none */
     /* NULL: cross-entropy of the output as class logits, and top-1 accuracy.
      * Set (in the model's create function, so every program gets it): the
      * training step, evaluation and memreport minimise this instead and

@@ -87,11 +87,29 @@ typedef struct {
     fr_tensor *x;       // (N, C, H, W)
     fr_tensor *labels;  // (N)
     trace_buf *trace;
+    series *marks;      /* the traced step's phase marks; NULL when untraced */
     int accum;          /* micro-batches (the planner's) */
 } trainer;
 
-/* forward, loss, backward, SGD step, zero_grad. When `s` is given, the
- * trace is on for this step and the phase boundaries are noted in `s`. */
+/* fr_train_step's phase hook: notes where backward (the first
+ * micro-batch's) and the optimizer step begin in the trace, and waits for
+ * the device at the end so the step's time is the device's. */
+static fr_status mark_phase(void *ctx, fr_step_phase phase, int micro, int parts) {
+    (void)parts;
+    trainer *tr = ctx;
+    series *s = tr->marks;
+    if (s && phase == FR_STEP_BACKWARD && micro == 0)
+        s->backward_at = tr->trace->n - s->start;
+    if (s && phase == FR_STEP_OPTIMIZER)
+        s->optim_at = tr->trace->n - s->start;
+    if (phase == FR_STEP_END && tr->x->storage->device == FR_CUDA)
+        return fr_cuda_synchronize();
+    return FR_OK;
+}
+
+/* forward, loss, backward, SGD step, zero_grad: the library's step
+ * (train/train.h) in tr->accum micro-batches. When `s` is given, the trace
+ * is on for this step and the phase boundaries are noted in `s`. */
 static fr_status train_step(trainer *tr, series *s) {
     trace_buf *t = tr->trace;
     if (s) {
@@ -99,42 +117,13 @@ static fr_status train_step(trainer *tr, series *s) {
         t->t0 = now_ms();
         t->on = true;
     }
-    fr_status st = FR_OK;
-    /* micro-batches as fr_train_step cuts them (equal parts here: the
-     * planner's parts divide the batch); the phase marks are the first's */
-    int parts = tr->accum > 1 ? tr->accum : 1;
-    int64_t n = tr->x->shape[0];
-    for (int i = 0; i < parts && st == FR_OK; i++) {
-        int64_t lo = n * i / parts, len = n * (i + 1) / parts - lo;
-        fr_tensor *x = parts == 1 ? fr_retain(tr->x) : fr_narrow(tr->x, 0, lo, len);
-        fr_tensor *y = parts == 1 ? fr_retain(tr->labels) : fr_narrow(tr->labels, 0, lo, len);
-        fr_tensor *logits = x && y ? fr_model_forward(tr->model, x, true) : NULL;
-        fr_tensor *l = fr_model_loss(tr->model, logits, x, y);
-        fr_tensor *loss = l && parts > 1 ? fr_scale(l, (float)len / (float)n) : fr_retain(l);
-        fr_release(l);
-        fr_release(logits);
-        fr_release(x);
-        fr_release(y);
-        if (!loss) {
-            st = fr_last_status();
-            goto done;
-        }
-        if (s && i == 0)
-            s->backward_at = t->n - s->start;
-        st = fr_backward(loss);
-        fr_release(loss);
-    }
-    if (st != FR_OK)
-        goto done;
-    if (s)
-        s->optim_at = t->n - s->start;
-    st = fr_optim_step(tr->opt);
-    if (st == FR_OK && tr->x->storage->device == FR_CUDA)
-        st = fr_cuda_synchronize();
-done:
-    /* On failure the tape may still hold nodes recorded before it. */
-    fr_tape_clear();
-    fr_optim_zero_grad(tr->opt);
+    tr->marks = s;
+    const fr_step_hooks hooks = {.ctx = tr, .phase = mark_phase};
+    tr->model->step_hooks = &hooks;
+    fr_status st = fr_train_step(tr->model, tr->opt, NULL, tr->x, tr->labels, tr->accum > 1 ? tr->accum : 1,
+                                 NULL, NULL, NULL);
+    tr->model->step_hooks = NULL;
+    tr->marks = NULL;
     if (s) {
         t->on = false;
         s->count = t->n - s->start;

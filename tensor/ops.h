@@ -6,7 +6,10 @@
  * (tensor/kernels.def). Outputs come first and are allocated by the caller;
  * every op overwrites its outputs unless it says it accumulates. Forward and
  * backward of a family sit side by side in one file, tensor/ops_<family>.c.
- * autograd/ builds the differentiable ops on top of these. */
+ * autograd/ builds the differentiable ops on top of these. Suffixes:
+ * _forward/_backward (a differentiable op's halves), _out (no backward of
+ * its own), _ (first argument read and written), _shape: the rule is in
+ * docs/ARCHITECTURE.md ("One naming rule for the two op APIs"). */
 #ifndef FR_OPS_H
 #define FR_OPS_H
 
@@ -247,8 +250,8 @@ fr_status fr_pointwise_loss_backward(fr_tensor *dpred, const fr_tensor *dloss, c
 
 /* ---- InPlace-ABN helpers (ops_abn.c); per-channel tensors (C), x-shaped
  * tensors (N,C,H,W) or (N,C) ---- */
-fr_status fr_abn_gamma_out(fr_tensor *gamma_eff, const fr_tensor *gamma, float eps);
-fr_status fr_abn_gamma_grad_out(fr_tensor *dgamma, const fr_tensor *dgamma_eff, const fr_tensor *gamma);
+fr_status fr_abn_gamma_forward(fr_tensor *gamma_eff, const fr_tensor *gamma, float eps);
+fr_status fr_abn_gamma_backward(fr_tensor *dgamma, const fr_tensor *dgamma_eff, const fr_tensor *gamma);
 /* residual may be NULL; slope 1 means the identity activation */
 fr_status fr_abn_invert_out(fr_tensor *xhat, const fr_tensor *y, const fr_tensor *gamma_eff,
                             const fr_tensor *beta, const fr_tensor *residual, float slope);

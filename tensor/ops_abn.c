@@ -15,7 +15,7 @@ static fr_status check_channels(const char *op, const char *a_name, const fr_ten
     return fr_check_same_device(op, a_name, a, b_name, b);
 }
 
-fr_status fr_abn_gamma_out(fr_tensor *gamma_eff, const fr_tensor *gamma, float eps) {
+fr_status fr_abn_gamma_forward(fr_tensor *gamma_eff, const fr_tensor *gamma, float eps) {
     FR_TRY(check_channels("abn_gamma", "gamma_eff", gamma_eff, "gamma", gamma));
     if (!(eps > 0.0f))
         return fr_error(FR_ERR_ARG, "abn_gamma: eps must be > 0 so the scale can be inverted, got %g",
@@ -24,7 +24,7 @@ fr_status fr_abn_gamma_out(fr_tensor *gamma_eff, const fr_tensor *gamma, float e
                           eps, (int)gamma->shape[0]);
 }
 
-fr_status fr_abn_gamma_grad_out(fr_tensor *dgamma, const fr_tensor *dgamma_eff, const fr_tensor *gamma) {
+fr_status fr_abn_gamma_backward(fr_tensor *dgamma, const fr_tensor *dgamma_eff, const fr_tensor *gamma) {
     FR_TRY(check_channels("abn_gamma_grad", "dgamma", dgamma, "gamma", gamma));
     FR_TRY(check_channels("abn_gamma_grad", "dgamma_eff", dgamma_eff, "gamma", gamma));
     return FR_CALL_KERNEL(fr_device_of(gamma), abn_gamma_grad, fr_data_f32(dgamma),

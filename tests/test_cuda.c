@@ -473,11 +473,11 @@ static void test_abn_kernels(void) {
     fr_t_pair gamma = PR_RAND(800, 6), geff = PR_EMPTY(6), dgeff = PR_RAND(801, 6), dgamma = PR_EMPTY(6);
     fr_t_pair beta = PR_RAND(802, 6), y = PR_RAND(803, 3, 6, 4, 5), res = PR_RAND(804, 3, 6, 4, 5);
     fr_t_pair xhat = PR_EMPTY(3, 6, 4, 5);
-    CHECK_OK(fr_abn_gamma_out(geff.c, gamma.c, 1e-3f));
-    CHECK_OK(fr_abn_gamma_out(geff.g, gamma.g, 1e-3f));
+    CHECK_OK(fr_abn_gamma_forward(geff.c, gamma.c, 1e-3f));
+    CHECK_OK(fr_abn_gamma_forward(geff.g, gamma.g, 1e-3f));
     fr_t_pair_check(geff, 0, 0, "abn gamma");
-    CHECK_OK(fr_abn_gamma_grad_out(dgamma.c, dgeff.c, gamma.c));
-    CHECK_OK(fr_abn_gamma_grad_out(dgamma.g, dgeff.g, gamma.g));
+    CHECK_OK(fr_abn_gamma_backward(dgamma.c, dgeff.c, gamma.c));
+    CHECK_OK(fr_abn_gamma_backward(dgamma.g, dgeff.g, gamma.g));
     fr_t_pair_check(dgamma, 0, 0, "abn gamma grad");
     for (int k = 0; k < 4; k++) {
         float slope = k & 1 ? 1.0f : 0.01f;

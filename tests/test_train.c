@@ -11,6 +11,8 @@
  *    an inf planted in an image skips the step (parameters and optimizer
  *    state unchanged bit for bit, gradients dropped, scale halved, one skip
  *    counted), for a dynamic (f16) scaler and for the f32 guard;
+ *  - fr_train_step's phase hooks fire in order with the micro-batch
+ *    indices, and a hook's error stops the step with a message naming it;
  *  - --precision parsing (fr_cli_precision) and the planner's element size
  *    under autocast (2 bytes: same segments, half the estimated bytes);
  *  - f16 / bf16 models (need the half-precision ops): a step follows the f32
@@ -194,6 +196,81 @@ static void free_copy(const fr_params *p, fr_tensor **c) {
     for (int i = 0; i < p->count; i++)
         fr_release(c[i]);
     free(c);
+}
+
+/* ---- fr_train_step's phase hooks ---- */
+
+typedef struct {
+    int n, fail_at; /* calls so far; the call (index) that fails, or -1 */
+    int phase[16], micro[16], parts[16];
+    bool grads_at[16]; /* fc.weight has a gradient when the hook runs */
+    fr_tensor *w;
+} hook_log;
+
+static fr_status log_phase(void *ctx, fr_step_phase phase, int micro, int parts) {
+    hook_log *h = ctx;
+    if (h->n == 16)
+        return fr_error(FR_ERR_ARG, "hook log full");
+    h->phase[h->n] = (int)phase;
+    h->micro[h->n] = micro;
+    h->parts[h->n] = parts;
+    h->grads_at[h->n] = h->w->grad != NULL;
+    return h->n++ == h->fail_at ? fr_error(FR_ERR_ARG, "the test's hook says stop") : FR_OK;
+}
+
+/* The hooks fire forward, backward per micro-batch, then optimizer and end,
+ * with the micro-batch indices; gradients exist from the second backward
+ * on and at the optimizer, not at the end (zeroed). A hook's error stops the
+ * step (no later hook, no update, tape cleared) naming phase and
+ * micro-batch, and the next step without hooks runs. */
+static void test_step_hooks(void) {
+    enum { B = 7, IN = 12, K = 5 };
+    fr_tensor *x = fr_t_rand(FR_CPU, 4, FR_SHAPE(B, 1, 3, 4), 31);
+    int32_t lab[B] = {0, 4, 2, 1, 3, 3, 0};
+    fr_tensor *y = fr_from_host(FR_CPU, FR_I32, 1, FR_SHAPE(B), FR_TAG_DATA, lab);
+    fr_model *m = linear_model(IN, K);
+    fr_optim *opt = fr_sgd_new(m->params, (fr_sgd_options){.lr = 0.5, .momentum = 0.9});
+    hook_log h = {.fail_at = -1, .w = fr_params_get(m->params, "fc.weight")};
+    const fr_step_hooks hooks = {.ctx = &h, .phase = log_phase};
+    m->step_hooks = &hooks;
+    static const int want_phase[] = {FR_STEP_FORWARD, FR_STEP_BACKWARD, FR_STEP_FORWARD, FR_STEP_BACKWARD,
+                                     FR_STEP_FORWARD, FR_STEP_BACKWARD, FR_STEP_OPTIMIZER, FR_STEP_END};
+    static const int want_micro[] = {0, 0, 1, 1, 2, 2, 3, 3};
+    static const bool want_grads[] = {false, false, true, true, true, true, true, false};
+    CHECK_OK(fr_train_step(m, opt, NULL, x, y, 3, NULL, NULL, NULL));
+    CHECK(h.n == 8);
+    for (int i = 0; i < h.n && i < 8; i++) {
+        CHECK(h.phase[i] == want_phase[i] && h.micro[i] == want_micro[i] && h.parts[i] == 3);
+        CHECK(h.grads_at[i] == want_grads[i]);
+    }
+    /* one micro-batch: forward, backward, optimizer, end with micro 0, 0, 1, 1 */
+    h.n = 0;
+    CHECK_OK(fr_train_step(m, opt, NULL, x, y, 1, NULL, NULL, NULL));
+    CHECK(h.n == 4 && h.phase[3] == FR_STEP_END && h.micro[1] == 0 && h.micro[3] == 1 && h.parts[3] == 1);
+    /* the second micro-batch's backward hook fails */
+    fr_tensor *before = fr_empty_like(h.w, FR_TAG_WORKSPACE);
+    fr_copy_(before, h.w);
+    h.n = 0;
+    h.fail_at = 3;
+    CHECK_ERR(fr_train_step(m, opt, NULL, x, y, 3, NULL, NULL, NULL), FR_ERR_ARG,
+              "train step: the backward hook of micro-batch 1 of 3 failed: the test's hook says stop");
+    CHECK(h.n == 4);
+    CHECK(fr_tape_size() == 0);
+    CHECK(h.w->grad == NULL);
+    CHECK(same_bits(h.w, before));
+    /* the optimizer hook fails: no update either */
+    h.n = 0;
+    h.fail_at = 6;
+    CHECK_ERR(fr_train_step(m, opt, NULL, x, y, 3, NULL, NULL, NULL), FR_ERR_ARG, "optimizer hook");
+    CHECK(h.n == 7 && same_bits(h.w, before));
+    m->step_hooks = NULL;
+    CHECK_OK(fr_train_step(m, opt, NULL, x, y, 3, NULL, NULL, NULL));
+    CHECK(!same_bits(h.w, before));
+    fr_release(before);
+    fr_optim_free(opt);
+    fr_model_free(m);
+    fr_release(x);
+    fr_release(y);
 }
 
 /* With scale 2^16 every gradient is the unscaled one times 2^16 exactly and
@@ -678,6 +755,7 @@ int main(int argc, char **argv) {
     RUN(test_scaled_step_equals_unscaled);
     RUN(test_inf_skips_step);
     RUN(test_scaler_without_optimizer);
+    RUN(test_step_hooks);
     RUN(test_precision_flag);
     RUN(test_plan_precision);
     RUN(test_programs);

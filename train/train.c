@@ -40,27 +40,50 @@ fr_tensor *fr_model_loss(fr_model *m, fr_tensor *out, fr_tensor *x, fr_tensor *y
     return m->loss ? m->loss(m, out, x, y) : fr_cross_entropy(out, y);
 }
 
-/* Forward, loss and backward of one micro-batch; the loss is scaled by
- * `share` before backward so the gradients of the parts add up to the
- * whole batch's, and then by the loss scaler's scale (when there is one) so
- * that half-precision gradients do not underflow. *loss is the loss times
- * `share` only. */
-static fr_status micro_step(fr_model *m, const fr_loss_scaler *scaler, fr_tensor *x, fr_tensor *y,
-                            float share, double *loss, int64_t *correct) {
+static const char *const phase_names[] = {"forward", "backward", "optimizer", "end"};
+
+/* Calls m's hook for `phase` (none without hooks); a hook's error comes
+ * back naming the phase and the micro-batch. */
+static fr_status run_hook(const fr_model *m, fr_step_phase phase, int micro, int parts) {
+    const fr_step_hooks *h = m->step_hooks;
+    if (!h || !h->phase)
+        return FR_OK;
+    fr_status st = h->phase(h->ctx, phase, micro, parts);
+    if (st == FR_OK)
+        return FR_OK;
+    char cause[1024];
+    snprintf(cause, sizeof cause, "%s", fr_last_error());
+    return fr_error(st, "train step: the %s hook of micro-batch %d of %d failed: %s", phase_names[phase],
+                    micro, parts, cause);
+}
+
+/* Forward, loss and backward of micro-batch `micro` of `parts`; the loss is
+ * scaled by `share` before backward so the gradients of the parts add up to
+ * the whole batch's, and then by the loss scaler's scale (when there is
+ * one) so that half-precision gradients do not underflow. *loss (NULL: not
+ * read, so no device sync) is the loss times `share` only. */
+static fr_status micro_step(fr_model *m, const fr_loss_scaler *scaler, fr_tensor *x, fr_tensor *y, int micro,
+                            int parts, float share, double *loss, int64_t *correct) {
+    fr_status st = run_hook(m, FR_STEP_FORWARD, micro, parts);
+    if (st != FR_OK)
+        return st;
     fr_tensor *logits = fr_model_forward(m, x, true);
     fr_tensor *l = fr_model_loss(m, logits, x, y);
-    fr_tensor *part = l ? fr_scale(l, share) : NULL;
+    /* one part is the whole batch: no scaling, no extra scalar */
+    fr_tensor *part = l && parts > 1 ? fr_scale(l, share) : fr_retain(l);
     fr_tensor *scaled = part && scaler ? fr_loss_scaler_scale(scaler, part) : fr_retain(part);
-    fr_status st = scaled ? FR_OK : fr_last_status();
+    st = scaled ? FR_OK : fr_last_status();
     if (st == FR_OK && correct && !m->loss)
         st = fr_count_correct(logits, y, correct);
-    if (st == FR_OK)
+    if (st == FR_OK && loss)
         *loss = fr_item(part);
     /* the logits are no longer needed: releasing them before backward lets
      * backward free their bytes as soon as it has used them */
     fr_release(logits);
     fr_release(l);
     fr_release(part);
+    if (st == FR_OK)
+        st = run_hook(m, FR_STEP_BACKWARD, micro, parts);
     if (st == FR_OK)
         st = fr_backward(scaled);
     fr_release(scaled);
@@ -94,9 +117,9 @@ fr_status fr_train_step(fr_model *m, fr_optim *opt, fr_loss_scaler *scaler, fr_t
         if (x && y && sync)
             st = sync->begin(sync->ctx, i, parts);
         if (st == FR_OK)
-            st = x && y ? micro_step(m, scaler, x, y, (float)((double)(hi - lo) / (double)b), &part_loss,
-                                 correct ? &part_hits : NULL)
-                    : fr_last_status();
+            st = x && y ? micro_step(m, scaler, x, y, i, parts, (float)((double)(hi - lo) / (double)b),
+                                     loss ? &part_loss : NULL, correct ? &part_hits : NULL)
+                        : fr_last_status();
         total += part_loss;
         hits += part_hits;
         fr_release(x);
@@ -105,6 +128,8 @@ fr_status fr_train_step(fr_model *m, fr_optim *opt, fr_loss_scaler *scaler, fr_t
     bool did_step = false;
     if (st == FR_OK && m->grad_sync)
         st = m->grad_sync->finish(m->grad_sync->ctx);
+    if (st == FR_OK)
+        st = run_hook(m, FR_STEP_OPTIMIZER, parts, parts);
     if (st == FR_OK && opt && scaler && m->grad_sync) {
         st = fr_loss_scaler_unscale(scaler, opt->params);
         if (st == FR_OK)
@@ -118,11 +143,13 @@ fr_status fr_train_step(fr_model *m, fr_optim *opt, fr_loss_scaler *scaler, fr_t
     }
     if (opt)
         fr_optim_zero_grad(opt);
+    if (st == FR_OK)
+        st = run_hook(m, FR_STEP_END, parts, parts);
     if (st == FR_OK && loss)
         *loss = total;
     if (st == FR_OK && correct)
         *correct = hits; /* 0 for a model with its own loss */
-    if (st == FR_OK && stepped)
+    if (stepped) /* true even when the end hook failed after the step */
         *stepped = did_step;
     return st;
 }

@@ -44,7 +44,15 @@ fr_status fr_count_correct(const fr_tensor *logits, const fr_tensor *labels, int
  *
  * With opt NULL nothing is updated and the gradients stay (tests, memory
  * measurements); a scaler then only scales the loss, so the gradients stay
- * multiplied by its scale, and its state does not change. */
+ * multiplied by its scale, and its state does not change. With loss NULL
+ * the loss is not read back (no device sync per micro-batch).
+ *
+ * m->step_hooks (nn/model.h; NULL: none) is called at each phase: forward
+ * and backward of every micro-batch, then optimizer and end, so a caller
+ * marks phases (memreport's per-phase peaks, the bench's held bytes) with
+ * the library's step instead of a loop of its own. A hook's error stops
+ * the step and comes back prefixed "train step: the <phase> hook of
+ * micro-batch I of N failed: ". */
 fr_status fr_train_step(fr_model *m, fr_optim *opt, fr_loss_scaler *scaler, fr_tensor *images,
                         fr_tensor *labels, int accum, double *loss, int64_t *correct, bool *stepped);
 
