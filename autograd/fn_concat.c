@@ -6,7 +6,11 @@
  * concatenates the inputs again. An op that saves the output (BN) then keeps
  * the recipe, i.e. references to the inputs, instead of a copy of their
  * bytes: memory-efficient DenseNet, where every layer reads the
- * concatenation of all earlier features, which are kept anyway. */
+ * concatenation of all earlier features, which are kept anyway. Under
+ * compress:B an activation input is kept as its B-bit codes instead
+ * (fr_compressed_of, shared with every other op saving the same feature), so
+ * what the recipes of a dense block hold shrinks like any saved tensor
+ * (docs/ARCHITECTURE.md, "Saved tensors: held, recipe or compressed"). */
 #include <stdio.h>
 #include <stdlib.h>
 
@@ -48,12 +52,15 @@ typedef struct {
     int ndim;
     int64_t shape[FR_MAX_DIMS]; /* of the output */
     uint64_t *versions;         /* of each input's storage when recorded */
+    fr_recipe **packed;         /* per input: its codes (inputs[i] NULL), or NULL */
     fr_tensor *inputs[];
 } concat_recipe;
 
 static fr_tensor *concat_recipe_make(fr_recipe *self) {
     concat_recipe *r = (concat_recipe *)self;
     for (int i = 0; i < r->count; i++) {
+        if (!r->inputs[i])
+            continue; /* codes: a snapshot, no version to check */
         const fr_storage *s = r->inputs[i]->storage;
         if (s->version != r->versions[i]) {
             fr_error(FR_ERR_VERSION,
@@ -64,18 +71,40 @@ static fr_tensor *concat_recipe_make(fr_recipe *self) {
             return NULL;
         }
     }
-    fr_tensor *y = fr_empty(fr_device_of(r->inputs[0]), r->inputs[0]->dtype, r->ndim, r->shape, FR_TAG_TRANSIENT);
-    if (y && fr_concat_forward(y, r->inputs, r->count) != FR_OK)
+    /* compressed inputs are decoded for the concatenation and freed after */
+    fr_tensor **in = malloc((size_t)r->count * sizeof *in);
+    if (!in) {
+        fr_error(FR_ERR_OOM, "concat recompute: out of memory");
+        return NULL;
+    }
+    bool ok = true;
+    for (int i = 0; i < r->count; i++) {
+        in[i] = ok ? (r->inputs[i] ? fr_retain(r->inputs[i]) : r->packed[i]->make(r->packed[i]))
+                   : NULL;
+        ok = ok && in[i];
+    }
+    fr_tensor *y = ok ? fr_empty(fr_device_of(in[0]), in[0]->dtype, r->ndim, r->shape,
+                                 FR_TAG_TRANSIENT)
+                      : NULL;
+    if (y && fr_concat_forward(y, in, r->count) != FR_OK)
         fr_clear(&y);
+    for (int i = 0; i < r->count; i++)
+        fr_release(in[i]);
+    free(in);
     return y;
 }
 
 static void concat_recipe_destroy(fr_recipe *self) {
     concat_recipe *r = (concat_recipe *)self;
     for (int i = 0; i < r->count; i++) {
+        if (r->packed[i])
+            fr_recipe_release(r->packed[i]);
+        if (!r->inputs[i]) /* codes, or not reached when building failed */
+            continue;
         fr_storage_unmark_saved(r->inputs[i]->storage);
         fr_release(r->inputs[i]);
     }
+    free(r->packed);
     free(r->versions);
     free(r);
 }
@@ -86,7 +115,9 @@ static void concat_recipe_destroy(fr_recipe *self) {
 static fr_recipe *concat_recipe_new(fr_tensor *const *inputs, int count, const fr_tensor *y) {
     concat_recipe *r = calloc(1, sizeof *r + (size_t)count * sizeof r->inputs[0]);
     uint64_t *versions = r ? malloc((size_t)count * sizeof *versions) : NULL;
-    if (!versions) {
+    fr_recipe **packed = versions ? calloc((size_t)count, sizeof *packed) : NULL;
+    if (!packed) {
+        free(versions);
         free(r);
         fr_error(FR_ERR_OOM, "concat: out of memory building a recipe");
         return NULL;
@@ -98,7 +129,14 @@ static fr_recipe *concat_recipe_new(fr_tensor *const *inputs, int count, const f
     for (int d = 0; d < y->ndim; d++)
         r->shape[d] = y->shape[d];
     r->versions = versions;
+    r->packed = packed;
     for (int i = 0; i < count; i++) {
+        if (fr_compressed_of(inputs[i], &packed[i]) != FR_OK) {
+            concat_recipe_destroy(&r->base);
+            return NULL;
+        }
+        if (packed[i])
+            continue;
         r->inputs[i] = fr_retain(inputs[i]);
         r->versions[i] = inputs[i]->storage->version;
         fr_storage_mark_saved(inputs[i]->storage);

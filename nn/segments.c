@@ -149,11 +149,22 @@ static bool is_barrier(const fr_module *seq, int step) {
 
 static fr_tensor *segment_forward(void *ctx, fr_tensor *x) {
     const segment *s = ctx;
+    /* A replay in backward runs outside the forward of the module that owns
+     * the sequence, so it enters the segment's compress:B itself: what the
+     * dense joins between children keep (their concatenation recipes) is
+     * compressed in the replay as in a forward. */
+    int outer;
+    if (fr_compress_enter(s->run.strategy.compress, &outer) != FR_OK)
+        return NULL;
+    fr_tensor *y;
     /* a segment's output is kept by the next segment's checkpoint: a real
      * tensor, not a recipe */
     if (s->seq->kind == FR_MODULE_DENSE)
-        return run_dense(s->seq, s->first, s->count, x, &s->run, false);
-    return run_chain(s->seq, s->first, s->count, x, &s->run);
+        y = run_dense(s->seq, s->first, s->count, x, &s->run, false);
+    else
+        y = run_chain(s->seq, s->first, s->count, x, &s->run);
+    fr_compress_restore(outer);
+    return y;
 }
 
 /* Bytes of t that count as saved when a checkpoint holds it: activations
