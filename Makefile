@@ -130,7 +130,7 @@ endif
 ifneq ($(MPI_LIBS),)
   CFLAGS_BASE += -DFR_HAVE_MPI $(MPI_CFLAGS)
   LDLIBS += $(MPI_LIBS)
-  DIST_SRC := dist/comm.c dist/ddp.c dist/launch.c
+  DIST_SRC := dist/comm.c dist/ddp.c dist/launch.c dist/watchdog.c
 else
   DIST_SRC := dist/none.c dist/launch.c
 endif

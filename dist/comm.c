@@ -15,9 +15,12 @@ const char *fr_dist_mpi_error(int code, char *buf, int len) {
     return buf;
 }
 
+/* `call` waits on the other processes: the watchdog bounds it. */
 #define MPI_TRY(call, what)                                                                  \
     do {                                                                                     \
+        fr_dist_wait_begin(d, what);                                                         \
         int rc_ = (call);                                                                    \
+        fr_dist_wait_end(d);                                                                 \
         if (rc_ != MPI_SUCCESS) {                                                            \
             char msg_[MPI_MAX_ERROR_STRING];                                                 \
             return fr_error(FR_ERR_IO, "dist: %s failed: %s", what,                          \
@@ -29,8 +32,14 @@ fr_status fr_dist_init(fr_dist **out) {
     *out = NULL;
     int inited = 0, provided = 0;
     MPI_Initialized(&inited);
-    if (!inited)
-        MPI_TRY(MPI_Init_thread(NULL, NULL, MPI_THREAD_FUNNELED, &provided), "MPI_Init_thread");
+    if (!inited) {
+        int rc = MPI_Init_thread(NULL, NULL, MPI_THREAD_FUNNELED, &provided);
+        if (rc != MPI_SUCCESS) {
+            char msg[MPI_MAX_ERROR_STRING];
+            return fr_error(FR_ERR_IO, "dist: MPI_Init_thread failed: %s",
+                            fr_dist_mpi_error(rc, msg, (int)sizeof msg));
+        }
+    }
     fr_dist *d = calloc(1, sizeof *d);
     if (!d)
         return fr_error(FR_ERR_OOM, "dist: out of memory");
@@ -44,6 +53,7 @@ fr_status fr_dist_init(fr_dist **out) {
         free(d);
         return fr_error(FR_ERR_IO, "dist: MPI_Comm_dup failed");
     }
+    fr_dist_watchdog_start(d);
     *out = d;
     return FR_OK;
 }
@@ -55,6 +65,7 @@ void fr_dist_free(fr_dist *d) {
     MPI_Comm_free(&d->grads);
     MPI_Comm_free(&d->ctl);
     MPI_Comm_free(&d->bn);
+    fr_dist_watchdog_stop(d);
     free(d);
     int finalized = 0;
     MPI_Finalized(&finalized);
@@ -104,8 +115,11 @@ static fr_status nccl_sum_host(fr_dist *d, double *values, int n) {
     fr_status st = fr_cuda_memcpy(dev, values, bytes, FR_COPY_H2D);
     if (st == FR_OK)
         st = fr_cuda_nccl_sum_start(d->nccl, dev, (size_t)n, true);
-    if (st == FR_OK)
+    if (st == FR_OK) {
+        fr_dist_wait_begin(d, "NCCL wait (sum)");
         st = fr_cuda_nccl_wait(d->nccl);
+        fr_dist_wait_end(d);
+    }
     if (st == FR_OK)
         st = fr_cuda_memcpy(values, dev, bytes, FR_COPY_D2H);
     fr_mem_free(FR_CUDA, dev, bytes, FR_TAG_WORKSPACE);

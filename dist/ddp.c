@@ -51,15 +51,20 @@ static fr_status bcast_entries(fr_dist *d, bool buffers_only) {
             st = fr_error(FR_ERR_ARG, "dist: %s (%zu bytes) is too large to broadcast in one message",
                           p->items[i].name, n);
         } else {
+            fr_dist_wait_begin(d, "MPI_Bcast (the model from rank 0)");
             int rc = MPI_Bcast(fr_data(t), (int)n, MPI_BYTE, 0, d->ctl);
+            fr_dist_wait_end(d);
             if (rc != MPI_SUCCESS)
                 st = mpi_fail("MPI_Bcast", rc);
         }
     }
     if (st == FR_OK && on_gpu)
         st = fr_cuda_nccl_broadcast_start(d->nccl, bufs, bytes, on_gpu, 0);
-    if (st == FR_OK && on_gpu)
+    if (st == FR_OK && on_gpu) {
+        fr_dist_wait_begin(d, "NCCL broadcast (the model from rank 0)");
         st = fr_cuda_nccl_wait(d->nccl);
+        fr_dist_wait_end(d);
+    }
     free(bufs);
     free(bytes);
     return st;
@@ -163,6 +168,7 @@ static fr_status sync_finish(void *ctx) {
             if (!d->ready[d->order[j]])
                 st = mark_ready(d, d->order[j]);
     }
+    fr_dist_wait_begin(d, d->dev == FR_CPU ? "MPI_Wait (gradient all-reduce)" : "NCCL wait (gradient all-reduce)");
     if (st == FR_OK && d->dev == FR_CPU) {
         for (int k = 0; k < d->n_buckets && st == FR_OK; k++) {
             int rc = MPI_Wait(&d->buckets[k].req, MPI_STATUS_IGNORE);
@@ -172,6 +178,7 @@ static fr_status sync_finish(void *ctx) {
     } else if (st == FR_OK) {
         st = fr_cuda_nccl_wait(d->nccl);
     }
+    fr_dist_wait_end(d);
     d->stats.backward_end = t0;
     d->stats.reduced_end = MPI_Wtime();
     d->stats.wait_seconds += d->stats.reduced_end - t0;

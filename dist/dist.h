@@ -119,6 +119,16 @@ fr_status fr_dist_sum(fr_dist *d, double *values, int n);
  * wrote a checkpoint the others waited for). */
 fr_status fr_dist_share_status(fr_dist *d, int root, fr_status local);
 fr_status fr_dist_barrier(fr_dist *d);
+/* A limit on every wait for the other processes (collectives, the gradient
+ * all-reduces): a wait longer than `seconds` ends this process with exit code
+ * FR_DIST_TIMEOUT_EXIT and a message naming the wait, the rank and the
+ * machine, since MPI alone waits for ever on a peer whose machine is cut off
+ * (docs/DISTRIBUTED.md, "Faults"). 0 turns it off; fr_dist_init sets
+ * FR_DIST_DEFAULT_TIMEOUT. */
+#define FR_DIST_DEFAULT_TIMEOUT 1800.0
+#define FR_DIST_TIMEOUT_EXIT 75
+fr_status fr_dist_set_timeout(fr_dist *d, double seconds);
+double fr_dist_timeout(const fr_dist *d);
 /* Ends every process of the job with `code` (MPI_Abort). For programs. */
 void fr_dist_abort(fr_dist *d, int code);
 

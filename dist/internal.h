@@ -3,6 +3,7 @@
 #define FR_DIST_INTERNAL_H
 
 #include <mpi.h>
+#include <pthread.h>
 
 #include "../cuda/fr_cuda.h"
 #include "dist.h"
@@ -17,6 +18,18 @@ typedef struct {
     bool early;         /* started during backward */
     MPI_Request req;    /* CPU: the MPI_Iallreduce */
 } fr_bucket;
+
+/* The time limit on waits for the other processes (watchdog.c). */
+typedef struct {
+    pthread_t thread;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    bool running, stop;
+    double timeout;     /* seconds; 0: none */
+    const char *what;   /* the wait in progress, NULL when none */
+    double since;       /* when it began (CLOCK_REALTIME seconds) */
+    unsigned long gen;  /* bumped at every begin and end */
+} fr_dist_watchdog;
 
 struct fr_dist {
     int rank, world;
@@ -39,6 +52,7 @@ struct fr_dist {
     bool armed;              /* in the backward of a step's last micro-batch */
     fr_dist_stats stats;
     size_t early_bytes, all_bytes;
+    fr_dist_watchdog wd;
 };
 
 /* OR of *flag over processes. */
@@ -53,5 +67,12 @@ const char *fr_dist_mpi_error(int code, char *buf, int len);
  * id broadcast from rank 0 over MPI; every rank first learns whether all
  * can take part, so none waits in NCCL's set-up for one that cannot. */
 fr_status fr_dist_nccl_connect(fr_dist *d);
+
+/* watchdog.c: started by fr_dist_init, stopped by fr_dist_free; every
+ * blocking wait on other processes sits between begin and end. */
+void fr_dist_watchdog_start(fr_dist *d);
+void fr_dist_watchdog_stop(fr_dist *d);
+void fr_dist_wait_begin(fr_dist *d, const char *what);
+void fr_dist_wait_end(fr_dist *d);
 
 #endif

@@ -27,5 +27,7 @@ fr_status fr_dist_share_status(fr_dist *d, int root, fr_status local) {
     return (void)d, (void)root, (void)local, not_built();
 }
 fr_status fr_dist_barrier(fr_dist *d) { return (void)d, not_built(); }
+fr_status fr_dist_set_timeout(fr_dist *d, double seconds) { return (void)d, (void)seconds, not_built(); }
+double fr_dist_timeout(const fr_dist *d) { return (void)d, 0; }
 /* One process: nothing else to end; the program exits with its own code. */
 void fr_dist_abort(fr_dist *d, int code) { (void)d, (void)code; }

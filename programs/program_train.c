@@ -41,6 +41,7 @@ typedef struct {
     bool dist, sync_bn; /* --dist, --sync-bn */
     bool allow_compress; /* --allow-compress: the planner may give blocks compress:B */
     double bucket_mb;   /* --bucket-mb (0: dist's default) */
+    double dist_timeout; /* --dist-timeout, seconds (0: none) */
     fr_strategy strat; /* parsed --strategy */
     fr_dtype precision; /* parsed --precision (f32 when not given) */
     bool precision_given;
@@ -99,7 +100,9 @@ static void usage(FILE *out) {
             "per process (P x N images a step), and each process trains on its shard of every batch\n"
             "  --dist                require MPI (implied when started by mpirun)\n"
             "  --sync-bn             batch norm statistics over all processes (default: per process)\n"
-            "  --bucket-mb X         gradient all-reduce bucket size (25 on GPUs, 0.05 on the CPU)\n",
+            "  --bucket-mb X         gradient all-reduce bucket size (25 on GPUs, 0.05 on the CPU)\n"
+            "  --dist-timeout S      end a process that waits S seconds for the others (a lost\n"
+            "                        machine or link; 0: wait for ever; default 1800)\n",
             FR_FASHION_MNIST_DIR);
 }
 
@@ -108,7 +111,7 @@ static bool is_value_flag(const char *a) {
         "--model", "--data", "--strategy", "--save", "--resume", "--threads", "--limit-test",
         "--log-every", "--stop-after", "--device", "--batch", "--accum", "--epochs", "--warmup", "--seed",
         "--limit-train", "--lr", "--momentum", "--wd", "--optimizer", "--schedule", "--precision",
-        "--bucket-mb", "--memory-limit", "--memory-budget"};
+        "--bucket-mb", "--dist-timeout", "--memory-limit", "--memory-budget"};
     for (size_t i = 0; i < sizeof flags / sizeof *flags; i++)
         if (!strcmp(a, flags[i]))
             return true;
@@ -118,7 +121,8 @@ static bool is_value_flag(const char *a) {
 /* Parses argv into *o; prints nothing. */
 static fr_status parse_args(int argc, char **argv, options *o) {
     *o = (options){.model = "resnet20", .strategy = NULL, .batch = 128, .accum = 1, .epochs = 10,
-                   .seed = 42, .lr = -1, .momentum = 0.9, .wd = -1, .augment = -1, .log_every = 50};
+                   .seed = 42, .lr = -1, .momentum = 0.9, .wd = -1, .augment = -1, .log_every = 50,
+                   .dist_timeout = FR_DIST_DEFAULT_TIMEOUT};
     fr_cli_seen seen = {.n = 0};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
@@ -177,6 +181,8 @@ static fr_status parse_args(int argc, char **argv, options *o) {
                 FR_TRY(fr_cli_choice(a, v, device_names, 2, &o->device));
             } else if (!strcmp(a, "--bucket-mb")) {
                 FR_TRY(fr_cli_double(a, v, 0.001, 1024, &o->bucket_mb));
+            } else if (!strcmp(a, "--dist-timeout")) {
+                FR_TRY(fr_cli_double(a, v, 0, 1e7, &o->dist_timeout));
             } else {
                 trajectory = true;
                 if (!strcmp(a, "--batch"))
@@ -718,6 +724,7 @@ static fr_status start_dist(const options *o, run *r) {
     FR_TRY(fr_dist_init(&r->dist));
     r->rank = fr_dist_rank(r->dist);
     r->world = fr_dist_world(r->dist);
+    FR_TRY(fr_dist_set_timeout(r->dist, o->dist_timeout));
     return o->device ? fr_dist_select_gpu(r->dist) : FR_OK;
 }
 

@@ -450,6 +450,18 @@ static void doomed_case(bool die) {
     fr_dataset_free(ds);
 }
 
+/* A rank that stops answering without dying (a lost machine, as seen from
+ * its peers): rank 1 sleeps through the barrier; rank 0's watchdog, set to
+ * 1 s, must end it with its message instead of waiting for rank 1. */
+static void case_stall(void) {
+    CHECK_OK(fr_dist_set_timeout(dist, 1));
+    CHECK(fr_dist_timeout(dist) == 1);
+    if (fr_dist_rank(dist) == 1)
+        sleep(60);
+    CHECK_OK(fr_dist_barrier(dist));
+    fprintf(stderr, "test_dist: rank %d passed a barrier rank 1 slept through\n", fr_dist_rank(dist));
+}
+
 static void case_die(void) { doomed_case(true); }
 static void case_error(void) { doomed_case(false); }
 
@@ -463,7 +475,7 @@ static const struct {
     {"resume", case_resume},      {"exact-hosts", case_exact_hosts},
     {"sync-bn-hosts", case_sync_bn_hosts},
     {"f16-skip", case_f16_skip}, {"die", case_die},
-    {"error", case_error},
+    {"error", case_error},       {"stall", case_stall},
     {"exact-cuda", case_exact_cuda}, {"sync-bn-cuda", case_sync_bn_cuda},
     {"f16-skip-cuda", case_f16_skip_cuda}, {"cuda-one-rank", case_cuda_one_rank},
 };
@@ -606,6 +618,7 @@ static void test_sync_bn_hosts(void) { run_case("sync-bn-hosts", false, NULL); }
 static void test_f16_skip_together(void) { run_case("f16-skip", false, NULL); }
 static void test_dead_rank_ends_job(void) { run_case("die", true, NULL); }
 static void test_error_aborts_job(void) { run_case("error", true, "rank 1: train step: 3 labels for 16 images"); }
+static void test_stalled_rank_ends_job(void) { run_case("stall", true, "MPI_Barrier has waited"); }
 
 /* Beside this program: build/tests/../<rel>. */
 static void beside_self(char *out, size_t len, const char *rel) {
@@ -731,6 +744,7 @@ int main(int argc, char **argv) {
     RUN(test_f16_skip_together);
     RUN(test_dead_rank_ends_job);
     RUN(test_error_aborts_job);
+    RUN(test_stalled_rank_ends_job);
     RUN(test_train_program_resume);
     RUN(test_train_cuda_refused);
     RUN(test_exact_cuda);
