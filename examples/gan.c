@@ -1,5 +1,6 @@
 /* gan: a DCGAN (Radford et al. 2016) trained on Fashion-MNIST with the
- * alternating loop, two models on one tape, written as PyTorch's DCGAN is:
+ * alternating loop, two models on one tape, written as PyTorch's DCGAN is
+ * (built in gan_model.h, shared with tests/test_examples_torch.c):
  *
  *     G: z (N, 32, 1, 1) -> ConvTranspose2d(32, 64, 7) -> BN-ReLU (64, 7, 7)
  *        -> ConvTranspose2d(64, 32, 4, 2, 1) -> BN-ReLU (32, 14, 14)
@@ -36,6 +37,8 @@
 
 #include <frugal/frugal.h>
 
+#include "gan_model.h"
+
 #define STB_IMAGE_WRITE_IMPLEMENTATION
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wsign-compare"
@@ -46,6 +49,7 @@
 #pragma GCC diagnostic pop
 
 #define ZDIM 32
+#define WIDTH 32 /* G: ZDIM -> 2 WIDTH -> WIDTH -> 1 channels; D: 1 -> WIDTH -> 2 WIDTH */
 #define GRID 8     /* the PNG shows GRID x GRID samples */
 #define SAMPLES 256 /* samples the classifier judges */
 #define CLASSES 10
@@ -59,37 +63,6 @@ typedef struct {
 typedef struct {
     fr_model *g, *d, *c; /* generator, discriminator, the judging classifier */
 } models;
-
-static fr_model *generator_new(uint64_t seed) {
-    /* "in channels" and "classes" are only recorded: z's features, one grey channel out */
-    fr_model *m = fr_model_new("gan_g", ZDIM, 1, seed);
-    fr_module *net = fr_model_root(m);
-    fr_conv_transpose2d_new(net, "up1", (fr_conv_transpose2d_opts){.in = ZDIM, .out = 64,
-                                                                   .kernel = 7, .no_bias = true});
-    fr_norm_new(net, "bn1", (fr_norm_opts){.channels = 64, .act = FR_ACT_RELU});
-    fr_conv_transpose2d_new(net, "up2", (fr_conv_transpose2d_opts){.in = 64, .out = 32, .kernel = 4,
-                                                                   .stride = 2, .pad = 1,
-                                                                   .no_bias = true});
-    fr_norm_new(net, "bn2", (fr_norm_opts){.channels = 32, .act = FR_ACT_RELU});
-    fr_conv_transpose2d_new(net, "up3", (fr_conv_transpose2d_opts){.in = 32, .out = 1, .kernel = 4,
-                                                                   .stride = 2, .pad = 1});
-    fr_act_new(net, "tanh", (fr_act_opts){.act = FR_ACT_TANH});
-    return fr_model_finish(m);
-}
-
-static fr_model *discriminator_new(uint64_t seed) {
-    fr_model *m = fr_model_new("gan_d", 1, 1, seed);
-    fr_module *net = fr_model_root(m);
-    fr_conv2d_new(net, "conv1", (fr_conv2d_opts){.in = 1, .out = 32, .kernel = 4, .stride = 2,
-                                                  .pad = 1, .bias = true});
-    fr_act_new(net, "leaky", (fr_act_opts){.act = FR_ACT_LEAKY_RELU, .slope = 0.2f});
-    fr_conv2d_new(net, "conv2", (fr_conv2d_opts){.in = 32, .out = 64, .kernel = 4, .stride = 2,
-                                                  .pad = 1});
-    fr_norm_new(net, "bn2", (fr_norm_opts){.channels = 64, .act = FR_ACT_LEAKY_RELU, .slope = 0.2f});
-    fr_flatten_new(net, "flatten");
-    fr_linear_new(net, "fc", (fr_linear_opts){.in = 64 * 7 * 7, .out = 1});
-    return fr_model_finish(m);
-}
 
 static fr_model *classifier_new(uint64_t seed) {
     fr_model *m = fr_model_new("gan_judge", 1, CLASSES, seed);
@@ -107,7 +80,8 @@ static fr_model *classifier_new(uint64_t seed) {
 }
 
 static fr_status models_init(models *ms, fr_strategy s, uint64_t seed) {
-    if (!(ms->g = generator_new(seed)) || !(ms->d = discriminator_new(seed + 1)) ||
+    if (!(ms->g = gan_generator_new(seed, ZDIM, WIDTH)) ||
+        !(ms->d = gan_discriminator_new(seed + 1, WIDTH)) ||
         !(ms->c = classifier_new(seed + 2)))
         return fr_last_status();
     ms->g->cfg.strategy = ms->d->cfg.strategy = s;
