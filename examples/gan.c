@@ -107,19 +107,6 @@ static fr_tensor *noise(int64_t n, fr_rng *rng) {
     return t;
 }
 
-/* BCE targets: (N, 1) all `value` */
-static fr_tensor *targets(int64_t n, float value) {
-    fr_tensor *t = fr_empty(FR_CPU, FR_F32, 2, FR_SHAPE(n, 1), FR_TAG_DATA);
-    if (t && fr_fill_(t, value) != FR_OK)
-        fr_clear(&t);
-    return t;
-}
-
-static fr_tensor *d_loss(fr_model *d, fr_tensor *x, fr_tensor *target) {
-    fr_tensor *logits = fr_model_forward(d, x, true);
-    return logits ? fr_chain(logits, fr_bce_with_logits_loss(logits, target)) : NULL;
-}
-
 /* One step of the judging classifier on a real batch (cross-entropy). */
 static fr_status classifier_step(fr_model *c, fr_optim *opt, fr_tensor *real, fr_tensor *y) {
     fr_tensor *logits = fr_model_forward(c, real, true);
@@ -141,8 +128,8 @@ static fr_status gan_step(fr_model *g, fr_model *d, fr_optim *gopt, fr_optim *do
                           fr_tensor *ones, fr_tensor *zeros, double *ld, double *lg) {
     fr_tensor *fake = fr_model_forward(g, z, true);
     fr_tensor *detached = fake ? fr_detach(fake) : NULL;
-    fr_tensor *l_real = detached ? d_loss(d, real, ones) : NULL;
-    fr_tensor *l_fake = l_real ? d_loss(d, detached, zeros) : NULL;
+    fr_tensor *l_real = detached ? gan_d_loss(d, real, ones) : NULL;
+    fr_tensor *l_fake = l_real ? gan_d_loss(d, detached, zeros) : NULL;
     fr_tensor *l_d = l_fake ? fr_add(l_real, l_fake) : NULL;
     fr_release(detached);
     fr_release(l_real);
@@ -155,7 +142,7 @@ static fr_status gan_step(fr_model *g, fr_model *d, fr_optim *gopt, fr_optim *do
     fr_optim_zero_grad(dopt);
     fr_release(l_d);
     /* G's graph is still pending: D's backward did not reach it */
-    fr_tensor *l_g = st == FR_OK ? d_loss(d, fake, ones) : NULL;
+    fr_tensor *l_g = st == FR_OK ? gan_d_loss(d, fake, ones) : NULL;
     fr_release(fake);
     if (st == FR_OK && !l_g)
         st = fr_last_status();
@@ -365,7 +352,7 @@ static fr_status train(const options *o, run *r) {
     ao.beta1 = 0.5;
     if (!(r->gopt = fr_adam_new(r->m.g->params, ao)) || !(r->dopt = fr_adam_new(r->m.d->params, ao)) ||
         !(r->copt = fr_adam_new(r->m.c->params, fr_adam_defaults(1e-3, 0))) ||
-        !(r->ones = targets(o->batch, 1.0f)) || !(r->zeros = targets(o->batch, 0.0f)))
+        !(r->ones = gan_targets(o->batch, 1.0f)) || !(r->zeros = gan_targets(o->batch, 0.0f)))
         return fr_last_status();
     int n_g = 0;
     const fr_params *gp = r->m.g->params;

@@ -49,4 +49,18 @@ static inline fr_model *gan_discriminator_new(uint64_t seed, int width) {
     return fr_model_finish(m);
 }
 
+/* BCE targets: (N, 1) all `value`, or NULL (fr_last_error) */
+static inline fr_tensor *gan_targets(int64_t n, float value) {
+    fr_tensor *t = fr_empty(FR_CPU, FR_F32, 2, FR_SHAPE(n, 1), FR_TAG_DATA);
+    if (t && fr_fill_(t, value) != FR_OK)
+        fr_clear(&t);
+    return t;
+}
+
+/* BCEWithLogits(D(x), target), D in training mode; target (N, 1) */
+static inline fr_tensor *gan_d_loss(fr_model *d, fr_tensor *x, fr_tensor *target) {
+    fr_tensor *logits = fr_model_forward(d, x, true);
+    return logits ? fr_chain(logits, fr_bce_with_logits_loss(logits, target)) : NULL;
+}
+
 #endif

@@ -79,12 +79,6 @@ static void compare_grads(const fr_model *m, fr_st_file *f, const char *prefix) 
     CHECK(grads > 0);
 }
 
-static fr_tensor *filled(int64_t n, float value) {
-    fr_tensor *t = fr_empty(FR_CPU, FR_F32, 2, FR_SHAPE(n, 1), FR_TAG_DATA);
-    CHECK_OK(fr_fill_(t, value));
-    return t;
-}
-
 /* G(z), D(real), D(G(z)) (not detached, so D's backward reaches G),
  * BCEWithLogits(D(real), 1) + BCEWithLogits(D(fake), 0), one backward. */
 static void test_dcgan_matches_pytorch(void) {
@@ -95,7 +89,7 @@ static void test_dcgan_matches_pytorch(void) {
     if (f && g && d && load(g, f, "gan.g") && load(d, f, "gan.d")) {
         fr_tensor *z = fr_t_fixture_tensor(f, "gan_z", FR_CPU);
         fr_tensor *real = fr_t_fixture_tensor(f, "gan_real", FR_CPU);
-        fr_tensor *ones = filled(4, 1.0f), *zeros = filled(4, 0.0f);
+        fr_tensor *ones = gan_targets(4, 1.0f), *zeros = gan_targets(4, 0.0f);
         fr_tensor *fake = fr_model_forward(g, z, true);
         fr_tensor *lr = fr_model_forward(d, real, true);
         fr_tensor *lf = fake ? fr_model_forward(d, fake, true) : NULL;
