@@ -79,6 +79,22 @@ static void compare_grads(const fr_model *m, fr_st_file *f, const char *prefix) 
     CHECK(grads > 0);
 }
 
+/* The rest of a training step from the model's output `out`: its loss by
+ * the model's own (fr_model_loss: cross-entropy, or m->loss), backward,
+ * then out, the loss and every gradient against "<prefix>_<out_name>",
+ * "<prefix>_loss" and the rest of the fixture. */
+static void check_step(fr_model *m, fr_st_file *f, const char *prefix, const char *out_name,
+                       fr_tensor *out, fr_tensor *x, fr_tensor *labels) {
+    fr_t_fixture_expect(f, prefix, out_name, out, 1e-5, TOL);
+    fr_tensor *loss = out ? fr_model_loss(m, out, x, labels) : NULL;
+    CHECK_NOTNULL(loss);
+    fr_t_fixture_expect(f, prefix, "loss", loss, 1e-5, TOL);
+    CHECK_OK(fr_backward(loss));
+    CHECK(fr_mem_current(FR_CPU, FR_TAG_SAVED) == 0);
+    compare_grads(m, f, prefix);
+    fr_release(loss);
+}
+
 /* G(z), D(real), D(G(z)) (not detached, so D's backward reaches G),
  * BCEWithLogits(D(real), 1) + BCEWithLogits(D(fake), 0), one backward. */
 static void test_dcgan_matches_pytorch(void) {
@@ -138,14 +154,7 @@ static void test_mobilenet_matches_pytorch(void) {
         fr_t_fixture_expect(f, "mobilenet", "logits_eval", logits, 1e-5, TOL);
         fr_release(logits);
         logits = fr_model_forward(m, x, true);
-        fr_t_fixture_expect(f, "mobilenet", "logits_train", logits, 1e-5, TOL);
-        fr_tensor *loss = logits ? fr_model_loss(m, logits, x, labels) : NULL;
-        CHECK_NOTNULL(loss);
-        fr_t_fixture_expect(f, "mobilenet", "loss", loss, 1e-5, TOL);
-        CHECK_OK(fr_backward(loss));
-        CHECK(fr_mem_current(FR_CPU, FR_TAG_SAVED) == 0);
-        compare_grads(m, f, "mobilenet");
-        fr_release(loss);
+        check_step(m, f, "mobilenet", "logits_train", logits, x, labels);
         fr_release(logits);
         fr_release(labels);
         fr_release(x);
@@ -167,14 +176,7 @@ static void test_unet_matches_pytorch(void) {
         fr_tensor *noisy = unet_add_noise(x, true);
         fr_t_fixture_expect(f, "unet", "noisy", noisy, 1e-6, 1e-6);
         fr_tensor *out = fr_model_forward(m, x, true);
-        fr_t_fixture_expect(f, "unet", "output", out, 1e-5, TOL);
-        fr_tensor *loss = out ? fr_model_loss(m, out, x, NULL) : NULL;
-        CHECK_NOTNULL(loss);
-        fr_t_fixture_expect(f, "unet", "loss", loss, 1e-5, TOL);
-        CHECK_OK(fr_backward(loss));
-        CHECK(fr_mem_current(FR_CPU, FR_TAG_SAVED) == 0);
-        compare_grads(m, f, "unet");
-        fr_release(loss);
+        check_step(m, f, "unet", "output", out, x, NULL);
         fr_release(out);
         fr_release(noisy);
         fr_release(x);
