@@ -9,21 +9,12 @@
 typedef struct {
     int pad[4];
     fr_pad_mode mode;
-    int ndim;
-    int64_t shape[FR_MAX_DIMS];
 } pad_ctx;
 
-static fr_status pad_backward(fr_node *node, fr_tensor *const *dout, fr_tensor **din) {
-    const pad_ctx *c = node->ctx;
-    fr_tensor *g = fr_contiguous(dout[0], FR_TAG_TRANSIENT);
-    fr_tensor *dx = g ? fr_empty(node->device, FR_F32, c->ndim, c->shape, FR_TAG_TRANSIENT) : NULL;
-    fr_status st = dx ? fr_pad2d_backward(dx, g, c->pad, c->mode) : fr_last_status();
-    fr_release(g);
-    if (st != FR_OK)
-        fr_release(dx);
-    else
-        din[0] = dx;
-    return st;
+static fr_status pad_grad(fr_tensor *dx, const fr_tensor *dy, const fr_tensor *saved, const void *ctx) {
+    (void)saved;
+    const pad_ctx *c = ctx;
+    return fr_pad2d_backward(dx, dy, c->pad, c->mode);
 }
 
 fr_tensor *fr_pad(fr_tensor *x, const int pad[4], fr_pad_mode mode) {
@@ -40,11 +31,10 @@ fr_tensor *fr_pad(fr_tensor *x, const int pad[4], fr_pad_mode mode) {
     shape[x->ndim - 1] += s.left + s.right;
     fr_tensor *cx = fr_contiguous(x, FR_TAG_TRANSIENT);
     fr_tensor *y = cx ? fr_empty(fr_device_of(x), FR_F32, x->ndim, shape, FR_TAG_TRANSIENT) : NULL;
-    pad_ctx c = {.mode = mode, .ndim = x->ndim};
+    pad_ctx c = {.mode = mode};
     memcpy(c.pad, pad, sizeof c.pad);
-    memcpy(c.shape, x->shape, sizeof c.shape);
     bool ok = y && fr_pad2d_forward(y, cx, pad, mode) == FR_OK &&
-              fr_record_unary("pad", pad_backward, x, y, &c, sizeof c, NULL) == FR_OK;
+              fr_record_unary_grad("pad", pad_grad, x, y, &c, sizeof c, NULL) == FR_OK;
     fr_release(cx);
     if (!ok)
         fr_clear(&y);

@@ -9,19 +9,9 @@ typedef struct {
     bool log_out;
 } softmax_ctx;
 
-static fr_status softmax_backward(fr_node *node, fr_tensor *const *dout, fr_tensor **din) {
-    const softmax_ctx *c = node->ctx;
-    fr_tensor *y = fr_node_unpack(node, 0);
-    fr_tensor *g = y ? fr_contiguous(dout[0], FR_TAG_TRANSIENT) : NULL;
-    fr_tensor *dx = g ? fr_empty_like(y, FR_TAG_TRANSIENT) : NULL;
-    fr_status st = dx ? fr_softmax_backward(dx, g, y, c->dim, c->log_out) : fr_last_status();
-    fr_release(g);
-    fr_release(y);
-    if (st != FR_OK)
-        fr_release(dx);
-    else
-        din[0] = dx;
-    return st;
+static fr_status softmax_grad(fr_tensor *dx, const fr_tensor *dy, const fr_tensor *y, const void *ctx) {
+    const softmax_ctx *c = ctx;
+    return fr_softmax_backward(dx, dy, y, c->dim, c->log_out);
 }
 
 static fr_tensor *softmax(fr_tensor *x, int dim, bool log_out) {
@@ -37,7 +27,7 @@ static fr_tensor *softmax(fr_tensor *x, int dim, bool log_out) {
     fr_tensor *y = cx ? fr_empty_like(cx, FR_TAG_TRANSIENT) : NULL;
     softmax_ctx c = {d, log_out};
     bool ok = y && fr_softmax_forward(y, cx, d, log_out) == FR_OK &&
-              fr_record_unary(op, softmax_backward, x, y, &c, sizeof c, y) == FR_OK;
+              fr_record_unary_grad(op, softmax_grad, x, y, &c, sizeof c, y) == FR_OK;
     fr_release(cx);
     if (!ok)
         fr_clear(&y);

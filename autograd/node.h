@@ -124,6 +124,15 @@ void fr_node_drop_saved(fr_node *node, int i);
  * nothing) and outputs y. FR_OK when nothing records. */
 fr_status fr_record_unary(const char *op, fr_backward_fn backward, fr_tensor *x, fr_tensor *y,
                           const void *ctx, size_t ctx_size, fr_tensor *save);
+/* The same for an op whose backward is one gradient kernel: dx (x's dtype
+ * and shape, allocated for it) from dy (dout made contiguous), the tensor
+ * the op saved (NULL when save was NULL) and the op's ctx bytes. The node's
+ * backward unpacks, allocates, calls grad and releases (record.c), so the
+ * op writes only the kernel call. */
+typedef fr_status (*fr_unary_grad_fn)(fr_tensor *dx, const fr_tensor *dy, const fr_tensor *saved,
+                                      const void *ctx);
+fr_status fr_record_unary_grad(const char *op, fr_unary_grad_fn grad, fr_tensor *x, fr_tensor *y,
+                               const void *ctx, size_t ctx_size, fr_tensor *save);
 
 #ifdef __cplusplus
 }

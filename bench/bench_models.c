@@ -61,6 +61,8 @@
 #include "train/optim.h"
 #include "models/resnet.h"
 
+#include "examples/mobilenet_model.h"
+
 enum { MAX_STEPS = 32, GPU_SIZE = 32, GPU_IN_CHANNELS = 3, CLASSES = 10 };
 enum { GPU_WARMUP = 3, GPU_MAX_STEPS = 1000 };
 
@@ -89,6 +91,10 @@ static const model_case cases[] = {
     /* the demo's model on Fashion-MNIST's shape (README, `make demo`): the
      * training speed the CPU targets quote against PyTorch */
     {"resnet20", "plain,recompute,checkpoint", 5, 128, 20, 128, 28, 1},
+    /* examples/mobilenet.c's MobileNetV2-style net (depthwise 3x3,
+     * squeeze-excitation, SiLU / hardswish, dropout 0.2) on CIFAR's shape;
+     * bench/torch_models.py builds it from tests/fixtures/example_models.py */
+    {"mobilenet_se", "plain,recompute,checkpoint,recompute+checkpoint", 5, 128, 20, 64, 32, 3},
 };
 enum { N_CASES = sizeof cases / sizeof cases[0] };
 
@@ -104,6 +110,8 @@ static int cmp_double(const void *a, const void *b) {
 }
 
 static fr_model *create(const char *name, int in_channels) {
+    if (!strcmp(name, "mobilenet_se"))
+        return mobilenet_create(name, in_channels, CLASSES, 1);
     if (!strncmp(name, "densenet", 8))
         return fr_densenet_create(name, 0, in_channels, CLASSES, 1);
     return fr_resnet_create(name, in_channels, CLASSES, 1);

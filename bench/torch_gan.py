@@ -8,24 +8,23 @@ batch), Adam(2e-4, betas (0.5, 0.999)) and Adam(1e-3), batch 64, on random
 
 prints the seconds per step after --warmup steps."""
 import argparse
+import os
+import sys
 import time
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-ZDIM = 32
+# One definition of G and D, shared with the fixture generator of tests/test_examples_torch.c.
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "fixtures"))
+from example_models import Discriminator, Generator  # noqa: E402
+
+ZDIM, WIDTH = 32, 32  # examples/gan.c's
 
 
 def models():
-    g = nn.Sequential(
-        nn.ConvTranspose2d(ZDIM, 64, 7, bias=False), nn.BatchNorm2d(64), nn.ReLU(),
-        nn.ConvTranspose2d(64, 32, 4, 2, 1, bias=False), nn.BatchNorm2d(32), nn.ReLU(),
-        nn.ConvTranspose2d(32, 1, 4, 2, 1), nn.Tanh())
-    d = nn.Sequential(
-        nn.Conv2d(1, 32, 4, 2, 1), nn.LeakyReLU(0.2),
-        nn.Conv2d(32, 64, 4, 2, 1, bias=False), nn.BatchNorm2d(64), nn.LeakyReLU(0.2),
-        nn.Flatten(), nn.Linear(64 * 7 * 7, 1))
+    g, d = Generator(ZDIM, WIDTH), Discriminator(WIDTH)
     c = nn.Sequential(
         nn.Conv2d(1, 16, 3, 1, 1, bias=False), nn.BatchNorm2d(16), nn.ReLU(), nn.MaxPool2d(2),
         nn.Conv2d(16, 32, 3, 1, 1, bias=False), nn.BatchNorm2d(32), nn.ReLU(), nn.MaxPool2d(2),

@@ -10,6 +10,9 @@ bench/torch_saved.py.
   stem of 2K channels, nn.ReLU(inplace=True); the standard implementation
   (each layer concatenates its inputs and keeps what autograd saves), not
   the memory-efficient one.
+- "mobilenet_se": examples/mobilenet.c's MobileNetV2-style net (depthwise 3x3,
+  squeeze-excitation, SiLU / hardswish, dropout 0.2), the module of
+  tests/fixtures/example_models.py that its fixture test loads.
 
 Convolutions have no bias, as in frugal. Weights are PyTorch's defaults:
 memory and time do not depend on them. The modules are those of
@@ -42,6 +45,7 @@ import torch.utils.checkpoint
 # One definition of the models, shared with the fixture generators.
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "fixtures"))
 from cifar_models import DenseLayer, DenseNetBC, ResNet  # noqa: E402
+from example_models import MobileNet  # noqa: E402
 
 
 def build(name, in_channels, num_classes, strategy="plain"):
@@ -58,6 +62,8 @@ def build(name, in_channels, num_classes, strategy="plain"):
         model = DenseNetBC(int(m.group(1)), int(m.group(2) or 12), in_channels, num_classes,
                            inplace=True)
         return memory_efficient(model) if strategy == "recompute" else model
+    if name == "mobilenet_se":  # examples/mobilenet_model.h's mobilenet_create
+        return MobileNet(in_channels, num_classes, 16, dropout=0.2)
     raise ValueError(f"torch_models: no PyTorch definition for model {name!r}")
 
 

@@ -1,5 +1,6 @@
 /* gan: a DCGAN (Radford et al. 2016) trained on Fashion-MNIST with the
- * alternating loop, two models on one tape, written as PyTorch's DCGAN is:
+ * alternating loop, two models on one tape, written as PyTorch's DCGAN is
+ * (built in gan_model.h, shared with tests/test_examples_torch.c):
  *
  *     G: z (N, 32, 1, 1) -> ConvTranspose2d(32, 64, 7) -> BN-ReLU (64, 7, 7)
  *        -> ConvTranspose2d(64, 32, 4, 2, 1) -> BN-ReLU (32, 14, 14)
@@ -36,6 +37,8 @@
 
 #include <frugal/frugal.h>
 
+#include "gan_model.h"
+
 #define STB_IMAGE_WRITE_IMPLEMENTATION
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wsign-compare"
@@ -46,6 +49,7 @@
 #pragma GCC diagnostic pop
 
 #define ZDIM 32
+#define WIDTH 32 /* G: ZDIM -> 2 WIDTH -> WIDTH -> 1 channels; D: 1 -> WIDTH -> 2 WIDTH */
 #define GRID 8     /* the PNG shows GRID x GRID samples */
 #define SAMPLES 256 /* samples the classifier judges */
 #define CLASSES 10
@@ -59,37 +63,6 @@ typedef struct {
 typedef struct {
     fr_model *g, *d, *c; /* generator, discriminator, the judging classifier */
 } models;
-
-static fr_model *generator_new(uint64_t seed) {
-    /* "in channels" and "classes" are only recorded: z's features, one grey channel out */
-    fr_model *m = fr_model_new("gan_g", ZDIM, 1, seed);
-    fr_module *net = fr_model_root(m);
-    fr_conv_transpose2d_new(net, "up1", (fr_conv_transpose2d_opts){.in = ZDIM, .out = 64,
-                                                                   .kernel = 7, .no_bias = true});
-    fr_norm_new(net, "bn1", (fr_norm_opts){.channels = 64, .act = FR_ACT_RELU});
-    fr_conv_transpose2d_new(net, "up2", (fr_conv_transpose2d_opts){.in = 64, .out = 32, .kernel = 4,
-                                                                   .stride = 2, .pad = 1,
-                                                                   .no_bias = true});
-    fr_norm_new(net, "bn2", (fr_norm_opts){.channels = 32, .act = FR_ACT_RELU});
-    fr_conv_transpose2d_new(net, "up3", (fr_conv_transpose2d_opts){.in = 32, .out = 1, .kernel = 4,
-                                                                   .stride = 2, .pad = 1});
-    fr_act_new(net, "tanh", (fr_act_opts){.act = FR_ACT_TANH});
-    return fr_model_finish(m);
-}
-
-static fr_model *discriminator_new(uint64_t seed) {
-    fr_model *m = fr_model_new("gan_d", 1, 1, seed);
-    fr_module *net = fr_model_root(m);
-    fr_conv2d_new(net, "conv1", (fr_conv2d_opts){.in = 1, .out = 32, .kernel = 4, .stride = 2,
-                                                  .pad = 1, .bias = true});
-    fr_act_new(net, "leaky", (fr_act_opts){.act = FR_ACT_LEAKY_RELU, .slope = 0.2f});
-    fr_conv2d_new(net, "conv2", (fr_conv2d_opts){.in = 32, .out = 64, .kernel = 4, .stride = 2,
-                                                  .pad = 1});
-    fr_norm_new(net, "bn2", (fr_norm_opts){.channels = 64, .act = FR_ACT_LEAKY_RELU, .slope = 0.2f});
-    fr_flatten_new(net, "flatten");
-    fr_linear_new(net, "fc", (fr_linear_opts){.in = 64 * 7 * 7, .out = 1});
-    return fr_model_finish(m);
-}
 
 static fr_model *classifier_new(uint64_t seed) {
     fr_model *m = fr_model_new("gan_judge", 1, CLASSES, seed);
@@ -107,7 +80,8 @@ static fr_model *classifier_new(uint64_t seed) {
 }
 
 static fr_status models_init(models *ms, fr_strategy s, uint64_t seed) {
-    if (!(ms->g = generator_new(seed)) || !(ms->d = discriminator_new(seed + 1)) ||
+    if (!(ms->g = gan_generator_new(seed, ZDIM, WIDTH)) ||
+        !(ms->d = gan_discriminator_new(seed + 1, WIDTH)) ||
         !(ms->c = classifier_new(seed + 2)))
         return fr_last_status();
     ms->g->cfg.strategy = ms->d->cfg.strategy = s;
@@ -133,19 +107,6 @@ static fr_tensor *noise(int64_t n, fr_rng *rng) {
     return t;
 }
 
-/* BCE targets: (N, 1) all `value` */
-static fr_tensor *targets(int64_t n, float value) {
-    fr_tensor *t = fr_empty(FR_CPU, FR_F32, 2, FR_SHAPE(n, 1), FR_TAG_DATA);
-    if (t && fr_fill_(t, value) != FR_OK)
-        fr_clear(&t);
-    return t;
-}
-
-static fr_tensor *d_loss(fr_model *d, fr_tensor *x, fr_tensor *target) {
-    fr_tensor *logits = fr_model_forward(d, x, true);
-    return logits ? fr_chain(logits, fr_bce_with_logits_loss(logits, target)) : NULL;
-}
-
 /* One step of the judging classifier on a real batch (cross-entropy). */
 static fr_status classifier_step(fr_model *c, fr_optim *opt, fr_tensor *real, fr_tensor *y) {
     fr_tensor *logits = fr_model_forward(c, real, true);
@@ -167,8 +128,8 @@ static fr_status gan_step(fr_model *g, fr_model *d, fr_optim *gopt, fr_optim *do
                           fr_tensor *ones, fr_tensor *zeros, double *ld, double *lg) {
     fr_tensor *fake = fr_model_forward(g, z, true);
     fr_tensor *detached = fake ? fr_detach(fake) : NULL;
-    fr_tensor *l_real = detached ? d_loss(d, real, ones) : NULL;
-    fr_tensor *l_fake = l_real ? d_loss(d, detached, zeros) : NULL;
+    fr_tensor *l_real = detached ? gan_d_loss(d, real, ones) : NULL;
+    fr_tensor *l_fake = l_real ? gan_d_loss(d, detached, zeros) : NULL;
     fr_tensor *l_d = l_fake ? fr_add(l_real, l_fake) : NULL;
     fr_release(detached);
     fr_release(l_real);
@@ -181,7 +142,7 @@ static fr_status gan_step(fr_model *g, fr_model *d, fr_optim *gopt, fr_optim *do
     fr_optim_zero_grad(dopt);
     fr_release(l_d);
     /* G's graph is still pending: D's backward did not reach it */
-    fr_tensor *l_g = st == FR_OK ? d_loss(d, fake, ones) : NULL;
+    fr_tensor *l_g = st == FR_OK ? gan_d_loss(d, fake, ones) : NULL;
     fr_release(fake);
     if (st == FR_OK && !l_g)
         st = fr_last_status();
@@ -391,7 +352,7 @@ static fr_status train(const options *o, run *r) {
     ao.beta1 = 0.5;
     if (!(r->gopt = fr_adam_new(r->m.g->params, ao)) || !(r->dopt = fr_adam_new(r->m.d->params, ao)) ||
         !(r->copt = fr_adam_new(r->m.c->params, fr_adam_defaults(1e-3, 0))) ||
-        !(r->ones = targets(o->batch, 1.0f)) || !(r->zeros = targets(o->batch, 0.0f)))
+        !(r->ones = gan_targets(o->batch, 1.0f)) || !(r->zeros = gan_targets(o->batch, 0.0f)))
         return fr_last_status();
     int n_g = 0;
     const fr_params *gp = r->m.g->params;

@@ -67,30 +67,40 @@ static void inv_block_new(fr_module *parent, const char *name, int in, int out, 
     b->residual = stride == 1 && in == out;
 }
 
-static inline fr_model *mobilenet_create(const char *name, int in_channels, int num_classes, uint64_t seed) {
+/* width: the stem's channels (16 in the example; every other width scales
+ * with it); dropout: before the classifier (0.2 in the example; 0 leaves the
+ * layer out, so the test against PyTorch is deterministic) */
+static inline fr_model *mobilenet_create_opts(const char *name, int in_channels, int num_classes,
+                                              uint64_t seed, int width, float dropout) {
     fr_model *m = fr_model_new(name, in_channels, num_classes, seed);
     fr_module *net = fr_model_root(m);
-    fr_conv2d_new(net, "stem", (fr_conv2d_opts){.in = in_channels, .out = 16});
-    fr_norm_new(net, "stem_bn", (fr_norm_opts){.channels = 16, .act = FR_ACT_HARDSWISH});
-    /* (out, expand, stride, activation) per block, CIFAR-sized: 32 -> 16 -> 8 */
+    fr_conv2d_new(net, "stem", (fr_conv2d_opts){.in = in_channels, .out = width});
+    fr_norm_new(net, "stem_bn", (fr_norm_opts){.channels = width, .act = FR_ACT_HARDSWISH});
+    /* (out, expand, stride, activation) per block at width 16, CIFAR-sized: 32 -> 16 -> 8 */
     static const struct {
         int out, expand, stride;
         fr_act act;
     } cfg[] = {{16, 1, 1, FR_ACT_SILU},      {24, 4, 2, FR_ACT_SILU},      {24, 4, 1, FR_ACT_SILU},
                {40, 4, 2, FR_ACT_HARDSWISH}, {40, 4, 1, FR_ACT_HARDSWISH}, {48, 4, 1, FR_ACT_HARDSWISH}};
-    int in = 16;
+    int in = width, head = 128 * width / 16;
     for (size_t i = 0; i < sizeof cfg / sizeof *cfg; i++) {
         char nm[8];
+        int out = cfg[i].out * width / 16;
         snprintf(nm, sizeof nm, "b%zu", i);
-        inv_block_new(net, nm, in, cfg[i].out, cfg[i].expand, cfg[i].stride, cfg[i].act);
-        in = cfg[i].out;
+        inv_block_new(net, nm, in, out, cfg[i].expand, cfg[i].stride, cfg[i].act);
+        in = out;
     }
-    fr_conv2d_new(net, "head", (fr_conv2d_opts){.in = in, .out = 128, .kernel = 1});
-    fr_norm_new(net, "head_bn", (fr_norm_opts){.channels = 128, .act = FR_ACT_HARDSWISH});
+    fr_conv2d_new(net, "head", (fr_conv2d_opts){.in = in, .out = head, .kernel = 1});
+    fr_norm_new(net, "head_bn", (fr_norm_opts){.channels = head, .act = FR_ACT_HARDSWISH});
     fr_global_avg_pool_new(net, "gap");
-    fr_dropout_new(net, "drop", 0.2f);
-    fr_linear_new(net, "fc", (fr_linear_opts){.in = 128, .out = num_classes});
+    if (dropout > 0)
+        fr_dropout_new(net, "drop", dropout);
+    fr_linear_new(net, "fc", (fr_linear_opts){.in = head, .out = num_classes});
     return fr_model_finish(m);
+}
+
+static inline fr_model *mobilenet_create(const char *name, int in_channels, int num_classes, uint64_t seed) {
+    return mobilenet_create_opts(name, in_channels, num_classes, seed, 16, 0.2f);
 }
 
 #endif
