@@ -273,7 +273,7 @@ static fr_status held_out(const fr_data_spec *spec, fr_tensor **x, int32_t *labe
 static fr_status parse_args(int argc, char **argv, options *o) {
     *o = (options){.data = "fashion-mnist", .out = "gan.png", .strategy = "plain", .steps = 1000,
                    .batch = 64, .seed = 1, .limit = 10000, .lr = 2e-4};
-    for (int i = 1; i < argc; i++) {
+    for (int i = 1; i < argc; i += 2) { /* every flag takes a value */
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         bool known = true;
         fr_status st = FR_OK;
@@ -303,7 +303,6 @@ static fr_status parse_args(int argc, char **argv, options *o) {
                                                  !strcmp(a, "--batch") || !strcmp(a, "--seed") ||
                                                  !strcmp(a, "--limit") || !strcmp(a, "--lr"));
         FR_TRY(st);
-        i++;
     }
     return FR_OK;
 }
