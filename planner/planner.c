@@ -428,20 +428,40 @@ void fr_memory_plan_free(fr_memory_plan *plan) {
     *plan = (fr_memory_plan){0};
 }
 
-/* The least peak any layout reaches at micro-batch `micro` of `batch`. */
-static fr_status leanest(fr_model *m, int64_t micro, const int64_t *shape, const fr_plan_options *o,
-                         int batch, double *peak) {
-    const fr_profile *p;
+/* What planning may hold (issue 22): trial steps stay within the budget,
+ * plus what the caller holds beyond the plan's static bytes (`slack`, when
+ * positive: a data set outside options.extra_bytes, say). */
+typedef struct {
+    double budget, slack;
+    bool capped;          /* false: measure without a cap of the planner's */
+} room;
+
+/* The profile at micro-batch `micro`, its trials within r (planner/profile.h
+ * says why that is sound). */
+static fr_status profile_at(fr_model *m, int64_t micro, const int64_t *shape, const fr_plan_options *o,
+                            const room *r, const fr_profile **p) {
     int64_t s[4] = {micro, shape[1], shape[2], shape[3]};
-    FR_TRY(fr_profile_get(m, s, o->allow_abn, o->allow_compress, &p));
+    double trial_batch = (double)(micro * shape[1] * shape[2] * shape[3]) * 4;
+    fr_profile_cap cap = {.cap = r->budget + fmax(0, r->slack),
+                          .first_extra = fmax(0, r->slack + trial_batch) - fmax(0, r->slack)};
+    return fr_profile_get(m, s, o->allow_abn, o->allow_compress, r->capped ? &cap : NULL, p);
+}
+
+/* The least peak any layout reaches at micro-batch `micro` of `batch`;
+ * INFINITY when none can run (its trials passed the cap). */
+static fr_status leanest(fr_model *m, int64_t micro, const int64_t *shape, const fr_plan_options *o,
+                         const room *r, int batch, double *peak) {
+    const fr_profile *p;
+    FR_TRY(profile_at(m, micro, shape, o, r, &p));
     context cx = make_context(p, o, batch, micro < batch);
+    if (!cx.grads_after)
+        return fr_error(FR_ERR_OOM, "%s: planner: out of memory", m->name);
     layout best;
-    bool found = cx.grads_after && dynamic_programme(&cx, MODE_PEAK, 0, &best);
     double ms = 0;
-    if (found)
-        found = simulate(&cx, &best, peak, &ms, NULL);
+    if (!(dynamic_programme(&cx, MODE_PEAK, 0, &best) && simulate(&cx, &best, peak, &ms, NULL)))
+        *peak = INFINITY;
     free(cx.grads_after);
-    return found ? FR_OK : fr_error(FR_ERR_OOM, "%s: planner: out of memory", m->name);
+    return FR_OK;
 }
 
 /* Fills the plan's units and curve from layout s under context cx. */
@@ -507,10 +527,10 @@ static fr_status check_model(const fr_model *m, const int64_t *shape) {
 /* The layout at micro-batch `micro` that fits `budget` fastest: the
  * dynamic programme, and the comparison layouts, whichever is faster. */
 static fr_status plan_at(fr_model *m, const int64_t *shape, int64_t micro, size_t budget,
-                         const fr_plan_options *o, fr_memory_plan *plan) {
+                         const fr_plan_options *o, const room *r, fr_memory_plan *plan) {
     const fr_profile *p;
     int64_t s4[4] = {micro, shape[1], shape[2], shape[3]};
-    FR_TRY(fr_profile_get(m, s4, o->allow_abn, o->allow_compress, &p));
+    FR_TRY(profile_at(m, micro, shape, o, r, &p));
     int batch = (int)shape[0];
     context cx = make_context(p, o, batch, micro < batch);
     if (!cx.grads_after)
@@ -573,60 +593,80 @@ fr_status fr_plan_memory(fr_model *m, const int64_t *shape, size_t budget, const
     plan->batch = batch;
     plan->options = o;
     plan->precision = m->cfg.precision;
-    /* the whole batch: plain's figures, and whether anything fits */
+    /* the budget holds for planning too: every trial step stays within
+     * it, plus what the caller holds beyond the step's static bytes */
+    fr_device dev = m->params->count ? fr_device_of(m->params->items[0].tensor) : FR_CPU;
+    double batch_bytes = (double)batch * (double)(shape[1] * shape[2] * shape[3]) * 4 + (double)batch * 4;
+    room r = {.budget = (double)budget, .capped = true,
+              .slack = (double)fr_mem_total_current(dev) -
+                       ((double)fr_mem_current(dev, FR_TAG_PARAM) + (double)o.optim_bytes +
+                        (double)o.extra_bytes + batch_bytes)};
+    /* the whole batch: plain's figures (when its trials fit), and whether
+     * anything fits */
     const fr_profile *p;
-    FR_TRY(fr_profile_get(m, shape, o.allow_abn, o.allow_compress, &p));
+    FR_TRY(profile_at(m, batch, shape, &o, &r, &p));
     plan->device = p->device;
     context cx = make_context(p, &o, batch, false);
-    layout plain;
-    bool ok = cx.grads_after && uniform_layout(p, 0, 0, &plain) &&
-              simulate(&cx, &plain, &plan->plain_peak, &plan->plain_ms, NULL);
-    free(cx.grads_after);
-    if (!ok)
+    if (!cx.grads_after)
         return fr_error(FR_ERR_OOM, "planner: out of memory");
+    layout plain;
+    if (!(uniform_layout(p, 0, 0, &plain) && simulate(&cx, &plain, &plan->plain_peak, &plan->plain_ms, NULL)))
+        plan->plain_peak = plan->plain_ms = 0; /* over the budget: not measured */
+    free(cx.grads_after);
     double lean;
-    FR_TRY(leanest(m, batch, shape, &o, batch, &lean));
+    FR_TRY(leanest(m, batch, shape, &o, &r, batch, &lean));
+    /* the smallest budget for this batch, at the smallest micro-batch:
+     * what an out-of-memory error names (issue 22) */
+    int div[64], nd = 0;
+    for (int a = 2; a <= o.max_accum && nd < 64; a++)
+        if (batch % a == 0)
+            div[nd++] = a;
+    double lean1 = lean;
+    if (nd)
+        FR_TRY(leanest(m, batch / div[nd - 1], shape, &o, &r, batch, &lean1));
+    if (!isfinite(lean1)) {
+        /* its trials passed the budget: measured again under no cap but
+         * the caller's limit, to name the budget that works */
+        room wide = {.budget = INFINITY, .capped = true};
+        FR_TRY(leanest(m, nd ? batch / div[nd - 1] : batch, shape, &o, &wide, batch, &lean1));
+    }
+    plan->min_budget = isfinite(lean1) ? fmin(lean, lean1) : 0;
     int accum = 1;
     if (lean > (double)budget) {
         /* micro-batches: the fewest parts (a divisor of the batch, so every
          * part has the shape the layout is made for) that fit */
-        int div[64], nd = 0;
-        for (int a = 2; a <= o.max_accum && nd < 64; a++)
-            if (batch % a == 0)
-                div[nd++] = a;
-        double lean1 = 0;
-        if (nd)
-            FR_TRY(leanest(m, batch / div[nd - 1], shape, &o, batch, &lean1));
         if (!nd || lean1 > (double)budget) {
             char need[32], have[32];
-            fr_mem_format_bytes((size_t)ceil(nd ? lean1 : lean), need, sizeof need);
             fr_mem_format_bytes(budget, have, sizeof have);
-            plan->min_budget = nd ? lean1 : lean;
+            int smallest = nd ? batch / div[nd - 1] : batch;
+            if (!isfinite(lean1))
+                return fr_error(FR_ERR_ARG, "%s: a memory budget of %s (%zu bytes) is too small: no "
+                                "layout fits even in micro-batches of %d image%s, nor within the "
+                                "memory limit", m->name, have, budget, smallest, smallest == 1 ? "" : "s");
+            fr_mem_format_bytes((size_t)ceil(lean1), need, sizeof need);
             return fr_error(FR_ERR_ARG, "%s: a memory budget of %s (%zu bytes) is too small: the "
                             "leanest layout needs %s (%.0f bytes) even in micro-batches of %d "
                             "image%s; give at least that", m->name, have, budget, need,
-                            ceil(nd ? lean1 : lean), nd ? batch / div[nd - 1] : batch,
-                            (nd ? batch / div[nd - 1] : batch) == 1 ? "" : "s");
+                            ceil(lean1), smallest, smallest == 1 ? "" : "s");
         }
         int lo = -1, hi = nd - 1; /* div[hi] fits; find the first that does */
         while (hi - lo > 1) {
             int mid = (lo + hi) / 2;
             double l;
-            FR_TRY(leanest(m, batch / div[mid], shape, &o, batch, &l));
+            FR_TRY(leanest(m, batch / div[mid], shape, &o, &r, batch, &l));
             if (l <= (double)budget)
                 hi = mid;
             else
                 lo = mid;
         }
         accum = div[hi];
-        plan->min_budget = lean1;
-        FR_TRY(leanest(m, batch / accum, shape, &o, batch, &lean));
+        FR_TRY(leanest(m, batch / accum, shape, &o, &r, batch, &lean));
     }
     plan->accum = accum;
     plan->micro_batch = batch / accum;
     plan->bn_caveat = accum > 1;
     plan->leanest_peak = lean;
-    fr_status st = plan_at(m, shape, batch / accum, budget, &o, plan);
+    fr_status st = plan_at(m, shape, batch / accum, budget, &o, &r, plan);
     if (st != FR_OK) {
         fr_memory_plan_free(plan);
         return st;
@@ -642,7 +682,7 @@ fr_status fr_plan_predict(fr_model *m, const fr_memory_plan *plan, const fr_plan
                           double *peak, double *ms) {
     FR_TRY(check_model(m, plan->shape));
     const fr_profile *p;
-    FR_TRY(fr_profile_get(m, plan->shape, plan->options.allow_abn, plan->options.allow_compress, &p));
+    FR_TRY(fr_profile_get(m, plan->shape, plan->options.allow_abn, plan->options.allow_compress, NULL, &p));
     if (plan->n_units != p->n_units)
         return fr_error(FR_ERR_ARG, "planner: %s: the plan has %d units, the model %d", m->name,
                         plan->n_units, p->n_units);
@@ -658,7 +698,7 @@ fr_status fr_plan_predict(fr_model *m, const fr_memory_plan *plan, const fr_plan
 fr_status fr_plan_apply(fr_model *m, const fr_memory_plan *plan) {
     FR_TRY(check_model(m, plan->shape));
     const fr_profile *p;
-    FR_TRY(fr_profile_get(m, plan->shape, plan->options.allow_abn, plan->options.allow_compress, &p));
+    FR_TRY(fr_profile_get(m, plan->shape, plan->options.allow_abn, plan->options.allow_compress, NULL, &p));
     layout s;
     if (plan->n_units != p->n_units || !units_layout(p, plan->units, &s))
         return fr_error(FR_ERR_ARG, "planner: %s: the plan does not fit this model", m->name);
@@ -725,7 +765,8 @@ void fr_plan_print(const fr_memory_plan *plan, FILE *out) {
     }
     fprintf(out, "  predicted peak %s (plain at batch %d: %s; leanest layout: %s)\n",
             fr_mem_format_bytes((size_t)plan->predicted_peak, b[1], sizeof b[1]), plan->batch,
-            fr_mem_format_bytes((size_t)plan->plain_peak, b[2], sizeof b[2]),
+            plan->plain_peak > 0 ? fr_mem_format_bytes((size_t)plan->plain_peak, b[2], sizeof b[2])
+                                 : "over the budget, not measured",
             fr_mem_format_bytes((size_t)plan->leanest_peak, b[3], sizeof b[3]));
     double over = plan->plain_ms > 0 ? 100.0 * (plan->predicted_ms - plan->plain_ms) / plan->plain_ms : 0;
     fprintf(out, "  predicted step %.1f ms (plain %.1f ms): %+.1f%% time; chosen: %s\n",

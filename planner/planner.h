@@ -37,7 +37,11 @@
  * optimizer state (options.optim_bytes) and the gradients stay allocated,
  * as fr_train_step runs it. fr_plan_memory runs trial steps: it resets the
  * ledger's peaks, leaves parameters, BN statistics, the random stream and
- * any .grad as they were, and needs no tensor of the caller's. */
+ * any .grad as they were, and needs no tensor of the caller's. The trials
+ * stay within the budget (plus what the caller holds beyond the step's
+ * static bytes): one that would pass it is stopped and its strategy left
+ * out for that step (planner/profile.h), so planning never needs more than
+ * the plan (docs/ARCHITECTURE.md, "The memory planner"). */
 #ifndef FR_PLANNER_H
 #define FR_PLANNER_H
 
@@ -87,12 +91,14 @@ typedef struct {
     int n_units;
     fr_plan_unit *units;  /* owned */
     double predicted_peak;     /* bytes, the whole step (accum micro-batches) */
-    double plain_peak;         /* predicted for plain at the whole batch */
+    double plain_peak;         /* predicted for plain at the whole batch (0: its trials
+                                * passed the budget, so it was not measured) */
     double static_bytes;       /* parameters, batch, optimizer state */
     double leanest_peak;       /* the least any layout needs at micro_batch */
     double min_budget;         /* the least any layout needs in the smallest micro-batches
-                                * (0: not computed); also set when fr_plan_memory fails
-                                * because the budget is below it */
+                                * (0: not known: even those trials passed the memory
+                                * limit); also set when fr_plan_memory fails because the
+                                * budget is below it */
     double predicted_ms, plain_ms; /* predicted step time; plain at the whole batch */
     double dp_ms, chen_ms;     /* at this micro-batch: the dynamic programme's choice and the
                                 * fastest Chen split that fits (< 0: none fits) */

@@ -8,7 +8,10 @@
  * bytes; the clock gives the times. Recompute mode keeps BN running
  * statistics and counters as they are, the random state is put back, and
  * any .grad the caller had is set aside and restored, so profiling changes
- * nothing a training step computes. */
+ * nothing a training step computes. Under a cap (profile.h) the ledger's
+ * limit is lowered for the trials and put back after: a trial stopped by it
+ * leaves its strategy invalid for that step, and a step whose input cannot
+ * be made leaves every later step invalid. */
 #include "../nn/module_impl.h"
 #include "profile.h"
 
@@ -176,11 +179,36 @@ static void unit_name(const fr_module *root, int s, char *buf, size_t len) {
                                  root->items[i]->name);
 }
 
-static fr_status measure_all(fr_model *m, fr_profile *p) {
+/* The ledger cap for the trials of step s under `cap` (the lower of it and
+ * the caller's own limit; the caller's alone without a cap). */
+static void trial_limit(fr_device dev, size_t user_limit, const fr_profile_cap *cap, int s) {
+    if (!cap || cap->cap <= 0)
+        return;
+    double c = cap->cap + (s == 0 ? cap->first_extra : 0);
+    size_t lim = c >= (double)SIZE_MAX / 2 ? 0 : (size_t)c;
+    if (user_limit && (!lim || user_limit < lim))
+        lim = user_limit;
+    fr_mem_set_limit(dev, lim);
+}
+
+/* Whether a trial's failure is its cap's doing: a strategy left out, not
+ * an error. */
+static bool capped_out(const fr_profile_cap *cap, fr_status st) {
+    if (!cap || cap->cap <= 0 || st != FR_ERR_OOM)
+        return false;
+    fr_clear_error();
+    return true;
+}
+
+static fr_status measure_all(fr_model *m, fr_profile *p, const fr_profile_cap *cap) {
     fr_module *root = m->build->root;
     fr_device dev = p->device;
     fr_run run = {.training = true};
     snprintf(run.model, sizeof run.model, "%s", m->name);
+    for (int s = 0; s < p->n_units; s++) {
+        p->barrier[s] = fr_seq_is_barrier(root, s);
+        unit_name(root, s, p->names[s], sizeof p->names[s]);
+    }
     size_t n = (size_t)(p->shape[0] * p->shape[1] * p->shape[2] * p->shape[3]);
     float *host = malloc(n * sizeof *host);
     if (!host)
@@ -189,24 +217,30 @@ static fr_status measure_all(fr_model *m, fr_profile *p) {
     fr_rng_seed(&rng, 7);
     for (size_t i = 0; i < n; i++)
         host[i] = (float)fr_rng_normal(&rng);
+    size_t user_limit = fr_mem_get_limit(dev);
+    trial_limit(dev, user_limit, cap, 0);
     fr_tensor *cur = fr_from_host(dev, FR_F32, 4, p->shape, FR_TAG_DATA, host);
     free(host);
-    if (!cur)
-        return fr_last_status();
-    fr_status st = fr_autocast_enter(p->precision);
+    fr_status st = cur ? fr_autocast_enter(p->precision) : fr_last_status();
     if (st != FR_OK) {
         fr_release(cur);
+        fr_mem_set_limit(dev, user_limit);
+        if (capped_out(cap, st)) {
+            p->complete = false; /* not even the batch fits: nothing valid */
+            return FR_OK;
+        }
         return st;
     }
     for (int s = 0; s < p->n_units && st == FR_OK; s++) {
-        p->barrier[s] = fr_seq_is_barrier(root, s);
-        unit_name(root, s, p->names[s], sizeof p->names[s]);
+        trial_limit(dev, user_limit, cap, s);
         /* a first run warms caches and buffers (the first GEMM of a
          * shape, the first touch of fresh pages), which would otherwise be
          * charged to whichever strategy comes first */
         fr_unit_cost warm;
         run.strategy = FR_STRATEGY_PLAIN;
         st = trial(m, root, s, cur, &run, dev, &warm);
+        if (capped_out(cap, st))
+            st = FR_OK;
         for (int k = 0; k < FR_PROFILE_STRATEGIES && st == FR_OK; k++) {
             /* A dense module under recompute whose children are not
              * checkpointed returns a recomputable concatenation, which the
@@ -228,6 +262,11 @@ static fr_status measure_all(fr_model *m, fr_profile *p) {
                 st = FR_OK; /* a step that cannot take abn (its input is read elsewhere) */
                 continue;
             }
+            if (capped_out(cap, st)) {
+                st = FR_OK;
+                p->complete = false;
+                continue;
+            }
             p->valid[s * FR_PROFILE_STRATEGIES + k] = st == FR_OK;
         }
         if (st != FR_OK)
@@ -239,11 +278,18 @@ static fr_status measure_all(fr_model *m, fr_profile *p) {
         fr_no_grad_exit();
         fr_release(cur);
         cur = next;
-        if (!cur)
+        if (!cur) {
             st = fr_last_status();
+            if (capped_out(cap, st)) { /* the steps after it stay invalid */
+                st = FR_OK;
+                p->complete = false;
+                break;
+            }
+        }
     }
     fr_autocast_exit();
     fr_release(cur);
+    fr_mem_set_limit(dev, user_limit);
     return st;
 }
 
@@ -254,12 +300,13 @@ static bool same_config(const fr_profile *p, const int64_t *shape, fr_dtype prec
 }
 
 fr_status fr_profile_get(fr_model *m, const int64_t *shape, bool allow_abn, bool allow_compress,
-                         const fr_profile **out) {
+                         const fr_profile_cap *cap, const fr_profile **out) {
     struct fr_model_build *b = m->build;
     fr_device dev = m->params->count ? fr_device_of(m->params->items[0].tensor) : FR_CPU;
     profile_cache *pc = b->profiles;
     for (int i = 0; pc && i < pc->n; i++)
-        if (same_config(pc->items[i], shape, m->cfg.precision, dev, allow_abn, allow_compress)) {
+        if (same_config(pc->items[i], shape, m->cfg.precision, dev, allow_abn, allow_compress) &&
+            (!cap || pc->items[i]->complete || pc->items[i]->cap == cap->cap)) {
             *out = pc->items[i];
             return FR_OK;
         }
@@ -286,6 +333,8 @@ fr_status fr_profile_get(fr_model *m, const int64_t *shape, bool allow_abn, bool
     p->device = dev;
     p->allow_abn = allow_abn;
     p->allow_compress = allow_compress;
+    p->cap = cap ? cap->cap : 0;
+    p->complete = true;
     p->n_units = n;
     for (int k = 0; k < FR_PROFILE_STRATEGIES; k++)
         p->strategies[k] = strategy_of(k);
@@ -306,7 +355,7 @@ fr_status fr_profile_get(fr_model *m, const int64_t *shape, bool allow_abn, bool
     }
     uint64_t random_state = fr_random_state();
     fr_recompute_enter();
-    fr_status st = measure_all(m, p);
+    fr_status st = measure_all(m, p, cap);
     fr_recompute_exit();
     fr_set_random_state(random_state);
     fr_params_zero_grad(m->params);

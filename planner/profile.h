@@ -51,13 +51,34 @@ typedef struct {
     fr_unit_cost *cost;   /* (n_units * FR_PROFILE_STRATEGIES) */
     double param_bytes;   /* parameters and buffers on the device */
     double grad_bytes;    /* every parameter's gradient */
+    /* the cap it was measured under (0: none) and whether a trial or a
+     * step's input passed it (then some strategies, or every step from
+     * one on, are left invalid) */
+    double cap;
+    bool complete;
 } fr_profile;
+
+/* Profiling within a budget (issue 22: the planner must not need more
+ * memory than it plans for). A trial step of a strategy may not take the
+ * ledger's total past `cap` (and past the limit of fr_mem_set_limit): one
+ * that would is stopped by that cap and its strategy left invalid for the
+ * step. Sound because a whole training step holds at least what that
+ * trial held (its input, the step's own bytes, everything held outside),
+ * except the first step's trial, which holds a copy of the batch besides
+ * the caller's: it gets `first_extra` more. */
+typedef struct {
+    double cap;           /* ledger total, bytes (0: no cap of the planner's) */
+    double first_extra;   /* allowance of the first step's trials above cap */
+} fr_profile_cap;
 
 /* The profile of m's root sequence for inputs of `shape` under
  * m->cfg.precision on the device of its parameters: cached in the model,
- * measured on first use. *out is borrowed from the model. */
+ * measured on first use. A cached profile is reused when it is complete
+ * or was measured under the same cap; with cap NULL any cached one is
+ * (an uncapped one measured when none is). *out is borrowed from the
+ * model. */
 fr_status fr_profile_get(fr_model *m, const int64_t *shape, bool allow_abn, bool allow_compress,
-                         const fr_profile **out);
+                         const fr_profile_cap *cap, const fr_profile **out);
 
 static inline const fr_unit_cost *fr_profile_cost(const fr_profile *p, int unit, int strategy) {
     return &p->cost[unit * FR_PROFILE_STRATEGIES + strategy];

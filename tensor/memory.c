@@ -246,6 +246,14 @@ void fr_mem_set_limit(fr_device dev, size_t max_bytes) {
         fr_cpu_set_limit(max_bytes);
 }
 
+size_t fr_mem_get_limit(fr_device dev) {
+    FR_ASSERT((unsigned)dev < FR_DEVICE_COUNT);
+    pthread_mutex_lock(&ledger_lock);
+    size_t l = limits[dev];
+    pthread_mutex_unlock(&ledger_lock);
+    return l;
+}
+
 void fr_mem_empty_cache(void) {
     fr_cpu_empty_cache();
     if (cuda_used())

@@ -89,6 +89,9 @@ size_t fr_mem_watch_peak(fr_device dev);
  * reserved bytes under it too (cached blocks are given back first), so the
  * process holds what a device of that size could. */
 void fr_mem_set_limit(fr_device dev, size_t max_bytes);
+/* The cap fr_mem_set_limit set on `dev` (0 = none): the planner lowers it
+ * for its trial steps and puts it back. */
+size_t fr_mem_get_limit(fr_device dev);
 /* This process's resident memory now and its high-water mark (VmRSS and
  * VmHWM of /proc/self/status), in bytes; 0 and 0 where /proc is not there.
  * Everything counts: the ledger's blocks, the cache, the libraries' code
