@@ -9,6 +9,7 @@
  * all three give the same bits; tests/test_compress.c checks it. Groups are
  * independent and each thread takes whole groups, so the codes never depend
  * on the team size. */
+#include <immintrin.h>
 #include <string.h>
 
 #include "../tensor/kernels.h"
@@ -21,20 +22,91 @@
 #define AVX2 __attribute__((target("avx2,fma")))
 #define AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq")))
 
-/* Group g (m <= GROUP elements at x, element index base in the tensor):
- * lo and step into hdr, codes into out. */
-INLINE void pack_group(float *hdr, uint8_t *out, const float *x, size_t m, int bits,
-                       uint32_t key) {
+enum { ISA_REF, ISA_AVX2, ISA_AVX512 };
+
+/* The group's minimum and maximum (m >= 1 elements) and whether it holds a
+ * NaN or an infinity. The reference keeps the FIRST element that attains
+ * each, which fixes the sign of a zero extreme (stored in the header); GCC
+ * does not vectorise this select-based reduction without no-trapping-math
+ * (that attribute made packing 40x slower), so the AVX copies below use
+ * intrinsics and then look up the sign of a zero extreme in one short
+ * scan: the same bits as the reference. */
+REF static int minmax_ref(const float *x, size_t m, float *lo_out, float *hi_out) {
     float lo = x[0], hi = x[0];
     int bad = 0;
-    /* scalar: GCC vectorises this select-based reduction only without
-     * trapping math, and that attribute (optimize) here made packing 40x slower */
     for (size_t i = 0; i < m; i++) {
         float v = x[i];
         lo = v < lo ? v : lo;
         hi = v > hi ? v : hi;
         bad |= !(v - v == 0.0f); /* NaN or inf */
     }
+    *lo_out = lo;
+    *hi_out = hi;
+    return bad;
+}
+
+/* The first element equal to v (the reference's choice between -0 and +0). */
+INLINE float first_equal(const float *x, size_t m, float v) {
+    if (v != 0.0f)
+        return v;
+    for (size_t i = 0; i < m; i++)
+        if (x[i] == v)
+            return x[i];
+    return v;
+}
+
+AVX2 static int minmax_avx2(const float *x, size_t m, float *lo_out, float *hi_out) {
+    __m256 vlo = _mm256_set1_ps(x[0]), vhi = vlo, acc = _mm256_setzero_ps();
+    size_t i = 0;
+    for (; i + 8 <= m; i += 8) {
+        __m256 v = _mm256_loadu_ps(x + i);
+        vlo = _mm256_min_ps(vlo, v);
+        vhi = _mm256_max_ps(vhi, v);
+        acc = _mm256_add_ps(acc, _mm256_sub_ps(v, v)); /* NaN once any is NaN or inf */
+    }
+    float l[8], h[8], a[8];
+    _mm256_storeu_ps(l, vlo);
+    _mm256_storeu_ps(h, vhi);
+    _mm256_storeu_ps(a, acc);
+    float lo = l[0], hi = h[0], sum = 0.0f;
+    for (int k = 0; k < 8; k++) {
+        lo = l[k] < lo ? l[k] : lo;
+        hi = h[k] > hi ? h[k] : hi;
+        sum += a[k];
+    }
+    for (; i < m; i++) {
+        lo = x[i] < lo ? x[i] : lo;
+        hi = x[i] > hi ? x[i] : hi;
+        sum += x[i] - x[i];
+    }
+    *lo_out = first_equal(x, m, lo);
+    *hi_out = first_equal(x, m, hi);
+    return !(sum == 0.0f);
+}
+
+AVX512 static int minmax_avx512(const float *x, size_t m, float *lo_out, float *hi_out) {
+    __m512 first = _mm512_set1_ps(x[0]), vlo = first, vhi = first, acc = _mm512_setzero_ps();
+    for (size_t i = 0; i < m; i += 16) {
+        /* the tail's missing lanes read x[0], which is in the group */
+        __mmask16 k = m - i >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (m - i)) - 1);
+        __m512 v = _mm512_mask_loadu_ps(first, k, x + i);
+        vlo = _mm512_min_ps(vlo, v);
+        vhi = _mm512_max_ps(vhi, v);
+        acc = _mm512_add_ps(acc, _mm512_sub_ps(v, v));
+    }
+    *lo_out = first_equal(x, m, _mm512_reduce_min_ps(vlo));
+    *hi_out = first_equal(x, m, _mm512_reduce_max_ps(vhi));
+    return !(_mm512_reduce_add_ps(acc) == 0.0f);
+}
+
+/* Group g (m <= GROUP elements at x, element index base in the tensor):
+ * lo and step into hdr, codes into out. */
+INLINE void pack_group(float *hdr, uint8_t *out, const float *x, size_t m, int bits,
+                       uint32_t key, int isa) {
+    float lo, hi;
+    int bad = isa == ISA_AVX512 ? minmax_avx512(x, m, &lo, &hi)
+              : isa == ISA_AVX2 ? minmax_avx2(x, m, &lo, &hi)
+                                : minmax_ref(x, m, &lo, &hi);
     unsigned top = (1u << bits) - 1;
     float range = hi - lo;
     if (bad || !(range - range == 0.0f)) {
@@ -66,7 +138,78 @@ INLINE void pack_group(float *hdr, uint8_t *out, const float *x, size_t m, int b
     }
 }
 
-INLINE void unpack_group(float *x, const float *hdr, const uint8_t *in, size_t m, int bits) {
+/* Code i of a group (the scalar tail of the AVX copies below). */
+INLINE unsigned code_at(const uint8_t *in, size_t i, int bits) {
+    size_t bit = i * (size_t)bits;
+    return (in[bit / 8] >> (bit % 8)) & ((1u << bits) - 1);
+}
+
+/* The AVX copies widen 8 or 16 codes at once with a variable shift of one
+ * broadcast word (the scalar loop widens a byte at a time, which ran 2-bit
+ * decoding at a quarter of a copy's bandwidth), then compute lo + c * step
+ * as the reference does: a product, then a sum, each rounded (no FMA). */
+AVX2 static void unpack_group_avx2(float *x, const float *hdr, const uint8_t *in, size_t m,
+                                   int bits) {
+    const __m256 lo = _mm256_set1_ps(hdr[0]), step = _mm256_set1_ps(hdr[1]);
+    const __m256i sh = bits == 2 ? _mm256_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14)
+                                 : _mm256_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28);
+    const __m256i top = _mm256_set1_epi32((1 << bits) - 1);
+    size_t i = 0;
+    for (; i + 8 <= m; i += 8) {
+        const uint8_t *b = in + i * (size_t)bits / 8;
+        __m256i c;
+        if (bits == 8) {
+            c = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(const void *)b));
+        } else {
+            uint32_t w = 0;
+            memcpy(&w, b, (size_t)bits); /* 8 codes: 2 or 4 bytes */
+            c = _mm256_and_si256(_mm256_srlv_epi32(_mm256_set1_epi32((int)w), sh), top);
+        }
+        _mm256_storeu_ps(x + i, _mm256_add_ps(lo, _mm256_mul_ps(_mm256_cvtepi32_ps(c), step)));
+    }
+    for (; i < m; i++)
+        x[i] = hdr[0] + (float)code_at(in, i, bits) * hdr[1];
+}
+
+AVX512 static void unpack_group_avx512(float *x, const float *hdr, const uint8_t *in, size_t m,
+                                       int bits) {
+    const __m512 lo = _mm512_set1_ps(hdr[0]), step = _mm512_set1_ps(hdr[1]);
+    const __m512i sh2 = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
+    const __m512i sh4 = _mm512_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28, 0, 4, 8, 12, 16, 20, 24, 28);
+    const __m512i top = _mm512_set1_epi32((1 << bits) - 1);
+    size_t i = 0;
+    for (; i + 16 <= m; i += 16) {
+        const uint8_t *b = in + i * (size_t)bits / 8;
+        __m512i c;
+        if (bits == 8) {
+            c = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(const void *)b));
+        } else if (bits == 4) {
+            uint32_t w[2];
+            memcpy(w, b, 8);
+            __m512i v = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_set1_epi32((int)w[0])),
+                                           _mm256_set1_epi32((int)w[1]), 1);
+            c = _mm512_and_si512(_mm512_srlv_epi32(v, sh4), top);
+        } else {
+            uint32_t w;
+            memcpy(&w, b, 4);
+            c = _mm512_and_si512(_mm512_srlv_epi32(_mm512_set1_epi32((int)w), sh2), top);
+        }
+        _mm512_storeu_ps(x + i, _mm512_add_ps(lo, _mm512_mul_ps(_mm512_cvtepi32_ps(c), step)));
+    }
+    for (; i < m; i++)
+        x[i] = hdr[0] + (float)code_at(in, i, bits) * hdr[1];
+}
+
+INLINE void unpack_group(float *x, const float *hdr, const uint8_t *in, size_t m, int bits,
+                         int isa) {
+    if (isa == ISA_AVX512) {
+        unpack_group_avx512(x, hdr, in, m, bits);
+        return;
+    }
+    if (isa == ISA_AVX2) {
+        unpack_group_avx2(x, hdr, in, m, bits);
+        return;
+    }
     float lo = hdr[0], step = hdr[1];
     if (bits == 8) {
 #pragma omp simd
@@ -96,7 +239,7 @@ INLINE void unpack_group(float *x, const float *hdr, const uint8_t *in, size_t m
 }
 
 /* The per-ISA copies: the whole tensor, groups split over the team. */
-#define PACK_BODY                                                                              \
+#define PACK_BODY(isa)                                                                         \
     size_t groups = (n + GROUP - 1) / GROUP, code_bytes = (size_t)GROUP * (size_t)bits / 8;    \
     float *hdr = (float *)(void *)packed;                                                      \
     uint8_t *codes = packed + groups * 2 * sizeof(float);                                      \
@@ -104,32 +247,36 @@ INLINE void unpack_group(float *x, const float *hdr, const uint8_t *in, size_t m
     for (size_t g = 0; g < groups; g++) {                                                      \
         size_t base = g * GROUP, m = n - base < GROUP ? n - base : GROUP;                       \
         pack_group(hdr + 2 * g, codes + g * code_bytes, x + base, m, bits,                     \
-                   fr_compress_key(seed, g));                                                  \
+                   fr_compress_key(seed, g), isa);                                             \
     }
 
-#define UNPACK_BODY                                                                            \
+#define UNPACK_BODY(isa)                                                                       \
     size_t groups = (n + GROUP - 1) / GROUP, code_bytes = (size_t)GROUP * (size_t)bits / 8;    \
     const float *hdr = (const float *)(const void *)packed;                                    \
     const uint8_t *codes = packed + groups * 2 * sizeof(float);                                \
     _Pragma("omp parallel for if (groups > 64) schedule(static)")                              \
     for (size_t g = 0; g < groups; g++) {                                                      \
         size_t base = g * GROUP, m = n - base < GROUP ? n - base : GROUP;                       \
-        unpack_group(x + base, hdr + 2 * g, codes + g * code_bytes, m, bits);                  \
+        unpack_group(x + base, hdr + 2 * g, codes + g * code_bytes, m, bits, isa);             \
     }
 
 REF static void pack_ref(uint8_t *packed, const float *x, int bits, uint64_t seed, size_t n) {
-    PACK_BODY
+    PACK_BODY(ISA_REF)
 }
 AVX2 static void pack_avx2(uint8_t *packed, const float *x, int bits, uint64_t seed, size_t n) {
-    PACK_BODY
+    PACK_BODY(ISA_AVX2)
 }
 AVX512 static void pack_avx512(uint8_t *packed, const float *x, int bits, uint64_t seed, size_t n) {
-    PACK_BODY
+    PACK_BODY(ISA_AVX512)
 }
-REF static void unpack_ref(float *x, const uint8_t *packed, int bits, size_t n) { UNPACK_BODY }
-AVX2 static void unpack_avx2(float *x, const uint8_t *packed, int bits, size_t n) { UNPACK_BODY }
+REF static void unpack_ref(float *x, const uint8_t *packed, int bits, size_t n) {
+    UNPACK_BODY(ISA_REF)
+}
+AVX2 static void unpack_avx2(float *x, const uint8_t *packed, int bits, size_t n) {
+    UNPACK_BODY(ISA_AVX2)
+}
 AVX512 static void unpack_avx512(float *x, const uint8_t *packed, int bits, size_t n) {
-    UNPACK_BODY
+    UNPACK_BODY(ISA_AVX512)
 }
 
 static fr_cpu_isa usable(fr_cpu_isa isa) {
@@ -170,21 +317,113 @@ fr_status fr_cpu_compress_unpack(float *x, const uint8_t *packed, int bits, size
     return fr_cpu_compress_unpack_isa(isa, x, packed, bits, n);
 }
 
-fr_status fr_cpu_sign_pack(uint8_t *mask, const float *x, size_t n) {
-    size_t bytes = fr_sign_nbytes(n);
-#pragma omp parallel for if (n > 65536) schedule(static)
-    for (size_t j = 0; j < bytes; j++) {
-        unsigned b = 0;
-        for (size_t k = 0; k < 8 && j * 8 + k < n; k++)
-            b |= (unsigned)(x[j * 8 + k] > 0.0f) << k;
-        mask[j] = (uint8_t)b;
+/* Sign masks: bit k of byte j is x[8j + k] > 0, written 16 elements (two
+ * bytes) at a time by each ISA's copy, the tail by the reference. A byte is
+ * a function of its own eight elements, so the mask never depends on the
+ * path or the team. */
+REF static uint16_t sign_bits_ref(const float *x) {
+    unsigned b = 0;
+    for (unsigned k = 0; k < 16; k++)
+        b |= (unsigned)(x[k] > 0.0f) << k;
+    return (uint16_t)b;
+}
+AVX2 static uint16_t sign_bits_avx2(const float *x) {
+    __m256 z = _mm256_setzero_ps();
+    unsigned a = (unsigned)_mm256_movemask_ps(_mm256_cmp_ps(_mm256_loadu_ps(x), z, _CMP_GT_OQ));
+    unsigned b = (unsigned)_mm256_movemask_ps(_mm256_cmp_ps(_mm256_loadu_ps(x + 8), z, _CMP_GT_OQ));
+    return (uint16_t)(a | b << 8);
+}
+AVX512 static uint16_t sign_bits_avx512(const float *x) {
+    return (uint16_t)_mm512_cmp_ps_mask(_mm512_loadu_ps(x), _mm512_setzero_ps(), _CMP_GT_OQ);
+}
+
+REF static void sign_ones_ref(float *y, uint16_t b) {
+    for (unsigned k = 0; k < 16; k++)
+        y[k] = (float)((b >> k) & 1u);
+}
+AVX2 static void sign_ones_avx2(float *y, uint16_t b) {
+    const __m256i bit = _mm256_setr_epi32(1, 2, 4, 8, 16, 32, 64, 128);
+    const __m256i one = _mm256_castps_si256(_mm256_set1_ps(1.0f));
+    for (int h = 0; h < 2; h++) {
+        __m256i set = _mm256_and_si256(_mm256_set1_epi32((b >> (8 * h)) & 255), bit);
+        __m256i m = _mm256_cmpeq_epi32(set, bit);
+        _mm256_storeu_ps(y + 8 * h, _mm256_castsi256_ps(_mm256_and_si256(m, one)));
+    }
+}
+AVX512 static void sign_ones_avx512(float *y, uint16_t b) {
+    _mm512_storeu_ps(y, _mm512_maskz_mov_ps((__mmask16)b, _mm512_set1_ps(1.0f)));
+}
+
+#define SIGN_PACK_BODY(bits16)                                                                 \
+    size_t blocks = n / 16;                                                                    \
+    _Pragma("omp parallel for if (n > 65536) schedule(static)")                                \
+    for (size_t k = 0; k < blocks; k++) {                                                      \
+        uint16_t b = bits16(x + 16 * k);                                                       \
+        memcpy(mask + 2 * k, &b, 2);                                                           \
+    }                                                                                          \
+    for (size_t j = 2 * blocks; j < fr_sign_nbytes(n); j++) {                                  \
+        unsigned b = 0;                                                                        \
+        for (size_t k = 0; k < 8 && j * 8 + k < n; k++)                                        \
+            b |= (unsigned)(x[j * 8 + k] > 0.0f) << k;                                         \
+        mask[j] = (uint8_t)b;                                                                  \
+    }
+
+#define SIGN_UNPACK_BODY(ones16)                                                               \
+    size_t blocks = n / 16;                                                                    \
+    _Pragma("omp parallel for if (n > 65536) schedule(static)")                                \
+    for (size_t k = 0; k < blocks; k++) {                                                      \
+        uint16_t b;                                                                            \
+        memcpy(&b, mask + 2 * k, 2);                                                           \
+        ones16(y + 16 * k, b);                                                                 \
+    }                                                                                          \
+    for (size_t i = 16 * blocks; i < n; i++)                                                   \
+        y[i] = (float)((mask[i >> 3] >> (i & 7)) & 1u);
+
+REF static void sign_pack_ref(uint8_t *mask, const float *x, size_t n) {
+    SIGN_PACK_BODY(sign_bits_ref)
+}
+AVX2 static void sign_pack_avx2(uint8_t *mask, const float *x, size_t n) {
+    SIGN_PACK_BODY(sign_bits_avx2)
+}
+AVX512 static void sign_pack_avx512(uint8_t *mask, const float *x, size_t n) {
+    SIGN_PACK_BODY(sign_bits_avx512)
+}
+REF static void sign_unpack_ref(float *y, const uint8_t *mask, size_t n) {
+    SIGN_UNPACK_BODY(sign_ones_ref)
+}
+AVX2 static void sign_unpack_avx2(float *y, const uint8_t *mask, size_t n) {
+    SIGN_UNPACK_BODY(sign_ones_avx2)
+}
+AVX512 static void sign_unpack_avx512(float *y, const uint8_t *mask, size_t n) {
+    SIGN_UNPACK_BODY(sign_ones_avx512)
+}
+
+fr_status fr_cpu_sign_pack_isa(fr_cpu_isa isa, uint8_t *mask, const float *x, size_t n) {
+    switch (usable(isa)) {
+    case FR_ISA_AVX512: sign_pack_avx512(mask, x, n); break;
+    case FR_ISA_AVX2: sign_pack_avx2(mask, x, n); break;
+    default: sign_pack_ref(mask, x, n); break;
     }
     return FR_OK;
 }
 
-fr_status fr_cpu_sign_unpack(float *y, const uint8_t *mask, size_t n) {
-#pragma omp parallel for if (n > 65536) schedule(static)
-    for (size_t i = 0; i < n; i++)
-        y[i] = (float)((mask[i >> 3] >> (i & 7)) & 1u);
+fr_status fr_cpu_sign_unpack_isa(fr_cpu_isa isa, float *y, const uint8_t *mask, size_t n) {
+    switch (usable(isa)) {
+    case FR_ISA_AVX512: sign_unpack_avx512(y, mask, n); break;
+    case FR_ISA_AVX2: sign_unpack_avx2(y, mask, n); break;
+    default: sign_unpack_ref(y, mask, n); break;
+    }
     return FR_OK;
+}
+
+fr_status fr_cpu_sign_pack(uint8_t *mask, const float *x, size_t n) {
+    fr_cpu_isa isa;
+    FR_TRY(fr_cpu_isa_get(&isa));
+    return fr_cpu_sign_pack_isa(isa, mask, x, n);
+}
+
+fr_status fr_cpu_sign_unpack(float *y, const uint8_t *mask, size_t n) {
+    fr_cpu_isa isa;
+    FR_TRY(fr_cpu_isa_get(&isa));
+    return fr_cpu_sign_unpack_isa(isa, y, mask, n);
 }

@@ -1,4 +1,4 @@
-/* cpu/compress.h: the compress kernels of kernels.def on a named ISA path,
+/* cpu/compress.h: the compress and sign kernels of kernels.def on a named ISA path,
  * so tests can hold the AVX2 and AVX-512 paths to the scalar reference.
  * Internal to cpu/ and tests. An isa above the machine's is lowered to it. */
 #ifndef FR_CPU_COMPRESS_H
@@ -10,5 +10,7 @@ fr_status fr_cpu_compress_pack_isa(fr_cpu_isa isa, uint8_t *packed, const float 
                                    uint64_t seed, size_t n);
 fr_status fr_cpu_compress_unpack_isa(fr_cpu_isa isa, float *x, const uint8_t *packed, int bits,
                                      size_t n);
+fr_status fr_cpu_sign_pack_isa(fr_cpu_isa isa, uint8_t *mask, const float *x, size_t n);
+fr_status fr_cpu_sign_unpack_isa(fr_cpu_isa isa, float *y, const uint8_t *mask, size_t n);
 
 #endif

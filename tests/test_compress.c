@@ -97,10 +97,21 @@ static void test_sign_mask(void) {
 }
 
 /* the AVX2 and AVX-512 copies give the scalar reference's bytes and
- * values; so do 1, 2 and 3 threads */
+ * values; so do 1, 2 and 3 threads. Groups whose minimum or maximum is a
+ * zero of either sign hold the vector min/max reductions to the
+ * reference's choice (the first such element), which the header keeps. */
 static void test_paths_and_threads_identical(void) {
     const size_t n = 200 * FR_COMPRESS_GROUP + 5; /* enough groups for the team */
     fr_tensor *x = spread(n, 4);
+    float *v = fr_data(x);
+    for (size_t i = 0; i < n; i++) {
+        size_t g = i / FR_COMPRESS_GROUP;
+        float c = v[i] - 2.0f * (float)(1 + g % 5); /* about half below zero */
+        float z = (i * 7 + g) % 3 ? 0.0f : -0.0f;
+        v[i] = g % 4 == 0 ? (c > 0 ? c : z)                 /* ReLU-like: the minimum is a zero */
+               : g % 4 == 1 ? (c < 0 ? c : z)               /* the maximum is a zero */
+               : g % 4 == 2 && g % 8 == 6 ? z : v[i];       /* zeros only */
+    }
     for (int b = 0; b < 3; b++) {
         size_t nb = fr_compress_nbytes(BITS[b], n);
         uint8_t *ref = malloc(nb), *got = malloc(nb);
@@ -125,6 +136,24 @@ static void test_paths_and_threads_identical(void) {
         free(dref);
         free(dgot);
     }
+    /* sign masks, with a tail that is not a whole 16-element block */
+    size_t nb = fr_sign_nbytes(n);
+    uint8_t *ref = malloc(nb), *got = malloc(nb);
+    float *dref = malloc(n * sizeof *dref), *dgot = malloc(n * sizeof *dgot);
+    CHECK_OK(fr_cpu_sign_pack_isa(FR_ISA_BASELINE, ref, v, n));
+    CHECK_OK(fr_cpu_sign_unpack_isa(FR_ISA_BASELINE, dref, ref, n));
+    for (size_t i = 0; i < n; i++)
+        CHECK(dref[i] == (v[i] > 0.0f ? 1.0f : 0.0f));
+    for (int isa = FR_ISA_AVX2; isa < FR_ISA_COUNT; isa++) {
+        CHECK_OK(fr_cpu_sign_pack_isa((fr_cpu_isa)isa, got, v, n));
+        CHECK(memcmp(ref, got, nb) == 0);
+        CHECK_OK(fr_cpu_sign_unpack_isa((fr_cpu_isa)isa, dgot, ref, n));
+        CHECK(memcmp(dref, dgot, n * sizeof *dref) == 0);
+    }
+    free(ref);
+    free(got);
+    free(dref);
+    free(dgot);
     fr_release(x);
 }
 
