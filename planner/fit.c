@@ -274,13 +274,16 @@ static fr_status search(fit_ctx *c, int guess, const point *probes, int n_probes
         int a = lo ? lo->b : 0, z = hi ? hi->b : max + 1;
         if (z - a <= 1 || np == MAX_POINTS)
             break;
+        /* without a batch known not to fit, grow at most 4x a step: a
+         * batch far above the budget is a long trial of much memory */
+        int top = hi ? z : a + 1 + 3 * (a + 1) < z ? a + 1 + 3 * (a + 1) : z;
         double f, per;
         if (!guess && !bisect)
             guess = lo && hi ? linear_guess(lo, hi, c->budget, &f, &per)
                     : np >= 2 ? linear_guess(&pts[np - 2], &pts[np - 1], c->budget, &f, &per) : 0;
         if (!guess || bisect)
-            guess = a + (z - a) / 2;
-        guess = guess <= a ? a + 1 : guess >= z ? z - 1 : guess;
+            guess = a + (top - a) / 2;
+        guess = guess <= a ? a + 1 : guess >= top ? top - 1 : guess;
         point *p = &pts[np++];
         *p = (point){.b = guess};
         FR_TRY(measure(c, guess, &p->peak, &p->fits));
