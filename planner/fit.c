@@ -200,7 +200,7 @@ static fr_status trial(fit_ctx *c, int b, int accum, size_t *peak, size_t *at, b
 /* The planner's step at batch b in one micro-batch: planned for the budget
  * (a layout it predicts to fit), installed, then measured by a trial. A
  * batch it finds no layout for does not fit (peak 0: not measured). */
-static fr_status planned_trial(fit_ctx *c, int b, size_t *peak, bool *fits) {
+static fr_status planned_trial(fit_ctx *c, int b, size_t *peak, double *estimate, bool *fits) {
     fr_plan_options po = c->o->plan;
     po.max_accum = 1;
     po.optim_bytes = c->o->optim_bytes;
@@ -211,6 +211,7 @@ static fr_status planned_trial(fit_ctx *c, int b, size_t *peak, bool *fits) {
     *peak = 0;
     *fits = false;
     if (st == FR_ERR_ARG || st == FR_ERR_OOM) {
+        *estimate = plan.min_budget; /* the least it predicts for b in one micro-batch */
         if (b == 1)
             snprintf(c->row->error, sizeof c->row->error, "%s", fr_last_error());
         return FR_OK;
@@ -224,43 +225,48 @@ static fr_status planned_trial(fit_ctx *c, int b, size_t *peak, bool *fits) {
     return st;
 }
 
-static fr_status measure(fit_ctx *c, int b, size_t *peak, bool *fits) {
-    return c->row->planned ? planned_trial(c, b, peak, fits) : trial(c, b, 1, peak, NULL, fits);
-}
-
 typedef struct {
     int b;
-    size_t peak; /* 0: not measured (out of memory, or no plan) */
+    size_t peak;     /* 0: not measured (out of memory, or no plan) */
+    double estimate; /* the measured peak, or the planner's prediction (0: none) */
     bool fits;
 } point;
 
-/* The batch where the line through two measured points reaches the budget
- * (0 when they do not give a rising line). */
+static fr_status measure(fit_ctx *c, point *p) {
+    fr_status st = c->row->planned ? planned_trial(c, p->b, &p->peak, &p->estimate, &p->fits)
+                                   : trial(c, p->b, 1, &p->peak, NULL, &p->fits);
+    if (p->peak)
+        p->estimate = (double)p->peak;
+    return st;
+}
+
+/* The batch where the line through two points reaches the budget (0 when
+ * they do not give a rising line). */
 static int linear_guess(const point *p, const point *q, size_t budget, double *fixed, double *per) {
-    if (!p || !q || !p->peak || !q->peak || p->b == q->b || q->peak <= p->peak)
+    if (!p || !q || p->estimate <= 0 || q->estimate <= 0 || p->b == q->b || (q->estimate - p->estimate) *
+        (double)(q->b - p->b) <= 0)
         return 0;
-    *per = ((double)q->peak - (double)p->peak) / (double)(q->b - p->b);
-    *fixed = (double)p->peak - *per * (double)p->b;
+    *per = (q->estimate - p->estimate) / (double)(q->b - p->b);
+    *fixed = p->estimate - *per * (double)p->b;
     double g = ((double)budget - *fixed) / *per;
     return g < 1 ? 1 : g > 1e9 ? 1000000000 : (int)g;
 }
 
 /* The largest batch in [1, max] whose measured step fits. Every guess is
  * measured: the line through the ends of the bracket [largest batch that
- * fits, smallest that does not] (or through the last two measured points
- * while one end is missing) says where the budget is reached; when a guess
- * did not halve the bracket the next one bisects it. It ends when the two
- * ends are neighbours, so the batch reported fits and the next does not. */
+ * fits, smallest that does not] (or through the last two points while one
+ * end is missing) says where the budget is reached; after four such guesses
+ * the bracket is bisected. It ends when the two ends are neighbours, so the
+ * batch reported fits and the next does not. */
 static fr_status search(fit_ctx *c, int guess, const point *probes, int n_probes) {
     fr_fit_row *r = c->row;
     int max = c->o->max_batch;
-    enum { MAX_POINTS = 40 };
+    enum { MAX_POINTS = 40, LINE_GUESSES = 4 };
     point pts[MAX_POINTS];
-    int np = 0;
+    int np = 0, guesses = 0;
     for (int i = 0; i < n_probes; i++)
         pts[np++] = probes[i];
     const point *lo = NULL, *hi = NULL;
-    bool bisect = false;
     for (;;) {
         lo = hi = NULL;
         for (int i = 0; i < np; i++) {
@@ -274,20 +280,21 @@ static fr_status search(fit_ctx *c, int guess, const point *probes, int n_probes
         int a = lo ? lo->b : 0, z = hi ? hi->b : max + 1;
         if (z - a <= 1 || np == MAX_POINTS)
             break;
-        /* without a batch known not to fit, grow at most 4x a step: a
-         * batch far above the budget is a long trial of much memory */
-        int top = hi ? z : a + 1 + 3 * (a + 1) < z ? a + 1 + 3 * (a + 1) : z;
+        /* above a batch that fits, without one known not to, grow at most
+         * 4x a step: a batch far above the budget is a long trial of much
+         * memory (the first guess is the caller's) */
+        int top = hi || !lo ? z : a + 1 + 3 * (a + 1) < z ? a + 1 + 3 * (a + 1) : z;
         double f, per;
-        if (!guess && !bisect)
+        if (!guess && guesses < LINE_GUESSES)
             guess = lo && hi ? linear_guess(lo, hi, c->budget, &f, &per)
                     : np >= 2 ? linear_guess(&pts[np - 2], &pts[np - 1], c->budget, &f, &per) : 0;
-        if (!guess || bisect)
-            guess = a + (top - a) / 2;
+        if (!guess)
+            guess = lo && !hi && guesses < LINE_GUESSES ? a + 1 : a + (top - a) / 2;
         guess = guess <= a ? a + 1 : guess >= top ? top - 1 : guess;
         point *p = &pts[np++];
         *p = (point){.b = guess};
-        FR_TRY(measure(c, guess, &p->peak, &p->fits));
-        bisect = 2 * (p->fits ? z - guess : guess - a) > z - a + 1;
+        FR_TRY(measure(c, p));
+        guesses++;
         guess = 0;
     }
     r->batch = lo ? lo->b : 0;
@@ -309,7 +316,8 @@ static fr_status strategy_row(fit_ctx *c, int asked) {
     point pr[2] = {{.b = asked > 1 ? asked / 2 : 2}, {.b = asked}};
     fr_status st = trial(c, asked, 1, &pr[1].peak, r->at_peak, &pr[1].fits);
     if (st == FR_OK)
-        st = trial(c, pr[0].b, 1, &pr[0].peak, NULL, &pr[0].fits);
+        st = measure(c, &pr[0]);
+    pr[1].estimate = (double)pr[1].peak;
     if (st != FR_OK) { /* a strategy the model refuses */
         r->status = st;
         snprintf(r->error, sizeof r->error, "%s", fr_last_error());

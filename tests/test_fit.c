@@ -216,10 +216,22 @@ static void test_fit_errors(void) {
     fr_model_free(m);
 }
 
+/* --batch auto needs a budget, and refuses a resumed run (which keeps its
+ * batch): clear errors naming the flags, before any data is read. */
+static void test_train_batch_auto_flags(void) {
+    if (!fr_t_have_programs())
+        SKIP("the example programs are not built");
+    fr_t_example_fails("train", "--batch auto", "--batch auto", "--memory-budget");
+    fr_t_example_fails("train", "--batch auto --memory-budget 64M --resume /nonexistent.safetensors", "--batch",
+                       "--resume");
+    fr_t_example_fails("train", "--batch 0", "--batch", NULL);
+}
+
 int main(void) {
     RUN(test_eval_batch_fits_budget);
     RUN(test_fit_resnet8);
     RUN(test_fit_user_chain);
     RUN(test_fit_errors);
+    RUN(test_train_batch_auto_flags);
     return TEST_SUMMARY();
 }
