@@ -197,14 +197,21 @@ static fr_status trial(fit_ctx *c, int b, int accum, size_t *peak, size_t *at, b
     return FR_OK;
 }
 
-/* The planner's step at batch b in one micro-batch: planned for the budget
- * (a layout it predicts to fit), installed, then measured by a trial. A
- * batch it finds no layout for does not fit (peak 0: not measured). */
-static fr_status planned_trial(fit_ctx *c, int b, size_t *peak, double *estimate, bool *fits) {
+/* The planner's options for a step of b images in one micro-batch, holding
+ * what the trials hold beside it. */
+static fr_plan_options plan_options(const fit_ctx *c, int b) {
     fr_plan_options po = c->o->plan;
     po.max_accum = 1;
     po.optim_bytes = c->o->optim_bytes;
     po.extra_bytes += c->held + c->o->extra_per_image * (size_t)b;
+    return po;
+}
+
+/* The planner's step at batch b in one micro-batch: planned for the budget
+ * (a layout it predicts to fit), installed, then measured by a trial. A
+ * batch it finds no layout for does not fit (peak 0: not measured). */
+static fr_status planned_trial(fit_ctx *c, int b, size_t *peak, double *estimate, bool *fits) {
+    fr_plan_options po = plan_options(c, b);
     fr_memory_plan plan = {0};
     int64_t shape[4] = {b, c->image[1], c->image[2], c->image[3]};
     fr_status st = fr_plan_memory(c->m, shape, c->budget, &po, &plan);
@@ -333,10 +340,7 @@ static fr_status strategy_row(fit_ctx *c, int asked) {
  * one micro-batch, then the search from the best strategy row's batch. */
 static fr_status planner_row(fit_ctx *c, int asked, int start) {
     fr_fit_row *r = c->row;
-    fr_plan_options po = c->o->plan;
-    po.max_accum = 1;
-    po.optim_bytes = c->o->optim_bytes;
-    po.extra_bytes += c->held + c->o->extra_per_image * (size_t)asked;
+    fr_plan_options po = plan_options(c, asked);
     fr_memory_plan plan = {0};
     int64_t shape[4] = {asked, c->image[1], c->image[2], c->image[3]};
     fr_status st = fr_plan_memory(c->m, shape, (size_t)1 << 60, &po, &plan);
