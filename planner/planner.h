@@ -154,6 +154,70 @@ void fr_memory_plan_free(fr_memory_plan *plan); /* NULL-safe */
 fr_status fr_fit_eval_batch(fr_model *m, const int64_t *shape, int probe, size_t budget, size_t held,
                             int *batch, double *predicted);
 
+/* ---- will it fit? (planner/fit.c) ----
+ *
+ *     fr_fit_report fit;
+ *     fr_fit_options fo = {.optim_bytes = fr_plan_optim_bytes(opt), .planner = true};
+ *     FR_TRY(fr_fit(m, FR_SHAPE(64, 3, 32, 32), 40 << 20, &fo, &fit));
+ *     fr_fit_print(&fit, stdout);       // largest batch per strategy, budget for 64
+ *     fr_fit_report_free(&fit);
+ *
+ * Every figure is a measured training step (fr_train_step without an
+ * optimizer, twice at each batch, the peak read from the ledger) with the
+ * optimizer state the real step will hold allocated beside it: so a step
+ * at a row's batch fits the budget and one at batch + 1 does not, exactly
+ * in ledger bytes. */
+typedef struct {
+    size_t optim_bytes;       /* optimizer state a step holds that does not exist yet
+                               * (fr_plan_optim_bytes before the first step) */
+    size_t extra_per_image;   /* bytes per image held beside the step (a loader's
+                               * prefetched batches) */
+    int max_batch;            /* the largest batch tried [8 x the asked batch, at least 64] */
+    const fr_strategy *strategies; /* the rows; NULL: plain, recompute, abn, checkpoint,
+                               * recompute+checkpoint, abn+checkpoint */
+    int n_strategies;
+    bool planner;             /* a last row: the planner's layout in one micro-batch */
+    fr_plan_options plan;     /* for that row (allow_abn, allow_compress, extra_bytes) */
+} fr_fit_options;
+
+typedef struct {
+    char name[64];            /* the strategy, or "planner" */
+    fr_strategy strategy;
+    bool planned;             /* the planner's row */
+    fr_status status;         /* FR_OK, or the error of a strategy the model refuses */
+    char error[256];          /* its message (also: why the planner has no layout at batch 1) */
+    int batch;                /* the largest batch <= max_batch whose step fits (0: none) */
+    size_t peak;              /* the measured peak of a step at `batch` */
+    bool next_measured;       /* batch + 1 <= max_batch was measured, and did not fit */
+    size_t peak_next;         /* ... its peak (0: out of memory under a limit, or no layout) */
+    double fixed, per_image;  /* peak(b) ~ fixed + per_image * b, from the first two steps */
+    size_t need;              /* the smallest budget for the asked batch: its step's peak */
+    bool need_predicted;      /* the planner's row: the planner's prediction, not a step */
+    size_t at_peak[FR_TAG_COUNT]; /* the asked batch's step: bytes per tag at its peak */
+    int steps;                /* training steps run for the row */
+} fr_fit_row;
+
+typedef struct {
+    int64_t shape[4];         /* the asked batch and image */
+    size_t budget;
+    int max_batch;
+    int n_rows;
+    fr_fit_row *rows;         /* owned */
+} fr_fit_report;
+
+/* For m on inputs of `shape` (N, C, H, W) under m->cfg.precision on the
+ * device of its parameters: per strategy the largest batch whose step fits
+ * `budget` and the budget a step of N needs (with its split by tag). opts
+ * may be NULL. The trials leave m as they found it: parameters, BN running
+ * statistics, m->cfg.strategy, any .grad and the random stream (an
+ * installed plan layout is removed). A strategy the model refuses is a row
+ * with its error; FR_ERR_ARG for bad arguments. Resets the ledger's peaks. */
+fr_status fr_fit(fr_model *m, const int64_t *shape, size_t budget, const fr_fit_options *opts,
+                 fr_fit_report *out);
+/* The report as a short table. */
+void fr_fit_print(const fr_fit_report *r, FILE *out);
+void fr_fit_report_free(fr_fit_report *r); /* NULL-safe */
+
 #ifdef __cplusplus
 }
 #endif

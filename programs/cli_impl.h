@@ -48,6 +48,15 @@ fr_status fr_cli_conflict(const fr_cli_seen *s, const char *a, const char *b, co
  * device's ledger is capped at memory_limit bytes (0: no cap). */
 void fr_cli_apply_limits(int64_t threads, size_t memory_limit);
 
+/* ---- --batch auto ---- */
+/* The largest batch (at most the training set's images) whose training
+ * step the planner fits in `budget` in one micro-batch, each a measured
+ * step (planner/fit.c), beside what train's loaders will hold (each
+ * loader's ready batch and two in the making); the choice and why are
+ * printed. FR_ERR_ARG when none fits, or with more than one process. */
+fr_status fr_cli_batch_auto(fr_model *m, const fr_optim *opt, const fr_dataset *ds, int world, size_t budget,
+                            bool allow_compress, int *batch);
+
 /* ---- models ---- */
 /* A registered model (models/registry.h: resnet<6n+2>, preresnet<9n+2>,
  * densenet-bc-<L>[-k<K>] and whatever the program registered), on the CPU

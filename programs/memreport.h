@@ -10,6 +10,7 @@ typedef struct {
     int batch, size, in_channels, classes, steps;
     fr_device device;
     const char *strategies;
+    bool strategies_given; /* --strategies was given (else a default list) */
     const char *svg;
     bool svg_time;  /* x axis in milliseconds instead of ledger events */
     uint64_t seed;

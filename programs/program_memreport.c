@@ -385,7 +385,10 @@ static void usage(FILE *out) {
             "  --seed N            weights and data (default 1)\n"
             "  --memory-limit SIZE cap the memory ledger of each device (K, M or G suffix): a\n"
             "                      strategy that needs more fails with an out-of-memory error\n"
-            "  --memory-budget SIZE  plan the fastest step that fits SIZE (planner/planner.h), print\n"
+            "  --memory-budget SIZE  will it fit? first, per strategy (--strategies, or a default\n"
+            "                      list) and for the planner, the largest batch whose measured step\n"
+            "                      fits SIZE and the budget --batch needs (planner/fit.c); then\n"
+            "                      plan the fastest step that fits SIZE (planner/planner.h), print\n"
             "                      the plan and add its row (\"planned\"; with --svg also its\n"
             "                      predicted curve); without --strategies the other row is plain\n"
             "  --allow-compress    with --memory-budget: blocks may keep their saved activations\n"
@@ -496,6 +499,7 @@ static int parse_args(int argc, char **argv, options *o) {
                 "--strategies\n");
         return -1;
     }
+    o->strategies_given = o->strategies != NULL;
     if (!o->strategies && o->memory_budget)
         o->strategies = "plain";
     if (!o->strategies)
@@ -547,6 +551,29 @@ static bool parse_strategies(const char *list, fr_dtype precision, row *rows, in
     return true;
 }
 
+/* --memory-budget: will it fit? (planner/fit.c) For the strategies of
+ * --strategies (f32 rows; without it the library's list) and the planner:
+ * the largest batch whose measured step fits, and what --batch needs. */
+static fr_status will_it_fit(const options *o, trainer *tr, const row *rows, int n_rows) {
+    fr_strategy s[MAX_STRATEGIES];
+    int n = 0;
+    for (int i = 0; o->strategies_given && i < n_rows && n < MAX_STRATEGIES; i++)
+        if (rows[i].precision == FR_F32)
+            s[n++] = rows[i].strategy;
+    tr->model->cfg.precision = o->precision;
+    fr_fit_options fo = {.optim_bytes = fr_plan_optim_bytes(tr->opt), .strategies = n ? s : NULL,
+                         .n_strategies = n, .planner = true,
+                         .plan = {.allow_compress = o->allow_compress}};
+    fr_fit_report fit;
+    FR_TRY(fr_fit(tr->model, FR_SHAPE(o->batch, o->in_channels, o->size, o->size), o->memory_budget, &fo,
+                  &fit));
+    fr_fit_print(&fit, stdout);
+    printf("\n");
+    fr_fit_report_free(&fit);
+    tr->model->cfg.strategy = FR_STRATEGY_PLAIN;
+    return FR_OK;
+}
+
 int fr_memreport_main(int argc, char **argv) {
     options o;
     static row rows[MAX_ROWS + 1]; /* + the planner's */
@@ -573,7 +600,6 @@ int fr_memreport_main(int argc, char **argv) {
     }
     tr.model = create_model(&o);
     if (!tr.model || (o.device != FR_CPU && fr_params_to_device(tr.model->params, o.device) != FR_OK) ||
-        make_batch(&o, &tr) != FR_OK ||
         !(tr.opt = fr_sgd_new(tr.model->params, (fr_sgd_options){.lr = 0.01, .momentum = 0.9}))) {
         fprintf(stderr, "memreport: %s\n", fr_last_error());
         goto out;
@@ -585,6 +611,15 @@ int fr_memreport_main(int argc, char **argv) {
            fr_mem_format_bytes(fr_params_bytes(tr.model->params), pbytes, sizeof pbytes), o.batch,
            o.in_channels, o.size, o.size, o.classes, fr_device_name(o.device),
            o.precision == FR_F32 ? "f32" : o.precision == FR_F16 ? "f32 and f16" : "f32 and bf16");
+    /* before the batch and the optimizer state exist: the trials hold their own */
+    if (o.memory_budget && will_it_fit(&o, &tr, rows, n_rows) != FR_OK) {
+        fprintf(stderr, "memreport: --memory-budget: %s\n", fr_last_error());
+        goto out;
+    }
+    if (make_batch(&o, &tr) != FR_OK) {
+        fprintf(stderr, "memreport: %s\n", fr_last_error());
+        goto out;
+    }
     if (o.memory_budget) {
         /* the planner's row: one more, in --precision */
         tr.model->cfg.precision = o.precision;

@@ -37,7 +37,7 @@ typedef struct {
     const char *model, *data, *strategy, *save, *resume;
     int64_t batch, accum, epochs, warmup, seed, threads, limit_train, limit_test, log_every, stop_after;
     double lr, momentum, wd;
-    bool nesterov;
+    bool nesterov, batch_auto; /* --batch auto: the largest that fits --memory-budget */
     bool dist, sync_bn; /* --dist, --sync-bn */
     bool allow_compress; /* --allow-compress: the planner may give blocks compress:B */
     double bucket_mb;   /* --bucket-mb (0: dist's default) */
@@ -64,7 +64,8 @@ static void usage(FILE *out) {
             "                        checkpoint[:K], joined with '+' (recompute+checkpoint)\n"
             "  --precision P         f32 (default), f16 or bf16: the precision of activations and\n"
             "                        compute (weights stay f32); f16 with dynamic loss scaling\n"
-            "  --batch N             images per optimizer step (128)\n"
+            "  --batch N|auto        images per optimizer step (128); auto: the largest whose\n"
+            "                        measured step the planner fits in --memory-budget\n"
             "  --accum K             split each batch into K micro-batches (1); see docs/TRAINING.md\n"
             "  --epochs N            (10)\n"
             "  --lr X                base learning rate (0.1 for sgd, 0.001 for adam and adamw)\n"
@@ -185,7 +186,9 @@ static fr_status parse_args(int argc, char **argv, options *o) {
                 FR_TRY(fr_cli_double(a, v, 0, 1e7, &o->dist_timeout));
             } else {
                 trajectory = true;
-                if (!strcmp(a, "--batch"))
+                if (!strcmp(a, "--batch") && !strcmp(v, "auto"))
+                    o->batch_auto = true;
+                else if (!strcmp(a, "--batch"))
                     FR_TRY(fr_cli_int(a, v, 1, INT32_MAX, &o->batch));
                 else if (!strcmp(a, "--accum"))
                     FR_TRY(fr_cli_int(a, v, 1, INT32_MAX, &o->accum));
@@ -217,6 +220,9 @@ static fr_status parse_args(int argc, char **argv, options *o) {
     FR_TRY(fr_cli_conflict(&seen, "--augment", "--no-augment", "one turns augmentation on, the other off"));
     FR_TRY(fr_cli_conflict(&seen, "--accum", "--memory-budget", "the budget's plan chooses the "
                            "micro-batches"));
+    if (o->batch_auto && !o->memory_budget)
+        return fr_error(FR_ERR_ARG, "--batch auto picks the largest batch that fits --memory-budget: give "
+                        "--memory-budget SIZE too, or a number of images for --batch");
     if (o->allow_compress && !fr_cli_seen_get(&seen, "--memory-budget"))
         return fr_error(FR_ERR_ARG, "--allow-compress lets the --memory-budget planner compress "
                         "blocks and needs --memory-budget; without a budget name compress:B in "
@@ -361,27 +367,6 @@ static fr_status setup(const options *o, run *r) {
                         (long long)r->train_ds->c);
     fr_mem_set_phase("setting up", 0);
     fr_device dev = o->device ? FR_CUDA : FR_CPU;
-    FR_TRY(shard_batch(o, r));
-    int batch = st->batch_size / r->world; /* this process's part of each step */
-    if (st->accum > batch)
-        return fr_error(FR_ERR_ARG, "%s: %d micro-batches (--accum) of %d images a process (--batch): a "
-                        "micro-batch needs at least one image", o->resume ? o->resume : "--accum",
-                        st->accum, batch);
-    fr_loader_config lc = {.batch_size = batch, .shuffle = true, .drop_last = true, .seed = st->seed,
-                           .aug = fr_data_augment(spec.kind, r->train_ds, st->augment), .device = dev,
-                           .prefetch = true, .shards = r->world, .shard = r->rank};
-    if (!(r->train_ld = fr_loader_new(r->train_ds, &lc)))
-        return fr_last_status();
-    int64_t per_epoch = fr_loader_num_batches(r->train_ld);
-    if (per_epoch == 0)
-        return fr_error(FR_ERR_ARG, "--batch %d (a step's images, all processes together) is larger than "
-                        "the training set (%lld images)", st->batch_size, (long long)r->train_ds->n);
-    lc = (fr_loader_config){.batch_size = batch, .device = dev, .prefetch = true,
-                            .aug = fr_data_augment(spec.kind, r->test_ds, false), .shards = r->world,
-                            .shard = r->rank};
-    if (!(r->test_ld = fr_loader_new(r->test_ds, &lc)))
-        return fr_last_status();
-
     int classes = o->resume ? info.num_classes : r->train_ds->num_classes;
     if (o->resume && (info.in_channels != r->train_ds->c || info.num_classes < r->train_ds->num_classes))
         return fr_error(FR_ERR_FORMAT, "--resume %s: the checkpoint's %s takes %d channels and %d classes, "
@@ -412,6 +397,31 @@ static fr_status setup(const options *o, run *r) {
                                                 : fr_adamw_new(r->model->params, info.adam);
     if (!r->opt)
         return fr_last_status();
+    if (o->batch_auto) {
+        FR_TRY(fr_cli_batch_auto(r->model, r->opt, r->train_ds, r->world, o->memory_budget, o->allow_compress,
+                                 &st->batch_size));
+    }
+    FR_TRY(shard_batch(o, r));
+    int batch = st->batch_size / r->world; /* this process's part of each step */
+    if (st->accum > batch)
+        return fr_error(FR_ERR_ARG, "%s: %d micro-batches (--accum) of %d images a process (--batch): a "
+                        "micro-batch needs at least one image", o->resume ? o->resume : "--accum",
+                        st->accum, batch);
+    fr_loader_config lc = {.batch_size = batch, .shuffle = true, .drop_last = true, .seed = st->seed,
+                           .aug = fr_data_augment(spec.kind, r->train_ds, st->augment), .device = dev,
+                           .prefetch = true, .shards = r->world, .shard = r->rank};
+    if (!(r->train_ld = fr_loader_new(r->train_ds, &lc)))
+        return fr_last_status();
+    int64_t per_epoch = fr_loader_num_batches(r->train_ld);
+    if (per_epoch == 0)
+        return fr_error(FR_ERR_ARG, "--batch %d (a step's images, all processes together) is larger than "
+                        "the training set (%lld images)", st->batch_size, (long long)r->train_ds->n);
+    lc = (fr_loader_config){.batch_size = batch, .device = dev, .prefetch = true,
+                            .aug = fr_data_augment(spec.kind, r->test_ds, false), .shards = r->world,
+                            .shard = r->rank};
+    if (!(r->test_ld = fr_loader_new(r->test_ds, &lc)))
+        return fr_last_status();
+
     if (o->resume) {
         FR_TRY(fr_state_load(o->resume, r->model, r->opt, &r->scaler, st));
         if (o->data)
