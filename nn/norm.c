@@ -110,7 +110,8 @@ fr_tensor *fr_norm_apply(const fr_module *m, fr_tensor *x, fr_tensor *residual, 
     /* The fused op where the strategy asks for it: ABN always (it defines
      * the function), recompute in training (where there is something to
      * save) and where an activation follows (an identity BN's output is
-     * consumed by a sum that saves nothing). */
+     * consumed by a sum that saves nothing); else wherever it keeps what the
+     * chain of separate ops keeps (KEEP below). */
     fr_bnact_mode mode = FR_BNACT_COUNT;
     if (st->abn)
         mode = FR_BNACT_INPLACE_ABN;
@@ -121,6 +122,15 @@ fr_tensor *fr_norm_apply(const fr_module *m, fr_tensor *x, fr_tensor *residual, 
     else if (!fr_grad_enabled() && !st->abn_reference && (act != FR_ACT_IDENTITY || residual))
         /* nothing is recorded (validation, a checkpointed segment's first
          * forward): one pass, the chain's bits, under every strategy */
+        mode = FR_BNACT_KEEP;
+    else if (run->training && !st->abn_reference && act != FR_ACT_IDENTITY &&
+             !fr_act_needs_input(act))
+        /* plain training: KEEP saves what the chain of separate ops saves
+         * here (BN its input, the activation its output) and computes the chain's bits, in one pass forward
+         * and one backward: the separate ReLU was 9% of a plain DenseNet
+         * step (bench/RESULTS.md, issue 24). An activation that reads its
+         * input keeps the chain: fused, it would keep less than the chain
+         * (no pre-activation), and plain stands for what PyTorch saves. */
         mode = FR_BNACT_KEEP;
     if (mode != FR_BNACT_COUNT) {
         float slope = l->slope;

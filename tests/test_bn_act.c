@@ -216,6 +216,88 @@ static void test_bf16_backward_close_to_f32(void) {
     free_case(&c);
 }
 
+/* The autograd op in plain training's mode (FR_BNACT_KEEP, nn/norm.c)
+ * against fr_batch_norm then fr_activation, between two 1x1 convs (the
+ * second to one channel, so the head's tensors are small and the peak is
+ * BN's backward): the same gradients bit for bit, and a backward peak no higher but for
+ * two channel vectors (dgamma and dbeta, made while the activation's output
+ * is still kept). Without dx written over dy it was a tensor higher. */
+static void bn_relu_step(bool fused, fr_tensor *const *src, fr_tensor **grads, size_t *peak) {
+    fr_tensor *w = fr_empty_like(src[4], FR_TAG_PARAM), *g = fr_empty_like(src[1], FR_TAG_PARAM);
+    fr_tensor *b = fr_empty_like(src[2], FR_TAG_PARAM);
+    fr_tensor *rm = fr_zeros(FR_CPU, FR_F32, 1, FR_SHAPE(C), FR_TAG_PARAM);
+    fr_tensor *rv = fr_zeros(FR_CPU, FR_F32, 1, FR_SHAPE(C), FR_TAG_PARAM);
+    CHECK_NOTNULL(w && g && b && rm && rv ? w : NULL);
+    if (!w || !g || !b || !rm || !rv)
+        return;
+    CHECK_OK(fr_copy_(w, src[4]));
+    CHECK_OK(fr_copy_(g, src[1]));
+    CHECK_OK(fr_copy_(b, src[2]));
+    fr_tensor *leaves[3] = {w, g, b};
+    for (int i = 0; i < 3; i++)
+        fr_set_requires_grad(leaves[i], true);
+    /* BN's input from a 1x1 conv (C -> C), as in a network: its dx goes on
+     * to the conv's backward, not into a leaf's .grad */
+    fr_conv_params p = {.stride = 1, .pad = 0};
+    fr_tensor *x = fr_conv2d(src[0], w, NULL, p), *z = NULL;
+    CHECK_NOTNULL(x);
+    if (x && fused) {
+        fr_bn_state st = {.gamma = g, .beta = b, .running_mean = rm, .running_var = rv,
+                          .momentum = 0.1f, .eps = 1e-5f, .training = true};
+        z = fr_bn_act(x, NULL, &st, FR_ACT_RELU, 0.0f, FR_BNACT_KEEP);
+    } else if (x) {
+        fr_tensor *y = fr_batch_norm(x, g, b, rm, rv, true, 0.1f, 1e-5f);
+        z = y ? fr_activation(y, FR_ACT_RELU, 0.0f) : NULL;
+        fr_release(y);
+    }
+    fr_release(x);
+    fr_tensor *m = z ? fr_conv2d(z, src[3], NULL, p) : NULL;
+    fr_release(z);
+    fr_tensor *loss = m ? fr_sum(m) : NULL;
+    fr_release(m);
+    CHECK_NOTNULL(loss);
+    size_t base = fr_mem_total_current(FR_CPU);
+    fr_mem_reset_peak();
+    if (loss)
+        CHECK_OK(fr_backward(loss));
+    *peak = fr_mem_total_peak(FR_CPU) - base;
+    for (int i = 0; i < 3; i++) {
+        CHECK_NOTNULL(leaves[i]->grad);
+        grads[i] = leaves[i]->grad ? fr_retain(leaves[i]->grad) : NULL;
+        fr_release(leaves[i]);
+    }
+    fr_release(loss);
+    fr_release(rm);
+    fr_release(rv);
+}
+
+static void test_keep_backward_peak_as_chain(void) {
+    bn_case c = make_case(40);
+    fr_tensor *w = fr_t_rand(FR_CPU, 4, FR_SHAPE(1, C, 1, 1), 44);
+    fr_tensor *w0 = fr_t_rand(FR_CPU, 4, FR_SHAPE(C, C, 1, 1), 45);
+    fr_tensor *src[5] = {c.x, c.gamma, c.beta, w, w0};
+    fr_tensor *chain[3] = {NULL, NULL, NULL}, *fused[3] = {NULL, NULL, NULL};
+    size_t peak_chain = 0, peak_fused = 0;
+    bn_relu_step(false, src, chain, &peak_chain);
+    bn_relu_step(true, src, fused, &peak_fused);
+    static const char *const names[3] = {"dw (the conv below)", "dgamma", "dbeta"};
+    for (int i = 0; i < 3; i++) {
+        if (chain[i] && fused[i])
+            CHECK(same_bits(fused[i], chain[i], names[i]));
+        fr_release(chain[i]);
+        fr_release(fused[i]);
+    }
+    printf("    backward peak above the loss: chain %zu, fused %zu bytes\n", peak_chain, peak_fused);
+    CHECK(peak_chain > 0);
+    /* the fused op makes dgamma and dbeta while the activation's output is
+     * still kept (the chain has freed it by then): two channel vectors
+     * more, never a tensor */
+    CHECK(peak_fused <= peak_chain + 2 * C * sizeof(float));
+    fr_release(w);
+    fr_release(w0);
+    free_case(&c);
+}
+
 static void test_bad_arguments(void) {
     bn_case c = make_case(50);
     fr_tensor *y = fr_empty_like(c.x, FR_TAG_TRANSIENT);
@@ -250,6 +332,7 @@ int main(void) {
     RUN(test_backward_equals_chain);
     RUN(test_bf16_forward_equals_chain);
     RUN(test_bf16_backward_close_to_f32);
+    RUN(test_keep_backward_peak_as_chain);
     RUN(test_bad_arguments);
     return TEST_SUMMARY();
 }

@@ -121,9 +121,10 @@ static void check_recompute(const char *model, int batch, int size) {
     CHECK(plain.loss == rec.loss);
     /* every gradient and running statistic, bit for bit */
     fr_t_compare_steps(m, &plain, &rec, -1, model);
-    /* recompute allocates no ReLU (or residual sum) outputs beside BN's
-     * and keeps less (its fused backward may need more transient bytes) */
-    CHECK(rec.forward_allocs < plain.forward_allocs);
+    /* recompute allocates no more outputs than plain (both fuse BN, the
+     * residual sum and ReLU into one op) and keeps less (its fused
+     * backward may need more transient bytes) */
+    CHECK(rec.forward_allocs <= plain.forward_allocs);
     CHECK(rec.peak_saved < plain.peak_saved);
     CHECK(rec.peak_total <= plain.peak_total);
     fr_t_step_free(&plain, m->params->count);
