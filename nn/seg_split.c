@@ -38,7 +38,7 @@ static double peak_of(const fr_seg_costs *c, const int *seg_len, int n_seg, bool
          * holds it), and the gradients of step j's output and input */
         double kept = 0, out = b < c->n ? c->input[b] : 0;
         for (int j = a; j < b; j++) {
-            kept += c->cost[j] + (j > a ? at(c->input_kept, j) : 0);
+            kept += c->cost[j] + (j > a ? at(c->input_kept, j) - at(c->input_shared, j) : 0);
             double in_bwd = c->backward && c->backward[j] > c->input[j] ? c->backward[j] : c->input[j];
             double grads = in_bwd + (j + 1 < c->n ? c->input[j + 1] : 0);
             /* a replay beside codes: its decoded input and replayed output
@@ -65,7 +65,7 @@ double fr_seg_forward_saved(const fr_seg_costs *c, const int *seg_len, int n_seg
         bool ckpt = !(c->last_as_is && b == c->n);
         bytes += held_by(c, a, ckpt);
         for (int j = a; j < b && !ckpt; j++)
-            bytes += c->cost[j] + (j > a ? at(c->input_kept, j) : 0);
+            bytes += c->cost[j] + (j > a ? at(c->input_kept, j) - at(c->input_shared, j) : 0);
     }
     return bytes;
 }

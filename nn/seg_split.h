@@ -58,11 +58,16 @@ size_t fr_seg_elem_bytes(void);
  *            steps run backward, the full-width tensors beside the codes:
  *            its decoded input (the replay's leaf), its replayed output and
  *            the output's gradient in flight;
+ *  input_shared[i]: bytes of step i's input codes that cost[i] counts but
+ *            that step i-1 made already (an op of its own saved its output
+ *            compressed): inside a segment step i shares them, so they
+ *            leave cost[i]; at a segment's start the replay's input is a
+ *            fresh tensor that step i packs again. NULL: none;
  *  last_as_is: the last segment runs without a checkpoint (the root chain,
  *            nn/segments.c): its input is held by its first step, not by a
  *            checkpoint, and it is not replayed. */
 typedef struct {
-    const double *cost, *input, *input_kept, *backward, *held;
+    const double *cost, *input, *input_kept, *backward, *held, *input_shared;
     int n;
     bool last_as_is;
 } fr_seg_costs;
