@@ -117,5 +117,12 @@ void fr_seg_layout_free(fr_seg_layout *p);
 int fr_seq_steps(const fr_module *seq);
 bool fr_seq_is_barrier(const fr_module *seq, int step);
 fr_tensor *fr_seq_run_steps(fr_module *seq, int first, int count, fr_tensor *x, const fr_run *run);
+/* The splitter's estimates (nn/seg_split.h) for seq cut into n_seg segments
+ * of seg_len steps over x under run, from the same measured costs
+ * "checkpoint" splits by (seq without barriers): the saved bytes when the
+ * forward ends (fr_seg_forward_saved) and the peak (fr_seg_peak). For
+ * tests that hold the estimate to the ledger. */
+fr_status fr_seq_estimate(fr_module *seq, fr_tensor *x, const fr_run *run, const int *seg_len,
+                          int n_seg, double *forward_saved, double *peak);
 
 #endif

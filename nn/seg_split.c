@@ -14,25 +14,64 @@ size_t fr_seg_elem_bytes(void) {
 
 static double at(const double *a, int i) { return a ? a[i] : 0; }
 
-double fr_seg_peak(const fr_seg_costs *c, const int *seg_len, int n_seg) {
+/* Bytes that hold the input of a segment over [a, b): a checkpoint's
+ * (codes under compress), or, for the last segment when it runs as it is,
+ * its first step's own (at full width: its input; under compress its codes
+ * are in that step's cost already). */
+static double held_by(const fr_seg_costs *c, int a, bool ckpt) {
+    if (ckpt)
+        return c->held ? c->held[a] : c->input[a];
+    return c->held ? 0 : c->input[a];
+}
+
+/* The peak of held + kept + (with_flight) the full-width tensors in flight:
+ * fr_seg_peak, or without them fr_seg_saved. */
+static double peak_of(const fr_seg_costs *c, const int *seg_len, int n_seg, bool with_flight) {
     double held = 0, peak = 0;
     for (int s = 0, a = 0; s < n_seg && a < c->n; a += seg_len[s], s++) {
         int b = a + seg_len[s] < c->n ? a + seg_len[s] : c->n;
-        held += c->input[a];
+        bool ckpt = !(c->last_as_is && b == c->n);
+        held += held_by(c, a, ckpt);
         /* backward through step j of segment s (after its replay): every
          * segment input so far, what steps a..j keep (a step's input is
          * kept by it unless it starts the segment, where the checkpoint
          * holds it), and the gradients of step j's output and input */
-        double kept = 0;
+        double kept = 0, out = b < c->n ? c->input[b] : 0;
         for (int j = a; j < b; j++) {
-            kept += c->cost[j] + (j > a ? at(c->input_kept, j) : 0);
+            kept += c->cost[j] + (j > a ? at(c->input_kept, j) - at(c->input_shared, j) : 0);
             double in_bwd = c->backward && c->backward[j] > c->input[j] ? c->backward[j] : c->input[j];
             double grads = in_bwd + (j + 1 < c->n ? c->input[j + 1] : 0);
-            if (held + kept + grads > peak)
-                peak = held + kept + grads;
+            /* a replay beside codes: its decoded input and replayed output
+             * at full width, and the segment's output gradient while an
+             * earlier step runs backward (the replay's last step counts it
+             * in grads) */
+            double replay = ckpt && c->held ? c->input[a] + out + (j + 1 < b ? out : 0) : 0;
+            double flight = with_flight ? grads + replay : 0;
+            if (held + kept + flight > peak)
+                peak = held + kept + flight;
         }
     }
     return peak > held ? peak : held;
+}
+
+double fr_seg_peak(const fr_seg_costs *c, const int *seg_len, int n_seg) {
+    return peak_of(c, seg_len, n_seg, true);
+}
+
+double fr_seg_forward_saved(const fr_seg_costs *c, const int *seg_len, int n_seg) {
+    double bytes = 0;
+    for (int s = 0, a = 0; s < n_seg && a < c->n; a += seg_len[s], s++) {
+        int b = a + seg_len[s] < c->n ? a + seg_len[s] : c->n;
+        bool ckpt = !(c->last_as_is && b == c->n);
+        bytes += held_by(c, a, ckpt);
+        for (int j = a; j < b && !ckpt; j++)
+            bytes += c->cost[j] + (j > a ? at(c->input_kept, j) - at(c->input_shared, j) : 0);
+    }
+    return bytes;
+}
+
+double fr_seg_saved(const fr_seg_costs *c, const int *seg_len, int n_seg) {
+    return peak_of(c, seg_len, n_seg, false);
 }
 
 /* Greedy split under budget b; returns the number of segments. */
@@ -58,7 +97,7 @@ static int split_under(const fr_seg_costs *c, double limit, int *seg_len) {
     int n_seg = 0, n = c->n;
     double held = 0;
     for (int i = 0; i < n;) {
-        held += c->input[i];
+        held += c->held ? c->held[i] : c->input[i];
         double kept = 0;
         int len = 0;
         while (i + len < n) {

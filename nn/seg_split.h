@@ -26,6 +26,7 @@
 #ifndef FR_SEG_SPLIT_H
 #define FR_SEG_SPLIT_H
 
+#include <stdbool.h>
 #include <stddef.h>
 
 #ifdef __cplusplus
@@ -48,10 +49,27 @@ size_t fr_seg_elem_bytes(void);
  *  backward[i]: the most bytes step i's backward allocates above what it
  *            holds when it starts (its input's gradient, a norm output it
  *            recomputes, workspaces), measured by running it once; NULL:
- *            the input's gradient only. */
+ *            the input's gradient only;
+ *  held[i]: bytes a checkpoint holds when a segment starts at i: under
+ *            compress:B the input's B-bit codes (what the ledger's saved tag
+ *            gets, fr_compress_nbytes), not its full width. NULL: input[i],
+ *            at full width, where the replay's leaf is the held tensor
+ *            itself. When given, a replayed segment also counts, while its
+ *            steps run backward, the full-width tensors beside the codes:
+ *            its decoded input (the replay's leaf), its replayed output and
+ *            the output's gradient in flight;
+ *  input_shared[i]: bytes of step i's input codes that cost[i] counts but
+ *            that step i-1 made already (an op of its own saved its output
+ *            compressed): inside a segment step i shares them, so they
+ *            leave cost[i]; at a segment's start the replay's input is a
+ *            fresh tensor that step i packs again. NULL: none;
+ *  last_as_is: the last segment runs without a checkpoint (the root chain,
+ *            nn/segments.c): its input is held by its first step, not by a
+ *            checkpoint, and it is not replayed. */
 typedef struct {
-    const double *cost, *input, *input_kept, *backward;
+    const double *cost, *input, *input_kept, *backward, *held, *input_shared;
     int n;
+    bool last_as_is;
 } fr_seg_costs;
 
 /* Writes the length of each segment into seg_len (room for n) and returns
@@ -68,6 +86,17 @@ int fr_seg_split(const fr_seg_costs *c, int *seg_len);
  * total peak's shape while backward runs step j, not saved bytes alone: a
  * cut that saves less than the input it holds raises the peak). */
 double fr_seg_peak(const fr_seg_costs *c, const int *seg_len, int n_seg);
+
+/* The estimated peak of the saved bytes alone under a split (what the
+ * ledger's saved tag reaches): fr_seg_peak's terms without the gradients
+ * and full-width tensors in flight. */
+double fr_seg_saved(const fr_seg_costs *c, const int *seg_len, int n_seg);
+
+/* The estimated saved bytes when the forward ends: every checkpoint's input
+ * as it holds it (held[]) and what a last segment run as it is keeps. The
+ * ledger's saved tag after a forward under the split, exactly, when the
+ * costs were measured on that input. */
+double fr_seg_forward_saved(const fr_seg_costs *c, const int *seg_len, int n_seg);
 
 #ifdef __cplusplus
 }

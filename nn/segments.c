@@ -226,7 +226,7 @@ static fr_status measure_backward(fr_params *ps, fr_tensor *y, fr_tensor *leaf, 
 }
 
 static fr_status measure(fr_module *seq, fr_tensor *x, const fr_run *run, double *cost, double *input,
-                         double *input_kept, double *backward) {
+                         double *input_kept, double *backward, double *held, double *shared) {
     int n = n_steps(seq);
     fr_device dev = fr_device_of(x);
     uint64_t random_state = fr_random_state();
@@ -234,16 +234,23 @@ static fr_status measure(fr_module *seq, fr_tensor *x, const fr_run *run, double
     trial.run.in_segment = true;
     fr_status st = FR_OK;
     fr_tensor *cur = fr_retain(x);
+    bool cur_packed = false; /* the previous step saved its output compressed */
     fr_recompute_enter();
     for (int s = 0; s < n && st == FR_OK; s++) {
         trial.first = s;
         input[s] = held_bytes(cur);
-        cost[s] = input_kept[s] = backward[s] = 0;
+        /* under compress:B the checkpoint keeps the input's codes
+         * (autograd/compressed.c), which is what the saved tag gets */
+        held[s] = input[s] > 0 && run->strategy.compress
+                      ? (double)fr_compress_nbytes(run->strategy.compress, (size_t)fr_numel(cur))
+                      : input[s];
+        cost[s] = input_kept[s] = backward[s] = shared[s] = 0;
         fr_tensor *next = NULL;
         if (is_barrier(seq, s)) {
             fr_no_grad_enter();
             next = segment_forward(&trial, cur);
             fr_no_grad_exit();
+            cur_packed = false;
         } else if ((st = fr_tape_push()) == FR_OK) {
             fr_tensor *leaf = fr_detach(cur);
             if (leaf) {
@@ -256,6 +263,12 @@ static fr_status measure(fr_module *seq, fr_tensor *x, const fr_run *run, double
                 /* marked once above: a second mark is the step's own */
                 if (leaf->storage->saved_count > 1)
                     input_kept[s] = input[s];
+                /* the step packed its input (the trial's leaf is a fresh
+                 * tensor) where a chain reuses the codes its predecessor
+                 * made of that very tensor */
+                if (cur_packed && leaf->packed)
+                    shared[s] = held[s];
+                cur_packed = y && y->packed;
                 next = y ? fr_detach(y) : NULL;
                 if (y && st == FR_OK)
                     st = measure_backward(seq->model->params, y, leaf, dev, &backward[s]);
@@ -292,6 +305,41 @@ static bool layout_matches(const fr_seg_layout *p, const fr_tensor *x, const fr_
            p->training == run->training;
 }
 
+/* The splitter's view of steps [s, end) of seq from measure's arrays (each
+ * n_steps long, cost first). */
+static fr_seg_costs costs_of(const fr_module *seq, const fr_run *run, const double *cost, int s,
+                             int end) {
+    int n = n_steps(seq);
+    const double *input = cost + n, *input_kept = cost + 2 * n, *backward = cost + 3 * n,
+                 *held = cost + 4 * n, *shared = cost + 5 * n;
+    /* the root chain's last segment runs as it is (make_layout) */
+    return (fr_seg_costs){.cost = cost + s, .input = input + s, .input_kept = input_kept + s,
+                          .backward = backward + s,
+                          .held = run->strategy.compress ? held + s : NULL,
+                          .input_shared = shared + s, .n = end - s,
+                          .last_as_is = seq->kind == FR_MODULE_CHAIN && end == n};
+}
+
+fr_status fr_seq_estimate(fr_module *seq, fr_tensor *x, const fr_run *run, const int *seg_len,
+                          int n_seg, double *forward_saved, double *peak) {
+    int n = n_steps(seq);
+    for (int s = 0; s < n; s++)
+        if (is_barrier(seq, s))
+            return fr_error(FR_ERR_ARG, "%s: estimate: step %d is a dense module", run->model, s);
+    double *cost = calloc(6 * (size_t)n + 1, sizeof *cost);
+    if (!cost)
+        return fr_error(FR_ERR_OOM, "%s: out of memory estimating checkpoint segments", run->model);
+    fr_status st = measure(seq, x, run, cost, cost + n, cost + 2 * n, cost + 3 * n, cost + 4 * n,
+                           cost + 5 * n);
+    if (st == FR_OK) {
+        fr_seg_costs c = costs_of(seq, run, cost, 0, n);
+        *forward_saved = fr_seg_forward_saved(&c, seg_len, n_seg);
+        *peak = fr_seg_peak(&c, seg_len, n_seg);
+    }
+    free(cost);
+    return st;
+}
+
 /* Groups the steps: barriers alone and unsegmented; each run of other steps
  * cut into segments of k steps ("checkpoint:k") or by the splitter (nn/seg_split.h) over the
  * measured bytes ("checkpoint"). */
@@ -299,7 +347,7 @@ static fr_status make_layout(fr_module *seq, fr_tensor *x, const fr_run *run) {
     fr_seg_layout *p = &seq->layout;
     fr_seg_layout_free(p);
     int n = n_steps(seq);
-    double *cost = calloc(4 * (size_t)n + 1, sizeof *cost);
+    double *cost = calloc(6 * (size_t)n + 1, sizeof *cost);
     int *len = malloc(((size_t)n + 1) * sizeof *len);
     p->group_len = malloc(((size_t)n + 1) * sizeof *p->group_len);
     p->group_ckpt = malloc(((size_t)n + 1) * sizeof *p->group_ckpt);
@@ -307,10 +355,10 @@ static fr_status make_layout(fr_module *seq, fr_tensor *x, const fr_run *run) {
                        ? FR_OK
                        : fr_error(FR_ERR_OOM, "%s: out of memory planning checkpoint segments",
                                   run->model);
-    double *input = cost + n, *input_kept = cost + 2 * n, *backward = cost + 3 * n;
     int k = run->strategy.checkpoint;
     if (st == FR_OK && k < 0)
-        st = measure(seq, x, run, cost, input, input_kept, backward);
+        st = measure(seq, x, run, cost, cost + n, cost + 2 * n, cost + 3 * n, cost + 4 * n,
+                     cost + 5 * n);
     for (int s = 0; s < n && st == FR_OK;) {
         if (is_barrier(seq, s)) {
             p->group_len[p->n_groups] = 1;
@@ -326,10 +374,8 @@ static fr_status make_layout(fr_module *seq, fr_tensor *x, const fr_run *run) {
             for (m = 0; s + m * k < end; m++)
                 len[m] = s + (m + 1) * k <= end ? k : end - s - m * k;
         } else {
-            m = fr_seg_split(&(fr_seg_costs){.cost = cost + s, .input = input + s,
-                                             .input_kept = input_kept + s,
-                                             .backward = backward + s, .n = end - s},
-                                 len);
+            fr_seg_costs c = costs_of(seq, run, cost, s, end);
+            m = fr_seg_split(&c, len);
         }
         for (int g = 0; g < m; g++) {
             p->group_len[p->n_groups] = len[g];
