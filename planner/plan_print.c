@@ -40,9 +40,11 @@ void fr_plan_print(const fr_memory_plan *plan, FILE *out) {
             fr_mem_format_bytes((size_t)plan->leanest_peak, b[3], sizeof b[3]));
     double over = plan->plain_ms > 0 ? 100.0 * (plan->predicted_ms - plan->plain_ms) / plan->plain_ms : 0;
     if (plan->verified_peak > 0)
-        fprintf(out, "  verified peak %s in a whole trial step (%+.1f%% on the prediction)\n",
+        fprintf(out, "  verified peak %s in a whole trial step (%+.1f%% on the prediction)%s\n",
                 fr_mem_format_bytes((size_t)plan->verified_peak, b[1], sizeof b[1]),
-                100.0 * (plan->verified_peak - plan->predicted_peak) / plan->predicted_peak);
+                100.0 * (plan->verified_peak - plan->predicted_peak) / plan->predicted_peak,
+                plan->verify_rounds > 1 ? "; planned again for less after a layout's step passed the "
+                                          "budget" : "");
     fprintf(out, "  predicted step %.1f ms (plain %.1f ms): %+.1f%% time; chosen: %s\n",
             plan->predicted_ms, plan->plain_ms, over, plan->chosen);
     if (plan->chen_ms >= 0)

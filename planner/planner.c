@@ -708,6 +708,7 @@ fr_status fr_plan_memory(fr_model *m, const int64_t *shape, size_t budget, const
         if (st != FR_OK)
             break;
         fr_profile_cap cap = trial_cap(&r, plan->micro_batch, shape);
+        plan->verify_rounds = round + 1;
         st = fr_profile_whole_step(m, plan, &cap, &plan->verified_peak);
         if (st != FR_OK || (held = plan->verified_peak <= (double)budget))
             break;

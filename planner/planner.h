@@ -102,6 +102,8 @@ typedef struct {
     double predicted_peak;     /* bytes, the whole step (accum micro-batches) */
     double verified_peak;      /* measured in a whole trial step of the layout, the statics
                                 * counted as the prediction counts them: <= budget */
+    int verify_rounds;         /* whole trial steps run: 1, more when a layout passed the budget
+                                * and the planner planned again for less */
     double plain_peak;         /* predicted for plain at the whole batch (0: its trials
                                 * passed the budget, so it was not measured) */
     double static_bytes;       /* parameters, batch, optimizer state */

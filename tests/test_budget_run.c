@@ -118,10 +118,11 @@ static bool run_under(const char *name, bool whole, size_t budget, size_t data_b
     fr_mem_set_trace(NULL, NULL);
     fr_mem_set_phase(NULL, 0);
     printf("    %s budget %8.2f MiB, limit %8.2f MiB: %s; planning's highest %8.2f MiB; accum %d, "
-           "predicted step %.2f MiB (verified %.2f) + data set, highest after planning %8.2f MiB%s; eval "
+           "predicted step %.2f MiB (verified %.2f, %d round%s) + data set, highest after planning %8.2f MiB%s; eval "
            "batch %d\n",
            name, (double)budget / 1048576, (double)limit / 1048576, st == FR_OK ? "ok" : fr_last_error(),
            (double)planning / 1048576, plan.accum, plan.predicted_peak / 1048576, plan.verified_peak / 1048576,
+           plan.verify_rounds, plan.verify_rounds == 1 ? "" : "s",
            (double)high_water / 1048576, whole ? "" : " (no limit)", eval_n);
     CHECK_OK(st);
     if (whole)
