@@ -32,6 +32,15 @@
  *     micro-batches (fr_train_step's accumulation; batch norm then sees
  *     smaller batches: plan.bn_caveat). A budget below what fits at batch 1
  *     is FR_ERR_ARG naming the smallest budget that works.
+ *  4. The chosen layout is verified: one whole trial step of it (forward
+ *     through the whole root, the sum of the logits, backward, under the
+ *     trials' rules and cap) is measured, its statics counted as the
+ *     prediction counts them (plan.verified_peak). The prediction composes
+ *     steps measured alone and can miss how they interact (up to 8% short
+ *     on a flat chain under recompute), so a step over the budget makes the
+ *     planner plan again for the budget lowered by the miss (4 rounds at
+ *     most); when none holds, FR_ERR_ARG names the model, the budget and
+ *     the least a measured layout needed.
  *
  * The peak is predicted for a step in which the batch, the parameters, the
  * optimizer state (options.optim_bytes) and the gradients stay allocated,
@@ -91,6 +100,10 @@ typedef struct {
     int n_units;
     fr_plan_unit *units;  /* owned */
     double predicted_peak;     /* bytes, the whole step (accum micro-batches) */
+    double verified_peak;      /* measured in a whole trial step of the layout, the statics
+                                * counted as the prediction counts them: <= budget */
+    int verify_rounds;         /* whole trial steps run: 1, more when a layout passed the budget
+                                * and the planner planned again for less */
     double plain_peak;         /* predicted for plain at the whole batch (0: its trials
                                 * passed the budget, so it was not measured) */
     double static_bytes;       /* parameters, batch, optimizer state */
@@ -117,7 +130,8 @@ typedef struct {
  * bytes. opts may be NULL. On success *plan is filled (free it with
  * fr_memory_plan_free); FR_ERR_ARG when no layout fits even at batch 1
  * (naming the smallest budget that works), when the model is not built with
- * nn/build.h, or for a bad shape. */
+ * nn/build.h, or for a bad shape, or when no layout's whole trial step
+ * holds the budget (step 4 above). */
 fr_status fr_plan_memory(fr_model *m, const int64_t *shape, size_t budget,
                          const fr_plan_options *opts, fr_memory_plan *plan);
 

@@ -15,6 +15,7 @@
 #include "../nn/module_impl.h"
 #include "profile.h"
 
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -200,7 +201,26 @@ static bool capped_out(const fr_profile_cap *cap, fr_status st) {
     return true;
 }
 
-static fr_status measure_all(fr_model *m, fr_profile *p, const fr_profile_cap *cap) {
+/* A batch of normal noise of `shape` (N, C, H, W) on dev, tagged as data;
+ * NULL on failure (the error set). */
+static fr_tensor *trial_batch(const fr_model *m, fr_device dev, const int64_t *shape) {
+    size_t n = (size_t)(shape[0] * shape[1] * shape[2] * shape[3]);
+    float *host = malloc(n * sizeof *host);
+    if (!host) {
+        fr_error(FR_ERR_OOM, "%s: planner: out of host memory for a trial batch", m->name);
+        return NULL;
+    }
+    fr_rng rng;
+    fr_rng_seed(&rng, 7);
+    for (size_t i = 0; i < n; i++)
+        host[i] = (float)fr_rng_normal(&rng);
+    fr_tensor *t = fr_from_host(dev, FR_F32, 4, shape, FR_TAG_DATA, host);
+    free(host);
+    return t;
+}
+
+static fr_status measure_all(fr_model *m, void *profile, const fr_profile_cap *cap) {
+    fr_profile *p = profile;
     fr_module *root = m->build->root;
     fr_device dev = p->device;
     fr_run run = {.training = true};
@@ -209,18 +229,9 @@ static fr_status measure_all(fr_model *m, fr_profile *p, const fr_profile_cap *c
         p->barrier[s] = fr_seq_is_barrier(root, s);
         unit_name(root, s, p->names[s], sizeof p->names[s]);
     }
-    size_t n = (size_t)(p->shape[0] * p->shape[1] * p->shape[2] * p->shape[3]);
-    float *host = malloc(n * sizeof *host);
-    if (!host)
-        return fr_error(FR_ERR_OOM, "%s: planner: out of host memory for a trial batch", m->name);
-    fr_rng rng;
-    fr_rng_seed(&rng, 7);
-    for (size_t i = 0; i < n; i++)
-        host[i] = (float)fr_rng_normal(&rng);
     size_t user_limit = fr_mem_get_limit(dev);
     trial_limit(dev, user_limit, cap, 0);
-    fr_tensor *cur = fr_from_host(dev, FR_F32, 4, p->shape, FR_TAG_DATA, host);
-    free(host);
+    fr_tensor *cur = trial_batch(m, dev, p->shape);
     fr_status st = cur ? fr_autocast_enter(p->precision) : fr_last_status();
     if (st != FR_OK) {
         fr_release(cur);
@@ -293,6 +304,31 @@ static fr_status measure_all(fr_model *m, fr_profile *p, const fr_profile_cap *c
     return st;
 }
 
+/* Runs fn(m, p, cap) as a trial: the caller's gradients set aside (a
+ * trial makes and frees its own), the random stream saved, recompute mode
+ * on (BN statistics and counters kept), all put back after. */
+static fr_status preserving(fr_model *m, fr_status (*fn)(fr_model *, void *, const fr_profile_cap *),
+                            void *p, const fr_profile_cap *cap) {
+    fr_tensor **stash = calloc((size_t)m->params->count + 1, sizeof *stash);
+    if (!stash)
+        return fr_error(FR_ERR_OOM, "%s: planner: out of memory", m->name);
+    for (int i = 0; i < m->params->count; i++) {
+        stash[i] = m->params->items[i].tensor->grad;
+        m->params->items[i].tensor->grad = NULL;
+    }
+    uint64_t random_state = fr_random_state();
+    fr_recompute_enter();
+    fr_status st = fn(m, p, cap);
+    fr_recompute_exit();
+    fr_set_random_state(random_state);
+    fr_params_zero_grad(m->params);
+    for (int i = 0; i < m->params->count; i++)
+        m->params->items[i].tensor->grad = stash[i];
+    free(stash);
+    fr_mem_reset_peak();
+    return st;
+}
+
 static bool same_config(const fr_profile *p, const int64_t *shape, fr_dtype precision,
                         fr_device dev, bool allow_abn, bool allow_compress) {
     return !memcmp(p->shape, shape, sizeof p->shape) && p->precision == precision &&
@@ -343,26 +379,7 @@ fr_status fr_profile_get(fr_model *m, const int64_t *shape, bool allow_abn, bool
         if (m->params->items[i].kind == FR_PARAMETER)
             p->grad_bytes += (double)fr_nbytes(m->params->items[i].tensor);
 
-    /* set the caller's gradients aside; trials make and free their own */
-    fr_tensor **stash = calloc((size_t)m->params->count + 1, sizeof *stash);
-    if (!stash) {
-        profile_free(p);
-        return fr_error(FR_ERR_OOM, "%s: planner: out of memory", m->name);
-    }
-    for (int i = 0; i < m->params->count; i++) {
-        stash[i] = m->params->items[i].tensor->grad;
-        m->params->items[i].tensor->grad = NULL;
-    }
-    uint64_t random_state = fr_random_state();
-    fr_recompute_enter();
-    fr_status st = measure_all(m, p, cap);
-    fr_recompute_exit();
-    fr_set_random_state(random_state);
-    fr_params_zero_grad(m->params);
-    for (int i = 0; i < m->params->count; i++)
-        m->params->items[i].tensor->grad = stash[i];
-    free(stash);
-    fr_mem_reset_peak();
+    fr_status st = preserving(m, measure_all, p, cap);
     if (st != FR_OK) {
         profile_free(p);
         return st;
@@ -375,4 +392,74 @@ fr_status fr_profile_get(fr_model *m, const int64_t *shape, bool allow_abn, bool
     pc->items[pc->n++] = p;
     *out = p;
     return FR_OK;
+}
+
+/* ---- a whole measured step (planner.h: the plan is verified) ---- */
+
+typedef struct {
+    const fr_memory_plan *plan;
+    double dynamic;
+} whole_step;
+
+/* Forward through the whole root, the sum of the logits (the loss the
+ * profile's trials use), backward; *peak_above: the ledger's peak above the
+ * level it started from. */
+static fr_status one_pass(fr_model *m, fr_tensor *x, fr_device dev, double *peak_above) {
+    FR_TRY(fr_tape_push());
+    fr_mem_reset_peak();
+    double t0 = level(dev);
+    fr_tensor *y = fr_model_forward(m, x, true);
+    fr_tensor *loss = y ? fr_sum(y) : NULL;
+    fr_release(y);
+    fr_status st = loss ? fr_backward(loss) : fr_last_status();
+    if (st == FR_OK)
+        st = sync_device(dev);
+    fr_release(loss);
+    *peak_above = peak(dev) - t0;
+    fr_tape_clear();
+    fr_tape_pop();
+    return st;
+}
+
+static fr_status run_whole(fr_model *m, void *ctx, const fr_profile_cap *cap) {
+    whole_step *w = ctx;
+    const fr_memory_plan *plan = w->plan;
+    fr_device dev = plan->device;
+    size_t user_limit = fr_mem_get_limit(dev);
+    trial_limit(dev, user_limit, cap, 0);
+    /* the plan's layout for the step, the caller's put back after */
+    fr_seg_layout saved = m->build->root->installed;
+    fr_strategy strategy = m->cfg.strategy;
+    m->build->root->installed = (fr_seg_layout){0};
+    fr_tensor *x = trial_batch(m, dev, plan->shape);
+    fr_status st = x ? fr_plan_apply(m, plan) : fr_last_status();
+    /* a first pass plans what plans itself on its first forward (a dense
+     * module's own children) and, with micro-batches, leaves the gradients
+     * held that the next micro-batch adds to, as the prediction assumes */
+    double first = 0;
+    if (st == FR_OK)
+        st = one_pass(m, x, dev, &first);
+    if (st == FR_OK && plan->accum == 1)
+        fr_params_zero_grad(m->params);
+    if (st == FR_OK)
+        st = one_pass(m, x, dev, &w->dynamic);
+    fr_release(x);
+    fr_seg_layout_free(&m->build->root->installed);
+    m->build->root->installed = saved;
+    m->cfg.strategy = strategy;
+    fr_mem_set_limit(dev, user_limit);
+    return st;
+}
+
+fr_status fr_profile_whole_step(fr_model *m, const fr_memory_plan *plan, const fr_profile_cap *cap,
+                                double *peak_bytes) {
+    whole_step w = {.plan = plan};
+    fr_status st = preserving(m, run_whole, &w, cap);
+    if (st == FR_ERR_OOM) { /* the cap (or the caller's limit) stopped it: over */
+        fr_clear_error();
+        *peak_bytes = INFINITY;
+        return FR_OK;
+    }
+    *peak_bytes = plan->static_bytes + w.dynamic;
+    return st;
 }

@@ -87,4 +87,17 @@ static inline bool fr_profile_valid(const fr_profile *p, int unit, int strategy)
     return p->valid[unit * FR_PROFILE_STRATEGIES + strategy];
 }
 
+/* A whole measured trial step of `plan` (planner.h: the plan is verified):
+ * its layout installed for the step (the caller's put back after), forward
+ * through the whole root at the plan's micro-batch, the sum of the logits,
+ * backward, under the same rules and cap as the profile's trials (the cap's
+ * first_extra covers the step's own batch). With micro-batches a first
+ * pass leaves the gradients the next one adds to, and the second is
+ * measured. *peak_bytes: the ledger's peak above where the step started,
+ * plus the plan's static bytes (parameters, the whole batch, optimizer
+ * state, and the gradients when accumulating), as the prediction counts
+ * them; INFINITY when the cap or the caller's limit stopped it. */
+fr_status fr_profile_whole_step(fr_model *m, const fr_memory_plan *plan, const fr_profile_cap *cap,
+                                double *peak_bytes);
+
 #endif

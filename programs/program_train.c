@@ -520,9 +520,17 @@ static fr_status train_epoch(run *r, fr_progress *pg, double *loss, double *acc,
         if (r->plan.units && !r->plan_reported && r->rank == 0) {
             fr_progress_break(pg);
             /* the optimizer's state appears at the end of the first step */
-            fr_plan_print_measured(&r->plan, fr_mem_total_peak(r->plan.device),
-                                   st->step == 0 ? r->plan.options.optim_bytes : 0, stdout);
+            size_t peak = fr_mem_total_peak(r->plan.device);
+            fr_plan_print_measured(&r->plan, peak, st->step == 0 ? r->plan.options.optim_bytes : 0, stdout);
             r->plan_reported = true;
+            /* the planner verified this layout with a whole measured step
+             * (planner/planner.h), so a step past the budget is a plan that
+             * did not hold: an error, never a run that carries on over it */
+            if (peak > r->plan.budget)
+                return fr_error(FR_ERR_OOM, "%s: the memory plan did not hold: step %lld peaked at %zu "
+                                "bytes, past the --memory-budget of %zu (predicted %.0f, verified %.0f)",
+                                r->model->name, (long long)st->step + 1, peak, r->plan.budget,
+                                r->plan.predicted_peak, r->plan.verified_peak);
         }
         st->batch++;
         st->step++;

@@ -1,7 +1,8 @@
 /* test_planner.c: the memory planner (planner/planner.h): gradients of
  * planned steps equal plain's bit for bit (against plain with the same
  * micro-batches), abn only when asked, a budget below what fits at batch 1
- * names the smallest that works, bad arguments. The budget sweeps against
+ * names the smallest that works, the plan's verified peak is a training
+ * step's, bad arguments. The budget sweeps against
  * the ledger are test_planner_resnet.c and test_planner_densenet.c
  * (planner_budgets.h). */
 #include "planner_budgets.h"
@@ -178,7 +179,63 @@ static void test_bad_arguments(void) {
     fr_memory_plan_free(NULL);
 }
 
+/* The plan is verified by a whole measured step (planner/planner.h, step
+ * 4): verified_peak is what a training step of the plan measures on the
+ * ledger (no optimizer, so no optimizer state in either), within the
+ * budget, and fr_plan_print shows it. */
+static void test_verified_peak(void) {
+    batch b = make_batch(8, 10, 13);
+    fr_model *m = fr_model_create("resnet20", 3, 10, 4);
+    CHECK_NOTNULL(m);
+    if (!m) {
+        batch_free(&b);
+        return;
+    }
+    double lo = smallest_budget(m, &b, NULL), grads = 0;
+    for (int i = 0; i < m->params->count; i++)
+        if (m->params->items[i].kind == FR_PARAMETER)
+            grads += (double)fr_nbytes(m->params->items[i].tensor);
+    fr_memory_plan wide;
+    CHECK_OK(fr_plan_memory(m, b.x->shape, SIZE_MAX / 2, NULL, &wide));
+    double hi = wide.plain_peak;
+    fr_memory_plan_free(&wide);
+    for (int i = 0; i < 4; i++) {
+        size_t budget = (size_t)ceil(lo + (hi - lo) * i / 3);
+        fr_memory_plan plan;
+        fr_status st = fr_plan_memory(m, b.x->shape, budget, NULL, &plan);
+        CHECK_OK(st);
+        if (st != FR_OK)
+            continue;
+        CHECK(plan.verified_peak > 0 && plan.verified_peak <= (double)budget);
+        CHECK_OK(fr_plan_apply(m, &plan));
+        fr_params_zero_grad(m->params); /* as an optimizer leaves them */
+        double start = (double)fr_mem_total_current(FR_CPU), loss;
+        fr_mem_reset_peak();
+        CHECK_OK(fr_train_step(m, NULL, NULL, b.x, b.y, plan.accum, &loss, NULL, NULL));
+        /* the step's own bytes, and the statics the plan counts (with
+         * micro-batches these hold the gradients, which this step made) */
+        double measured = (double)fr_mem_total_peak(FR_CPU) - start + plan.static_bytes -
+                          (plan.accum > 1 ? grads : 0);
+        printf("    budget %8.0f: accum %d, predicted %8.0f, verified %8.0f, a training step %8.0f\n",
+               (double)budget, plan.accum, plan.predicted_peak, plan.verified_peak, measured);
+        /* exact: the same layout, shapes and kernels (the trial's loss, the
+         * sum of the logits, peaks no higher than the cross entropy here) */
+        CHECK(measured == plan.verified_peak);
+        char *text = NULL;
+        size_t len = 0;
+        FILE *out = open_memstream(&text, &len);
+        fr_plan_print(&plan, out);
+        fclose(out);
+        CHECK(text && strstr(text, "verified peak") != NULL);
+        free(text);
+        fr_memory_plan_free(&plan);
+    }
+    fr_model_free(m);
+    batch_free(&b);
+}
+
 int main(void) {
+    RUN(test_verified_peak);
     RUN(test_bad_arguments);
     RUN(test_too_small);
     RUN(test_abn_opt_in);
