@@ -22,6 +22,26 @@ typedef struct {
     int64_t channels[]; /* of each input */
 } concat_ctx;
 
+/* The gradient input i's slice would be added into, when tape.c's
+ * accumulate would add it in place (fr_axpy_): a producer's gradient already
+ * there, f32, contiguous and held by nobody else. NULL otherwise. */
+static fr_tensor *owned_grad(const fr_node *node, int i, fr_dtype dtype) {
+    const fr_edge *e = &node->inputs[i];
+    if (e->kind != FR_EDGE_NODE || !e->node || e->node->seq != e->seq || dtype != FR_F32)
+        return NULL;
+    fr_tensor *cur = e->node->grads[e->output];
+    bool owned = cur && cur->refcount == 1 && cur->storage->refcount == 1 && cur->dtype == FR_F32 &&
+                 fr_is_contiguous(cur);
+    return owned ? cur : NULL;
+}
+
+/* Input i's gradient is its slice of dout. When its producer already holds
+ * a gradient (in a dense block, every feature after its first consumer in
+ * the backward walk), the slice is added into that gradient here, straight
+ * from dout, and din[i] stays NULL: the tape would otherwise get a copy of
+ * the slice only to add it and free it, O(L^2) copied bytes per block
+ * (docs/ARCHITECTURE.md, "Smaller decisions"). Otherwise the slice is copied out
+ * into a new tensor for the tape to take, as before. */
 static fr_status concat_backward(fr_node *node, fr_tensor *const *dout, fr_tensor **din) {
     const concat_ctx *c = node->ctx;
     fr_tensor *g = dout[0]; // (N, sum Ci, ...)
@@ -34,8 +54,15 @@ static fr_status concat_backward(fr_node *node, fr_tensor *const *dout, fr_tenso
         if (fr_node_needs_grad(node, i)) {
             shape[1] = ci;
             fr_tensor *slice = fr_narrow(g, 1, c0, ci);
-            din[i] = slice ? fr_empty(node->device, g->dtype, g->ndim, shape, FR_TAG_TRANSIENT) : NULL;
-            fr_status st = din[i] ? fr_concat_backward(&din[i], 1, slice) : fr_last_status();
+            fr_tensor *into = slice ? owned_grad(node, i, g->dtype) : NULL;
+            fr_status st;
+            if (into) {
+                st = fr_concat_backward_add(into, slice);
+            } else {
+                din[i] = slice ? fr_empty(node->device, g->dtype, g->ndim, shape, FR_TAG_TRANSIENT)
+                               : NULL;
+                st = din[i] ? fr_concat_backward(&din[i], 1, slice) : fr_last_status();
+            }
             fr_release(slice);
             FR_TRY(st);
         }

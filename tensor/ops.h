@@ -233,6 +233,10 @@ fr_status fr_global_avg_pool_backward(fr_tensor *dx, const fr_tensor *dy);
  * NULL (its width is what is left). Inputs may be channel-slice views. ---- */
 fr_status fr_concat_forward(fr_tensor *out, fr_tensor *const *inputs, int count);
 fr_status fr_concat_backward(fr_tensor *const *dx, int count, const fr_tensor *dout);
+/* dx += src, both f32 (N,C,H,W) of one shape, each contiguous or a channel
+ * slice: the concat backward adds its slice of dout straight into a gradient
+ * already accumulated for that input, with no slice copy in between. */
+fr_status fr_concat_backward_add(fr_tensor *dx, const fr_tensor *src);
 
 /* ---- loss (ops_loss.c): fused log-softmax + NLL, mean over the batch.
  * logits (N,K) f32, labels (N) i32 in [0,K), loss (1) ---- */

@@ -161,3 +161,34 @@ fr_status fr_concat_backward(fr_tensor *const *dx, int count, const fr_tensor *d
     }
     return FR_OK;
 }
+
+fr_status fr_concat_backward_add(fr_tensor *dx, const fr_tensor *src) {
+    const char *op = "concat_backward_add";
+    char a[96], b[96];
+    chan_view vd, vs;
+    FR_TRY(fr_check_defined(op, "dx", dx));
+    FR_TRY(fr_check_defined(op, "src", src));
+    FR_TRY(channel_view(op, "dx", dx, &vd));
+    FR_TRY(channel_view(op, "src", src, &vs));
+    FR_TRY(check_fits(op, "src", src, "dx", dx));
+    if (dx->dtype != FR_F32 || src->shape[1] != dx->shape[1])
+        return fr_error(FR_ERR_SHAPE, "%s: dx %s (%s) and src %s must be f32 of one shape", op,
+                        fr_shape_str(dx, a, sizeof a), fr_dtype_name(dx->dtype),
+                        fr_shape_str(src, b, sizeof b));
+    size_t n = (size_t)dx->shape[0], hw = (size_t)pixels(dx), c = (size_t)dx->shape[1];
+    if (!n || !hw || !c)
+        return FR_OK;
+    fr_device dev = fr_device_of(dx);
+    float *y = vd.data;
+    const float *x = vs.data;
+    /* Within a sample the channels are adjacent in both, so one axpy per
+     * sample, or one in all when neither has other channels between samples.
+     * The elementwise y += 1 * x gives the bits the tape's whole-tensor axpy
+     * of a copied slice gives. */
+    if ((size_t)vd.row_c == c && (size_t)vs.row_c == c)
+        return FR_CALL_KERNEL(dev, axpy, y, 1.0f, x, n * c * hw);
+    for (size_t i = 0; i < n; i++)
+        FR_TRY(FR_CALL_KERNEL(dev, axpy, y + i * (size_t)vd.row_c * hw, 1.0f,
+                              x + i * (size_t)vs.row_c * hw, c * hw));
+    return FR_OK;
+}

@@ -138,6 +138,60 @@ static void test_ops_views_and_null_gradients(void) {
     fr_release(base);
 }
 
+/* A dense block's pattern: features a and b made by ops (so their gradients
+ * collect in the tape's slots) and read by two concatenations, y1 = (a, b)
+ * and y2 = (b, a), summed. y2's backward runs first and gives a and b their
+ * first gradients (copies of its slices); y1's backward then finds both
+ * held and adds its slices straight into them, with no copy in between.
+ * The gradients are exact (two terms, then a scale by 2), and the transient
+ * bytes the backward adds never pass 3 features' worth: a's and b's
+ * gradients and one leaf gradient being made (copying y1's slices out
+ * first, as the parent did, reached 4). */
+static void test_dense_reuse_adds_in_place(void) {
+    const int64_t n = 2, c = 2, hw = 3 * 3;
+    const size_t feature = (size_t)(n * c * hw) * sizeof(float);
+    fr_tensor *x[2], *f[2];
+    for (int i = 0; i < 2; i++) {
+        x[i] = fr_t_rand(FR_CPU, 4, FR_SHAPE(n, c, 3, 3), 11 + (uint32_t)i);
+        fr_set_requires_grad(x[i], true);
+        f[i] = fr_scale(x[i], 2.0f);
+    }
+    fr_tensor *y1 = fr_concat((fr_tensor *[]){f[0], f[1]}, 2);
+    fr_tensor *y2 = fr_concat((fr_tensor *[]){f[1], f[0]}, 2);
+    fr_tensor *out = y1 && y2 ? fr_add(y1, y2) : NULL;
+    fr_tensor *dy = fr_t_rand(FR_CPU, 4, FR_SHAPE(n, 2 * c, 3, 3), 17);
+    CHECK_NOTNULL(out);
+    if (out && dy) {
+        size_t before = fr_mem_current(FR_CPU, FR_TAG_TRANSIENT);
+        fr_mem_reset_peak();
+        CHECK_OK(fr_backward_with(out, dy));
+        CHECK(fr_mem_peak(FR_CPU, FR_TAG_TRANSIENT) - before == 3 * feature);
+        const float *g = fr_data_f32(dy);
+        for (int i = 0; i < 2; i++) {
+            CHECK_NOTNULL(x[i]->grad);
+            if (!x[i]->grad)
+                continue;
+            const float *d = fr_data_f32(x[i]->grad);
+            bool exact = true;
+            for (int64_t s = 0; s < n; s++)
+                for (int64_t k = 0; k < c * hw; k++) {
+                    /* x[i] sits at channel i * c in y1 and (1 - i) * c in y2 */
+                    float t = g[(s * 2 * c + (1 - i) * c) * hw + k] + g[(s * 2 * c + i * c) * hw + k];
+                    exact = exact && d[s * c * hw + k] == 2.0f * t;
+                }
+            CHECK(exact);
+        }
+    }
+    fr_release(dy);
+    fr_release(out);
+    fr_release(y2);
+    fr_release(y1);
+    for (int i = 0; i < 2; i++) {
+        fr_release(f[i]);
+        fr_release(x[i]);
+    }
+}
+
 static void test_bad_arguments(void) {
     fr_tensor *a = fr_t_rand(FR_CPU, 4, FR_SHAPE(2, 2, 3, 3), 1);
     fr_tensor *n3 = fr_t_rand(FR_CPU, 4, FR_SHAPE(3, 2, 3, 3), 1);
@@ -185,6 +239,7 @@ int main(void) {
     RUN(test_backward_routes_slices);
     RUN(test_gradcheck);
     RUN(test_ops_views_and_null_gradients);
+    RUN(test_dense_reuse_adds_in_place);
     RUN(test_bad_arguments);
     return TEST_SUMMARY();
 }
