@@ -24,14 +24,14 @@ typedef struct {
 
 /* The gradient input i's slice would be added into, when tape.c's
  * accumulate would add it in place (fr_axpy_): a producer's gradient already
- * there, f32, contiguous and held by nobody else. NULL otherwise. */
+ * there, f32, contiguous and held by nobody else (fr_grad_held_alone, the
+ * tape's own test). NULL otherwise. */
 static fr_tensor *owned_grad(const fr_node *node, int i, fr_dtype dtype) {
     const fr_edge *e = &node->inputs[i];
     if (e->kind != FR_EDGE_NODE || !e->node || e->node->seq != e->seq || dtype != FR_F32)
         return NULL;
     fr_tensor *cur = e->node->grads[e->output];
-    bool owned = cur && cur->refcount == 1 && cur->storage->refcount == 1 && cur->dtype == FR_F32 &&
-                 fr_is_contiguous(cur);
+    bool owned = cur && fr_grad_held_alone(cur) && cur->dtype == FR_F32 && fr_is_contiguous(cur);
     return owned ? cur : NULL;
 }
 

@@ -133,6 +133,10 @@ typedef fr_status (*fr_unary_grad_fn)(fr_tensor *dx, const fr_tensor *dy, const 
                                       const void *ctx);
 fr_status fr_record_unary_grad(const char *op, fr_unary_grad_fn grad, fr_tensor *x, fr_tensor *y,
                                const void *ctx, size_t ctx_size, fr_tensor *save);
+/* Whether the tape adds a further gradient into g in place (tape.c): no
+ * other tensor or view holds it. A backward that adds into a producer's
+ * gradient itself (fn_concat.c) asks the same question. */
+bool fr_grad_held_alone(const fr_tensor *g);
 
 #ifdef __cplusplus
 }

@@ -433,6 +433,8 @@ void fr_tape_pop(void) {
 /* Adds g into *slot: takes the reference when the slot is empty. A backward
  * may hand the same gradient (or a view of it) to several inputs, so a slot
  * whose bytes are shared is replaced by a fresh sum rather than written. */
+bool fr_grad_held_alone(const fr_tensor *g) { return g->refcount == 1 && g->storage->refcount == 1; }
+
 static fr_status accumulate(fr_tensor **slot, fr_tensor *g) {
     if (!*slot) {
         *slot = g;
@@ -440,7 +442,7 @@ static fr_status accumulate(fr_tensor **slot, fr_tensor *g) {
     }
     fr_status st;
     fr_tensor *cur = *slot;
-    if (cur->refcount > 1 || cur->storage->refcount > 1) {
+    if (!fr_grad_held_alone(cur)) {
         fr_tensor *sum = fr_empty_like(cur, FR_TAG_TRANSIENT);
         st = sum ? fr_add_out(sum, cur, g) : fr_last_status();
         if (st == FR_OK) {
