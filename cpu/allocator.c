@@ -9,15 +9,16 @@
  * every earlier step), so the process held twice what the ledger said.
  *
  * The rule (docs/ARCHITECTURE.md, "Memory: the bounded CPU cache"): the
- * bytes held from the system (`reserved`: blocks in use at their class
+ * bytes held from the system (`reserved`: blocks in use at their rounded
  * size, plus cached ones) never exceed FR_CPU_RESERVE_PCT percent of the
- * ledger's peak since the last fr_cpu_reset_peak, nor a limit set by
- * fr_cpu_set_limit (tensor/memory.c holds the ledger's bytes in use under
- * that limit too), except by the size-class rounding of blocks in use.
- *  - small blocks (under FR_CPU_MMAP_MIN) take size classes: multiples of
- *    64 bytes up to 4 KiB, then eight classes per power of two (at most
- *    12.5% rounding); a freed one goes to the free list of its class
- *    (reused first);
+ * ledger's peak since the last fr_cpu_reset_peak, except by the rounding of
+ * blocks in use, and never a limit set by fr_cpu_set_limit (tensor/memory.c
+ * holds the ledger's bytes in use under that limit too; a request that
+ * would take `reserved` past it with the cache emptied fails, as a device
+ * of that size would).
+ *  - small blocks (under FR_CPU_MMAP_MIN) take their size rounded up to
+ *    64 bytes (size_class says why not classes); a freed one goes to the
+ *    free list of its size (reused first);
  *  - large blocks take whole pages from mmap. A freed one joins the cached
  *    pieces right before and after it in memory; a request takes the
  *    smallest cached piece that holds it (best fit) and leaves the rest
@@ -65,20 +66,20 @@
 #define N_BUCKETS 1024
 #define PAGE ((size_t)4096)
 
-/* A cached block's first bytes (every class is at least 64 bytes). A small
- * block sits in its class's free list; a large piece sits in the list of
+/* A cached block's first bytes (every block is at least 64 bytes). A small
+ * block sits in its size's free list; a large piece sits in the list of
  * every cached large piece by address (next/prev), which is what lets a
  * piece be split for a smaller request and joined with its free
  * neighbours. */
 typedef struct block {
-    struct block *next, *prev;   /* in its class's free list, or by address */
+    struct block *next, *prev;   /* in its size's free list, or by address */
     struct block *newer, *older; /* in the list of every cached block */
-    size_t size;                 /* its class, or a large piece's bytes */
+    size_t size;                 /* its rounded size, or a large piece's bytes */
     bool large;                  /* a piece of a mapping (else a malloc block) */
 } block;
 
 typedef struct size_list {
-    size_t size;              /* the class */
+    size_t size;              /* the rounded size */
     block *head;              /* its cached blocks */
     struct size_list *next;   /* chain in the bucket */
 } size_list;
@@ -96,16 +97,19 @@ static size_t limit_bytes, n_system_allocs;
 static bool is_large(size_t nbytes) { return CACHE_ON && nbytes >= FR_CPU_MMAP_MIN; }
 
 /* A large request takes whole pages (it can be cut from any cached piece);
- * a small one a size class: multiples of 64 bytes up to 4 KiB, then eight
- * classes per power of two. */
+ * a small one its size rounded up to 64 bytes. Exact sizes, not classes:
+ * under fr_cpu_set_limit's cap `reserved` must not pass the limit the
+ * ledger holds its requested bytes under, and size classes (up to 12.5%
+ * over, on every parameter, gradient and momentum block) made it pass by
+ * a few KiB at the smallest budget a plan fits. The same rule with or
+ * without a limit, because fr_cpu_free finds a block's size from nbytes
+ * alone and a limit may be set between an allocation and its free. A
+ * repeated step asks for the same sizes again, so exact lists still serve
+ * it. */
 static size_t size_class(size_t n) {
     if (is_large(n))
         return (n + PAGE - 1) & ~(PAGE - 1);
-    if (n <= 4096)
-        return n ? (n + 63) & ~(size_t)63 : 64;
-    int lg = 63 - __builtin_clzll((unsigned long long)(n - 1)); /* 2^lg < n <= 2^(lg+1) */
-    size_t step = (size_t)1 << (lg - 3);                        /* eight steps per power of two */
-    return (n + step - 1) & ~(step - 1);
+    return n ? (n + 63) & ~(size_t)63 : 64;
 }
 
 /* With the lock held; NULL when a list cannot be created. */
@@ -221,7 +225,7 @@ static void replace_cached(block *b, block *r) {
 }
 
 /* A cached block for `size` bytes, or NULL (lock held). Small: the head of
- * its class's list. Large: the smallest cached piece that holds it (best
+ * its size's list. Large: the smallest cached piece that holds it (best
  * fit), cut to size; the rest stays cached where the piece was. */
 static void *take_cached(size_t size, bool large) {
     if (!large) {
@@ -315,9 +319,10 @@ static void *trim(size_t cap, size_t extra, size_t want, bool want_large) {
     return got;
 }
 
-void *fr_cpu_alloc(size_t nbytes) {
+void *fr_cpu_alloc(size_t nbytes, bool *over_limit) {
     bool large = is_large(nbytes);
     size_t size = size_class(nbytes);
+    *over_limit = false;
     pthread_mutex_lock(&lock);
     void *p = take_cached(size, large);
     if (!p) {
@@ -326,6 +331,19 @@ void *fr_cpu_alloc(size_t nbytes) {
         in_use_peak = peak; /* the bound counts this request */
         p = trim(bound(), size, size, large);
         in_use_peak = saved_peak;
+        /* Under a limit, growing past it is refused once the trim above
+         * has given back every cached block it could: what a device of
+         * that size could not hold either. */
+        if (limit_bytes && reserved_bytes + (p ? 0 : size) > limit_bytes) {
+            if (p) {
+                system_free(p, size, large);
+                reserved_bytes -= size;
+                p = NULL;
+            }
+            *over_limit = true;
+            pthread_mutex_unlock(&lock);
+            return NULL;
+        }
         if (!p) {
             p = system_alloc(size, large);
             if (!p && CACHE_ON) {

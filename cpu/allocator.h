@@ -8,20 +8,22 @@
 #include "../tensor/fr_base.h"
 
 /* `reserved` stays within this percentage of the peak of requested bytes
- * since the last fr_cpu_reset_peak (plus the rounding of blocks in use). */
+ * since the last fr_cpu_reset_peak (plus the rounding of blocks in use to
+ * 64 bytes or a page), and never passes fr_cpu_set_limit's cap. */
 #define FR_CPU_RESERVE_PCT 115
 /* Requests from this size up take whole pages of mmap'd memory, cut from
  * and joined with cached pieces (and given back with munmap); smaller ones
- * come from malloc in size classes. */
+ * come from malloc, rounded up to 64 bytes. */
 #define FR_CPU_MMAP_MIN ((size_t)256 << 10)
 
 /* A 64-byte aligned block of at least nbytes (a unique pointer for 0), from
- * the cache when a freed block of its size class (small) or a cached piece
- * that holds it (large) is there, else from
- * the system after giving back cached blocks over the bound or the limit
- * (and emptying the cache once if the system refuses). NULL when the system
- * refuses; sets no error (the caller does). */
-void *fr_cpu_alloc(size_t nbytes);
+ * the cache when a freed block of its size (small) or a cached piece that
+ * holds it (large) is there, else from the system after giving back cached
+ * blocks over the bound or the limit (and emptying the cache once if the
+ * system refuses). NULL when the system refuses, or with *over_limit set
+ * when the block would take `reserved` past fr_cpu_set_limit's cap even
+ * with the cache emptied; sets no error (the caller does). */
+void *fr_cpu_alloc(size_t nbytes, bool *over_limit);
 /* Returns a block fr_cpu_alloc(nbytes) gave to the cache. */
 void fr_cpu_free(void *ptr, size_t nbytes);
 /* Returns every cached block to the system. */
@@ -30,11 +32,12 @@ void fr_cpu_empty_cache(void);
  * over the bound it sets; the peak of reserved bytes restarts too. */
 void fr_cpu_reset_peak(void);
 /* A cap on reserved bytes (0 = none): cached blocks over it are given back,
- * and none is kept that would pass it. */
+ * none is kept that would pass it, and a request that would pass it with
+ * the cache empty fails (fr_cpu_alloc's *over_limit). */
 void fr_cpu_set_limit(size_t max_bytes);
 
 typedef struct {
-    size_t reserved;      /* held from the system: blocks in use (class size) + cached */
+    size_t reserved;      /* held from the system: blocks in use (rounded size) + cached */
     size_t reserved_peak; /* highest `reserved` since the last fr_cpu_reset_peak */
     size_t cached;        /* of which free, kept for reuse */
     size_t system_allocs; /* mmap, mremap and posix_memalign calls since the start */

@@ -330,7 +330,7 @@ static void print_table(const options *o, const row *rows, int n, const trace_bu
 /* What the process really held beside what the ledger counted (CPU). */
 static void print_real_memory(const row *rows, int n) {
     printf("\nreal memory over the timed steps (MiB): allocated = the ledger's peak, reserved = the\n"
-           "caching allocator's peak (blocks in use at their size class + cached ones), resident =\n"
+           "caching allocator's peak (blocks in use at their rounded size + cached ones), resident =\n"
            "the process's peak resident set (VmHWM, restarted for each row; code, libraries and\n"
            "thread stacks included)\n");
     printf("%-22s %10s %10s %8s %10s\n", "strategy", "allocated", "reserved", "res/all", "resident");

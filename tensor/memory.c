@@ -128,7 +128,18 @@ void *fr_mem_alloc(fr_device dev, size_t nbytes, fr_mem_tag tag) {
         /* 64-byte alignment suits AVX-512 loads and keeps rows off shared
          * cache lines; a 0-byte request still gets a unique pointer. The
          * caching allocator keeps freed blocks for reuse (cpu/allocator.c). */
-        p = fr_cpu_alloc(nbytes);
+        bool over_limit = false;
+        p = fr_cpu_alloc(nbytes, &over_limit);
+        if (!p && over_limit) { /* the ledger fits, the blocks' rounding does not */
+            fr_cpu_cache c;
+            fr_cpu_cache_info(&c);
+            char lim[32], res[32], why[128];
+            fr_mem_format_bytes(limits[dev], lim, sizeof lim);
+            fr_mem_format_bytes(c.reserved, res, sizeof res);
+            snprintf(why, sizeof why, "limit %s on reserved bytes, %s reserved with the cache emptied", lim, res);
+            oom(dev, nbytes, tag, why);
+            return NULL;
+        }
         if (!p) {
             oom(dev, nbytes, tag, "the system refused");
             return NULL;

@@ -85,9 +85,10 @@ void fr_mem_reset_peak(void);
 void fr_mem_watch_start(fr_device dev);
 size_t fr_mem_watch_peak(fr_device dev);
 /* A cap on total bytes in use on `dev` (0 = none); used to test and to
- * simulate small devices. On the CPU the caching allocator keeps its
- * reserved bytes under it too (cached blocks are given back first), so the
- * process holds what a device of that size could. */
+ * simulate small devices. On the CPU the caching allocator's reserved bytes
+ * never pass it either (cached blocks are given back first; a request whose
+ * block would still pass it is FR_ERR_OOM, "limit ... on reserved bytes"),
+ * so the process holds what a device of that size could. */
 void fr_mem_set_limit(fr_device dev, size_t max_bytes);
 /* The cap fr_mem_set_limit set on `dev` (0 = none): the planner lowers it
  * for its trial steps and puts it back. */
