@@ -13,6 +13,7 @@
  * running statistics), so its loss and accuracy do not depend on the
  * batch. */
 #include "planner.h"
+#include "profile.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -397,14 +398,11 @@ fr_status fr_fit(fr_model *m, const int64_t *shape, size_t budget, const fr_fit_
     /* set aside what the trials must not change */
     fr_strategy was = m->cfg.strategy;
     fr_plan_remove(m);
-    fr_tensor **grads = calloc((size_t)m->params->count + 1, sizeof *grads);
+    fr_trial_stash stash = {0};
     buffer_stash bs = {0};
-    fr_status st = grads ? stash_buffers(m, &bs) : fr_error(FR_ERR_OOM, "fr_fit: out of host memory");
-    for (int i = 0; grads && i < m->params->count; i++) {
-        grads[i] = m->params->items[i].tensor->grad;
-        m->params->items[i].tensor->grad = NULL;
-    }
-    uint64_t random_state = fr_random_state();
+    fr_status st = fr_trial_stash_take(m, &stash);
+    if (st == FR_OK)
+        st = stash_buffers(m, &bs);
     /* the planner is told what is in use beside the parameters now (data
      * sets, set-aside gradients), which the trials hold too */
     size_t now = fr_mem_total_current(dev), params = fr_mem_current(dev, FR_TAG_PARAM);
@@ -420,11 +418,7 @@ fr_status fr_fit(fr_model *m, const int64_t *shape, size_t budget, const fr_fit_
             st = planner_row(&c, asked, best);
         }
     }
-    fr_set_random_state(random_state);
-    fr_params_zero_grad(m->params);
-    for (int i = 0; grads && i < m->params->count; i++)
-        m->params->items[i].tensor->grad = grads[i];
-    free(grads);
+    fr_trial_stash_put_back(m, &stash);
     fr_status rs = restore_buffers(m, &bs);
     m->cfg.strategy = was;
     fr_mem_reset_peak();

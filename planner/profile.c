@@ -307,24 +307,37 @@ static fr_status measure_all(fr_model *m, void *profile, const fr_profile_cap *c
 /* Runs fn(m, p, cap) as a trial: the caller's gradients set aside (a
  * trial makes and frees its own), the random stream saved, recompute mode
  * on (BN statistics and counters kept), all put back after. */
-static fr_status preserving(fr_model *m, fr_status (*fn)(fr_model *, void *, const fr_profile_cap *),
-                            void *p, const fr_profile_cap *cap) {
-    fr_tensor **stash = calloc((size_t)m->params->count + 1, sizeof *stash);
-    if (!stash)
-        return fr_error(FR_ERR_OOM, "%s: planner: out of memory", m->name);
+fr_status fr_trial_stash_take(fr_model *m, fr_trial_stash *s) {
+    s->grads = calloc((size_t)m->params->count + 1, sizeof *s->grads);
+    if (!s->grads)
+        return fr_error(FR_ERR_OOM, "%s: planner: out of host memory for a trial", m->name);
     for (int i = 0; i < m->params->count; i++) {
-        stash[i] = m->params->items[i].tensor->grad;
+        s->grads[i] = m->params->items[i].tensor->grad;
         m->params->items[i].tensor->grad = NULL;
     }
-    uint64_t random_state = fr_random_state();
+    s->random_state = fr_random_state();
+    return FR_OK;
+}
+
+void fr_trial_stash_put_back(fr_model *m, fr_trial_stash *s) {
+    if (!s->grads)
+        return;
+    fr_set_random_state(s->random_state);
+    fr_params_zero_grad(m->params);
+    for (int i = 0; i < m->params->count; i++)
+        m->params->items[i].tensor->grad = s->grads[i];
+    free(s->grads);
+    s->grads = NULL;
+}
+
+static fr_status preserving(fr_model *m, fr_status (*fn)(fr_model *, void *, const fr_profile_cap *),
+                            void *p, const fr_profile_cap *cap) {
+    fr_trial_stash stash;
+    FR_TRY(fr_trial_stash_take(m, &stash));
     fr_recompute_enter();
     fr_status st = fn(m, p, cap);
     fr_recompute_exit();
-    fr_set_random_state(random_state);
-    fr_params_zero_grad(m->params);
-    for (int i = 0; i < m->params->count; i++)
-        m->params->items[i].tensor->grad = stash[i];
-    free(stash);
+    fr_trial_stash_put_back(m, &stash);
     fr_mem_reset_peak();
     return st;
 }
