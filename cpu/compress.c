@@ -55,15 +55,36 @@ INLINE float first_equal(const float *x, size_t m, float v) {
     return v;
 }
 
+/* Four accumulators each (named variables: arrays of them were kept on
+ * the stack): one min (or max) chain would wait on the previous one's
+ * latency at every vector. Order does not matter: min and max of non-NaN
+ * values are exact, a zero's sign is fixed up afterwards, and any NaN has
+ * already made the group bad (the sums of v - v). */
+#define MINMAX_STEP(V, MIN, MAX, ADD, SUB, a)                                                  \
+    lo##a = MIN(lo##a, V);                                                                     \
+    hi##a = MAX(hi##a, V);                                                                     \
+    acc##a = ADD(acc##a, SUB(V, V)) /* NaN once any is NaN or inf */
+
 AVX2 static int minmax_avx2(const float *x, size_t m, float *lo_out, float *hi_out) {
-    __m256 vlo = _mm256_set1_ps(x[0]), vhi = vlo, acc = _mm256_setzero_ps();
+    __m256 lo0 = _mm256_set1_ps(x[0]), lo1 = lo0, lo2 = lo0, lo3 = lo0;
+    __m256 hi0 = lo0, hi1 = lo0, hi2 = lo0, hi3 = lo0;
+    __m256 acc0 = _mm256_setzero_ps(), acc1 = acc0, acc2 = acc0, acc3 = acc0;
     size_t i = 0;
+    for (; i + 32 <= m; i += 32) {
+        __m256 v0 = _mm256_loadu_ps(x + i), v1 = _mm256_loadu_ps(x + i + 8);
+        __m256 v2 = _mm256_loadu_ps(x + i + 16), v3 = _mm256_loadu_ps(x + i + 24);
+        MINMAX_STEP(v0, _mm256_min_ps, _mm256_max_ps, _mm256_add_ps, _mm256_sub_ps, 0);
+        MINMAX_STEP(v1, _mm256_min_ps, _mm256_max_ps, _mm256_add_ps, _mm256_sub_ps, 1);
+        MINMAX_STEP(v2, _mm256_min_ps, _mm256_max_ps, _mm256_add_ps, _mm256_sub_ps, 2);
+        MINMAX_STEP(v3, _mm256_min_ps, _mm256_max_ps, _mm256_add_ps, _mm256_sub_ps, 3);
+    }
     for (; i + 8 <= m; i += 8) {
         __m256 v = _mm256_loadu_ps(x + i);
-        vlo = _mm256_min_ps(vlo, v);
-        vhi = _mm256_max_ps(vhi, v);
-        acc = _mm256_add_ps(acc, _mm256_sub_ps(v, v)); /* NaN once any is NaN or inf */
+        MINMAX_STEP(v, _mm256_min_ps, _mm256_max_ps, _mm256_add_ps, _mm256_sub_ps, 0);
     }
+    __m256 vlo = _mm256_min_ps(_mm256_min_ps(lo0, lo1), _mm256_min_ps(lo2, lo3));
+    __m256 vhi = _mm256_max_ps(_mm256_max_ps(hi0, hi1), _mm256_max_ps(hi2, hi3));
+    __m256 acc = _mm256_add_ps(_mm256_add_ps(acc0, acc1), _mm256_add_ps(acc2, acc3));
     float l[8], h[8], a[8];
     _mm256_storeu_ps(l, vlo);
     _mm256_storeu_ps(h, vhi);
@@ -85,18 +106,142 @@ AVX2 static int minmax_avx2(const float *x, size_t m, float *lo_out, float *hi_o
 }
 
 AVX512 static int minmax_avx512(const float *x, size_t m, float *lo_out, float *hi_out) {
-    __m512 first = _mm512_set1_ps(x[0]), vlo = first, vhi = first, acc = _mm512_setzero_ps();
-    for (size_t i = 0; i < m; i += 16) {
+    __m512 first = _mm512_set1_ps(x[0]), lo0 = first, lo1 = first, lo2 = first, lo3 = first;
+    __m512 hi0 = first, hi1 = first, hi2 = first, hi3 = first;
+    __m512 acc0 = _mm512_setzero_ps(), acc1 = acc0, acc2 = acc0, acc3 = acc0;
+    size_t i = 0;
+    for (; i + 64 <= m; i += 64) {
+        __m512 v0 = _mm512_loadu_ps(x + i), v1 = _mm512_loadu_ps(x + i + 16);
+        __m512 v2 = _mm512_loadu_ps(x + i + 32), v3 = _mm512_loadu_ps(x + i + 48);
+        MINMAX_STEP(v0, _mm512_min_ps, _mm512_max_ps, _mm512_add_ps, _mm512_sub_ps, 0);
+        MINMAX_STEP(v1, _mm512_min_ps, _mm512_max_ps, _mm512_add_ps, _mm512_sub_ps, 1);
+        MINMAX_STEP(v2, _mm512_min_ps, _mm512_max_ps, _mm512_add_ps, _mm512_sub_ps, 2);
+        MINMAX_STEP(v3, _mm512_min_ps, _mm512_max_ps, _mm512_add_ps, _mm512_sub_ps, 3);
+    }
+    for (; i < m; i += 16) {
         /* the tail's missing lanes read x[0], which is in the group */
         __mmask16 k = m - i >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (m - i)) - 1);
         __m512 v = _mm512_mask_loadu_ps(first, k, x + i);
-        vlo = _mm512_min_ps(vlo, v);
-        vhi = _mm512_max_ps(vhi, v);
-        acc = _mm512_add_ps(acc, _mm512_sub_ps(v, v));
+        MINMAX_STEP(v, _mm512_min_ps, _mm512_max_ps, _mm512_add_ps, _mm512_sub_ps, 0);
     }
+    __m512 vlo = _mm512_min_ps(_mm512_min_ps(lo0, lo1), _mm512_min_ps(lo2, lo3));
+    __m512 vhi = _mm512_max_ps(_mm512_max_ps(hi0, hi1), _mm512_max_ps(hi2, hi3));
+    __m512 acc = _mm512_add_ps(_mm512_add_ps(acc0, acc1), _mm512_add_ps(acc2, acc3));
     *lo_out = first_equal(x, m, _mm512_reduce_min_ps(vlo));
     *hi_out = first_equal(x, m, _mm512_reduce_max_ps(vhi));
     return !(_mm512_reduce_add_ps(acc) == 0.0f);
+}
+
+/* The codes of a whole group on the AVX paths: the reference's float
+ * operations lane by lane (x - lo, times inv, plus the counter's uniform,
+ * truncated, capped at top; fr_compress_uniform's hash in 32-bit lanes),
+ * narrowed to bytes, then for 4 and 2 bits two or four codes merged into a
+ * byte by multiply-adds of the bytes (c0 + 16 c1; c0 + 4 c1 + 16 (c2 + 4 c3)),
+ * the reference's nibble and crumb order. A lane whose q is NaN (a group
+ * whose range is so small that top / range overflowed) truncates to
+ * INT_MIN, which both the reference's byte cast and these narrowings make
+ * 0. */
+#define GOLDEN 0x9E3779B9u
+#define HASH_CONSTS(W, set1) const W mix1 = set1((int)0x85EBCA6Bu), mix2 = set1((int)0xC2B2AE35u)
+
+/* jg: the lanes' j * 0x9E3779B9 (kept as a running sum: the same 32-bit
+ * products without a multiply). */
+AVX2 static __m256i quantise8_avx2(const float *x, __m256 lo, __m256 inv, __m256i key, __m256i jg,
+                                   __m256i top) {
+    HASH_CONSTS(__m256i, _mm256_set1_epi32);
+    __m256i h = _mm256_xor_si256(key, jg);
+    h = _mm256_mullo_epi32(_mm256_xor_si256(h, _mm256_srli_epi32(h, 16)), mix1);
+    h = _mm256_mullo_epi32(_mm256_xor_si256(h, _mm256_srli_epi32(h, 13)), mix2);
+    h = _mm256_xor_si256(h, _mm256_srli_epi32(h, 16));
+    __m256 u = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_srli_epi32(h, 8)),
+                             _mm256_set1_ps(1.0f / 16777216.0f));
+    __m256 q = _mm256_add_ps(_mm256_mul_ps(_mm256_sub_ps(_mm256_loadu_ps(x), lo), inv), u);
+    return _mm256_min_epi32(_mm256_cvttps_epi32(q), top);
+}
+
+/* 32 lanes of four vectors (each 0..255 or negative) to 32 bytes in order. */
+AVX2 static __m256i narrow32_avx2(__m256i a, __m256i b, __m256i c, __m256i d) {
+    __m256i w = _mm256_packus_epi16(_mm256_packus_epi32(a, b), _mm256_packus_epi32(c, d));
+    return _mm256_permutevar8x32_epi32(w, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+}
+
+AVX2 static void quantise_avx2(uint8_t *out, const float *x, float lo_s, float inv_s, uint32_t key_s,
+                               int bits) {
+    const __m256 lo = _mm256_set1_ps(lo_s), inv = _mm256_set1_ps(inv_s);
+    const __m256i key = _mm256_set1_epi32((int)key_s), top = _mm256_set1_epi32((1 << bits) - 1);
+    const __m256i step = _mm256_set1_epi32((int)(8u * GOLDEN)), step4 = _mm256_slli_epi32(step, 2);
+    const __m256i w16 = _mm256_set1_epi16(0x1001), w4 = _mm256_set1_epi16(0x0401);
+    const __m256i w16x = _mm256_set1_epi32(0x00100001);
+    __m256i j0 = _mm256_mullo_epi32(_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7),
+                                    _mm256_set1_epi32((int)GOLDEN));
+    __m256i j1 = _mm256_add_epi32(j0, step), j2 = _mm256_add_epi32(j1, step);
+    __m256i j3 = _mm256_add_epi32(j2, step);
+    for (size_t i = 0; i < GROUP; i += 32) {
+        __m256i c = narrow32_avx2(quantise8_avx2(x + i, lo, inv, key, j0, top),
+                                  quantise8_avx2(x + i + 8, lo, inv, key, j1, top),
+                                  quantise8_avx2(x + i + 16, lo, inv, key, j2, top),
+                                  quantise8_avx2(x + i + 24, lo, inv, key, j3, top));
+        if (bits == 8) {
+            _mm256_storeu_si256((__m256i *)(void *)(out + i), c);
+        } else if (bits == 4) { /* 16 words c0 + 16 c1, narrowed to bytes */
+            __m256i p = _mm256_maddubs_epi16(c, w16);
+            p = _mm256_permute4x64_epi64(_mm256_packus_epi16(p, p), 0x08);
+            _mm_storeu_si128((__m128i *)(void *)(out + i / 2), _mm256_castsi256_si128(p));
+        } else { /* 8 dwords c0 + 4 c1 + 16 (c2 + 4 c3), narrowed to bytes */
+            __m256i d = _mm256_madd_epi16(_mm256_maddubs_epi16(c, w4), w16x);
+            d = narrow32_avx2(d, d, d, d);
+            _mm_storel_epi64((__m128i *)(void *)(out + i / 4), _mm256_castsi256_si128(d));
+        }
+        j0 = _mm256_add_epi32(j0, step4);
+        j1 = _mm256_add_epi32(j1, step4);
+        j2 = _mm256_add_epi32(j2, step4);
+        j3 = _mm256_add_epi32(j3, step4);
+    }
+}
+
+AVX512 static __m512i quantise16_avx512(const float *x, __m512 lo, __m512 inv, __m512i key,
+                                        __m512i jg, __m512i top) {
+    HASH_CONSTS(__m512i, _mm512_set1_epi32);
+    __m512i h = _mm512_xor_si512(key, jg);
+    h = _mm512_mullo_epi32(_mm512_xor_si512(h, _mm512_srli_epi32(h, 16)), mix1);
+    h = _mm512_mullo_epi32(_mm512_xor_si512(h, _mm512_srli_epi32(h, 13)), mix2);
+    h = _mm512_xor_si512(h, _mm512_srli_epi32(h, 16));
+    __m512 u = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_srli_epi32(h, 8)),
+                             _mm512_set1_ps(1.0f / 16777216.0f));
+    __m512 q = _mm512_add_ps(_mm512_mul_ps(_mm512_sub_ps(_mm512_loadu_ps(x), lo), inv), u);
+    return _mm512_min_epi32(_mm512_cvttps_epi32(q), top);
+}
+
+AVX512 static void quantise_avx512(uint8_t *out, const float *x, float lo_s, float inv_s,
+                                   uint32_t key_s, int bits) {
+    const __m512 lo = _mm512_set1_ps(lo_s), inv = _mm512_set1_ps(inv_s);
+    const __m512i key = _mm512_set1_epi32((int)key_s), top = _mm512_set1_epi32((1 << bits) - 1);
+    const __m512i step = _mm512_set1_epi32((int)(16u * GOLDEN)), step2 = _mm512_add_epi32(step, step);
+    const __m512i step3 = _mm512_add_epi32(step2, step), step4 = _mm512_add_epi32(step2, step2);
+    const __m512i w16 = _mm512_set1_epi16(0x1001), w4 = _mm512_set1_epi16(0x0401);
+    const __m512i w16x = _mm512_set1_epi32(0x00100001);
+    const __m512i order = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
+    __m512i jg = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+                                    _mm512_set1_epi32((int)GOLDEN));
+    for (size_t i = 0; i < GROUP; i += 64) {
+        __m512i k0 = quantise16_avx512(x + i, lo, inv, key, jg, top);
+        __m512i k1 = quantise16_avx512(x + i + 16, lo, inv, key, _mm512_add_epi32(jg, step), top);
+        __m512i k2 = quantise16_avx512(x + i + 32, lo, inv, key, _mm512_add_epi32(jg, step2), top);
+        __m512i k3 = quantise16_avx512(x + i + 48, lo, inv, key, _mm512_add_epi32(jg, step3), top);
+        /* 64 codes to bytes with three packs (each lane's chunks of four
+         * interleaved) and one permute back to element order */
+        __m512i w = _mm512_packus_epi16(_mm512_packus_epi32(k0, k1), _mm512_packus_epi32(k2, k3));
+        __m512i c = _mm512_permutexvar_epi32(order, w);
+        if (bits == 8)
+            _mm512_storeu_si512((void *)(out + i), c);
+        else if (bits == 4)
+            _mm256_storeu_si256((__m256i *)(void *)(out + i / 2),
+                                _mm512_cvtepi16_epi8(_mm512_maddubs_epi16(c, w16)));
+        else
+            _mm_storeu_si128((__m128i *)(void *)(out + i / 4),
+                             _mm512_cvtepi32_epi8(_mm512_madd_epi16(_mm512_maddubs_epi16(c, w4), w16x)));
+        jg = _mm512_add_epi32(jg, step4);
+    }
 }
 
 /* Group g (m <= GROUP elements at x, element index base in the tensor):
@@ -117,6 +262,16 @@ INLINE void pack_group(float *hdr, uint8_t *out, const float *x, size_t m, int b
     float inv = range > 0.0f ? (float)top / range : 0.0f;
     hdr[0] = lo;
     hdr[1] = range / (float)top;
+    /* whole groups on the AVX paths; a tensor's last, partial group (one
+     * per tensor) by the loop below, which is the reference */
+    if (m == GROUP && isa == ISA_AVX512) {
+        quantise_avx512(out, x, lo, inv, key, bits);
+        return;
+    }
+    if (m == GROUP && isa == ISA_AVX2) {
+        quantise_avx2(out, x, lo, inv, key, bits);
+        return;
+    }
     uint8_t c[GROUP];
 #pragma omp simd
     for (uint32_t i = 0; i < (uint32_t)m; i++) {
@@ -161,8 +316,15 @@ AVX2 static void unpack_group_avx2(float *x, const float *hdr, const uint8_t *in
         if (bits == 8) {
             c = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(const void *)b));
         } else {
-            uint32_t w = 0;
-            memcpy(&w, b, (size_t)bits); /* 8 codes: 2 or 4 bytes */
+            uint32_t w; /* 8 codes: 4 or 2 bytes, each a fixed-size copy (a
+                         * copy of `bits` bytes was a call to memcpy) */
+            if (bits == 4) {
+                memcpy(&w, b, 4);
+            } else {
+                uint16_t h;
+                memcpy(&h, b, 2);
+                w = h;
+            }
             c = _mm256_and_si256(_mm256_srlv_epi32(_mm256_set1_epi32((int)w), sh), top);
         }
         _mm256_storeu_ps(x + i, _mm256_add_ps(lo, _mm256_mul_ps(_mm256_cvtepi32_ps(c), step)));
