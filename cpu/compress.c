@@ -2,13 +2,15 @@
  * (kernels.def: compress_pack, compress_unpack, sign_pack, sign_unpack;
  * docs/ARCHITECTURE.md, "Saved tensors: held, recipe or compressed").
  *
- * One C body per direction, compiled three times: as it is (the scalar
- * reference, what SSE2 gives), for AVX2 and for AVX-512, the copy chosen by
- * cpu/isa.h's class (so FR_CPU_ISA can force a lower one). Every copy does
- * the same float operations in the same order (-std=c11: no contraction), so
- * all three give the same bits; tests/test_compress.c checks it. Groups are
- * independent and each thread takes whole groups, so the codes never depend
- * on the team size. */
+ * Three paths, chosen by cpu/isa.h's class (so FR_CPU_ISA can force a
+ * lower one): the baseline (C, with SSE2 for the per-group min/max), AVX2
+ * and AVX-512 (intrinsics for the min/max, the quantisation of whole groups
+ * and the decoding; the C loops for a tensor's partial last group). Every
+ * path does the same float operations in the same order (-std=c11: no
+ * contraction), so all give the same bits; tests/test_compress.c checks
+ * every path against the format's definition. Groups are independent and
+ * each thread takes whole groups, so the codes never depend on the team
+ * size. The sign masks are in cpu/compress_sign.c. */
 #include <immintrin.h>
 #include <string.h>
 
@@ -30,8 +32,10 @@ enum { ISA_REF, ISA_AVX2, ISA_AVX512 };
  * does not vectorise this select-based reduction without no-trapping-math
  * (that attribute made packing 40x slower), so the AVX copies below use
  * intrinsics and then look up the sign of a zero extreme in one short
- * scan: the same bits as the reference. */
-REF static int minmax_ref(const float *x, size_t m, float *lo_out, float *hi_out) {
+ * scan: the same bits as the reference. The baseline runs it where there
+ * is no SSE2 (not x86). */
+REF __attribute__((unused)) static int minmax_ref(const float *x, size_t m, float *lo_out,
+                                                 float *hi_out) {
     float lo = x[0], hi = x[0];
     int bad = 0;
     for (size_t i = 0; i < m; i++) {
@@ -64,6 +68,50 @@ INLINE float first_equal(const float *x, size_t m, float v) {
     lo##a = MIN(lo##a, V);                                                                     \
     hi##a = MAX(hi##a, V);                                                                     \
     acc##a = ADD(acc##a, SUB(V, V)) /* NaN once any is NaN or inf */
+
+#ifdef __SSE2__
+/* The baseline's copy on x86-64 (SSE2 is part of it): the scalar loop
+ * above is a chain of compare-and-selects, half of the baseline's packing
+ * time; tests/test_compress.c holds this one to the definition. */
+REF static int minmax_sse2(const float *x, size_t m, float *lo_out, float *hi_out) {
+    __m128 lo0 = _mm_set1_ps(x[0]), lo1 = lo0, lo2 = lo0, lo3 = lo0;
+    __m128 hi0 = lo0, hi1 = lo0, hi2 = lo0, hi3 = lo0;
+    __m128 acc0 = _mm_setzero_ps(), acc1 = acc0, acc2 = acc0, acc3 = acc0;
+    size_t i = 0;
+    for (; i + 16 <= m; i += 16) {
+        __m128 v0 = _mm_loadu_ps(x + i), v1 = _mm_loadu_ps(x + i + 4);
+        __m128 v2 = _mm_loadu_ps(x + i + 8), v3 = _mm_loadu_ps(x + i + 12);
+        MINMAX_STEP(v0, _mm_min_ps, _mm_max_ps, _mm_add_ps, _mm_sub_ps, 0);
+        MINMAX_STEP(v1, _mm_min_ps, _mm_max_ps, _mm_add_ps, _mm_sub_ps, 1);
+        MINMAX_STEP(v2, _mm_min_ps, _mm_max_ps, _mm_add_ps, _mm_sub_ps, 2);
+        MINMAX_STEP(v3, _mm_min_ps, _mm_max_ps, _mm_add_ps, _mm_sub_ps, 3);
+    }
+    __m128 vlo = _mm_min_ps(_mm_min_ps(lo0, lo1), _mm_min_ps(lo2, lo3));
+    __m128 vhi = _mm_max_ps(_mm_max_ps(hi0, hi1), _mm_max_ps(hi2, hi3));
+    __m128 acc = _mm_add_ps(_mm_add_ps(acc0, acc1), _mm_add_ps(acc2, acc3));
+    float l[4], h[4], a[4];
+    _mm_storeu_ps(l, vlo);
+    _mm_storeu_ps(h, vhi);
+    _mm_storeu_ps(a, acc);
+    float lo = l[0], hi = h[0], sum = 0.0f;
+    for (int k = 0; k < 4; k++) {
+        lo = l[k] < lo ? l[k] : lo;
+        hi = h[k] > hi ? h[k] : hi;
+        sum += a[k];
+    }
+    for (; i < m; i++) {
+        lo = x[i] < lo ? x[i] : lo;
+        hi = x[i] > hi ? x[i] : hi;
+        sum += x[i] - x[i];
+    }
+    *lo_out = first_equal(x, m, lo);
+    *hi_out = first_equal(x, m, hi);
+    return !(sum == 0.0f);
+}
+#define minmax_base minmax_sse2
+#else
+#define minmax_base minmax_ref
+#endif
 
 AVX2 static int minmax_avx2(const float *x, size_t m, float *lo_out, float *hi_out) {
     __m256 lo0 = _mm256_set1_ps(x[0]), lo1 = lo0, lo2 = lo0, lo3 = lo0;
@@ -137,10 +185,9 @@ AVX512 static int minmax_avx512(const float *x, size_t m, float *lo_out, float *
  * truncated, capped at top; fr_compress_uniform's hash in 32-bit lanes),
  * narrowed to bytes, then for 4 and 2 bits two or four codes merged into a
  * byte by multiply-adds of the bytes (c0 + 16 c1; c0 + 4 c1 + 16 (c2 + 4 c3)),
- * the reference's nibble and crumb order. A lane whose q is NaN (a group
- * whose range is so small that top / range overflowed) truncates to
- * INT_MIN, which both the reference's byte cast and these narrowings make
- * 0. */
+ * the reference's nibble and crumb order. q is always a number in
+ * [0, top + 1] here (pack_group caps inv), so the truncation is exact and
+ * the packs' saturation never bites. */
 #define GOLDEN 0x9E3779B9u
 #define HASH_CONSTS(W, set1) const W mix1 = set1((int)0x85EBCA6Bu), mix2 = set1((int)0xC2B2AE35u)
 
@@ -251,7 +298,7 @@ INLINE void pack_group(float *hdr, uint8_t *out, const float *x, size_t m, int b
     float lo, hi;
     int bad = isa == ISA_AVX512 ? minmax_avx512(x, m, &lo, &hi)
               : isa == ISA_AVX2 ? minmax_avx2(x, m, &lo, &hi)
-                                : minmax_ref(x, m, &lo, &hi);
+                                : minmax_base(x, m, &lo, &hi);
     unsigned top = (1u << bits) - 1;
     float range = hi - lo;
     if (bad || !(range - range == 0.0f)) {
@@ -260,6 +307,12 @@ INLINE void pack_group(float *hdr, uint8_t *out, const float *x, size_t m, int b
         return;
     }
     float inv = range > 0.0f ? (float)top / range : 0.0f;
+    /* A subnormal range can make top / range overflow, and then q below
+     * inf or NaN (0 * inf), whose conversion to int C leaves undefined: 0
+     * instead, so every code of the group is 0, which is what x86's
+     * conversion (INT_MIN, cut to a byte) gave before. */
+    if (!(inv - inv == 0.0f))
+        inv = 0.0f;
     hdr[0] = lo;
     hdr[1] = range / (float)top;
     /* whole groups on the AVX paths; a tensor's last, partial group (one
@@ -381,19 +434,26 @@ INLINE void unpack_group(float *x, const float *hdr, const uint8_t *in, size_t m
         /* codes widened to bytes first: a loop over bytes vectorises, one
          * that shifts by the element's position in its byte does not */
         uint8_t c[GROUP];
+#if __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
+        /* a byte's 2 (4) codes spread to the low bits of 2 (4) bytes of one
+         * word with shifts and ORs, the word stored whole: a loop that
+         * vectorises, where storing byte by byte ran 2-bit decoding at a
+         * fifth of 8-bit's speed */
         if (bits == 4) {
             for (size_t j = 0; j < GROUP / 2; j++) {
-                c[2 * j] = in[j] & 15u;
-                c[2 * j + 1] = in[j] >> 4;
+                uint16_t w = (uint16_t)((in[j] | in[j] << 4) & 0x0F0Fu);
+                memcpy(c + 2 * j, &w, 2);
             }
         } else {
             for (size_t j = 0; j < GROUP / 4; j++) {
-                c[4 * j] = in[j] & 3u;
-                c[4 * j + 1] = (in[j] >> 2) & 3u;
-                c[4 * j + 2] = (in[j] >> 4) & 3u;
-                c[4 * j + 3] = in[j] >> 6;
+                uint32_t b = in[j], w = (b | b << 6 | b << 12 | b << 18) & 0x03030303u;
+                memcpy(c + 4 * j, &w, 4);
             }
         }
+#else
+        for (size_t i = 0; i < GROUP; i++)
+            c[i] = (uint8_t)code_at(in, i, bits);
+#endif
 #pragma omp simd
         for (size_t i = 0; i < m; i++)
             x[i] = lo + (float)c[i] * step;
@@ -441,14 +501,9 @@ AVX512 static void unpack_avx512(float *x, const uint8_t *packed, int bits, size
     UNPACK_BODY(ISA_AVX512)
 }
 
-static fr_cpu_isa usable(fr_cpu_isa isa) {
-    fr_cpu_isa have = fr_cpu_isa_detected();
-    return isa > have ? have : isa;
-}
-
 fr_status fr_cpu_compress_pack_isa(fr_cpu_isa isa, uint8_t *packed, const float *x, int bits,
                                    uint64_t seed, size_t n) {
-    switch (usable(isa)) {
+    switch (fr_cpu_compress_usable(isa)) {
     case FR_ISA_AVX512: pack_avx512(packed, x, bits, seed, n); break;
     case FR_ISA_AVX2: pack_avx2(packed, x, bits, seed, n); break;
     default: pack_ref(packed, x, bits, seed, n); break;
@@ -458,7 +513,7 @@ fr_status fr_cpu_compress_pack_isa(fr_cpu_isa isa, uint8_t *packed, const float 
 
 fr_status fr_cpu_compress_unpack_isa(fr_cpu_isa isa, float *x, const uint8_t *packed, int bits,
                                      size_t n) {
-    switch (usable(isa)) {
+    switch (fr_cpu_compress_usable(isa)) {
     case FR_ISA_AVX512: unpack_avx512(x, packed, bits, n); break;
     case FR_ISA_AVX2: unpack_avx2(x, packed, bits, n); break;
     default: unpack_ref(x, packed, bits, n); break;
@@ -477,115 +532,4 @@ fr_status fr_cpu_compress_unpack(float *x, const uint8_t *packed, int bits, size
     fr_cpu_isa isa;
     FR_TRY(fr_cpu_isa_get(&isa));
     return fr_cpu_compress_unpack_isa(isa, x, packed, bits, n);
-}
-
-/* Sign masks: bit k of byte j is x[8j + k] > 0, written 16 elements (two
- * bytes) at a time by each ISA's copy, the tail by the reference. A byte is
- * a function of its own eight elements, so the mask never depends on the
- * path or the team. */
-REF static uint16_t sign_bits_ref(const float *x) {
-    unsigned b = 0;
-    for (unsigned k = 0; k < 16; k++)
-        b |= (unsigned)(x[k] > 0.0f) << k;
-    return (uint16_t)b;
-}
-AVX2 static uint16_t sign_bits_avx2(const float *x) {
-    __m256 z = _mm256_setzero_ps();
-    unsigned a = (unsigned)_mm256_movemask_ps(_mm256_cmp_ps(_mm256_loadu_ps(x), z, _CMP_GT_OQ));
-    unsigned b = (unsigned)_mm256_movemask_ps(_mm256_cmp_ps(_mm256_loadu_ps(x + 8), z, _CMP_GT_OQ));
-    return (uint16_t)(a | b << 8);
-}
-AVX512 static uint16_t sign_bits_avx512(const float *x) {
-    return (uint16_t)_mm512_cmp_ps_mask(_mm512_loadu_ps(x), _mm512_setzero_ps(), _CMP_GT_OQ);
-}
-
-REF static void sign_ones_ref(float *y, uint16_t b) {
-    for (unsigned k = 0; k < 16; k++)
-        y[k] = (float)((b >> k) & 1u);
-}
-AVX2 static void sign_ones_avx2(float *y, uint16_t b) {
-    const __m256i bit = _mm256_setr_epi32(1, 2, 4, 8, 16, 32, 64, 128);
-    const __m256i one = _mm256_castps_si256(_mm256_set1_ps(1.0f));
-    for (int h = 0; h < 2; h++) {
-        __m256i set = _mm256_and_si256(_mm256_set1_epi32((b >> (8 * h)) & 255), bit);
-        __m256i m = _mm256_cmpeq_epi32(set, bit);
-        _mm256_storeu_ps(y + 8 * h, _mm256_castsi256_ps(_mm256_and_si256(m, one)));
-    }
-}
-AVX512 static void sign_ones_avx512(float *y, uint16_t b) {
-    _mm512_storeu_ps(y, _mm512_maskz_mov_ps((__mmask16)b, _mm512_set1_ps(1.0f)));
-}
-
-#define SIGN_PACK_BODY(bits16)                                                                 \
-    size_t blocks = n / 16;                                                                    \
-    _Pragma("omp parallel for if (n > 65536) schedule(static)")                                \
-    for (size_t k = 0; k < blocks; k++) {                                                      \
-        uint16_t b = bits16(x + 16 * k);                                                       \
-        memcpy(mask + 2 * k, &b, 2);                                                           \
-    }                                                                                          \
-    for (size_t j = 2 * blocks; j < fr_sign_nbytes(n); j++) {                                  \
-        unsigned b = 0;                                                                        \
-        for (size_t k = 0; k < 8 && j * 8 + k < n; k++)                                        \
-            b |= (unsigned)(x[j * 8 + k] > 0.0f) << k;                                         \
-        mask[j] = (uint8_t)b;                                                                  \
-    }
-
-#define SIGN_UNPACK_BODY(ones16)                                                               \
-    size_t blocks = n / 16;                                                                    \
-    _Pragma("omp parallel for if (n > 65536) schedule(static)")                                \
-    for (size_t k = 0; k < blocks; k++) {                                                      \
-        uint16_t b;                                                                            \
-        memcpy(&b, mask + 2 * k, 2);                                                           \
-        ones16(y + 16 * k, b);                                                                 \
-    }                                                                                          \
-    for (size_t i = 16 * blocks; i < n; i++)                                                   \
-        y[i] = (float)((mask[i >> 3] >> (i & 7)) & 1u);
-
-REF static void sign_pack_ref(uint8_t *mask, const float *x, size_t n) {
-    SIGN_PACK_BODY(sign_bits_ref)
-}
-AVX2 static void sign_pack_avx2(uint8_t *mask, const float *x, size_t n) {
-    SIGN_PACK_BODY(sign_bits_avx2)
-}
-AVX512 static void sign_pack_avx512(uint8_t *mask, const float *x, size_t n) {
-    SIGN_PACK_BODY(sign_bits_avx512)
-}
-REF static void sign_unpack_ref(float *y, const uint8_t *mask, size_t n) {
-    SIGN_UNPACK_BODY(sign_ones_ref)
-}
-AVX2 static void sign_unpack_avx2(float *y, const uint8_t *mask, size_t n) {
-    SIGN_UNPACK_BODY(sign_ones_avx2)
-}
-AVX512 static void sign_unpack_avx512(float *y, const uint8_t *mask, size_t n) {
-    SIGN_UNPACK_BODY(sign_ones_avx512)
-}
-
-fr_status fr_cpu_sign_pack_isa(fr_cpu_isa isa, uint8_t *mask, const float *x, size_t n) {
-    switch (usable(isa)) {
-    case FR_ISA_AVX512: sign_pack_avx512(mask, x, n); break;
-    case FR_ISA_AVX2: sign_pack_avx2(mask, x, n); break;
-    default: sign_pack_ref(mask, x, n); break;
-    }
-    return FR_OK;
-}
-
-fr_status fr_cpu_sign_unpack_isa(fr_cpu_isa isa, float *y, const uint8_t *mask, size_t n) {
-    switch (usable(isa)) {
-    case FR_ISA_AVX512: sign_unpack_avx512(y, mask, n); break;
-    case FR_ISA_AVX2: sign_unpack_avx2(y, mask, n); break;
-    default: sign_unpack_ref(y, mask, n); break;
-    }
-    return FR_OK;
-}
-
-fr_status fr_cpu_sign_pack(uint8_t *mask, const float *x, size_t n) {
-    fr_cpu_isa isa;
-    FR_TRY(fr_cpu_isa_get(&isa));
-    return fr_cpu_sign_pack_isa(isa, mask, x, n);
-}
-
-fr_status fr_cpu_sign_unpack(float *y, const uint8_t *mask, size_t n) {
-    fr_cpu_isa isa;
-    FR_TRY(fr_cpu_isa_get(&isa));
-    return fr_cpu_sign_unpack_isa(isa, y, mask, n);
 }
