@@ -69,6 +69,27 @@ INLINE float first_equal(const float *x, size_t m, float v) {
     hi##a = MAX(hi##a, V);                                                                     \
     acc##a = ADD(acc##a, SUB(V, V)) /* NaN once any is NaN or inf */
 
+/* The end of the SSE2 and AVX2 copies: the lanes' minima, maxima and sums
+ * of v - v (`lanes` of each), then elements i to m one at a time, then the
+ * sign of a zero extreme. */
+INLINE int minmax_finish(const float *l, const float *h, const float *a, int lanes, const float *x,
+                         size_t i, size_t m, float *lo_out, float *hi_out) {
+    float lo = l[0], hi = h[0], sum = 0.0f;
+    for (int k = 0; k < lanes; k++) {
+        lo = l[k] < lo ? l[k] : lo;
+        hi = h[k] > hi ? h[k] : hi;
+        sum += a[k];
+    }
+    for (; i < m; i++) {
+        lo = x[i] < lo ? x[i] : lo;
+        hi = x[i] > hi ? x[i] : hi;
+        sum += x[i] - x[i];
+    }
+    *lo_out = first_equal(x, m, lo);
+    *hi_out = first_equal(x, m, hi);
+    return !(sum == 0.0f);
+}
+
 #ifdef __SSE2__
 /* The baseline's copy on x86-64 (SSE2 is part of it): the scalar loop
  * above is a chain of compare-and-selects, half of the baseline's packing
@@ -93,20 +114,7 @@ REF static int minmax_sse2(const float *x, size_t m, float *lo_out, float *hi_ou
     _mm_storeu_ps(l, vlo);
     _mm_storeu_ps(h, vhi);
     _mm_storeu_ps(a, acc);
-    float lo = l[0], hi = h[0], sum = 0.0f;
-    for (int k = 0; k < 4; k++) {
-        lo = l[k] < lo ? l[k] : lo;
-        hi = h[k] > hi ? h[k] : hi;
-        sum += a[k];
-    }
-    for (; i < m; i++) {
-        lo = x[i] < lo ? x[i] : lo;
-        hi = x[i] > hi ? x[i] : hi;
-        sum += x[i] - x[i];
-    }
-    *lo_out = first_equal(x, m, lo);
-    *hi_out = first_equal(x, m, hi);
-    return !(sum == 0.0f);
+    return minmax_finish(l, h, a, 4, x, i, m, lo_out, hi_out);
 }
 #define minmax_base minmax_sse2
 #else
@@ -137,20 +145,7 @@ AVX2 static int minmax_avx2(const float *x, size_t m, float *lo_out, float *hi_o
     _mm256_storeu_ps(l, vlo);
     _mm256_storeu_ps(h, vhi);
     _mm256_storeu_ps(a, acc);
-    float lo = l[0], hi = h[0], sum = 0.0f;
-    for (int k = 0; k < 8; k++) {
-        lo = l[k] < lo ? l[k] : lo;
-        hi = h[k] > hi ? h[k] : hi;
-        sum += a[k];
-    }
-    for (; i < m; i++) {
-        lo = x[i] < lo ? x[i] : lo;
-        hi = x[i] > hi ? x[i] : hi;
-        sum += x[i] - x[i];
-    }
-    *lo_out = first_equal(x, m, lo);
-    *hi_out = first_equal(x, m, hi);
-    return !(sum == 0.0f);
+    return minmax_finish(l, h, a, 8, x, i, m, lo_out, hi_out);
 }
 
 AVX512 static int minmax_avx512(const float *x, size_t m, float *lo_out, float *hi_out) {
