@@ -3,9 +3,10 @@
  * docs/ARCHITECTURE.md, "Saved tensors: held, recipe or compressed").
  *
  * Three paths, chosen by cpu/isa.h's class (so FR_CPU_ISA can force a
- * lower one): the baseline (C, with SSE2 for the per-group min/max), AVX2
- * and AVX-512 (intrinsics for the min/max, the quantisation of whole groups
- * and the decoding; the C loops for a tensor's partial last group). Every
+ * lower one): the baseline (C, with SSE2 for the per-group min/max and the
+ * quantisation of whole groups), AVX2 and AVX-512 (intrinsics for the
+ * min/max, the quantisation of whole groups and the decoding; the C loops
+ * for a tensor's partial last group and, off x86, for everything). Every
  * path does the same float operations in the same order (-std=c11: no
  * contraction), so all give the same bits; tests/test_compress.c checks
  * every path against the format's definition. Groups are independent and
@@ -241,6 +242,75 @@ AVX2 static void quantise_avx2(uint8_t *out, const float *x, float lo_s, float i
     }
 }
 
+#ifdef __SSE2__
+/* The baseline's copy of the same (x86-64's SSE2): no 32-bit multiply (that
+ * is SSE4.1), so two 32x32->64-bit products per vector; no signed 32-bit
+ * min, so the cap at top is taken on 16-bit lanes after a saturating pack
+ * (q <= top + 1, so nothing saturates); nibbles and crumbs are merged by
+ * shifts and ORs within 16- and 32-bit lanes. */
+static inline __m128i mullo_sse2(__m128i a, __m128i b) {
+    __m128i even = _mm_mul_epu32(a, b), odd = _mm_mul_epu32(_mm_srli_epi64(a, 32), b);
+    return _mm_unpacklo_epi32(_mm_shuffle_epi32(even, _MM_SHUFFLE(0, 0, 2, 0)),
+                              _mm_shuffle_epi32(odd, _MM_SHUFFLE(0, 0, 2, 0)));
+}
+
+static inline __m128i quantise4_sse2(const float *x, __m128 lo, __m128 inv, __m128i key, __m128i jg) {
+    const __m128i mix1 = _mm_set1_epi32((int)0x85EBCA6Bu), mix2 = _mm_set1_epi32((int)0xC2B2AE35u);
+    __m128i h = _mm_xor_si128(key, jg);
+    h = mullo_sse2(_mm_xor_si128(h, _mm_srli_epi32(h, 16)), mix1);
+    h = mullo_sse2(_mm_xor_si128(h, _mm_srli_epi32(h, 13)), mix2);
+    h = _mm_xor_si128(h, _mm_srli_epi32(h, 16));
+    __m128 u = _mm_mul_ps(_mm_cvtepi32_ps(_mm_srli_epi32(h, 8)), _mm_set1_ps(1.0f / 16777216.0f));
+    return _mm_cvttps_epi32(_mm_add_ps(_mm_mul_ps(_mm_sub_ps(_mm_loadu_ps(x), lo), inv), u));
+}
+
+/* 16 codes in order, capped at top; jg advanced past them. */
+static inline __m128i codes16_sse2(const float *x, __m128 lo, __m128 inv, __m128i key, __m128i *jg,
+                                   __m128i top) {
+    const __m128i step = _mm_set1_epi32((int)(4u * GOLDEN));
+    __m128i k[4];
+    for (int v = 0; v < 4; v++) {
+        k[v] = quantise4_sse2(x + 4 * v, lo, inv, key, *jg);
+        *jg = _mm_add_epi32(*jg, step);
+    }
+    __m128i a = _mm_min_epi16(_mm_packs_epi32(k[0], k[1]), top);
+    __m128i b = _mm_min_epi16(_mm_packs_epi32(k[2], k[3]), top);
+    return _mm_packus_epi16(a, b);
+}
+
+REF static void quantise_sse2(uint8_t *out, const float *x, float lo_s, float inv_s, uint32_t key_s,
+                              int bits) {
+    const __m128 lo = _mm_set1_ps(lo_s), inv = _mm_set1_ps(inv_s);
+    const __m128i key = _mm_set1_epi32((int)key_s), top = _mm_set1_epi16((short)((1 << bits) - 1));
+    const __m128i byte16 = _mm_set1_epi16(0xFF), byte32 = _mm_set1_epi32(0xFF);
+    __m128i jg = _mm_setr_epi32(0, (int)GOLDEN, (int)(2u * GOLDEN), (int)(3u * GOLDEN));
+    if (bits == 8) {
+        for (size_t i = 0; i < GROUP; i += 16)
+            _mm_storeu_si128((__m128i *)(void *)(out + i), codes16_sse2(x + i, lo, inv, key, &jg, top));
+    } else if (bits == 4) { /* c0 | c1 << 4 in each 16-bit lane's low byte */
+        for (size_t i = 0; i < GROUP; i += 32) {
+            __m128i w[2];
+            for (int v = 0; v < 2; v++) {
+                __m128i c = codes16_sse2(x + i + 16 * v, lo, inv, key, &jg, top);
+                w[v] = _mm_and_si128(_mm_or_si128(c, _mm_srli_epi16(c, 4)), byte16);
+            }
+            _mm_storeu_si128((__m128i *)(void *)(out + i / 2), _mm_packus_epi16(w[0], w[1]));
+        }
+    } else { /* c0 | c1 << 2 | c2 << 4 | c3 << 6 in each 32-bit lane's low byte */
+        for (size_t i = 0; i < GROUP; i += 64) {
+            __m128i w[4];
+            for (int v = 0; v < 4; v++) {
+                __m128i c = codes16_sse2(x + i + 16 * v, lo, inv, key, &jg, top);
+                __m128i t = _mm_or_si128(c, _mm_srli_epi32(c, 6));
+                w[v] = _mm_and_si128(_mm_or_si128(t, _mm_srli_epi32(t, 12)), byte32);
+            }
+            __m128i r = _mm_packus_epi16(_mm_packs_epi32(w[0], w[1]), _mm_packs_epi32(w[2], w[3]));
+            _mm_storeu_si128((__m128i *)(void *)(out + i / 4), r);
+        }
+    }
+}
+#endif
+
 AVX512 static __m512i quantise16_avx512(const float *x, __m512 lo, __m512 inv, __m512i key,
                                         __m512i jg, __m512i top) {
     HASH_CONSTS(__m512i, _mm512_set1_epi32);
@@ -316,8 +386,8 @@ INLINE void pack_group(float *hdr, uint8_t *out, const float *x, size_t m, int b
         inv = 0.0f;
     hdr[0] = lo;
     hdr[1] = range / (float)top;
-    /* whole groups on the AVX paths; a tensor's last, partial group (one
-     * per tensor) by the loop below, which is the reference */
+    /* whole groups by each path's intrinsics; a tensor's last, partial
+     * group (one per tensor) by the loop below, which is the reference */
     if (m == GROUP && isa == ISA_AVX512) {
         quantise_avx512(out, x, lo, inv, key, bits);
         return;
@@ -326,6 +396,12 @@ INLINE void pack_group(float *hdr, uint8_t *out, const float *x, size_t m, int b
         quantise_avx2(out, x, lo, inv, key, bits);
         return;
     }
+#ifdef __SSE2__
+    if (m == GROUP && isa == ISA_REF) {
+        quantise_sse2(out, x, lo, inv, key, bits);
+        return;
+    }
+#endif
     uint8_t c[GROUP];
 #pragma omp simd
     for (uint32_t i = 0; i < (uint32_t)m; i++) {
