@@ -30,6 +30,13 @@
 # (comma-separated K; default every K from 2 to the module count) picks
 # PyTorch's segment counts; BENCH_PLANNER_SVG is where the plot goes (default
 # <builddir>/bench/planner_<model>_b<batch>.svg).
+# The compress section (bench_compress: issue 23's pack and unpack of saved
+# activations at 8, 4 and 2 bits and the 1-bit sign mask, on every ISA path
+# the CPU runs, against a copy of the same buffer, at 1 and BENCH_THREADS
+# threads) runs after the op rounds and prints its own table;
+# BENCH_ONLY=compress runs it alone, BENCH_COMPRESS=0 leaves it out,
+# BENCH_COMPRESS_MIB (64) sets its buffer and BENCH_COMPRESS_REPS (5) its
+# repetitions; BENCH_MATCH picks its cases too (e.g. "pack:4", "avx2").
 set -u
 build=${1:-build}
 bin="$build/bench/bench_ops"
@@ -43,18 +50,22 @@ py=${BENCH_PYTHON:-/usr/bin/python3}
 
 models_bin="$build/bench/bench_models"
 planner_bin="$build/bench/bench_planner" shim="$build/bench/peak_alloc.so"
-run_ops=1 run_models=1 run_gpu=1 run_planner=1
+compress_bin="$build/bench/bench_compress"
+run_ops=1 run_models=1 run_gpu=1 run_planner=1 run_compress=1
 case "${BENCH_ONLY:-}" in
     "") ;;
-    models) run_ops=0 run_gpu=0 run_planner=0 ;;
-    gpu) run_ops=0 run_models=0 run_planner=0 ;;
-    planner) run_ops=0 run_models=0 run_gpu=0 ;;
-    *) run_models=0 run_gpu=0 run_planner=0 ;;
+    models) run_ops=0 run_gpu=0 run_planner=0 run_compress=0 ;;
+    gpu) run_ops=0 run_models=0 run_planner=0 run_compress=0 ;;
+    planner) run_ops=0 run_models=0 run_gpu=0 run_compress=0 ;;
+    compress) run_ops=0 run_models=0 run_gpu=0 run_planner=0 ;;
+    *) run_models=0 run_gpu=0 run_planner=0 run_compress=0 ;;
 esac
 [ "${BENCH_GPU:-1}" = 0 ] && run_gpu=0
 [ "${BENCH_PLANNER:-1}" = 0 ] && run_planner=0
+[ "${BENCH_COMPRESS:-1}" = 0 ] && run_compress=0
 need=()
 [ $run_ops -eq 1 ] && need+=("$bin")
+[ $run_compress -eq 1 ] && need+=("$compress_bin")
 [ $run_models -eq 1 ] || [ $run_gpu -eq 1 ] && need+=("$models_bin")
 [ $run_planner -eq 1 ] && need+=("$planner_bin")
 for b in "${need[@]}"; do
@@ -99,10 +110,14 @@ gpu_probe() { # lists the GPU cases; sets gpu_skip when the section cannot run
         gpu_skip=${gpu_skip:-no GPU cases (BENCH_MATCH=${BENCH_MATCH:-})}
     fi
 }
-if [ $run_ops -eq 0 ] && [ $run_models -eq 0 ] && [ $run_planner -eq 0 ]; then
+if [ $run_ops -eq 0 ] && [ $run_models -eq 0 ] && [ $run_planner -eq 0 ] && [ $run_compress -eq 0 ]; then
     [ $run_gpu -eq 1 ] && gpu_probe
     if [ "${BENCH_ONLY:-}" = planner ]; then
         echo "bench: planner section skipped: BENCH_PLANNER=0"
+        exit 0
+    fi
+    if [ "${BENCH_ONLY:-}" = compress ]; then
+        echo "bench: compress section skipped: BENCH_COMPRESS=0"
         exit 0
     fi
     if [ $run_gpu -eq 0 ] || [ -n "$gpu_skip" ]; then
@@ -176,6 +191,26 @@ run_frugal() {
     fi
     files+=("$out")
 }
+
+# The compress section: once, frugal only (PyTorch has no such kernels); its
+# table is printed as it comes, after the joined op tables.
+compress_out=""
+if [ $run_compress -eq 1 ]; then
+    cstart=$SECONDS
+    compress_out="$tmp/compress.md"
+    teams=1
+    [ "$threads" != 1 ] && teams="1,$threads"
+    compress_args=(--threads "$teams" --mib "${BENCH_COMPRESS_MIB:-64}" --reps "${BENCH_COMPRESS_REPS:-5}")
+    [ -n "${BENCH_MATCH:-}" ] && compress_args+=(--match "$BENCH_MATCH")
+    echo "bench: the compress section: pack/unpack against a copy, teams of $teams" >&2
+    "$compress_bin" "${compress_args[@]}" >"$compress_out"
+    rc=$?
+    if [ $rc -ne 0 ]; then
+        frugal_rc=$rc
+        echo "# frugal: bench_compress exited $rc" >>"$compress_out"
+    fi
+    echo "# bench: the compress section took $((SECONDS - cstart)) s" >>"$compress_out"
+fi
 
 # The models section: once (a ResNet-56 step takes about half a second here,
 # a DenseNet-BC-100 step several), frugal first, then PyTorch.
@@ -289,6 +324,7 @@ if [ ${#files[@]} -gt 0 ]; then
         cat "${files[@]}"
     fi
 fi
+[ -n "$compress_out" ] && cat "$compress_out"
 if [ ${#planner_files[@]} -gt 0 ]; then
     svg=${BENCH_PLANNER_SVG:-$build/bench/planner_${p_model}_b$p_batch.svg}
     if [ -n "$py" ]; then

@@ -6,6 +6,13 @@
 
 #include "isa.h"
 
+/* The path an `isa` request runs on: the request, lowered to the machine's
+ * class. */
+static inline fr_cpu_isa fr_cpu_compress_usable(fr_cpu_isa isa) {
+    fr_cpu_isa have = fr_cpu_isa_detected();
+    return isa > have ? have : isa;
+}
+
 fr_status fr_cpu_compress_pack_isa(fr_cpu_isa isa, uint8_t *packed, const float *x, int bits,
                                    uint64_t seed, size_t n);
 fr_status fr_cpu_compress_unpack_isa(fr_cpu_isa isa, float *x, const uint8_t *packed, int bits,

@@ -157,6 +157,150 @@ static void test_paths_and_threads_identical(void) {
     fr_release(x);
 }
 
+/* Values for test_paths_every_size: groups over several scales, ReLU-like
+ * groups (a zero minimum of either sign), and groups the vector copies must
+ * treat exactly as the reference does: a constant group, one with a NaN, one
+ * with an infinity, one whose range is so small (subnormal) that top / range
+ * overflows, one that mixes -0 and +0 only, and one at the edge of the float
+ * range. */
+static void fill_awkward(float *v, size_t n, uint32_t seed) {
+    uint32_t r = seed;
+    for (size_t i = 0; i < n; i++) {
+        r = r * 1664525u + 1013904223u;
+        size_t g = i / FR_COMPRESS_GROUP;
+        float u = (float)(r >> 8) * (1.0f / 16777216.0f) - 0.4f;
+        float z = (r >> 3) & 1 ? 0.0f : -0.0f;
+        switch (g % 9) {
+        case 0: v[i] = u * (float)(1 + g % 5); break;
+        case 1: v[i] = u > 0 ? u : z; break;
+        case 2: v[i] = 0.75f; break;
+        case 3: v[i] = i % 97 == 5 ? NAN : u; break;
+        case 4: v[i] = i % 89 == 7 ? ((r >> 4) & 1 ? INFINITY : -INFINITY) : u; break;
+        case 5: v[i] = (r >> 9) & 1 ? 1e-45f : 0.0f; break;
+        case 6: v[i] = z; break;
+        case 7: v[i] = u * 3e38f; break;
+        default: v[i] = u < 0 ? u : z; break;
+        }
+    }
+}
+
+/* The packed format written out once more, from its definition (tensor/
+ * shapes.h, kernels.def: compress_pack) and independently of cpu/compress.c,
+ * whose every path, the baseline included, is vectorised: per group the
+ * first element attaining the minimum and the maximum, NaN headers and zero
+ * codes for a group with a NaN or an infinity, codes floor((x - lo) * inv +
+ * u) capped at top (0 where that is not a number), packed from the low bits
+ * up; decoding is lo + c * step. */
+static void pack_by_definition(uint8_t *packed, float *decoded, const float *x, int bits,
+                               uint64_t seed, size_t n) {
+    const size_t G = FR_COMPRESS_GROUP, groups = (n + G - 1) / G, cb = G * (size_t)bits / 8;
+    uint8_t *codes = packed + groups * 2 * sizeof(float);
+    memset(codes, 0, groups * cb);
+    for (size_t g = 0; g < groups; g++) {
+        size_t base = g * G, m = n - base < G ? n - base : G;
+        float lo = x[base], hi = x[base];
+        int bad = 0;
+        for (size_t i = base; i < base + m; i++) {
+            if (x[i] < lo)
+                lo = x[i];
+            if (x[i] > hi)
+                hi = x[i];
+            bad |= !(x[i] - x[i] == 0.0f);
+        }
+        unsigned top = (1u << bits) - 1;
+        float range = hi - lo, hdr[2] = {NAN, NAN};
+        if (!bad && range - range == 0.0f) {
+            hdr[0] = lo;
+            hdr[1] = range / (float)top;
+        }
+        memcpy(packed + g * 2 * sizeof(float), hdr, sizeof hdr);
+        float inv = range > 0.0f ? (float)top / range : 0.0f;
+        uint32_t key = fr_compress_key(seed, g);
+        for (size_t i = 0; i < m; i++) {
+            unsigned c = 0;
+            if (!isnan(hdr[0])) {
+                float q = (x[base + i] - lo) * inv + fr_compress_uniform(key, (uint32_t)i);
+                c = q >= 0.0f && q < 1e9f ? (unsigned)q : 0;
+                c = c > top ? top : c;
+            }
+            size_t bit = i * (size_t)bits;
+            codes[g * cb + bit / 8] |= (uint8_t)(c << (bit % 8));
+            decoded[base + i] = hdr[0] + (float)c * hdr[1];
+        }
+    }
+}
+
+/* Every ISA path (each lowered to what this CPU has), every bit width, at
+ * 1, 2 and 3 threads, on sizes with and without a partial last group and a
+ * partial 16-element sign block: the reference's bytes and values. */
+static void test_paths_every_size(void) {
+    static const size_t sizes[] = {1, 7, 15, 16, 17, 255, 256, 257, 1000, 9 * FR_COMPRESS_GROUP,
+                                   70 * FR_COMPRESS_GROUP + 13, 130 * FR_COMPRESS_GROUP};
+    int team = omp_get_max_threads(), cases = 0;
+    for (size_t s = 0; s < sizeof sizes / sizeof sizes[0]; s++) {
+        size_t n = sizes[s];
+        float *x = malloc(n * sizeof *x), *dref = malloc(n * sizeof *dref), *dgot = malloc(n * sizeof *dgot);
+        fill_awkward(x, n, (uint32_t)(n * 31 + 1));
+        for (int b = 0; b < 4; b++) { /* 8, 4, 2 bits, then the sign mask */
+            int sign = b == 3;
+            size_t nb = sign ? fr_sign_nbytes(n) : fr_compress_nbytes(BITS[b], n);
+            uint8_t *ref = malloc(nb), *got = malloc(nb);
+            omp_set_num_threads(1);
+            if (sign) {
+                CHECK_OK(fr_cpu_sign_pack_isa(FR_ISA_BASELINE, ref, x, n));
+                CHECK_OK(fr_cpu_sign_unpack_isa(FR_ISA_BASELINE, dref, ref, n));
+            } else {
+                CHECK_OK(fr_cpu_compress_pack_isa(FR_ISA_BASELINE, ref, x, BITS[b], 11, n));
+                CHECK_OK(fr_cpu_compress_unpack_isa(FR_ISA_BASELINE, dref, ref, BITS[b], n));
+            }
+            /* the baseline path against the definition */
+            uint8_t *def = calloc(nb, 1);
+            int def_ok = 1;
+            if (sign) {
+                for (size_t i = 0; i < n; i++)
+                    def[i / 8] |= (uint8_t)((x[i] > 0.0f) << (i % 8));
+                for (size_t i = 0; i < n; i++)
+                    def_ok &= dref[i] == (x[i] > 0.0f ? 1.0f : 0.0f);
+            } else {
+                pack_by_definition(def, dgot, x, BITS[b], 11, n);
+                def_ok = memcmp(dref, dgot, n * sizeof *dref) == 0;
+            }
+            def_ok &= memcmp(def, ref, nb) == 0;
+            if (!def_ok)
+                printf("    baseline differs from the definition: n %zu, %d bits\n", n, sign ? 1 : BITS[b]);
+            CHECK(def_ok);
+            free(def);
+            for (int isa = FR_ISA_BASELINE; isa < FR_ISA_COUNT; isa++)
+                for (int t = 1; t <= 3; t++) {
+                    omp_set_num_threads(t);
+                    memset(got, 0xA5, nb);
+                    memset(dgot, 0xA5, n * sizeof *dgot);
+                    if (sign) {
+                        CHECK_OK(fr_cpu_sign_pack_isa((fr_cpu_isa)isa, got, x, n));
+                        CHECK_OK(fr_cpu_sign_unpack_isa((fr_cpu_isa)isa, dgot, ref, n));
+                    } else {
+                        CHECK_OK(fr_cpu_compress_pack_isa((fr_cpu_isa)isa, got, x, BITS[b], 11, n));
+                        CHECK_OK(fr_cpu_compress_unpack_isa((fr_cpu_isa)isa, dgot, ref, BITS[b], n));
+                    }
+                    int same = memcmp(ref, got, nb) == 0 && memcmp(dref, dgot, n * sizeof *dref) == 0;
+                    if (!same)
+                        printf("    differs: n %zu, %d bits, path %s, %d threads\n", n,
+                               sign ? 1 : BITS[b], fr_cpu_isa_name((fr_cpu_isa)isa), t);
+                    CHECK(same);
+                    cases++;
+                }
+            free(ref);
+            free(got);
+        }
+        free(x);
+        free(dref);
+        free(dgot);
+    }
+    omp_set_num_threads(team);
+    printf("    %d (size, width, path, team) cases against the reference; this CPU: %s\n", cases,
+           fr_cpu_isa_name(fr_cpu_isa_detected()));
+}
+
 /* E[decoded] = x: the mean over many seeds approaches x (its error shrinks
  * as 1 / sqrt(seeds)); rounding to nearest, which is biased, fails this. */
 static void test_rounding_unbiased(void) {
@@ -519,6 +663,7 @@ int main(void) {
     RUN(test_round_trip_bounds);
     RUN(test_sign_mask);
     RUN(test_paths_and_threads_identical);
+    RUN(test_paths_every_size);
     RUN(test_rounding_unbiased);
     RUN(test_ledger_exact);
     RUN(test_concat_recipe_compressed);
