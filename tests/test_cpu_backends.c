@@ -94,6 +94,41 @@ static void test_dnnl_matches_im2col(void) {
     }
 }
 
+/* The weight gradient in image groups (cpu/conv_dnnl.c) where a group sums
+ * several oneDNN calls, whose partials stay in oneDNN's blocked layout until
+ * the groups are summed: channel counts that layout pads (3, 12), batches
+ * that do not split evenly, against im2col. */
+static void test_weight_groups_sum_calls(void) {
+    if (!fr_cpu_have_dnnl())
+        SKIP("built without oneDNN");
+    static const conv_case group_cases[] = {
+        {40, 3, 32, 16, 3, 1, 1}, {37, 16, 32, 12, 3, 1, 1}, {70, 12, 16, 16, 3, 1, 1},
+        {35, 16, 32, 32, 1, 2, 0},
+    };
+    for (size_t i = 0; i < sizeof group_cases / sizeof *group_cases; i++) {
+        const conv_case *cc = &group_cases[i];
+        fr_tensor *x = fr_t_rand(FR_CPU, 4, FR_SHAPE(cc->n, cc->c, cc->h, cc->h), 61 + (int)i);
+        fr_tensor *w = fr_t_rand(FR_CPU, 4, FR_SHAPE(cc->k, cc->c, cc->r, cc->r), 62 + (int)i);
+        fr_conv_shape s;
+        CHECK_OK(fr_conv2d_shape(x, w, (fr_conv_params){.stride = cc->stride, .pad = cc->pad}, &s));
+        fr_tensor *dy = fr_t_rand(FR_CPU, 4, FR_SHAPE(s.n, s.k, s.oh, s.ow), 63 + (int)i);
+        conv_out ref = run_case(cc, FR_CPU_CONV_IM2COL, x, w, dy);
+        conv_out got = run_case(cc, FR_CPU_CONV_DNNL_GROUPS, x, w, dy);
+        conv_out again = run_case(cc, FR_CPU_CONV_DNNL_GROUPS, x, w, dy);
+        double e = fr_t_scaled_diff(got.dw, ref.dw);
+        if (!(e <= 1e-5))
+            fprintf(stderr, "    groups case %zu: dw %.2e from im2col\n", i, e);
+        CHECK(e <= 1e-5);
+        CHECK(fr_t_same_bits(got.dw, again.dw));
+        release_out(&ref);
+        release_out(&got);
+        release_out(&again);
+        fr_release(dy);
+        fr_release(w);
+        fr_release(x);
+    }
+}
+
 /* The oneDNN path is really taken for the CIFAR shapes (so the test above
  * compares two different computations, not im2col with itself). */
 static void test_dnnl_is_used(void) {
@@ -569,6 +604,7 @@ int main(int argc, char **argv) {
     RUN(test_samples_do_not_depend_on_batch);
     RUN(test_results_do_not_depend_on_threads);
     RUN(test_dnnl_matches_im2col);
+    RUN(test_weight_groups_sum_calls);
     RUN(test_dnnl_is_used);
     RUN(test_backend_switch);
     RUN(test_shift_kernels);
