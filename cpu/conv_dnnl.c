@@ -278,11 +278,13 @@ static fr_status run_weight_groups(const fr_conv_shape *s, const conv_args *a) {
     size_t plan_ws = 0;
     bool sums = false; /* a group takes more than one call */
     /* raw: the partials stay in the primitive's weight layout (an
-     * ABcd16b16a, say), when every call size has the same one, and are
-     * reordered to frugal's once, after the group sum; a reorder is a
-     * permutation, so every weight gets the same sums in the same order as
-     * when each call's gradient was reordered (docs/ARCHITECTURE.md, "CPU
-     * convolution and GEMM") */
+     * ABcd16b16a, say), when every call size has the same one and it pads
+     * nothing (so the workspace, and the ledger's peak, stay as they were),
+     * and are reordered to frugal's once, after the group sum; a reorder is
+     * a permutation, so every weight gets the same sums in the same order
+     * as when each call's gradient was reordered (docs/ARCHITECTURE.md,
+     * "CPU convolution and GEMM") */
+    size_t dw_len = (size_t)s->k * (s->c / fr_conv_groups(s)) * s->r * s->s;
     bool raw = true;
     for (int g = 0; g < groups; g++) {
         int len = (int)((long long)s->n * (g + 1) / groups) - (int)((long long)s->n * g / groups);
@@ -301,12 +303,10 @@ static fr_status run_weight_groups(const fr_conv_shape *s, const conv_args *a) {
             if (!first_plan)
                 first_plan = plans[m - 1];
             raw = raw && plans[m - 1]->args[0].reorder &&
+                  plans[m - 1]->args[0].bytes == dw_len * sizeof(float) &&
                   dnnl_memory_desc_equal(&plans[m - 1]->args[0].prim, &first_plan->args[0].prim);
         }
     }
-    size_t dw_len = (size_t)s->k * (s->c / fr_conv_groups(s)) * s->r * s->s;
-    if (raw) /* the primitive's layout may pad channels (with zeros) */
-        dw_len = first_plan->args[0].bytes / sizeof(float);
     size_t dw_bytes = (dw_len * sizeof(float) + 63) & ~(size_t)63;
     /* per thread: a plan's workspace and, where a group sums calls, one
      * call's gradient (a group's first call writes its partial directly) */
