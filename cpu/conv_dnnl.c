@@ -274,8 +274,18 @@ static fr_status run_weight_groups(const fr_conv_shape *s, const conv_args *a) {
     /* every call size a group can need, built here, outside the parallel
      * region (plans[i]: i + 1 images) */
     const fr_dnnl_plan *plans[64] = {NULL};
+    const fr_dnnl_plan *first_plan = NULL;
     size_t plan_ws = 0;
     bool sums = false; /* a group takes more than one call */
+    /* raw: the partials stay in the primitive's weight layout (an
+     * ABcd16b16a, say), when every call size has the same one and it pads
+     * nothing (so the workspace, and the ledger's peak, stay as they were),
+     * and are reordered to frugal's once, after the group sum; a reorder is
+     * a permutation, so every weight gets the same sums in the same order
+     * as when each call's gradient was reordered (docs/ARCHITECTURE.md,
+     * "CPU convolution and GEMM") */
+    size_t dw_len = (size_t)s->k * (s->c / fr_conv_groups(s)) * s->r * s->s;
+    bool raw = true;
     for (int g = 0; g < groups; g++) {
         int len = (int)((long long)s->n * (g + 1) / groups) - (int)((long long)s->n * g / groups);
         sums |= len > per_call;
@@ -290,9 +300,13 @@ static fr_status run_weight_groups(const fr_conv_shape *s, const conv_args *a) {
             if (!plans[m - 1])
                 return run_own(s, DIR_BWD_WEIGHT, a);
             plan_ws = plans[m - 1]->ws_bytes > plan_ws ? plans[m - 1]->ws_bytes : plan_ws;
+            if (!first_plan)
+                first_plan = plans[m - 1];
+            raw = raw && plans[m - 1]->args[0].reorder &&
+                  plans[m - 1]->args[0].bytes == dw_len * sizeof(float) &&
+                  dnnl_memory_desc_equal(&plans[m - 1]->args[0].prim, &first_plan->args[0].prim);
         }
     }
-    size_t dw_len = (size_t)s->k * (s->c / fr_conv_groups(s)) * s->r * s->s;
     size_t dw_bytes = (dw_len * sizeof(float) + 63) & ~(size_t)63;
     /* per thread: a plan's workspace and, where a group sums calls, one
      * call's gradient (a group's first call writes its partial directly) */
@@ -308,24 +322,32 @@ static fr_status run_weight_groups(const fr_conv_shape *s, const conv_args *a) {
     {
         char *tws = ws + dw_bytes * (size_t)groups + per_thread * (size_t)omp_get_thread_num();
         float *call_dw = sums ? (float *)(tws + per_thread - dw_bytes) : NULL;
+        /* one stream per thread for all its calls (a stream is not for
+         * concurrent use; creating one per call cost more than a small
+         * call's reorders) */
+        dnnl_stream_t strm = NULL;
+        fr_status st_strm = fr_dnnl_stream_new(&strm);
 #pragma omp for schedule(static)
         for (int g = 0; g < groups; g++) {
             float *part = (float *)(ws + dw_bytes * (size_t)g);
             int first = (int)((long long)s->n * g / groups);
             int end = (int)((long long)s->n * (g + 1) / groups);
-            status[g] = FR_OK;
+            status[g] = st_strm;
             for (int i = first; i < end && status[g] == FR_OK; i += per_call) {
                 int m = end - i < per_call ? end - i : per_call;
                 void *ptrs[] = {i == first ? part : call_dw,
                                 (void *)((const float *)a->in0 + i * y_img),
                                 (void *)((const float *)a->in1 + i * x_img)};
-                status[g] = fr_dnnl_plan_run_in(plans[m - 1], ptrs, tws, true,
+                status[g] = fr_dnnl_plan_run_in(plans[m - 1], ptrs, tws, strm, raw,
                                                 "conv2d backward (weight)");
                 if (i > first)
+#pragma omp simd
                     for (size_t j = 0; j < dw_len; j++)
                         part[j] += call_dw[j];
             }
         }
+        if (strm)
+            dnnl_stream_destroy(strm);
     }
     fr_status out = FR_OK;
     for (int g = 0; g < groups && out == FR_OK; g++)
@@ -334,14 +356,22 @@ static fr_status run_weight_groups(const fr_conv_shape *s, const conv_args *a) {
                            "of %d (%d->%d %dx%d at %dx%d)", g, groups, s->c, s->k, s->r, s->s,
                            s->h, s->w);
     if (out == FR_OK) {
-        float *dw = a->out;
-#pragma omp parallel for num_threads(fr_cpu_threads()) schedule(static)
-        for (size_t j = 0; j < dw_len; j++) {
-            float sum = ((const float *)ws)[j];
-            for (int g = 1; g < groups; g++)
-                sum += ((const float *)(ws + dw_bytes * (size_t)g))[j];
-            dw[j] = sum;
+        /* the groups' sum, in group order, into group 0's partial when it
+         * is reordered afterwards, else straight into dw */
+        float *dw = raw ? (float *)ws : a->out;
+        if (!raw)
+            memcpy(dw, ws, dw_len * sizeof(float));
+        /* group by group, each a vector loop over the weights: every
+         * weight's sum keeps the group order */
+#pragma omp parallel num_threads(fr_cpu_threads())
+        for (int g = 1; g < groups; g++) {
+            const float *pg = (const float *)(ws + dw_bytes * (size_t)g);
+#pragma omp for simd schedule(static)
+            for (size_t j = 0; j < dw_len; j++)
+                dw[j] += pg[j];
         }
+        if (raw)
+            out = fr_dnnl_plan_reorder_output(first_plan, 0, ws, a->out);
     }
     fr_mem_free(FR_CPU, ws, ws_bytes, FR_TAG_WORKSPACE);
     return out;

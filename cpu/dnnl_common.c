@@ -149,22 +149,26 @@ fr_status fr_dnnl_plan_run(const fr_dnnl_plan *plan, void *const *ptrs, const ch
     char *ws = NULL;
     if (plan->ws_bytes && !(ws = fr_mem_alloc(FR_CPU, plan->ws_bytes, FR_TAG_WORKSPACE)))
         return fr_last_status();
-    fr_status out = fr_dnnl_plan_run_in(plan, ptrs, ws, false, what);
+    fr_status out = fr_dnnl_plan_run_in(plan, ptrs, ws, NULL, false, what);
     if (ws)
         fr_mem_free(FR_CPU, ws, plan->ws_bytes, FR_TAG_WORKSPACE);
     return out;
 }
 
+fr_status fr_dnnl_stream_new(dnnl_stream_t *out) {
+    *out = NULL;
+    if (!fr_dnnl_engine())
+        return fr_dnnl_error(engine_status, "creating the engine");
+    dnnl_status_t st = dnnl_stream_create(out, engine, dnnl_stream_default_flags);
+    return st == dnnl_success ? FR_OK : fr_dnnl_error(st, "creating a stream");
+}
+
 fr_status fr_dnnl_plan_run_in(const fr_dnnl_plan *plan, void *const *ptrs, void *ws_,
-                              bool own_stream, const char *what) {
+                              dnnl_stream_t strm, bool raw_outputs, const char *what) {
     FR_ASSERT(plan->prim && fr_dnnl_engine());
     char *ws = ws_;
-    dnnl_stream_t strm = stream;
-    if (own_stream) {
-        dnnl_status_t sst = dnnl_stream_create(&strm, engine, dnnl_stream_default_flags);
-        if (sst != dnnl_success)
-            return fr_dnnl_error(sst, "creating a stream");
-    }
+    if (!strm)
+        strm = stream;
     /* user[i]: frugal's buffer; prim[i]: what the primitive reads or writes
      * (the same memory object when no reorder is needed). */
     dnnl_memory_t user[FR_DNNL_MAX_ARGS] = {0}, prim[FR_DNNL_MAX_ARGS] = {0}, scratch = NULL;
@@ -179,17 +183,20 @@ fr_status fr_dnnl_plan_run_in(const fr_dnnl_plan *plan, void *const *ptrs, void 
         if (st == dnnl_success)
             st = dnnl_memory_create(&scratch, &scratch_md, engine, ws);
     }
+    bool reorders[FR_DNNL_MAX_ARGS];
     for (int i = 0; i < plan->nargs && st == dnnl_success; i++) {
         const fr_dnnl_arg *a = &plan->args[i];
-        st = dnnl_memory_create(&user[i], &a->user, engine, ptrs[i]);
-        if (st == dnnl_success && a->reorder)
+        bool raw = a->reorder && a->output && raw_outputs;
+        reorders[i] = a->reorder && !raw;
+        st = dnnl_memory_create(&user[i], raw ? &a->prim : &a->user, engine, ptrs[i]);
+        if (st == dnnl_success && reorders[i])
             st = dnnl_memory_create(&prim[i], &a->prim, engine, ws + a->offset);
-        args[i] = (dnnl_exec_arg_t){a->arg, a->reorder ? prim[i] : user[i]};
+        args[i] = (dnnl_exec_arg_t){a->arg, reorders[i] ? prim[i] : user[i]};
     }
     if (st != dnnl_success)
         out = fr_dnnl_error(st, "creating memory objects");
     for (int i = 0; i < plan->nargs && out == FR_OK; i++)
-        if (plan->args[i].reorder && !plan->args[i].output)
+        if (reorders[i] && !plan->args[i].output)
             out = execute(strm, plan->args[i].reorder, 2,
                           (dnnl_exec_arg_t[]){{DNNL_ARG_FROM, user[i]}, {DNNL_ARG_TO, prim[i]}},
                           "a reorder");
@@ -198,7 +205,7 @@ fr_status fr_dnnl_plan_run_in(const fr_dnnl_plan *plan, void *const *ptrs, void 
         out = execute(strm, plan->prim, plan->nargs + (scratch ? 1 : 0), args, what);
     }
     for (int i = 0; i < plan->nargs && out == FR_OK; i++)
-        if (plan->args[i].reorder && plan->args[i].output)
+        if (reorders[i] && plan->args[i].output)
             out = execute(strm, plan->args[i].reorder, 2,
                           (dnnl_exec_arg_t[]){{DNNL_ARG_FROM, prim[i]}, {DNNL_ARG_TO, user[i]}},
                           "a reorder");
@@ -207,8 +214,27 @@ fr_status fr_dnnl_plan_run_in(const fr_dnnl_plan *plan, void *const *ptrs, void 
         dnnl_memory_destroy(prim[i]);
     }
     dnnl_memory_destroy(scratch);
-    if (own_stream)
-        dnnl_stream_destroy(strm);
+    return out;
+}
+
+fr_status fr_dnnl_plan_reorder_output(const fr_dnnl_plan *plan, int i, const void *from, void *to) {
+    FR_ASSERT(i < plan->nargs && plan->args[i].output && fr_dnnl_engine());
+    const fr_dnnl_arg *a = &plan->args[i];
+    if (!a->reorder) {
+        memcpy(to, from, dnnl_memory_desc_get_size(&a->user));
+        return FR_OK;
+    }
+    dnnl_memory_t src = NULL, dst = NULL;
+    dnnl_status_t st = dnnl_memory_create(&src, &a->prim, engine, (void *)from);
+    if (st == dnnl_success)
+        st = dnnl_memory_create(&dst, &a->user, engine, to);
+    fr_status out = st == dnnl_success
+                        ? execute(stream, a->reorder, 2,
+                                  (dnnl_exec_arg_t[]){{DNNL_ARG_FROM, src}, {DNNL_ARG_TO, dst}},
+                                  "a reorder")
+                        : fr_dnnl_error(st, "creating memory objects");
+    dnnl_memory_destroy(src);
+    dnnl_memory_destroy(dst);
     return out;
 }
 

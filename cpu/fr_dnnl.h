@@ -65,11 +65,24 @@ fr_status fr_dnnl_plan_run(const fr_dnnl_plan *plan, void *const *ptrs, const ch
 
 /* The same in a workspace the caller allocated (plan->ws_bytes, 64-byte
  * aligned), for calls from inside a parallel region: allocating there would
- * make the ledger's peak depend on how the threads interleave. own_stream:
- * on a stream of its own (one per call) rather than the shared one, which
- * is not for concurrent use. */
+ * make the ledger's peak depend on how the threads interleave. strm: a
+ * stream of the caller's (fr_dnnl_stream_new; one per thread, since a
+ * stream is not for concurrent use), or NULL for the shared one.
+ * raw_outputs: the outputs' buffers are in the primitive's layout
+ * (args[i].prim, args[i].bytes of them), not reordered to frugal's; the
+ * caller reorders them later with fr_dnnl_plan_reorder_output (the weight
+ * gradient's image groups sum their partials that way, cpu/conv_dnnl.c). */
 fr_status fr_dnnl_plan_run_in(const fr_dnnl_plan *plan, void *const *ptrs, void *ws,
-                              bool own_stream, const char *what);
+                              dnnl_stream_t strm, bool raw_outputs, const char *what);
+
+/* A stream on the engine for one thread's calls; destroy with
+ * dnnl_stream_destroy. */
+fr_status fr_dnnl_stream_new(dnnl_stream_t *out);
+
+/* Reorders output argument i of a plan from the primitive's layout (`from`,
+ * as fr_dnnl_plan_run_in's raw_outputs left it) to frugal's (`to`), on the
+ * shared stream; a plain copy when the layouts agree. */
+fr_status fr_dnnl_plan_reorder_output(const fr_dnnl_plan *plan, int i, const void *from, void *to);
 
 /* The plan cached under (`build`, `key`) (key_len bytes, compared
  * bytewise), built by `build(plan, key)` on first use. Never NULL unless building failed (the
