@@ -17,11 +17,14 @@ typedef struct {
     int saved_a, saved_b; /* -1 when not kept */
 } binary_ctx;
 
+static bool same_shape(const fr_tensor *t, int ndim, const int64_t *shape) {
+    return t->ndim == ndim && !memcmp(t->shape, shape, (size_t)ndim * sizeof shape[0]);
+}
+
 /* g (the output's shape) summed down to input i's shape, times scale: a
  * new reference. */
 static fr_tensor *reduce_to(fr_tensor *g, const binary_ctx *c, int i, float scale) {
-    if (scale == 1.0f && g->ndim == c->ndim[i] &&
-        !memcmp(g->shape, c->shape[i], (size_t)g->ndim * sizeof g->shape[0]))
+    if (scale == 1.0f && same_shape(g, c->ndim[i], c->shape[i]))
         return fr_retain(g);
     fr_tensor *r = fr_empty(fr_device_of(g), FR_F32, c->ndim[i], c->shape[i], FR_TAG_TRANSIENT);
     if (r && fr_reduce_sum_out(r, g, scale) != FR_OK)
@@ -50,9 +53,23 @@ static fr_status binary_backward(fr_node *node, fr_tensor *const *dout, fr_tenso
         fr_tensor *t = NULL;   /* the gradient at the output's shape */
         float sign = 1.0f;
         switch (c->op) {
-        case FR_BINARY_MUL: /* d(a*b) = dout * other */
-            t = combine(g, g, i == 0 ? b : a, FR_BINARY_MUL);
+        case FR_BINARY_MUL: { /* d(a*b) = dout * other */
+            fr_tensor *other = i == 0 ? b : a;
+            if (!same_shape(g, c->ndim[i], c->shape[i]) &&
+                same_shape(g, other->ndim, other->shape)) {
+                /* a broadcast factor (a squeeze-excitation's scale): the
+                 * product summed in one pass, no product tensor */
+                din[i] = fr_empty(fr_device_of(g), FR_F32, c->ndim[i], c->shape[i],
+                                  FR_TAG_TRANSIENT);
+                if (din[i] && fr_reduce_sum_prod_out(din[i], g, other, 1.0f) != FR_OK)
+                    fr_clear(&din[i]);
+                if (!din[i])
+                    st = fr_last_status();
+                continue;
+            }
+            t = combine(g, g, other, FR_BINARY_MUL);
             break;
+        }
         case FR_BINARY_DIV:
             if (i == 0) { /* da = dout / b */
                 t = combine(g, g, b, FR_BINARY_DIV);

@@ -149,14 +149,44 @@ static long long offset_of(long long i, const fr_reduce_shape *s, const long lon
     return off;
 }
 
+/* term i of a sum: x's element, or its f32 product with w's (kernels.def) */
+static inline float term(const float *x, const float *w, long long i) {
+    return w ? x[i] * w[i] : x[i];
+}
+
 /* The last folded dim reduced: each output adds runs of `run` contiguous
  * elements, one run per combination of the other reduced dims, in order.
  * Four outputs at a time when they are neighbours in x (no other reduced
  * dim), so four addition chains overlap; each keeps its own order. */
-static void reduce_runs(float *out, const float *x, float scale, bool max,
+static void reduce_runs(float *out, const float *x, const float *w, float scale, bool max,
                         const fr_reduce_shape *s, const long long *stride, long long n_out,
                         long long n_red) {
     long long run = s->shape[s->ndim - 1], runs = n_red / run;
+    if (runs == 1 && !max && w) {
+        long long quads = n_out / 4;
+#pragma omp parallel for if (n_out * n_red > FR_BCAST_PAR_MIN) schedule(static)
+        for (long long q = 0; q < quads; q++) {
+            const float *p = x + q * 4 * run, *v = w + q * 4 * run;
+            double a0 = 0.0, a1 = 0.0, a2 = 0.0, a3 = 0.0;
+            for (long long j = 0; j < run; j++) {
+                a0 += p[j] * v[j];
+                a1 += p[run + j] * v[run + j];
+                a2 += p[2 * run + j] * v[2 * run + j];
+                a3 += p[3 * run + j] * v[3 * run + j];
+            }
+            out[4 * q] = (float)(a0 * scale);
+            out[4 * q + 1] = (float)(a1 * scale);
+            out[4 * q + 2] = (float)(a2 * scale);
+            out[4 * q + 3] = (float)(a3 * scale);
+        }
+        for (long long o = quads * 4; o < n_out; o++) {
+            double acc = 0.0;
+            for (long long j = 0; j < run; j++)
+                acc += x[o * run + j] * w[o * run + j];
+            out[o] = (float)(acc * scale);
+        }
+        return;
+    }
     if (runs == 1 && !max) {
         long long quads = n_out / 4;
 #pragma omp parallel for if (n_out * n_red > FR_BCAST_PAR_MIN) schedule(static)
@@ -188,13 +218,14 @@ static void reduce_runs(float *out, const float *x, float scale, bool max,
         double acc = 0.0;
         float mx = -INFINITY;
         for (long long r = 0; r < runs; r++) {
-            const float *p = x + base + offset_of(r * run, s, stride, true);
+            long long at = base + offset_of(r * run, s, stride, true);
+            const float *p = x + at;
             if (max)
                 for (long long j = 0; j < run; j++)
                     mx = fr_max_nan(mx, p[j]);
             else
                 for (long long j = 0; j < run; j++)
-                    acc += p[j];
+                    acc += term(x, w, at + j);
         }
         out[o] = max ? mx : (float)(acc * scale);
     }
@@ -204,7 +235,8 @@ static void reduce_runs(float *out, const float *x, float scale, bool max,
  * elements for each combination of the reduced dims, so a block of them is
  * accumulated together, each output still in the reduced dims' order. */
 #define FR_REDUCE_BLOCK 256
-FR_SELECT_BLEND static void reduce_columns(float *out, const float *x, float scale, bool max,
+FR_SELECT_BLEND static void reduce_columns(float *out, const float *x, const float *w, float scale,
+                                           bool max,
                                            const fr_reduce_shape *s, const long long *stride,
                                            long long n_out, long long n_red) {
     long long width = s->shape[s->ndim - 1], rows = n_out / width;
@@ -221,14 +253,20 @@ FR_SELECT_BLEND static void reduce_columns(float *out, const float *x, float sca
             mx[k] = -INFINITY;
         }
         for (long long r = 0; r < n_red; r++) {
-            const float *p = x + base + offset_of(r, s, stride, true);
-            if (max)
+            long long at = base + offset_of(r, s, stride, true);
+            const float *p = x + at, *v = w ? w + at : NULL;
+            if (max) {
                 for (long long k = 0; k < kn; k++)
                     mx[k] = fr_max_nan(mx[k], p[k]);
-            else
+            } else if (v) {
+#pragma omp simd
+                for (long long k = 0; k < kn; k++)
+                    acc[k] += p[k] * v[k];
+            } else {
 #pragma omp simd
                 for (long long k = 0; k < kn; k++)
                     acc[k] += p[k];
+            }
         }
         float *o = out + row * width + k0;
         for (long long k = 0; k < kn; k++)
@@ -236,7 +274,8 @@ FR_SELECT_BLEND static void reduce_columns(float *out, const float *x, float sca
     }
 }
 
-static void reduce(float *out, const float *x, float scale, bool max, const fr_reduce_shape *shape) {
+static void reduce(float *out, const float *x, const float *w, float scale, bool max,
+                   const fr_reduce_shape *shape) {
     const fr_reduce_shape s = fold_reduce(shape);
     long long stride[FR_BCAST_DIMS], n_out = 1, n_red = 1, st = 1;
     for (int d = s.ndim - 1; d >= 0; d--) {
@@ -252,20 +291,21 @@ static void reduce(float *out, const float *x, float scale, bool max, const fr_r
             out[o] = max ? -INFINITY : 0.0f;
     } else if (n_red == 1 || s.ndim == 0) { /* nothing reduced: a copy, scaled */
         for (long long o = 0; o < n_out; o++)
-            out[o] = max ? x[o] : (float)((double)x[o] * scale);
+            out[o] = max ? x[o] : (float)((double)term(x, w, o) * scale);
     } else if (s.reduce[s.ndim - 1]) {
-        reduce_runs(out, x, scale, max, &s, stride, n_out, n_red);
+        reduce_runs(out, x, w, scale, max, &s, stride, n_out, n_red);
     } else {
-        reduce_columns(out, x, scale, max, &s, stride, n_out, n_red);
+        reduce_columns(out, x, w, scale, max, &s, stride, n_out, n_red);
     }
 }
 
-fr_status fr_cpu_reduce_sum(float *out, const float *x, float scale, const fr_reduce_shape *s) {
-    reduce(out, x, scale, false, s);
+fr_status fr_cpu_reduce_sum(float *out, const float *x, const float *w, float scale,
+                            const fr_reduce_shape *s) {
+    reduce(out, x, w, scale, false, s);
     return FR_OK;
 }
 
 fr_status fr_cpu_reduce_max(float *out, const float *x, const fr_reduce_shape *s) {
-    reduce(out, x, 1.0f, true, s);
+    reduce(out, x, NULL, 1.0f, true, s);
     return FR_OK;
 }

@@ -202,6 +202,9 @@ static void test_refusals(void) {
     CHECK_ERR(fr_t_status_of(fr_sum_dims(a, 1, (int[]){3}, false)), FR_ERR_ARG, "dim 3");
     CHECK_ERR(fr_t_status_of(fr_mean_dims(a, 2, (int[]){1, -2}, false)), FR_ERR_ARG, "repeated");
     CHECK_ERR(fr_t_status_of(fr_softmax(a, -4)), FR_ERR_ARG, "softmax: dim -4");
+    fr_tensor *r = fr_empty(FR_CPU, FR_F32, 3, FR_SHAPE(2, 3, 1), FR_TAG_TRANSIENT);
+    CHECK_ERR(fr_reduce_sum_prod_out(r, a, b, 1.0f), FR_ERR_SHAPE, "reduce_sum_prod");
+    fr_release(r);
     CHECK_ERR(fr_t_status_of(fr_clamp(a, 1.0f, 0.0f)), FR_ERR_ARG, "clamp: min 1");
     CHECK_ERR(fr_t_status_of(fr_pad(a, (int[]){4, 0, 0, 0}, FR_PAD_REFLECT)), FR_ERR_SHAPE,
               "reflect padding 4");
@@ -225,7 +228,8 @@ static void test_same_shape_agrees(void) {
 }
 
 /* The CPU kernels fold dims together (cpu/broadcast.c); each result must be
- * the unfolded definition's to the bit: every sum and maximum over each
+ * the unfolded definition's to the bit: every sum, sum of products (the
+ * gradient of a broadcast factor) and maximum over each
  * subset of a 4-D shape's dims (sizes 1 among them, so folds skip dims), in
  * the definition's order (row-major over the reduced dims, in double), and
  * each binary op with b broadcast along each subset of the dims. */
@@ -235,17 +239,20 @@ static void test_folded_kernels_exact(void) {
         const int64_t *sh = shapes[si];
         int64_t n = sh[0] * sh[1] * sh[2] * sh[3];
         fr_tensor *x = fr_t_rand(FR_CPU, 4, sh, 11 + (int)si);
-        const float *xv = fr_data_f32(x);
+        fr_tensor *w = fr_t_rand(FR_CPU, 4, sh, 21 + (int)si);
+        const float *xv = fr_data_f32(x), *wv = fr_data_f32(w);
         for (int mask = 0; mask < 16; mask++) {
             int64_t os[4];
             for (int d = 0; d < 4; d++)
                 os[d] = mask >> d & 1 ? 1 : sh[d];
             fr_tensor *sum = fr_empty(FR_CPU, FR_F32, 4, os, FR_TAG_TRANSIENT);
             fr_tensor *mx = fr_empty(FR_CPU, FR_F32, 4, os, FR_TAG_TRANSIENT);
+            fr_tensor *sp = fr_empty(FR_CPU, FR_F32, 4, os, FR_TAG_TRANSIENT);
             fr_tensor *b = fr_t_rand(FR_CPU, 4, os, 40 + mask);
             fr_tensor *y = fr_empty(FR_CPU, FR_F32, 4, sh, FR_TAG_TRANSIENT);
             CHECK_OK(fr_reduce_sum_out(sum, x, 0.25f));
             CHECK_OK(fr_reduce_max_out(mx, x));
+            CHECK_OK(fr_reduce_sum_prod_out(sp, x, w, 0.5f));
             CHECK_OK(fr_bcast_binary_out(y, x, b, FR_BINARY_DIV));
             int64_t n_out = os[0] * os[1] * os[2] * os[3], bad = 0;
             for (int64_t o = 0; o < n_out; o++) {
@@ -254,7 +261,7 @@ static void test_folded_kernels_exact(void) {
                     oi[d] = rest % os[d];
                     rest /= os[d];
                 }
-                double acc = 0.0;
+                double acc = 0.0, accp = 0.0;
                 float m = -INFINITY;
                 for (int64_t i = 0; i < n; i++) {
                     int64_t ii[4];
@@ -268,10 +275,12 @@ static void test_folded_kernels_exact(void) {
                         in = in && (os[d] == 1 || ii[d] == oi[d]);
                     if (in) {
                         acc += xv[i];
+                        accp += (float)(xv[i] * wv[i]);
                         m = xv[i] > m ? xv[i] : m;
                     }
                 }
-                bad += fr_data_f32(sum)[o] != (float)(acc * 0.25f) || fr_data_f32(mx)[o] != m;
+                bad += fr_data_f32(sum)[o] != (float)(acc * 0.25f) || fr_data_f32(mx)[o] != m ||
+                       fr_data_f32(sp)[o] != (float)(accp * 0.5f);
             }
             for (int64_t i = 0; i < n; i++) {
                 int64_t bo = 0, rest = i, st = 1;
@@ -289,10 +298,12 @@ static void test_folded_kernels_exact(void) {
             CHECK(bad == 0);
             fr_release(sum);
             fr_release(mx);
+            fr_release(sp);
             fr_release(b);
             fr_release(y);
         }
         fr_release(x);
+        fr_release(w);
     }
 }
 
