@@ -44,36 +44,28 @@ static fr_bcast_shape fold_bcast(const fr_bcast_shape *s) {
 }
 
 /* One row of w outputs. The strides of a contiguous operand's last folded
- * dim are 1 or 0, so the common cases get loops of their own that the
- * compiler vectorises; op's switch is outside them. */
-#define FR_BCAST_ROW_(EXPR)                                                   \
-    do {                                                                      \
-        if (sa == 1 && sb == 1) {                                             \
-            _Pragma("omp simd") for (long long j = 0; j < w; j++) {           \
-                float u = a[j], v = b[j];                                     \
-                o[j] = (EXPR);                                                \
-            }                                                                 \
-        } else if (sa == 1 && sb == 0) {                                      \
-            float v = b[0];                                                   \
-            _Pragma("omp simd") for (long long j = 0; j < w; j++) {           \
-                float u = a[j];                                               \
-                o[j] = (EXPR);                                                \
-            }                                                                 \
-        } else if (sa == 0 && sb == 1) {                                      \
-            float u = a[0];                                                   \
-            _Pragma("omp simd") for (long long j = 0; j < w; j++) {           \
-                float v = b[j];                                               \
-                o[j] = (EXPR);                                                \
-            }                                                                 \
-        } else if (sa == 0 && sb == 0) {                                      \
-            float u = a[0], v = b[0], c = (EXPR);                             \
-            _Pragma("omp simd") for (long long j = 0; j < w; j++) o[j] = c;   \
-        } else {                                                              \
-            for (long long j = 0; j < w; j++) {                               \
-                float u = a[j * sa], v = b[j * sb];                           \
-                o[j] = (EXPR);                                                \
-            }                                                                 \
-        }                                                                     \
+ * dim are 1 or 0, so the common cases get loops of their own with constant
+ * strides, which the compiler vectorises (a stride-0 operand is one load);
+ * op's switch is outside them. */
+#define FR_BCAST_LOOP_(SA, SB, EXPR)                                           \
+    {                                                                          \
+        _Pragma("omp simd") for (long long j = 0; j < w; j++) {                \
+            float u = a[j * (SA)], v = b[j * (SB)];                            \
+            o[j] = (EXPR);                                                     \
+        }                                                                      \
+    }
+#define FR_BCAST_ROW_(EXPR)                                                    \
+    do {                                                                       \
+        if (sa == 1 && sb == 1)                                                \
+            FR_BCAST_LOOP_(1, 1, EXPR)                                         \
+        else if (sa == 1 && sb == 0)                                           \
+            FR_BCAST_LOOP_(1, 0, EXPR)                                         \
+        else if (sa == 0 && sb == 1)                                           \
+            FR_BCAST_LOOP_(0, 1, EXPR)                                         \
+        else if (sa == 0 && sb == 0)                                           \
+            FR_BCAST_LOOP_(0, 0, EXPR)                                         \
+        else                                                                   \
+            FR_BCAST_LOOP_(sa, sb, EXPR)                                       \
     } while (0)
 
 FR_SELECT_BLEND static void bcast_row(float *o, const float *a, const float *b, long long w,
@@ -93,6 +85,7 @@ FR_SELECT_BLEND static void bcast_row(float *o, const float *a, const float *b, 
     }
 }
 #undef FR_BCAST_ROW_
+#undef FR_BCAST_LOOP_
 
 /* Rows are the folded output's last dim; each row's start in a and b comes
  * from its index over the leading dims. */
@@ -162,42 +155,17 @@ static void reduce_runs(float *out, const float *x, const float *w, float scale,
                         const fr_reduce_shape *s, const long long *stride, long long n_out,
                         long long n_red) {
     long long run = s->shape[s->ndim - 1], runs = n_red / run;
-    if (runs == 1 && !max && w) {
-        long long quads = n_out / 4;
-#pragma omp parallel for if (n_out * n_red > FR_BCAST_PAR_MIN) schedule(static)
-        for (long long q = 0; q < quads; q++) {
-            const float *p = x + q * 4 * run, *v = w + q * 4 * run;
-            double a0 = 0.0, a1 = 0.0, a2 = 0.0, a3 = 0.0;
-            for (long long j = 0; j < run; j++) {
-                a0 += p[j] * v[j];
-                a1 += p[run + j] * v[run + j];
-                a2 += p[2 * run + j] * v[2 * run + j];
-                a3 += p[3 * run + j] * v[3 * run + j];
-            }
-            out[4 * q] = (float)(a0 * scale);
-            out[4 * q + 1] = (float)(a1 * scale);
-            out[4 * q + 2] = (float)(a2 * scale);
-            out[4 * q + 3] = (float)(a3 * scale);
-        }
-        for (long long o = quads * 4; o < n_out; o++) {
-            double acc = 0.0;
-            for (long long j = 0; j < run; j++)
-                acc += x[o * run + j] * w[o * run + j];
-            out[o] = (float)(acc * scale);
-        }
-        return;
-    }
     if (runs == 1 && !max) {
         long long quads = n_out / 4;
 #pragma omp parallel for if (n_out * n_red > FR_BCAST_PAR_MIN) schedule(static)
         for (long long q = 0; q < quads; q++) {
-            const float *p = x + q * 4 * run;
+            long long at = q * 4 * run;
             double a0 = 0.0, a1 = 0.0, a2 = 0.0, a3 = 0.0;
-            for (long long j = 0; j < run; j++) {
-                a0 += p[j];
-                a1 += p[run + j];
-                a2 += p[2 * run + j];
-                a3 += p[3 * run + j];
+            for (long long j = at; j < at + run; j++) {
+                a0 += term(x, w, j);
+                a1 += term(x, w, run + j);
+                a2 += term(x, w, 2 * run + j);
+                a3 += term(x, w, 3 * run + j);
             }
             out[4 * q] = (float)(a0 * scale);
             out[4 * q + 1] = (float)(a1 * scale);
@@ -206,8 +174,8 @@ static void reduce_runs(float *out, const float *x, const float *w, float scale,
         }
         for (long long o = quads * 4; o < n_out; o++) {
             double acc = 0.0;
-            for (long long j = 0; j < run; j++)
-                acc += x[o * run + j];
+            for (long long j = o * run; j < (o + 1) * run; j++)
+                acc += term(x, w, j);
             out[o] = (float)(acc * scale);
         }
         return;
