@@ -362,7 +362,20 @@ fr_tensor *fr_bn_act(fr_tensor *x, fr_tensor *residual, const fr_bn_state *bn, f
             fr_node_set_ctx(node, c, NULL);
         }
     }
-    if (st == FR_OK) {
+    /* KEEP with an activation that reads its input: the pre-activation is
+     * made and kept as the chain of separate ops keeps it (plain's bytes,
+     * PyTorch's), then the activation applied; backward never reads it
+     * (fr_bn_act_backward rebuilds it from x in its pass), which saves the
+     * chain's separate activation backward and its gradient tensor. */
+    fr_tensor *pre = NULL;
+    if (st == FR_OK && node && mode == FR_BNACT_KEEP && fr_act_needs_input(act)) {
+        pre = fr_empty_like(x, FR_TAG_TRANSIENT);
+        st = pre ? compute(pre, mean, invstd, x, NULL, bn, bn->gamma, FR_ACT_IDENTITY, 0.0f)
+                 : fr_last_status();
+        y = st == FR_OK ? fr_empty_like(x, FR_TAG_TRANSIENT) : NULL;
+        if (st == FR_OK)
+            st = y ? fr_act_forward(y, pre, act, slope) : fr_last_status();
+    } else if (st == FR_OK) {
         y = abn ? fr_retain(x) : fr_empty_like(x, FR_TAG_TRANSIENT);
         st = y ? compute(y, mean, invstd, x, residual, bn, abn ? gamma_eff : bn->gamma, act, slope)
                : fr_last_status();
@@ -392,8 +405,9 @@ fr_tensor *fr_bn_act(fr_tensor *x, fr_tensor *residual, const fr_bn_state *bn, f
                 /* a block output: kept by the next block anyway, so its mask
                  * costs nothing (KEEP: kept whatever follows) */
                 bool sign = act == FR_ACT_RELU || act == FR_ACT_LEAKY_RELU;
-                ok = (c->i_y = sign ? fr_node_save_sign(node, y)
-                                    : fr_node_save_activation(node, y, false)) >= 0;
+                ok = (c->i_y = sign  ? fr_node_save_sign(node, y)
+                               : pre ? fr_node_save_activation(node, pre, true)
+                                     : fr_node_save_activation(node, y, false)) >= 0;
             } else if (ok) {
                 fr_recipe *r = bnact_recipe_new(x, via_recipe, mean, invstd, bn, act, slope);
                 ok = r != NULL;
@@ -409,6 +423,7 @@ fr_tensor *fr_bn_act(fr_tensor *x, fr_tensor *residual, const fr_bn_state *bn, f
     fr_release(mean);
     fr_release(invstd);
     fr_release(gamma_eff);
+    fr_release(pre);
     if (st != FR_OK) {
         fr_release(y);
         return NULL;

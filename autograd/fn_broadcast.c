@@ -17,11 +17,14 @@ typedef struct {
     int saved_a, saved_b; /* -1 when not kept */
 } binary_ctx;
 
+static bool same_shape(const fr_tensor *t, int ndim, const int64_t *shape) {
+    return t->ndim == ndim && !memcmp(t->shape, shape, (size_t)ndim * sizeof shape[0]);
+}
+
 /* g (the output's shape) summed down to input i's shape, times scale: a
  * new reference. */
 static fr_tensor *reduce_to(fr_tensor *g, const binary_ctx *c, int i, float scale) {
-    if (scale == 1.0f && g->ndim == c->ndim[i] &&
-        !memcmp(g->shape, c->shape[i], (size_t)g->ndim * sizeof g->shape[0]))
+    if (scale == 1.0f && same_shape(g, c->ndim[i], c->shape[i]))
         return fr_retain(g);
     fr_tensor *r = fr_empty(fr_device_of(g), FR_F32, c->ndim[i], c->shape[i], FR_TAG_TRANSIENT);
     if (r && fr_reduce_sum_out(r, g, scale) != FR_OK)
@@ -50,9 +53,23 @@ static fr_status binary_backward(fr_node *node, fr_tensor *const *dout, fr_tenso
         fr_tensor *t = NULL;   /* the gradient at the output's shape */
         float sign = 1.0f;
         switch (c->op) {
-        case FR_BINARY_MUL: /* d(a*b) = dout * other */
-            t = combine(g, g, i == 0 ? b : a, FR_BINARY_MUL);
+        case FR_BINARY_MUL: { /* d(a*b) = dout * other */
+            fr_tensor *other = i == 0 ? b : a;
+            if (!same_shape(g, c->ndim[i], c->shape[i]) &&
+                same_shape(g, other->ndim, other->shape)) {
+                /* a broadcast factor (a squeeze-excitation's scale): the
+                 * product summed in one pass, no product tensor */
+                din[i] = fr_empty(fr_device_of(g), FR_F32, c->ndim[i], c->shape[i],
+                                  FR_TAG_TRANSIENT);
+                if (din[i] && fr_reduce_sum_prod_out(din[i], g, other, 1.0f) != FR_OK)
+                    fr_clear(&din[i]);
+                if (!din[i])
+                    st = fr_last_status();
+                continue;
+            }
+            t = combine(g, g, other, FR_BINARY_MUL);
             break;
+        }
         case FR_BINARY_DIV:
             if (i == 0) { /* da = dout / b */
                 t = combine(g, g, b, FR_BINARY_DIV);
@@ -150,14 +167,13 @@ typedef struct {
 /* torch.amax's gradient: dy / (the number of elements equal to the
  * maximum) to each of them, 0 elsewhere; the maximum is taken again from
  * the saved x (it is small next to x) */
-static fr_status max_backward(fr_node *node, const reduce_dims_ctx *c, fr_tensor *gv, fr_tensor **din) {
-    fr_device dev = node->device;
-    fr_tensor *x = fr_node_unpack(node, 0);
-    fr_tensor *m = x ? fr_empty(dev, FR_F32, c->ndim, c->kept, FR_TAG_TRANSIENT) : NULL;
+static fr_status max_grad(fr_tensor *dx, const reduce_dims_ctx *c, const fr_tensor *gv,
+                          const fr_tensor *x) {
+    fr_device dev = fr_device_of(dx);
+    fr_tensor *m = fr_empty(dev, FR_F32, c->ndim, c->kept, FR_TAG_TRANSIENT);
     fr_tensor *mask = m ? fr_empty(dev, FR_F32, c->ndim, c->shape, FR_TAG_TRANSIENT) : NULL;
     fr_tensor *count = mask ? fr_empty_like(m, FR_TAG_TRANSIENT) : NULL;
-    fr_tensor *dx = count ? fr_empty_like(mask, FR_TAG_TRANSIENT) : NULL;
-    fr_status st = dx ? fr_reduce_max_out(m, x) : fr_last_status();
+    fr_status st = count ? fr_reduce_max_out(m, x) : fr_last_status();
     if (st == FR_OK)
         st = fr_bcast_binary_out(mask, x, m, FR_BINARY_EQ);
     if (st == FR_OK)
@@ -166,37 +182,34 @@ static fr_status max_backward(fr_node *node, const reduce_dims_ctx *c, fr_tensor
         st = fr_bcast_binary_out(m, gv, count, FR_BINARY_DIV);
     if (st == FR_OK)
         st = fr_bcast_binary_out(dx, mask, m, FR_BINARY_MUL);
-    fr_release(x);
     fr_release(m);
     fr_release(mask);
     fr_release(count);
-    if (st != FR_OK)
-        fr_release(dx);
-    else
-        din[0] = dx;
     return st;
 }
 
-static fr_status reduce_dims_backward(fr_node *node, fr_tensor *const *dout, fr_tensor **din) {
-    const reduce_dims_ctx *c = node->ctx;
-    fr_tensor *g = fr_contiguous(dout[0], FR_TAG_TRANSIENT);
-    fr_tensor *gv = g ? fr_view(g, c->ndim, c->kept) : NULL;
-    if (gv && c->max) {
-        fr_status st = max_backward(node, c, gv, din);
-        fr_release(gv);
-        fr_release(g);
-        return st;
+/* dx: dy spread back over the reduced dims (sum, mean) or onto the maxima.
+ * A mean scales the small dy before spreading it, which writes the same
+ * products as scaling dx afterwards, in one pass over dx instead of two. */
+static fr_status reduce_dims_grad(fr_tensor *dx, const fr_tensor *dy, const fr_tensor *x,
+                                  const void *ctx) {
+    const reduce_dims_ctx *c = ctx;
+    fr_tensor *gv = fr_view((fr_tensor *)dy, c->ndim, c->kept);
+    if (!gv)
+        return fr_last_status();
+    fr_status st;
+    if (c->max) {
+        st = max_grad(dx, c, gv, x);
+    } else if (c->scale != 1.0f) {
+        fr_tensor *gs = fr_empty_like(gv, FR_TAG_TRANSIENT);
+        st = gs ? fr_scale_out(gs, gv, c->scale) : fr_last_status();
+        if (st == FR_OK)
+            st = fr_bcast_binary_out(dx, gs, NULL, FR_BINARY_FIRST);
+        fr_release(gs);
+    } else {
+        st = fr_bcast_binary_out(dx, gv, NULL, FR_BINARY_FIRST);
     }
-    fr_tensor *dx = gv ? fr_empty(node->device, FR_F32, c->ndim, c->shape, FR_TAG_TRANSIENT) : NULL;
-    fr_status st = dx ? fr_bcast_binary_out(dx, gv, NULL, FR_BINARY_FIRST) : fr_last_status();
-    if (st == FR_OK && c->scale != 1.0f)
-        st = fr_scale_out(dx, dx, c->scale);
     fr_release(gv);
-    fr_release(g);
-    if (st != FR_OK)
-        fr_release(dx);
-    else
-        din[0] = dx;
     return st;
 }
 
@@ -244,7 +257,7 @@ static fr_tensor *reduce_dims(const char *op, fr_tensor *x, int ndims, const int
     /* a view starts with no autograd state of its own */
     y->requires_grad = false;
     y->grad_fn = NULL;
-    if (fr_record_unary(op, reduce_dims_backward, x, y, &c, sizeof c, c.max ? cx : NULL) != FR_OK)
+    if (fr_record_unary_grad(op, reduce_dims_grad, x, y, &c, sizeof c, c.max ? cx : NULL) != FR_OK)
         fr_clear(&y);
     fr_release(cx);
     return y;

@@ -27,8 +27,8 @@ extern "C" fr_status fr_cuda_bcast_binary(float *out, const float *a, const floa
     FR_CUDA_RUN_1D(bcast_binary_kernel, n, out, a, b, op, *s, n);
 }
 
-__global__ void reduce_kernel(float *out, const float *x, float scale, bool max, fr_reduce_shape s,
-                              size_t n_out, long long n_red) {
+__global__ void reduce_kernel(float *out, const float *x, const float *w, float scale, bool max,
+                              fr_reduce_shape s, size_t n_out, long long n_red) {
     long long stride[FR_BCAST_DIMS], st = 1;
     for (int d = s.ndim - 1; d >= 0; d--) {
         stride[d] = st;
@@ -53,7 +53,7 @@ __global__ void reduce_kernel(float *out, const float *x, float scale, bool max,
             if (max)
                 mx = fr_max_nan(mx, x[off]);
             else
-                acc += x[off];
+                acc += w ? __fmul_rn(x[off], w[off]) : x[off]; /* the host's f32 product */
         }
         out[o] = max ? mx : (float)(acc * scale);
     }
@@ -75,13 +75,13 @@ extern "C" fr_status fr_cuda_reduce_max(float *out, const float *x, const fr_red
     size_t n_out;
     long long n_red;
     reduce_counts(s, &n_out, &n_red);
-    FR_CUDA_RUN_1D(reduce_kernel, n_out, out, x, 1.0f, true, *s, n_out, n_red);
+    FR_CUDA_RUN_1D(reduce_kernel, n_out, out, x, (const float *)NULL, 1.0f, true, *s, n_out, n_red);
 }
 
-extern "C" fr_status fr_cuda_reduce_sum(float *out, const float *x, float scale,
+extern "C" fr_status fr_cuda_reduce_sum(float *out, const float *x, const float *w, float scale,
                                         const fr_reduce_shape *s) {
     size_t n_out;
     long long n_red;
     reduce_counts(s, &n_out, &n_red);
-    FR_CUDA_RUN_1D(reduce_kernel, n_out, out, x, scale, false, *s, n_out, n_red);
+    FR_CUDA_RUN_1D(reduce_kernel, n_out, out, x, w, scale, false, *s, n_out, n_red);
 }

@@ -124,13 +124,17 @@ fr_tensor *fr_norm_apply(const fr_module *m, fr_tensor *x, fr_tensor *residual, 
          * forward): one pass, the chain's bits, under every strategy */
         mode = FR_BNACT_KEEP;
     else if (run->training && !st->abn_reference && act != FR_ACT_IDENTITY &&
-             !fr_act_needs_input(act))
+             (!fr_act_needs_input(act) || (!residual && !st->compress)))
         /* plain training: KEEP saves what the chain of separate ops saves
          * here (BN its input, the activation its output) and computes the chain's bits, in one pass forward
          * and one backward: the separate ReLU was 9% of a plain DenseNet
          * step (bench/RESULTS.md, issue 24). An activation that reads its
-         * input keeps the chain: fused, it would keep less than the chain
-         * (no pre-activation), and plain stands for what PyTorch saves. */
+         * input (SiLU, hardswish) keeps the pre-activation as the chain
+         * does, so plain still keeps what PyTorch keeps, but its backward
+         * is the one fused pass, which rebuilds the pre-activation from x
+         * (fn_bn_act.c). Not under compress, where the chain's backward
+         * reads the pre-activation's lossy copy: the fused pass would give
+         * other gradients; nor after a residual sum (fr_bn_act splits it). */
         mode = FR_BNACT_KEEP;
     if (mode != FR_BNACT_COUNT) {
         float slope = l->slope;

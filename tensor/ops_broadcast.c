@@ -93,8 +93,19 @@ static fr_status reduce_shape(const char *op, const fr_tensor *out, const fr_ten
 fr_status fr_reduce_sum_out(fr_tensor *out, const fr_tensor *x, float scale) {
     fr_reduce_shape s;
     FR_TRY(reduce_shape("reduce_sum", out, x, &s));
-    return FR_CALL_KERNEL(fr_device_of(out), reduce_sum, fr_data_f32(out), fr_data_f32(x), scale,
-                          &s);
+    return FR_CALL_KERNEL(fr_device_of(out), reduce_sum, fr_data_f32(out), fr_data_f32(x), NULL,
+                          scale, &s);
+}
+
+fr_status fr_reduce_sum_prod_out(fr_tensor *out, const fr_tensor *x, const fr_tensor *w,
+                                 float scale) {
+    fr_reduce_shape s;
+    FR_TRY(reduce_shape("reduce_sum_prod", out, x, &s));
+    FR_TRY(fr_check_f32c("reduce_sum_prod", "w", w));
+    FR_TRY(fr_check_same_device("reduce_sum_prod", "x", x, "w", w));
+    FR_TRY(fr_check_shape("reduce_sum_prod", "w", w, x->ndim, x->shape));
+    return FR_CALL_KERNEL(fr_device_of(out), reduce_sum, fr_data_f32(out), fr_data_f32(x),
+                          fr_data_f32(w), scale, &s);
 }
 
 fr_status fr_reduce_max_out(fr_tensor *out, const fr_tensor *x) {

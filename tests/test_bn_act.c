@@ -219,22 +219,28 @@ static void test_bf16_backward_close_to_f32(void) {
 /* The autograd op in plain training's mode (FR_BNACT_KEEP, nn/norm.c)
  * against fr_batch_norm then fr_activation, between two 1x1 convs (the
  * second to one channel, so the head's tensors are small and the peak is
- * BN's backward): the same gradients bit for bit, and a backward peak no higher but for
- * two channel vectors (dgamma and dbeta, made while the activation's output
- * is still kept). Without dx written over dy it was a tensor higher. */
-static void bn_relu_step(bool fused, fr_tensor *const *src, fr_tensor **grads, size_t *peak) {
+ * BN's backward): the same gradients bit for bit, the same saved bytes (an
+ * activation that reads its input keeps the pre-activation, as the chain
+ * does), and a backward peak no higher but for two channel vectors (dgamma
+ * and dbeta, made while the activation's output is still kept). Without dx
+ * written over dy it was a tensor higher. */
+static void bn_act_step(bool fused, fr_act act, fr_tensor *const *src, fr_tensor **grads,
+                        size_t *peak, size_t *saved) {
     fr_tensor *w = fr_empty_like(src[4], FR_TAG_PARAM), *g = fr_empty_like(src[1], FR_TAG_PARAM);
-    fr_tensor *b = fr_empty_like(src[2], FR_TAG_PARAM);
+    fr_tensor *b = fr_empty_like(src[2], FR_TAG_PARAM), *w2 = fr_empty_like(src[3], FR_TAG_PARAM);
     fr_tensor *rm = fr_zeros(FR_CPU, FR_F32, 1, FR_SHAPE(C), FR_TAG_PARAM);
     fr_tensor *rv = fr_zeros(FR_CPU, FR_F32, 1, FR_SHAPE(C), FR_TAG_PARAM);
-    CHECK_NOTNULL(w && g && b && rm && rv ? w : NULL);
-    if (!w || !g || !b || !rm || !rv)
+    CHECK_NOTNULL(w && g && b && w2 && rm && rv ? w : NULL);
+    if (!w || !g || !b || !w2 || !rm || !rv)
         return;
     CHECK_OK(fr_copy_(w, src[4]));
+    CHECK_OK(fr_copy_(w2, src[3]));
     CHECK_OK(fr_copy_(g, src[1]));
     CHECK_OK(fr_copy_(b, src[2]));
-    fr_tensor *leaves[3] = {w, g, b};
-    for (int i = 0; i < 3; i++)
+    /* w2's gradient makes the conv above keep the activation's output, so
+     * the fused op must keep the pre-activation beside it, as the chain */
+    fr_tensor *leaves[4] = {w, g, b, w2};
+    for (int i = 0; i < 4; i++)
         fr_set_requires_grad(leaves[i], true);
     /* BN's input from a 1x1 conv (C -> C), as in a network: its dx goes on
      * to the conv's backward, not into a leaf's .grad */
@@ -244,24 +250,25 @@ static void bn_relu_step(bool fused, fr_tensor *const *src, fr_tensor **grads, s
     if (x && fused) {
         fr_bn_state st = {.gamma = g, .beta = b, .running_mean = rm, .running_var = rv,
                           .momentum = 0.1f, .eps = 1e-5f, .training = true};
-        z = fr_bn_act(x, NULL, &st, FR_ACT_RELU, 0.0f, FR_BNACT_KEEP);
+        z = fr_bn_act(x, NULL, &st, act, 0.0f, FR_BNACT_KEEP);
     } else if (x) {
         fr_tensor *y = fr_batch_norm(x, g, b, rm, rv, true, 0.1f, 1e-5f);
-        z = y ? fr_activation(y, FR_ACT_RELU, 0.0f) : NULL;
+        z = y ? fr_activation(y, act, 0.0f) : NULL;
         fr_release(y);
     }
     fr_release(x);
-    fr_tensor *m = z ? fr_conv2d(z, src[3], NULL, p) : NULL;
+    fr_tensor *m = z ? fr_conv2d(z, w2, NULL, p) : NULL;
     fr_release(z);
     fr_tensor *loss = m ? fr_sum(m) : NULL;
     fr_release(m);
     CHECK_NOTNULL(loss);
+    *saved = fr_mem_current(FR_CPU, FR_TAG_SAVED);
     size_t base = fr_mem_total_current(FR_CPU);
     fr_mem_reset_peak();
     if (loss)
         CHECK_OK(fr_backward(loss));
     *peak = fr_mem_total_peak(FR_CPU) - base;
-    for (int i = 0; i < 3; i++) {
+    for (int i = 0; i < 4; i++) {
         CHECK_NOTNULL(leaves[i]->grad);
         grads[i] = leaves[i]->grad ? fr_retain(leaves[i]->grad) : NULL;
         fr_release(leaves[i]);
@@ -271,17 +278,20 @@ static void bn_relu_step(bool fused, fr_tensor *const *src, fr_tensor **grads, s
     fr_release(rv);
 }
 
-static void test_keep_backward_peak_as_chain(void) {
+static void keep_as_chain(fr_act act) {
     bn_case c = make_case(40);
     fr_tensor *w = fr_t_rand(FR_CPU, 4, FR_SHAPE(1, C, 1, 1), 44);
     fr_tensor *w0 = fr_t_rand(FR_CPU, 4, FR_SHAPE(C, C, 1, 1), 45);
     fr_tensor *src[5] = {c.x, c.gamma, c.beta, w, w0};
-    fr_tensor *chain[3] = {NULL, NULL, NULL}, *fused[3] = {NULL, NULL, NULL};
-    size_t peak_chain = 0, peak_fused = 0;
-    bn_relu_step(false, src, chain, &peak_chain);
-    bn_relu_step(true, src, fused, &peak_fused);
-    static const char *const names[3] = {"dw (the conv below)", "dgamma", "dbeta"};
-    for (int i = 0; i < 3; i++) {
+    fr_tensor *chain[4] = {NULL, NULL, NULL, NULL}, *fused[4] = {NULL, NULL, NULL, NULL};
+    size_t peak_chain = 0, peak_fused = 0, saved_chain = 0, saved_fused = 0;
+    bn_act_step(false, act, src, chain, &peak_chain, &saved_chain);
+    bn_act_step(true, act, src, fused, &peak_fused, &saved_fused);
+    printf("    %s: saved chain %zu, fused %zu bytes\n", fr_act_name(act), saved_chain, saved_fused);
+    CHECK(saved_fused == saved_chain);
+    static const char *const names[4] = {"dw (the conv below)", "dgamma", "dbeta",
+                                         "dw (the conv above)"};
+    for (int i = 0; i < 4; i++) {
         if (chain[i] && fused[i])
             CHECK(same_bits(fused[i], chain[i], names[i]));
         fr_release(chain[i]);
@@ -296,6 +306,12 @@ static void test_keep_backward_peak_as_chain(void) {
     fr_release(w);
     fr_release(w0);
     free_case(&c);
+}
+
+static void test_keep_backward_peak_as_chain(void) {
+    static const fr_act acts[] = {FR_ACT_RELU, FR_ACT_SILU, FR_ACT_HARDSWISH};
+    for (size_t a = 0; a < sizeof acts / sizeof *acts; a++)
+        keep_as_chain(acts[a]);
 }
 
 static void test_bad_arguments(void) {

@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "testlib.h"
+#include "tensor/ops.h"
 
 typedef enum { OP_BINARY, OP_SUM, OP_MEAN, OP_SOFTMAX, OP_LOG_SOFTMAX, OP_CLAMP, OP_PAD, OP_MAX } op_kind;
 
@@ -201,6 +202,9 @@ static void test_refusals(void) {
     CHECK_ERR(fr_t_status_of(fr_sum_dims(a, 1, (int[]){3}, false)), FR_ERR_ARG, "dim 3");
     CHECK_ERR(fr_t_status_of(fr_mean_dims(a, 2, (int[]){1, -2}, false)), FR_ERR_ARG, "repeated");
     CHECK_ERR(fr_t_status_of(fr_softmax(a, -4)), FR_ERR_ARG, "softmax: dim -4");
+    fr_tensor *r = fr_empty(FR_CPU, FR_F32, 3, FR_SHAPE(2, 3, 1), FR_TAG_TRANSIENT);
+    CHECK_ERR(fr_reduce_sum_prod_out(r, a, b, 1.0f), FR_ERR_SHAPE, "reduce_sum_prod");
+    fr_release(r);
     CHECK_ERR(fr_t_status_of(fr_clamp(a, 1.0f, 0.0f)), FR_ERR_ARG, "clamp: min 1");
     CHECK_ERR(fr_t_status_of(fr_pad(a, (int[]){4, 0, 0, 0}, FR_PAD_REFLECT)), FR_ERR_SHAPE,
               "reflect padding 4");
@@ -221,6 +225,86 @@ static void test_same_shape_agrees(void) {
     fr_release(y2);
     fr_release(a);
     fr_release(b);
+}
+
+/* The CPU kernels fold dims together (cpu/broadcast.c); each result must be
+ * the unfolded definition's to the bit: every sum, sum of products (the
+ * gradient of a broadcast factor) and maximum over each
+ * subset of a 4-D shape's dims (sizes 1 among them, so folds skip dims), in
+ * the definition's order (row-major over the reduced dims, in double), and
+ * each binary op with b broadcast along each subset of the dims. */
+static void test_folded_kernels_exact(void) {
+    static const int64_t shapes[][4] = {{3, 5, 4, 7}, {2, 1, 6, 5}, {4, 3, 1, 1}, {2, 300, 1, 2}};
+    for (size_t si = 0; si < sizeof shapes / sizeof *shapes; si++) {
+        const int64_t *sh = shapes[si];
+        int64_t n = sh[0] * sh[1] * sh[2] * sh[3];
+        fr_tensor *x = fr_t_rand(FR_CPU, 4, sh, 11 + (int)si);
+        fr_tensor *w = fr_t_rand(FR_CPU, 4, sh, 21 + (int)si);
+        const float *xv = fr_data_f32(x), *wv = fr_data_f32(w);
+        for (int mask = 0; mask < 16; mask++) {
+            int64_t os[4];
+            for (int d = 0; d < 4; d++)
+                os[d] = mask >> d & 1 ? 1 : sh[d];
+            fr_tensor *sum = fr_empty(FR_CPU, FR_F32, 4, os, FR_TAG_TRANSIENT);
+            fr_tensor *mx = fr_empty(FR_CPU, FR_F32, 4, os, FR_TAG_TRANSIENT);
+            fr_tensor *sp = fr_empty(FR_CPU, FR_F32, 4, os, FR_TAG_TRANSIENT);
+            fr_tensor *b = fr_t_rand(FR_CPU, 4, os, 40 + mask);
+            fr_tensor *y = fr_empty(FR_CPU, FR_F32, 4, sh, FR_TAG_TRANSIENT);
+            CHECK_OK(fr_reduce_sum_out(sum, x, 0.25f));
+            CHECK_OK(fr_reduce_max_out(mx, x));
+            CHECK_OK(fr_reduce_sum_prod_out(sp, x, w, 0.5f));
+            CHECK_OK(fr_bcast_binary_out(y, x, b, FR_BINARY_DIV));
+            int64_t n_out = os[0] * os[1] * os[2] * os[3], bad = 0;
+            for (int64_t o = 0; o < n_out; o++) {
+                int64_t oi[4], rest = o;
+                for (int d = 3; d >= 0; d--) {
+                    oi[d] = rest % os[d];
+                    rest /= os[d];
+                }
+                double acc = 0.0, accp = 0.0;
+                float m = -INFINITY;
+                for (int64_t i = 0; i < n; i++) {
+                    int64_t ii[4];
+                    rest = i;
+                    for (int d = 3; d >= 0; d--) {
+                        ii[d] = rest % sh[d];
+                        rest /= sh[d];
+                    }
+                    bool in = true;
+                    for (int d = 0; d < 4; d++)
+                        in = in && (os[d] == 1 || ii[d] == oi[d]);
+                    if (in) {
+                        acc += xv[i];
+                        accp += (float)(xv[i] * wv[i]);
+                        m = xv[i] > m ? xv[i] : m;
+                    }
+                }
+                bad += fr_data_f32(sum)[o] != (float)(acc * 0.25f) || fr_data_f32(mx)[o] != m ||
+                       fr_data_f32(sp)[o] != (float)(accp * 0.5f);
+            }
+            for (int64_t i = 0; i < n; i++) {
+                int64_t bo = 0, rest = i, st = 1;
+                for (int d = 3; d >= 0; d--) {
+                    int64_t k = rest % sh[d];
+                    rest /= sh[d];
+                    bo += (os[d] == 1 ? 0 : k) * st;
+                    st *= os[d];
+                }
+                bad += fr_data_f32(y)[i] != xv[i] / fr_data_f32(b)[bo];
+            }
+            if (bad)
+                fprintf(stderr, "  shape %zu, reduced/broadcast dims mask %d: %lld wrong\n", si,
+                        mask, (long long)bad);
+            CHECK(bad == 0);
+            fr_release(sum);
+            fr_release(mx);
+            fr_release(sp);
+            fr_release(b);
+            fr_release(y);
+        }
+        fr_release(x);
+        fr_release(w);
+    }
 }
 
 /* Every case on CUDA against the CPU: output and input gradients. */
@@ -274,6 +358,7 @@ int main(void) {
     RUN(test_finite_differences);
     RUN(test_refusals);
     RUN(test_same_shape_agrees);
+    RUN(test_folded_kernels_exact);
     RUN(test_cuda_matches_cpu);
     return TEST_SUMMARY();
 }
