@@ -40,7 +40,9 @@
  *     on a flat chain under recompute), so a step over the budget makes the
  *     planner plan again for the budget lowered by the miss (4 rounds at
  *     most); when none holds, FR_ERR_ARG names the model, the budget and
- *     the least a measured layout needed.
+ *     the least a measured layout needed (when the cap stopped every
+ *     round, the last layout is measured once more under the caller's
+ *     limit alone to find it), which plan->min_budget keeps too.
  *
  * The peak is predicted for a step in which the batch, the parameters, the
  * optimizer state (options.optim_bytes) and the gradients stay allocated,
