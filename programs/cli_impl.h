@@ -51,10 +51,11 @@ void fr_cli_apply_limits(int64_t threads, size_t memory_limit);
 
 /* ---- train --memory-budget (train_budget.c) ---- */
 /* The largest batch (at most the training set's images) whose training
- * step the planner fits in `budget` in one micro-batch, each a measured
- * step (planner/fit.c), beside what train's loaders will hold (each
- * loader's ready batch and two in the making); the choice and why are
- * printed. FR_ERR_ARG when none fits, or with more than one process. */
+ * step the planner fits in `budget` in one micro-batch, each candidate a
+ * plan verified by a whole measured step (planner/fit.c, fr_fit_batch),
+ * beside what train's loaders will hold (each loader's ready batch and two
+ * in the making); the choice, the plans it took and the time are printed.
+ * FR_ERR_ARG when none fits, or with more than one process. */
 fr_status fr_cli_batch_auto(fr_model *m, const fr_optim *opt, const fr_dataset *ds, int world, size_t budget,
                             bool allow_compress, int *batch);
 /* FR_OK when the ledger's peak since the last reset on the plan's device is

@@ -9,33 +9,43 @@
 
 fr_status fr_cli_batch_auto(fr_model *m, const fr_optim *opt, const fr_dataset *ds, int world, size_t budget,
                             bool allow_compress, int *batch) {
+    /* Each process would measure alone, and their batches must agree (the
+     * loaders shard one global batch): refused rather than guessed. The
+     * per-process batch is what one process finds, so the way round is one
+     * run without mpirun first. */
     if (world > 1)
-        return fr_error(FR_ERR_ARG, "--batch auto runs on one process (each would measure its own): give "
-                        "--batch N with %d processes", world);
-    /* recompute+checkpoint's row gives the planner's search its start */
-    fr_strategy lean = {.recompute = true, .checkpoint = -1};
+        return fr_error(FR_ERR_ARG, "--batch auto runs on one process: run train --batch auto with the same "
+                        "--memory-budget once without mpirun, then give --batch %d x that batch (each of the %d "
+                        "processes trains on its share under the budget)", world, world);
+    fr_device dev = fr_device_of(m->params->items[0].tensor);
+    size_t now = fr_mem_total_current(dev), params = fr_mem_current(dev, FR_TAG_PARAM);
+    /* held beside the step: the data sets (what is in use beyond the
+     * parameters now), the optimizer state, and per image the loaders'
+     * batches (each loader's ready one and two in the making) */
+    fr_plan_options po = {.allow_abn = m->cfg.strategy.abn, .allow_compress = allow_compress,
+                          .optim_bytes = fr_plan_optim_bytes(opt), .extra_bytes = now > params ? now - params : 0};
     int most = ds->n < 65536 ? (int)ds->n : 65536;
-    fr_fit_options fo = {.optim_bytes = fr_plan_optim_bytes(opt), .strategies = &lean, .n_strategies = 1,
-                         .extra_per_image = 4 * (size_t)(ds->c * ds->h * ds->w * 4 + 4), .max_batch = most,
-                         .planner = true,
-                         .plan = {.allow_abn = m->cfg.strategy.abn, .allow_compress = allow_compress}};
-    fr_fit_report fit;
+    fr_fit_batch_result w;
+    double t0 = fr_cli_now();
     fr_mem_set_phase("choosing the batch", 0);
-    FR_TRY(fr_fit(m, FR_SHAPE(most < 32 ? most : 32, ds->c, ds->h, ds->w), budget, &fo, &fit));
-    fr_fit_row w = fit.rows[1];
-    fr_fit_report_free(&fit);
+    FR_TRY(fr_fit_batch(m, FR_SHAPE(1, ds->c, ds->h, ds->w), budget, &po, 4 * (size_t)(ds->c * ds->h * ds->w * 4 + 4),
+                        most, &w));
     char b[3][32];
     fr_mem_format_bytes(budget, b[0], sizeof b[0]);
-    if (w.status != FR_OK || w.batch < 1)
+    if (w.batch < 1)
         return fr_error(FR_ERR_ARG, "--batch auto: no batch fits --memory-budget %s%s%s", b[0],
-                        w.error[0] ? ": " : "", w.error);
+                        w.why[0] ? ": " : "", w.why);
     *batch = w.batch;
     fr_mem_set_phase("setting up", 0);
+    char next[96];
+    if (!w.next)
+        snprintf(next, sizeof next, "%s", w.batch >= most ? "more images than the training set has" : "not tried");
+    else
+        snprintf(next, sizeof next, "batch %d %s %s", w.next, w.next_estimated ? "needs about" : "needs",
+                 w.next_need > 0 ? fr_mem_format_bytes((size_t)w.next_need, b[2], sizeof b[2]) : "more");
     printf("batch auto: %d, the largest batch whose step the planner fits in %s in one micro-batch "
-           "(measured peak %s; batch %d: %s)\n", w.batch, b[0], fr_mem_format_bytes(w.peak, b[1], sizeof b[1]),
-           w.batch + 1, !w.next_measured ? "more images than the training set has"
-                        : w.peak_next ? fr_mem_format_bytes(w.peak_next, b[2], sizeof b[2])
-                                      : "no layout fits");
+           "(verified peak %s; %s; %d plans, %.1f s)\n", w.batch, b[0],
+           fr_mem_format_bytes((size_t)w.peak, b[1], sizeof b[1]), next, w.plans, fr_cli_now() - t0);
     return FR_OK;
 }
 
