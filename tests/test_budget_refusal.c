@@ -116,16 +116,10 @@ static void test_train_refuses_a_step_past_the_budget(void) {
     const char *dir = fr_t_make_tmpdir("refusal");
     write_cifar100(dir, "train.bin", 32);
     write_cifar100(dir, "test.bin", 8);
-    char line[1024], *argv[32];
+    char line[1024];
     snprintf(line, sizeof line, "train --model spiky --data cifar100:%s --batch 8 --epochs 1 --threads 1 "
              "--memory-budget 3M", dir);
-    int argc = 0;
-    for (char *tok = strtok(line, " "); tok && argc < 31; tok = strtok(NULL, " "))
-        argv[argc++] = tok;
-    argv[argc] = NULL;
-    fflush(stdout);
-    int rc = fr_train_main(argc, argv);
-    fflush(stdout);
+    int rc = fr_t_run_main(fr_train_main, line);
     CHECK(rc != 0);
     CHECK(fr_last_status() == FR_ERR_OOM);
     const char *e = fr_last_error();
