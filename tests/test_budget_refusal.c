@@ -86,8 +86,7 @@ static void test_no_plan_holds_names_a_budget(void) {
     CHECK(plan.min_budget > (double)budget);
     snprintf(want, sizeof want, "(%.0f bytes); give at least that", plan.min_budget);
     CHECK(strstr(fr_last_error(), want) != NULL);
-    if (strstr(fr_last_error(), want) == NULL)
-        printf("    %s\n", fr_last_error());
+    printf("    %s\n", fr_last_error());
     CHECK(plan.units == NULL);
     fr_release(x);
     fr_release(y);
