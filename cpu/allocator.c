@@ -10,7 +10,7 @@
  *
  * The rule (docs/ARCHITECTURE.md, "Memory: the bounded CPU cache"): the
  * bytes held from the system (`reserved`: blocks in use at their rounded
- * size, plus cached ones) never exceed FR_CPU_RESERVE_PCT percent of the
+ * size, plus cached ones) never exceed FR_CACHE_RESERVE_PCT percent of the
  * ledger's peak since the last fr_cpu_reset_peak, except by the rounding of
  * blocks in use, and never a limit set by fr_cpu_set_limit (tensor/memory.c
  * holds the ledger's bytes in use under that limit too; a request that
@@ -149,12 +149,8 @@ static void system_free(void *p, size_t size, bool large) {
         free(p);
 }
 
-/* The bound on `reserved` (lock held): FR_CPU_RESERVE_PCT of the peak,
- * capped by the limit. */
-static size_t bound(void) {
-    size_t b = in_use_peak / 100 * FR_CPU_RESERVE_PCT + in_use_peak % 100 * FR_CPU_RESERVE_PCT / 100;
-    return limit_bytes && limit_bytes < b ? limit_bytes : b;
-}
+/* The bound on `reserved` (lock held): tensor/cache_policy.h's. */
+static size_t bound(void) { return fr_cache_bound(in_use_peak, limit_bytes); }
 
 /* Age list (lock held). */
 static void age_unlink(block *b) {
@@ -334,7 +330,7 @@ void *fr_cpu_alloc(size_t nbytes, bool *over_limit) {
         /* Under a limit, growing past it is refused once the trim above
          * has given back every cached block it could: what a device of
          * that size could not hold either. */
-        if (limit_bytes && reserved_bytes + (p ? 0 : size) > limit_bytes) {
+        if (fr_cache_refuse(reserved_bytes, p ? 0 : size, limit_bytes)) {
             if (p) {
                 system_free(p, size, large);
                 reserved_bytes -= size;

@@ -5,12 +5,13 @@
 #ifndef FR_CPU_ALLOCATOR_H
 #define FR_CPU_ALLOCATOR_H
 
+#include "../tensor/cache_policy.h"
 #include "../tensor/fr_base.h"
 
-/* `reserved` stays within this percentage of the peak of requested bytes
- * since the last fr_cpu_reset_peak (plus the rounding of blocks in use to
- * 64 bytes or a page), and never passes fr_cpu_set_limit's cap. */
-#define FR_CPU_RESERVE_PCT 115
+/* `reserved` stays within FR_CACHE_RESERVE_PCT percent of the peak of
+ * requested bytes since the last fr_cpu_reset_peak (plus the rounding of
+ * blocks in use to 64 bytes or a page), and never passes fr_cpu_set_limit's
+ * cap: the rule of tensor/cache_policy.h, shared with the CUDA allocator. */
 /* Requests from this size up take whole pages of mmap'd memory, cut from
  * and joined with cached pieces (and given back with munmap); smaller ones
  * come from malloc, rounded up to 64 bytes. */

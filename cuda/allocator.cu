@@ -14,6 +14,25 @@
  *  - fr_cuda_empty_cache returns such whole free segments to the driver.
  * In steady state (the same sizes every step) no cudaMalloc happens at all.
  *
+ * The cache is bounded by the CPU allocator's rule (tensor/cache_policy.h;
+ * docs/ARCHITECTURE.md, "Memory: the bounded CPU cache"): the ledger gives
+ * each request its peak since the last reset and the --memory-limit, and
+ *  - before a new segment is taken, whole free segments (largest first) go
+ *    back until `reserved` plus the new one is within 115% of that peak;
+ *  - a segment is the pool's 2 MiB (or the large request rounded up to
+ *    2 MiB) only when that fits the bound, else just the rounded request,
+ *    so a small ledger is not held in 2 MiB pieces;
+ *  - a request served from the cache while `reserved` is over the bound
+ *    (the ledger's peak was reset) gives whole free segments back too, and
+ *    a free that leaves a whole segment free while `reserved` is over the
+ *    bound gives that segment back;
+ *  - under a limit, a segment that would take `reserved` past it once every
+ *    whole free segment is back is refused (FR_ERR_OOM), as a device of
+ *    that size would refuse it: the limit caps reserved bytes, not only
+ *    the ledger.
+ * Blocks in use are never moved, so `reserved` can pass the bound by the
+ * rounding and the partly used segments of blocks in use.
+ *
  * When cudaMalloc refuses (cudaErrorMemoryAllocation), the cache's whole
  * free segments go back to the driver and the request is tried once more; if
  * that fails too the error is FR_ERR_OOM, and its message carries the
@@ -34,6 +53,7 @@
 #include <string.h>
 
 #include "internal.h"
+#include "../tensor/cache_policy.h"
 
 #define ROUND ((size_t)512)
 #define SMALL_MAX ((size_t)1 << 20)      /* largest request of the small pool */
@@ -56,6 +76,12 @@ typedef struct block {
 static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
 static block *bins[N_POOLS][N_BINS];
 static size_t reserved_bytes, n_device_mallocs;
+static size_t bound_now = SIZE_MAX; /* the bound of the latest request (cache_policy.h) */
+/* Bytes of whole free segments: free blocks with no neighbour, none of
+ * whose segment is in use. A block in a bin never gains or loses its
+ * neighbours (splits and merges happen outside the bins), so the bins
+ * keep the count. */
+static size_t whole_free;
 
 /* Blocks in use, found by pointer on free: a chained hash table that doubles
  * when it averages two blocks per bucket. */
@@ -81,6 +107,7 @@ static size_t hash_of(const void *p, size_t buckets) {
 
 static void bin_insert(block *b) {
     block **head = &bins[b->pool][bin_of(b->size)];
+    whole_free += b->prev || b->next ? 0 : b->size;
     b->bin_prev = NULL;
     b->bin_next = *head;
     if (*head)
@@ -90,6 +117,7 @@ static void bin_insert(block *b) {
 
 static void bin_remove(block *b) {
     block **head = &bins[b->pool][bin_of(b->size)];
+    whole_free -= b->prev || b->next ? 0 : b->size;
     if (b->bin_prev)
         b->bin_prev->bin_next = b->bin_next;
     else
@@ -161,25 +189,33 @@ static block *table_remove(const void *ptr) {
 
 /* ---- segments (lock held) ---- */
 
-/* Returns every whole free segment to the driver. */
-static void release_free_segments(void) {
-    for (int pool = 0; pool < N_POOLS; pool++)
-        for (int bin = 0; bin < N_BINS; bin++)
-            for (block *b = bins[pool][bin], *next; b; b = next) {
+/* Returns one whole free segment to the driver. */
+static void release_segment(block *b) {
+    bin_remove(b);
+    cudaError_t e = cudaFree(b->ptr);
+    if (e != cudaSuccess) {
+        /* The device is in trouble; forget the segment rather than hand it
+         * out again. The next checked call reports the state of the device. */
+        (void)cudaGetLastError();
+        fr_error(FR_ERR_CUDA, "cuda empty cache: cudaFree: %s", cudaGetErrorString(e));
+    }
+    reserved_bytes -= b->size;
+    free(b);
+}
+
+/* Returns whole free segments to the driver, the large pool's first and
+ * the largest first in each, until at least `want` bytes went back
+ * (SIZE_MAX: all of them). */
+static void release_free_segments(size_t want) {
+    size_t given = 0;
+    for (int pool = N_POOLS - 1; pool >= 0; pool--)
+        for (int bin = N_BINS - 1; bin >= 0 && given < want; bin--)
+            for (block *b = bins[pool][bin], *next; b && given < want; b = next) {
                 next = b->bin_next;
                 if (b->prev || b->next)
                     continue; /* part of a segment that is still in use */
-                bin_remove(b);
-                cudaError_t e = cudaFree(b->ptr);
-                if (e != cudaSuccess) {
-                    /* The device is in trouble; forget the segment rather
-                     * than hand it out again. The next checked call reports
-                     * the state of the device. */
-                    (void)cudaGetLastError();
-                    fr_error(FR_ERR_CUDA, "cuda empty cache: cudaFree: %s", cudaGetErrorString(e));
-                }
-                reserved_bytes -= b->size;
-                free(b);
+                given += b->size;
+                release_segment(b);
             }
 }
 
@@ -229,8 +265,8 @@ static void split(block *b, size_t size) {
 }
 
 /* Marks a block free, merges it with free neighbours of its segment and
- * files the result in its bin. */
-static void give_back(block *b) {
+ * files the result in its bin, which it returns. */
+static block *give_back(block *b) {
     b->free = true;
     block *next = b->next;
     if (next && next->free) {
@@ -252,6 +288,7 @@ static void give_back(block *b) {
         b = prev;
     }
     bin_insert(b);
+    return b;
 }
 
 /* ---- out of memory ---- */
@@ -290,7 +327,7 @@ static void report_oom(size_t nbytes, const char *why) {
  * as C, which the host-only harness tests/test_cuda_alloc_host.c does (a
  * fake cudaMalloc, no GPU). */
 
-void *fr_cuda_alloc(size_t nbytes, size_t *block_bytes) {
+void *fr_cuda_alloc(size_t nbytes, size_t peak, size_t limit, size_t *block_bytes) {
     if (fr_cuda_device_count() == 0) {
         fr_error(FR_ERR_DEVICE, "cuda alloc: no CUDA device is available");
         return NULL;
@@ -308,17 +345,32 @@ void *fr_cuda_alloc(size_t nbytes, size_t *block_bytes) {
     int pool = size <= SMALL_MAX ? POOL_SMALL : POOL_LARGE;
 
     pthread_mutex_lock(&lock);
+    size_t bound = fr_cache_bound(peak, limit);
+    bound_now = bound;
     block *b = best_fit(pool, size);
     if (b) {
         bin_remove(b);
     } else {
-        size_t seg = pool == POOL_SMALL ? SMALL_SEGMENT : round_up(size, LARGE_ROUND);
+        /* the bound first (cache_policy.h): room for the block itself, then
+         * the pool's unit only if that fits too */
+        release_free_segments(fr_cache_release(reserved_bytes, whole_free, size, bound));
+        size_t seg = fr_cache_unit(size, pool == POOL_SMALL ? SMALL_SEGMENT : round_up(size, LARGE_ROUND),
+                                   reserved_bytes, bound);
+        if (fr_cache_refuse(reserved_bytes, seg, limit)) {
+            char lim[32], held[32], why[128];
+            fr_mem_format_bytes(limit, lim, sizeof lim);
+            fr_mem_format_bytes(reserved_bytes, held, sizeof held);
+            snprintf(why, sizeof why, "limit %s on reserved bytes, %s reserved with the cache emptied", lim, held);
+            pthread_mutex_unlock(&lock);
+            report_oom(nbytes, why);
+            return NULL;
+        }
         cudaError_t err;
         b = new_segment(pool, seg, &err);
         if (!b && err == cudaErrorMemoryAllocation) {
             /* Cached free segments may be what fills the device: give them
              * back and try once more. */
-            release_free_segments();
+            release_free_segments(SIZE_MAX);
             b = new_segment(pool, seg, &err);
         }
         if (!b) {
@@ -345,6 +397,10 @@ void *fr_cuda_alloc(size_t nbytes, size_t *block_bytes) {
     }
     split(b, size);
     b->free = false;
+    /* a block from the cache after the peak was reset: the rest of what the
+     * cache holds over the new bound goes back */
+    if (reserved_bytes > bound && whole_free)
+        release_free_segments(fr_cache_release(reserved_bytes, whole_free, 0, bound));
     if (!table_insert(b)) {
         /* No host memory for the table: undo, keeping the block cached. */
         give_back(b);
@@ -365,13 +421,15 @@ void fr_cuda_free(void *ptr) {
     pthread_mutex_lock(&lock);
     block *b = table_remove(ptr);
     FR_ASSERT(b && !b->free); /* a pointer fr_cuda_alloc did not hand out */
-    give_back(b);
+    b = give_back(b);
+    if (!b->prev && !b->next && reserved_bytes > bound_now) /* a whole segment over the bound */
+        release_segment(b);
     pthread_mutex_unlock(&lock);
 }
 
 void fr_cuda_empty_cache(void) {
     pthread_mutex_lock(&lock);
-    release_free_segments();
+    release_free_segments(SIZE_MAX);
     pthread_mutex_unlock(&lock);
 }
 

@@ -291,7 +291,7 @@ static fr_status create_blas_handle(cublasHandle_t *out) {
     size_t block = 0;
     void *ws = NULL;
     if (bs == CUBLAS_STATUS_SUCCESS) {
-        ws = fr_cuda_alloc(blas_workspace_bytes(), &block);
+        ws = fr_cuda_alloc(blas_workspace_bytes(), FR_CACHE_NO_LEDGER, 0, &block);
         if (!ws)
             st = fr_last_status();
         else

@@ -13,6 +13,7 @@
 #ifndef FR_CUDA_H
 #define FR_CUDA_H
 
+#include "../tensor/cache_policy.h"
 #include "../tensor/cuda.h"
 #include "../tensor/kernels.h"
 
@@ -21,9 +22,13 @@ extern "C" {
 #endif
 
 /* Caching allocator. *block_bytes receives the size of the block actually
- * held (>= nbytes). NULL + FR_ERR_OOM on failure. Only the ledger
- * (tensor/memory.c) calls these, so every byte is counted. */
-void *fr_cuda_alloc(size_t nbytes, size_t *block_bytes);
+ * held (>= nbytes). `peak`: the ledger's peak since its last reset,
+ * counting this request, which bounds the cache (FR_CACHE_NO_LEDGER: no
+ * bound); `limit`: the cap on reserved bytes (0: none); the rule is
+ * tensor/cache_policy.h's. NULL + FR_ERR_OOM on failure. Only the ledger
+ * (tensor/memory.c) calls these, so every byte is counted (and the cuBLAS
+ * workspace, with FR_CACHE_NO_LEDGER). */
+void *fr_cuda_alloc(size_t nbytes, size_t peak, size_t limit, size_t *block_bytes);
 void fr_cuda_free(void *ptr);
 
 /* The GPU this process uses from now on: local_rank mod the GPUs of the

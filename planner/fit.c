@@ -483,3 +483,114 @@ void fr_fit_print(const fr_fit_report *r, FILE *out) {
         if (r->rows[i].planned && r->rows[i].status == FR_OK && !r->rows[i].batch && r->rows[i].error[0])
             fprintf(out, "planner: %s\n", r->rows[i].error);
 }
+
+/* ---- --batch auto: the largest batch the planner fits, from few plans ----
+ *
+ * A batch fits when fr_plan_memory finds a layout in one micro-batch whose
+ * whole measured step holds the budget (planner.h, step 4): that step is
+ * the measurement, no trial is run beside it. Each plan at a new batch
+ * profiles the model there, which costs about as much as a few steps at
+ * that batch, so the search asks for few: two small batches give the line
+ * through the least each needs (the leanest layout's bytes); the guess
+ * where it meets the budget is planned; from then on the line through
+ * the two planned batches nearest the budget guesses again, until the
+ * batch that fits and the one that does not are neighbours, or the line
+ * through the largest that fits says one image more passes the budget. */
+typedef struct {
+    int b;
+    bool fits;
+    double need; /* the leanest layout's bytes at b (0: not known) */
+    double peak; /* fits: the verified peak of its plan */
+} planned_point;
+
+static fr_status plan_point(fr_model *m, const int64_t *image, size_t budget, const fr_plan_options *po,
+                            size_t extra_per_image, planned_point *p, fr_fit_batch_result *out) {
+    fr_plan_options o = *po;
+    o.max_accum = 1;
+    o.extra_bytes += extra_per_image * (size_t)p->b;
+    fr_memory_plan plan;
+    fr_status st = fr_plan_memory(m, FR_SHAPE(p->b, image[1], image[2], image[3]), budget, &o, &plan);
+    out->plans++;
+    p->fits = st == FR_OK;
+    p->need = st == FR_OK ? plan.leanest_peak : plan.min_budget;
+    p->peak = st == FR_OK ? plan.verified_peak : 0;
+    fr_memory_plan_free(&plan);
+    if (st == FR_ERR_ARG || st == FR_ERR_OOM) { /* no layout, or none whose step holds */
+        snprintf(out->why, sizeof out->why, "%s", fr_last_error());
+        fr_clear_error();
+        return FR_OK;
+    }
+    return st;
+}
+
+/* Where the line through p and q (their `need`) meets the budget, or 0. */
+static int meets(const planned_point *p, const planned_point *q, size_t budget, double *per) {
+    if (!p || !q || p->b == q->b || p->need <= 0 || q->need <= 0 || (q->need - p->need) * (q->b - p->b) <= 0)
+        return 0;
+    *per = (q->need - p->need) / (double)(q->b - p->b);
+    double g = (double)p->b + ((double)budget - p->need) / *per;
+    return g < 1 ? 1 : g > 1e9 ? 1000000000 : (int)g;
+}
+
+fr_status fr_fit_batch(fr_model *m, const int64_t *image, size_t budget, const fr_plan_options *po,
+                       size_t extra_per_image, int max_batch, fr_fit_batch_result *out) {
+    *out = (fr_fit_batch_result){0};
+    if (!m || !image || !po || max_batch < 1 || !budget)
+        return fr_error(FR_ERR_ARG, "fr_fit_batch: a model, an image shape, plan options, a budget and "
+                        "max_batch >= 1 are needed");
+    enum { MAX_PLANS = 10 };
+    planned_point pts[MAX_PLANS + 2];
+    int np = 0;
+    const planned_point *lo = NULL, *hi = NULL, *near = NULL;
+    double per = 0;
+    bool by_line = false;
+    for (int probe = max_batch < 8 ? max_batch : 8;; probe = 0) {
+        int g = probe;
+        if (!g) {
+            /* the two points nearest the budget: the ends of the bracket, or
+             * the last two planned */
+            lo = hi = NULL;
+            for (int i = 0; i < np; i++) {
+                if (pts[i].fits && (!lo || pts[i].b > lo->b))
+                    lo = &pts[i];
+                if (!pts[i].fits && (!hi || pts[i].b < hi->b))
+                    hi = &pts[i];
+            }
+            int a = lo ? lo->b : 0, z = hi ? hi->b : max_batch + 1;
+            if (z - a <= 1 || np >= MAX_PLANS)
+                break;
+            near = NULL; /* the point nearest lo, for the line through lo */
+            for (int i = 0; lo && i < np; i++)
+                if (&pts[i] != lo && pts[i].need > 0 && (!near || abs(pts[i].b - a) < abs(near->b - a)))
+                    near = &pts[i];
+            g = lo && hi ? meets(lo, hi, budget, &per) : lo ? meets(near, lo, budget, &per)
+                                                             : np >= 2 ? meets(&pts[np - 2], &pts[np - 1], budget, &per) : 0;
+            /* the line through the largest that fits puts the next one over
+             * the budget: that is the answer, by the measured line */
+            if ((by_line = lo && g == a && per > 0 && lo->need + per > (double)budget))
+                break;
+            if (g <= a || g >= z)
+                g = g <= a ? a + 1 : z - 1;
+            if (!lo && !g)
+                g = z / 2 > 0 ? z / 2 : 1;
+            if (lo && !hi && np < 2)
+                g = 2 * a < z ? 2 * a : z - 1;
+        }
+        planned_point *p = &pts[np++];
+        *p = (planned_point){.b = g};
+        FR_TRY(plan_point(m, image, budget, po, extra_per_image, p, out));
+    }
+    if (lo) {
+        out->batch = lo->b;
+        out->peak = lo->peak;
+    }
+    if (by_line) {
+        out->next = lo->b + 1;
+        out->next_need = lo->need + per;
+        out->next_estimated = true;
+    } else if (hi) {
+        out->next = hi->b;
+        out->next_need = hi->need;
+    }
+    return FR_OK;
+}

@@ -1,7 +1,9 @@
-/* plan_print.c: a memory plan in words, and a measured step beside it; see
+/* plan_print.c: a memory plan in words, a measured step beside it, and the
+ * plan's small helpers (freeing it, the optimizer state it counts); see
  * planner.h. */
 #include "planner.h"
 
+#include <stdlib.h>
 #include <string.h>
 
 static double mib(double b) { return b / (1024.0 * 1024.0); }
@@ -69,4 +71,24 @@ void fr_plan_print_measured(const fr_memory_plan *plan, size_t measured_peak, si
                 fr_mem_format_bytes(not_yet, c, sizeof c));
     fprintf(out, "; budget %s%s\n", fr_mem_format_bytes(plan->budget, d, sizeof d),
             measured_peak > plan->budget ? ": EXCEEDED" : "");
+}
+
+size_t fr_plan_optim_bytes(const fr_optim *opt) {
+    if (!opt)
+        return 0;
+    size_t trainable = 0;
+    for (int i = 0; i < opt->params->count; i++)
+        if (opt->params->items[i].kind == FR_PARAMETER)
+            trainable += fr_nbytes(opt->params->items[i].tensor);
+    if (opt->kind == FR_OPTIM_SGD)
+        return opt->sgd.momentum != 0 ? trainable : 0;
+    return 2 * trainable;
+}
+
+void fr_memory_plan_free(fr_memory_plan *plan) {
+    if (!plan)
+        return;
+    free(plan->units);
+    free(plan->points);
+    *plan = (fr_memory_plan){0};
 }

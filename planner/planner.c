@@ -406,26 +406,6 @@ static context make_context(const fr_profile *p, const fr_plan_options *o, int b
     return cx;
 }
 
-size_t fr_plan_optim_bytes(const fr_optim *opt) {
-    if (!opt)
-        return 0;
-    size_t trainable = 0;
-    for (int i = 0; i < opt->params->count; i++)
-        if (opt->params->items[i].kind == FR_PARAMETER)
-            trainable += fr_nbytes(opt->params->items[i].tensor);
-    if (opt->kind == FR_OPTIM_SGD)
-        return opt->sgd.momentum != 0 ? trainable : 0;
-    return 2 * trainable;
-}
-
-void fr_memory_plan_free(fr_memory_plan *plan) {
-    if (!plan)
-        return;
-    free(plan->units);
-    free(plan->points);
-    *plan = (fr_memory_plan){0};
-}
-
 /* What planning may hold (issue 22): trial steps stay within the budget,
  * plus what the caller holds beyond the plan's static bytes (`slack`, when
  * positive: a data set outside options.extra_bytes, say). */
@@ -695,16 +675,22 @@ fr_status fr_plan_memory(fr_model *m, const int64_t *shape, size_t budget, const
     bool missed = false, held = false;
     fr_status st = FR_OK;
     for (int round = 0; round < VERIFY_ROUNDS && target >= 1; round++) {
-        free(plan->units);
-        free(plan->points);
-        plan->units = NULL;
-        plan->points = NULL;
-        st = choose(m, shape, (size_t)target, &o, &r, div, nd, lean, lean1, plan);
+        /* made in a copy: a lowered budget that fits no layout leaves the
+         * last measured one in *plan */
+        fr_memory_plan next = *plan;
+        next.units = NULL;
+        next.points = NULL;
+        st = choose(m, shape, (size_t)target, &o, &r, div, nd, lean, lean1, &next);
         if (st == FR_ERR_ARG && missed) { /* the lowered budget fits no layout */
             fr_clear_error();
+            free(next.units);
+            free(next.points);
             st = FR_OK;
             break;
         }
+        free(plan->units);
+        free(plan->points);
+        *plan = next;
         if (st != FR_OK)
             break;
         fr_profile_cap cap = trial_cap(&r, plan->micro_batch, shape);
@@ -717,8 +703,14 @@ fr_status fr_plan_memory(fr_model *m, const int64_t *shape, size_t budget, const
         /* lowered by the miss; a step the cap stopped missed by an unknown amount */
         target -= isfinite(plan->verified_peak) ? plan->verified_peak - (double)budget : (double)budget / 16;
     }
+    /* every round stopped by the cap: its last layout once more under the
+     * caller's limit alone, to name a budget that works (as for `lean1`) */
+    if (st == FR_OK && !held && !isfinite(least) && plan->units)
+        st = fr_profile_whole_step(m, plan, &(fr_profile_cap){0}, &least);
     if (st == FR_OK && !held) {
         char have[32], need[32];
+        if (isfinite(least))
+            plan->min_budget = fmax(plan->min_budget, ceil(least));
         fr_mem_format_bytes(budget, have, sizeof have);
         fr_mem_format_bytes(isfinite(least) ? (size_t)ceil(least) : 0, need, sizeof need);
         st = isfinite(least)

@@ -40,7 +40,9 @@
  *     on a flat chain under recompute), so a step over the budget makes the
  *     planner plan again for the budget lowered by the miss (4 rounds at
  *     most); when none holds, FR_ERR_ARG names the model, the budget and
- *     the least a measured layout needed.
+ *     the least a measured layout needed (when the cap stopped every
+ *     round, the last layout is measured once more under the caller's
+ *     limit alone to find it), which plan->min_budget keeps too.
  *
  * The peak is predicted for a step in which the batch, the parameters, the
  * optimizer state (options.optim_bytes) and the gradients stay allocated,
@@ -230,6 +232,30 @@ fr_status fr_fit(fr_model *m, const int64_t *shape, size_t budget, const fr_fit_
                  fr_fit_report *out);
 /* The report as a short table. */
 void fr_fit_print(const fr_fit_report *r, FILE *out);
+
+/* The largest batch <= max_batch (inputs of image[1..3]) for which the
+ * planner finds a layout in one micro-batch whose whole measured step holds
+ * `budget` (train --batch auto), from few plans: two small batches give the
+ * line of the least a step needs, each guess where it meets the budget is
+ * planned, until the batch that fits and the next that does not are
+ * neighbours, or the line through the largest that fits puts one image
+ * more over the budget (then next_estimated). `po`: the plan's options
+ * (optim_bytes, extra_bytes held beside the step, allow_abn,
+ * allow_compress; max_accum is 1), with extra_per_image bytes more per
+ * image (a loader's batches). FR_OK with batch 0 when not even one image
+ * fits (`why` says the planner's reason). */
+typedef struct {
+    int batch;            /* the largest batch found to fit (0: none) */
+    double peak;          /* its plan's verified peak */
+    int next;             /* the batch above it known or estimated not to fit (0: none) */
+    double next_need;     /* the least that batch needs (planned, or the line's estimate) */
+    bool next_estimated;  /* next was not planned: the line says so */
+    int plans;            /* fr_plan_memory calls made (each profiles a new batch) */
+    char why[256];        /* the planner's last refusal */
+} fr_fit_batch_result;
+
+fr_status fr_fit_batch(fr_model *m, const int64_t *image, size_t budget, const fr_plan_options *po,
+                       size_t extra_per_image, int max_batch, fr_fit_batch_result *out);
 void fr_fit_report_free(fr_fit_report *r); /* NULL-safe */
 
 #ifdef __cplusplus

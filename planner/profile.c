@@ -282,7 +282,11 @@ static fr_status measure_all(fr_model *m, void *profile, const fr_profile_cap *c
         }
         if (st != FR_OK)
             break;
-        /* the next step's input */
+        /* the next step's input: held, made under no_grad. In a training
+         * step a recompute step leaves a recipe instead, which the next
+         * step keeps in place of the tensor, so the composed prediction of
+         * a flat chain under recompute counts that output as held when it is
+         * not (tests/test_planner_flat.c; not profiled yet) */
         fr_no_grad_enter();
         run.strategy = FR_STRATEGY_PLAIN;
         fr_tensor *next = fr_seq_run_steps(root, s, 1, cur, &run);

@@ -182,40 +182,6 @@ int fr_cli_exit_status(const char *prog, fr_status s) {
     return 1;
 }
 
-/* ---- --batch auto ---- */
-
-fr_status fr_cli_batch_auto(fr_model *m, const fr_optim *opt, const fr_dataset *ds, int world, size_t budget,
-                            bool allow_compress, int *batch) {
-    if (world > 1)
-        return fr_error(FR_ERR_ARG, "--batch auto runs on one process (each would measure its own): give "
-                        "--batch N with %d processes", world);
-    /* recompute+checkpoint's row gives the planner's search its start */
-    fr_strategy lean = {.recompute = true, .checkpoint = -1};
-    int most = ds->n < 65536 ? (int)ds->n : 65536;
-    fr_fit_options fo = {.optim_bytes = fr_plan_optim_bytes(opt), .strategies = &lean, .n_strategies = 1,
-                         .extra_per_image = 4 * (size_t)(ds->c * ds->h * ds->w * 4 + 4), .max_batch = most,
-                         .planner = true,
-                         .plan = {.allow_abn = m->cfg.strategy.abn, .allow_compress = allow_compress}};
-    fr_fit_report fit;
-    fr_mem_set_phase("choosing the batch", 0);
-    FR_TRY(fr_fit(m, FR_SHAPE(most < 32 ? most : 32, ds->c, ds->h, ds->w), budget, &fo, &fit));
-    fr_fit_row w = fit.rows[1];
-    fr_fit_report_free(&fit);
-    char b[3][32];
-    fr_mem_format_bytes(budget, b[0], sizeof b[0]);
-    if (w.status != FR_OK || w.batch < 1)
-        return fr_error(FR_ERR_ARG, "--batch auto: no batch fits --memory-budget %s%s%s", b[0],
-                        w.error[0] ? ": " : "", w.error);
-    *batch = w.batch;
-    fr_mem_set_phase("setting up", 0);
-    printf("batch auto: %d, the largest batch whose step the planner fits in %s in one micro-batch "
-           "(measured peak %s; batch %d: %s)\n", w.batch, b[0], fr_mem_format_bytes(w.peak, b[1], sizeof b[1]),
-           w.batch + 1, !w.next_measured ? "more images than the training set has"
-                        : w.peak_next ? fr_mem_format_bytes(w.peak_next, b[2], sizeof b[2])
-                                      : "no layout fits");
-    return FR_OK;
-}
-
 /* ---- models ---- */
 
 fr_model *fr_cli_model_create(const char *name, int in_channels, int num_classes, uint64_t seed) {

@@ -8,6 +8,7 @@
 #include <stdio.h>
 
 #include "../nn/model.h"
+#include "../planner/planner.h"
 #include "../train/amp.h"
 #include "../train/optim.h"
 #include "../train/train.h"
@@ -48,14 +49,24 @@ fr_status fr_cli_conflict(const fr_cli_seen *s, const char *a, const char *b, co
  * device's ledger is capped at memory_limit bytes (0: no cap). */
 void fr_cli_apply_limits(int64_t threads, size_t memory_limit);
 
-/* ---- --batch auto ---- */
+/* ---- train --memory-budget (train_budget.c) ---- */
 /* The largest batch (at most the training set's images) whose training
- * step the planner fits in `budget` in one micro-batch, each a measured
- * step (planner/fit.c), beside what train's loaders will hold (each
- * loader's ready batch and two in the making); the choice and why are
- * printed. FR_ERR_ARG when none fits, or with more than one process. */
+ * step the planner fits in `budget` in one micro-batch, each candidate a
+ * plan verified by a whole measured step (planner/fit.c, fr_fit_batch),
+ * beside what train's loaders will hold (each loader's ready batch and two
+ * in the making); the choice, the plans it took and the time are printed.
+ * FR_ERR_ARG when none fits, or with more than one process. */
 fr_status fr_cli_batch_auto(fr_model *m, const fr_optim *opt, const fr_dataset *ds, int world, size_t budget,
                             bool allow_compress, int *batch);
+/* FR_OK when the ledger's peak since the last reset on the plan's device is
+ * within plan->budget; else FR_ERR_OOM naming the model, the phase and
+ * step, the tag holding the most at the peak, and the plan's figures, with
+ * plan->min_budget raised to that peak (what fr_cli_oom_hint names). */
+fr_status fr_cli_plan_check_step(fr_memory_plan *plan, const char *model, int64_t step);
+/* After an FR_ERR_OOM in training or evaluation: the error again, saying
+ * what would have fitted (the plan's smallest budget, or that
+ * --memory-budget plans a step for the --memory-limit); FR_ERR_OOM. */
+fr_status fr_cli_oom_hint(const fr_memory_plan *plan, size_t memory_limit, size_t memory_budget);
 
 /* ---- models ---- */
 /* A registered model (models/registry.h: resnet<6n+2>, preresnet<9n+2>,

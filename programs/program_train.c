@@ -526,11 +526,7 @@ static fr_status train_epoch(run *r, fr_progress *pg, double *loss, double *acc,
             /* the planner verified this layout with a whole measured step
              * (planner/planner.h), so a step past the budget is a plan that
              * did not hold: an error, never a run that carries on over it */
-            if (peak > r->plan.budget)
-                return fr_error(FR_ERR_OOM, "%s: the memory plan did not hold: step %lld peaked at %zu "
-                                "bytes, past the --memory-budget of %zu (predicted %.0f, verified %.0f)",
-                                r->model->name, (long long)st->step + 1, peak, r->plan.budget,
-                                r->plan.predicted_peak, r->plan.verified_peak);
+            FR_TRY(fr_cli_plan_check_step(&r->plan, r->model->name, st->step + 1));
         }
         st->batch++;
         st->step++;
@@ -706,26 +702,6 @@ static fr_status plan_memory(const options *o, run *r) {
     return fr_plan_apply(r->model, &r->plan);
 }
 
-/* An out-of-memory error (which names the phase, step and tag that asked:
- * tensor/memory.h) also says what would have fitted: the plan's smallest
- * budget, or that a budget plans a step for a limit. */
-static fr_status oom_hint(const options *o, const run *r) {
-    char why[1024], b[32];
-    snprintf(why, sizeof why, "%s", fr_last_error());
-    const char *phase = fr_mem_phase();
-    if (!phase || (strcmp(phase, "training") && strcmp(phase, "evaluation")))
-        return FR_ERR_OOM; /* loading data or planning: a budget does not change that */
-    if (r->plan.min_budget > 0)
-        return fr_error(FR_ERR_OOM, "%s; the smallest budget the planner found for batch %d is %s "
-                        "(--memory-budget; --memory-limit at least that plus the data set's bytes)",
-                        why, r->plan.batch, fr_mem_format_bytes((size_t)r->plan.min_budget, b, sizeof b));
-    if (o->memory_limit && !o->memory_budget)
-        return fr_error(FR_ERR_OOM, "%s; --memory-budget %s plans a step that fits (and names the "
-                        "smallest budget that works)", why,
-                        fr_mem_format_bytes(o->memory_limit, b, sizeof b));
-    return FR_ERR_OOM;
-}
-
 /* MPI when asked (--dist) or when started by an MPI launcher. */
 static fr_status start_dist(const options *o, run *r) {
     r->world = 1;
@@ -779,7 +755,7 @@ int fr_train_main(int argc, char **argv) {
         s = train(&r, &o);
     }
     if (s == FR_ERR_OOM)
-        s = oom_hint(&o, &r);
+        s = fr_cli_oom_hint(&r.plan, o.memory_limit, o.memory_budget);
     if (s != FR_OK && r.world > 1) {
         /* the others may be waiting for this process in a collective: end them all */
         fprintf(stderr, "train: rank %d of %d: %s\n", r.rank, r.world, fr_last_error());

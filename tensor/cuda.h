@@ -16,7 +16,9 @@
  * RUNPATH). FR_CUDA=0 in the environment keeps it closed.
  *
  * Memory: the backend's allocator caches (size-binned blocks, splitting,
- * reuse); freed blocks stay reserved until fr_cuda_empty_cache(). One stream
+ * reuse) within the CPU cache's bound (tensor/cache_policy.h: reserved
+ * within 115% of the ledger's peak, a --memory-limit capping it); freed
+ * blocks otherwise stay reserved until fr_cuda_empty_cache(). One stream
  * (the legacy default stream) carries all work. Convolution runs in cuDNN
  * when it can, else as im2col + cuBLAS; FR_CUDNN=0 in the environment starts
  * the process with cuDNN off, fr_cuda_set_cudnn switches at run time.

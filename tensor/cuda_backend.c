@@ -15,7 +15,7 @@
 /* ---- what is looked up ---- */
 
 typedef struct {
-    void *(*alloc)(size_t, size_t *);
+    void *(*alloc)(size_t, size_t, size_t, size_t *);
     void (*free)(void *);
     void (*empty_cache)(void);
     void (*cache_stats)(size_t *, size_t *);
@@ -264,12 +264,12 @@ fr_status fr_no_cuda(const char *what) {
  * that is half there. */
 static bool usable(void) { return fr_cuda_device_count() > 0; }
 
-void *fr_cuda_alloc(size_t nbytes, size_t *block_bytes) {
+void *fr_cuda_alloc(size_t nbytes, size_t peak, size_t limit, size_t *block_bytes) {
     if (!usable()) {
         fr_no_cuda("cuda alloc");
         return NULL;
     }
-    return api.alloc(nbytes, block_bytes);
+    return api.alloc(nbytes, peak, limit, block_bytes);
 }
 void fr_cuda_free(void *ptr) {
     if (ptr && usable())

@@ -114,6 +114,10 @@ void *fr_mem_alloc(fr_device dev, size_t nbytes, fr_mem_tag tag) {
     FR_ASSERT((unsigned)dev < FR_DEVICE_COUNT && (unsigned)tag < FR_TAG_COUNT);
     pthread_mutex_lock(&ledger_lock);
     bool over = limits[dev] && ledger[dev].total_current + nbytes > limits[dev];
+    /* the peak with this request, which bounds the GPU cache (the CPU's
+     * keeps its own count) */
+    size_t peak = ledger[dev].total_current + nbytes > ledger[dev].total_peak ? ledger[dev].total_current + nbytes
+                                                                             : ledger[dev].total_peak;
     pthread_mutex_unlock(&ledger_lock);
     if (over) {
         char lim[32];
@@ -146,7 +150,7 @@ void *fr_mem_alloc(fr_device dev, size_t nbytes, fr_mem_tag tag) {
         }
     } else {
         size_t block = 0;
-        p = fr_cuda_alloc(nbytes, &block);
+        p = fr_cuda_alloc(nbytes, peak, fr_mem_get_limit(dev), &block);
         if (!p) { /* fr_cuda_alloc has set the error; an OOM gets the phase too */
             char during[96], msg[1024];
             phase_text(during, sizeof during);

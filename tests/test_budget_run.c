@@ -15,6 +15,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "flat_vgg.h"
 #include "testlib.h"
 #include "nn/build.h"
 #include "planner/planner.h"
@@ -30,24 +31,6 @@ static void trace(void *user, fr_device dev, const fr_mem_stats *now) {
     (void)user;
     if (dev == FR_CPU && now->total_current > high_water)
         high_water = now->total_current;
-}
-
-static fr_model *flat_vgg(void) {
-    fr_model *m = fr_model_new("flatvgg", 3, 10, 3);
-    fr_module *net = fr_model_root(m);
-    static const int ch[][2] = {{3, 16}, {16, 16}, {16, 32}, {32, 32}};
-    for (int i = 0; i < 4; i++) {
-        char conv[16], bn[16];
-        snprintf(conv, sizeof conv, "c%d_conv", i + 1);
-        snprintf(bn, sizeof bn, "c%d_bn", i + 1);
-        fr_conv2d_new(net, conv, (fr_conv2d_opts){.in = ch[i][0], .out = ch[i][1]});
-        fr_norm_new(net, bn, (fr_norm_opts){.channels = ch[i][1], .act = FR_ACT_RELU});
-        if (i == 1)
-            fr_max_pool2d_new(net, "p1", (fr_pool_params){.kernel = 2, .stride = 2});
-    }
-    fr_global_avg_pool_new(net, "gap");
-    fr_linear_new(net, "fc", (fr_linear_opts){.in = 32, .out = 10});
-    return fr_model_finish(m);
 }
 
 static fr_model *make(const char *name) {

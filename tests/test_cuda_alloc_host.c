@@ -10,8 +10,10 @@
  * large remainders split only above 1 MiB), coalescing of freed neighbours,
  * the out-of-memory path (cache returned, one retry, FR_ERR_OOM with the
  * ledger report), and that a sticky error is FR_ERR_CUDA, not out of memory,
- * with the cache left alone. test_cuda_alloc.c checks the same allocator on
- * a real GPU. */
+ * with the cache left alone; and the bound it shares with the CPU cache
+ * (tensor/cache_policy.h): `reserved` within 115% of the ledger's peak, no
+ * 2 MiB segments for a small ledger, --memory-limit capping reserved bytes.
+ * test_cuda_alloc.c checks the same allocator on a real GPU. */
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -104,7 +106,7 @@ static const char *cudaGetErrorString(cudaError_t e) {
 #define fr_cuda_empty_cache harness_empty_cache
 #define fr_cuda_cache_stats harness_cache_stats
 #define fr_cuda_device_count harness_device_count
-void *harness_alloc(size_t nbytes, size_t *block_bytes);
+void *harness_alloc(size_t nbytes, size_t peak, size_t limit, size_t *block_bytes);
 void harness_free(void *ptr);
 void harness_empty_cache(void);
 void harness_cache_stats(size_t *reserved, size_t *device_mallocs);
@@ -114,6 +116,13 @@ static cudaError_t fr_cuda_bind_thread(void) { return cudaSuccess; } /* one fake
 #include "../cuda/allocator.cu"
 
 /* ---- helpers ---- */
+
+/* A request outside any ledger: the cache unbounded, no limit (what the
+ * tests before the bound (issue 22) measure). */
+static void *unbounded(size_t nbytes, size_t *block_bytes) {
+    return harness_alloc(nbytes, FR_CACHE_NO_LEDGER, 0, block_bytes);
+}
+
 
 static size_t reserved_now(void) {
     size_t r = 0;
@@ -177,7 +186,7 @@ static void test_random_no_overlap_exact_bytes(void) {
             /* mostly small, some large (up to 9 MiB), some 0 */
             size_t n = (s >> 12) % 8 == 0 ? (size_t)(s >> 9) % (9 * MIB)
                        : (s >> 12) % 8 == 1 ? 0 : (size_t)(s >> 14) % 70000;
-            p[slot] = (unsigned char *)harness_alloc(n, &got[slot]);
+            p[slot] = (unsigned char *)unbounded(n, &got[slot]);
             CHECK_NOTNULL(p[slot]);
             if (!p[slot])
                 break;
@@ -212,7 +221,7 @@ static void test_random_no_overlap_exact_bytes(void) {
     for (int round = 0; round < 2; round++) {
         size_t before = fake.mallocs;
         for (int i = 0; i < 6; i++)
-            q[i] = harness_alloc(sizes[i], NULL);
+            q[i] = unbounded(sizes[i], NULL);
         for (int i = 0; i < 6; i++)
             harness_free(q[i]);
         if (round == 1)
@@ -226,12 +235,12 @@ static void test_random_no_overlap_exact_bytes(void) {
 static void test_segments_and_coalescing(void) {
     fresh((size_t)1 << 30);
     size_t got = 0;
-    void *large = harness_alloc(3 * MIB + 1, &got);
+    void *large = unbounded(3 * MIB + 1, &got);
     CHECK(large && got == 4 * MIB); /* the rest of its 4 MiB segment, < 1 MiB, is not split off */
     CHECK(fake.mallocs == 1 && fake.used == 4 * MIB && reserved_now() == 4 * MIB);
     void *p[8];
     for (int i = 0; i < 8; i++) {
-        p[i] = harness_alloc(256 << 10, &got);
+        p[i] = unbounded(256 << 10, &got);
         CHECK(p[i] && got == (size_t)256 << 10);
     }
     CHECK(fake.mallocs == 2 && fake.used == 6 * MIB);
@@ -241,7 +250,7 @@ static void test_segments_and_coalescing(void) {
         harness_free(p[i]);
     for (int i = 1; i < 8; i += 2)
         harness_free(p[i]);
-    void *big = harness_alloc(MIB, &got);
+    void *big = unbounded(MIB, &got);
     CHECK(big == p[0] && got == MIB);
     CHECK(fake.mallocs == 2);
     harness_free(big);
@@ -255,15 +264,15 @@ static void test_segments_and_coalescing(void) {
  * either way is FR_ERR_OOM naming the size. */
 static void test_out_of_memory_path(void) {
     fresh(8 * MIB);
-    void *a = harness_alloc(4 * MIB, NULL); /* a 4 MiB large segment, then cached */
+    void *a = unbounded(4 * MIB, NULL); /* a 4 MiB large segment, then cached */
     CHECK_NOTNULL(a);
     harness_free(a);
     CHECK(reserved_now() == 4 * MIB);
-    void *b = harness_alloc(6 * MIB, NULL); /* 4 + 6 > 8: refused, cache emptied, retried */
+    void *b = unbounded(6 * MIB, NULL); /* 4 + 6 > 8: refused, cache emptied, retried */
     CHECK_NOTNULL(b);
     CHECK(fake.refused == 1 && fake.frees == 1 && reserved_now() == 6 * MIB);
     fr_clear_error();
-    void *c = harness_alloc(4 * MIB, NULL); /* 6 + 4 > 8, nothing cached to return */
+    void *c = unbounded(4 * MIB, NULL); /* 6 + 4 > 8, nothing cached to return */
     CHECK(c == NULL);
     CHECK(fr_last_status() == FR_ERR_OOM);
     CHECK(strstr(fr_last_error(), "cannot allocate 4.00 MiB") != NULL);
@@ -279,22 +288,22 @@ static void test_out_of_memory_path(void) {
  * cache (its cudaFrees fail too, and the blocks would be lost). */
 static void test_sticky_error_is_not_oom(void) {
     fresh((size_t)1 << 30);
-    void *a = harness_alloc(4 * MIB, NULL);
+    void *a = unbounded(4 * MIB, NULL);
     CHECK_NOTNULL(a);
     harness_free(a); /* cached */
-    void *small = harness_alloc(1000, NULL); /* a small segment, in use */
+    void *small = unbounded(1000, NULL); /* a small segment, in use */
     CHECK_NOTNULL(small);
     size_t reserved = reserved_now(), frees = fake.frees;
     fake.sticky = true;
     fr_clear_error();
-    void *b = harness_alloc(16 * MIB, NULL);
+    void *b = unbounded(16 * MIB, NULL);
     CHECK(b == NULL);
     CHECK(fr_last_status() == FR_ERR_CUDA);
     CHECK(strstr(fr_last_error(), "illegal memory access") != NULL);
     CHECK(strstr(fr_last_error(), "not out of memory") != NULL);
     CHECK(reserved_now() == reserved && fake.frees == frees);
     /* a cached block still serves a request that fits it: no driver call */
-    void *c = harness_alloc(2 * MIB, NULL);
+    void *c = unbounded(2 * MIB, NULL);
     CHECK(c == a);
     harness_free(c);
     harness_free(small);
@@ -303,10 +312,120 @@ static void test_sticky_error_is_not_oom(void) {
     CHECK(fake.used == 0 && reserved_now() == 0);
 }
 
+/* ---- the bound and the limit (tensor/cache_policy.h; issue 22) ----
+ * A ledger as tensor/memory.c keeps it: bytes in use and their peak since
+ * a reset, which each request passes with the limit. */
+typedef struct {
+    size_t in_use, peak, limit;
+} ledger;
+
+static void *led_alloc(ledger *l, size_t n) {
+    size_t peak = l->in_use + n > l->peak ? l->in_use + n : l->peak;
+    void *p = harness_alloc(n, peak, l->limit, NULL);
+    if (p) {
+        l->in_use += n;
+        l->peak = peak;
+    }
+    return p;
+}
+
+static void led_free(ledger *l, void *p, size_t n) {
+    harness_free(p);
+    l->in_use -= n;
+}
+
+/* Eight 1 MiB blocks (small segments), then one 8 MiB block (a large
+ * segment), the peak reset each round: `reserved` stays within 115% of the
+ * peak at every point (the unbounded cache held both pools' 16 MiB). The
+ * pools are separate, so here each round gives segments back and takes new
+ * ones (the CPU cache joins pieces instead). A repeated step whose blocks
+ * live together, its peak not reset, settles: no cudaMalloc after its
+ * first round. */
+static void test_cache_bounded_by_the_peak(void) {
+    fresh((size_t)1 << 34);
+    ledger l = {0};
+    int over = 0;
+    for (int round = 0; round < 6; round++) {
+        l.peak = l.in_use;
+        void *p[8];
+        for (int i = 0; i < 8; i++) {
+            p[i] = led_alloc(&l, MIB);
+            over += reserved_now() > fr_cache_bound(l.peak, 0);
+        }
+        for (int i = 0; i < 8; i++)
+            led_free(&l, p[i], MIB);
+        void *big = led_alloc(&l, 8 * MIB);
+        CHECK_NOTNULL(big);
+        over += reserved_now() > fr_cache_bound(l.peak, 0);
+        led_free(&l, big, 8 * MIB);
+        over += reserved_now() > fr_cache_bound(l.peak, 0);
+    }
+    printf("    alternating, peak reset each round: %zu cudaMalloc calls in 6 rounds\n", fake.mallocs);
+    CHECK(over == 0);
+    CHECK(reserved_now() == fake.used);
+    fresh((size_t)1 << 34);
+    l = (ledger){0};
+    size_t after_first = 0;
+    for (int round = 0; round < 6; round++) {
+        void *p[5];
+        for (int i = 0; i < 5; i++) {
+            p[i] = led_alloc(&l, i < 4 ? MIB : 8 * MIB);
+            over += reserved_now() > fr_cache_bound(l.peak, 0);
+        }
+        for (int i = 0; i < 5; i++)
+            led_free(&l, p[i], i < 4 ? MIB : 8 * MIB);
+        if (round == 0)
+            after_first = fake.mallocs;
+    }
+    CHECK(over == 0);
+    CHECK(fake.mallocs == after_first);
+}
+
+/* A small ledger is not held in 2 MiB segments: ten 10 KiB blocks reserve
+ * within 115% of their 100 KiB. */
+static void test_small_ledger_small_segments(void) {
+    fresh((size_t)1 << 30);
+    ledger l = {0};
+    void *p[10];
+    for (int i = 0; i < 10; i++) {
+        p[i] = led_alloc(&l, 10 << 10);
+        CHECK_NOTNULL(p[i]);
+    }
+    CHECK(l.peak == 100 << 10);
+    CHECK(reserved_now() <= fr_cache_bound(l.peak, 0));
+    for (int i = 0; i < 10; i++)
+        led_free(&l, p[i], 10 << 10);
+}
+
+/* --memory-limit caps reserved bytes on the GPU too: the fake device never
+ * holds more than the limit, and a request whose segment would pass it is
+ * FR_ERR_OOM naming the limit, although the ledger's bytes fit. */
+static void test_limit_caps_reserved(void) {
+    fresh((size_t)1 << 30);
+    ledger l = {.limit = 4 * MIB};
+    void *a = led_alloc(&l, MIB), *b = led_alloc(&l, MIB);
+    void *c = led_alloc(&l, 3 * MIB / 2); /* a large block: its 2 MiB segment still fits */
+    CHECK(a && b && c);
+    CHECK(fake.used <= l.limit);
+    fr_clear_error();
+    void *d = led_alloc(&l, MIB / 2); /* ledger 4.0 MiB, within; reserved would be 4.5 MiB */
+    CHECK(d == NULL);
+    CHECK(fr_last_status() == FR_ERR_OOM);
+    CHECK(strstr(fr_last_error(), "limit 4.00 MiB on reserved bytes") != NULL);
+    CHECK(fake.used <= l.limit && fake.refused == 0);
+    fr_clear_error();
+    led_free(&l, a, MIB);
+    led_free(&l, b, MIB);
+    led_free(&l, c, 3 * MIB / 2);
+}
+
 int main(void) {
     RUN(test_random_no_overlap_exact_bytes);
     RUN(test_segments_and_coalescing);
     RUN(test_out_of_memory_path);
     RUN(test_sticky_error_is_not_oom);
+    RUN(test_cache_bounded_by_the_peak);
+    RUN(test_small_ledger_small_segments);
+    RUN(test_limit_caps_reserved);
     return TEST_SUMMARY();
 }

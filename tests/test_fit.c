@@ -201,6 +201,45 @@ static void fit_model(bool user, size_t budget) {
 static void test_fit_resnet8(void) { fit_model(false, (size_t)6 << 20); }
 static void test_fit_user_chain(void) { fit_model(true, (size_t)5 << 20); }
 
+/* train --batch auto's search (fr_fit_batch): its batch's plan holds in two
+ * real SGD steps, one image more gets no plan (from the profile the search
+ * cached, or a fresh one where the line only estimated it), in few plans. */
+static void fit_batch(bool user, size_t budget) {
+    fr_model *m = make(user);
+    CHECK_NOTNULL(m);
+    if (!m)
+        return;
+    fr_optim *opt = fr_sgd_new(m->params, (fr_sgd_options){.lr = 0.01, .momentum = 0.9});
+    fr_plan_options po = {.optim_bytes = fr_plan_optim_bytes(opt)};
+    fr_optim_free(opt);
+    fr_fit_batch_result w;
+    CHECK_OK(fr_fit_batch(m, FR_SHAPE(1, 3, 16, 16), budget, &po, 0, 96, &w));
+    fprintf(stderr, "  %s: batch %d (verified %.0f B), next %d needs %.0f B%s, %d plans; budget %zu B\n",
+            user ? "user chain" : "resnet8", w.batch, w.peak, w.next, w.next_need,
+            w.next_estimated ? " (estimated)" : "", w.plans, budget);
+    CHECK(w.batch >= 1 && w.batch < 96 && w.peak <= (double)budget);
+    CHECK(w.next == w.batch + 1);
+    /* ResNet-8's plans are exact in bytes: the line needs few. The flat
+     * chain's layouts miss their predictions by up to 8% in the verifying
+     * step (bench/RESULTS.md, issue 22), so where its plans hold moves with
+     * the layout the clock picks, and the search takes more plans there */
+    CHECK(user || w.plans <= 6);
+    if (w.batch < 1) {
+        fr_model_free(m);
+        return;
+    }
+    size_t at = steps_peak(m, FR_STRATEGY_PLAIN, budget, po.optim_bytes, w.batch);
+    CHECK(at <= budget);
+    fr_plan_options one = po;
+    one.max_accum = 1;
+    fr_memory_plan plan;
+    CHECK_ERR(fr_plan_memory(m, FR_SHAPE(w.batch + 1, 3, 16, 16), budget, &one, &plan), FR_ERR_ARG, "");
+    fr_model_free(m);
+}
+
+static void test_fit_batch_resnet8(void) { fit_batch(false, (size_t)6 << 20); }
+static void test_fit_batch_user_chain(void) { fit_batch(true, (size_t)5 << 20); }
+
 static void test_fit_errors(void) {
     fr_model *m = make(false);
     fr_fit_report r;
@@ -231,6 +270,8 @@ int main(void) {
     RUN(test_eval_batch_fits_budget);
     RUN(test_fit_resnet8);
     RUN(test_fit_user_chain);
+    RUN(test_fit_batch_resnet8);
+    RUN(test_fit_batch_user_chain);
     RUN(test_fit_errors);
     RUN(test_train_batch_auto_flags);
     return TEST_SUMMARY();

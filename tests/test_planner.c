@@ -154,6 +154,11 @@ static void test_too_small(void) {
     CHECK(strstr(fr_last_error(), "give at least that") != NULL);
     double need = plan.min_budget;
     CHECK(need > (1 << 20));
+    /* the message names the model, the budget and that smallest budget */
+    char want[96];
+    snprintf(want, sizeof want, "(%.0f bytes) even in micro-batches of 1 image", ceil(need));
+    CHECK(strstr(fr_last_error(), "resnet20: a memory budget of 1.00 MiB (1048576 bytes) is too small") != NULL);
+    CHECK(strstr(fr_last_error(), want) != NULL);
     check_budget(m, opt, &b, (size_t)ceil(need), &o);
     CHECK_OK(fr_plan_memory(m, b.x->shape, (size_t)ceil(need), &o, &plan));
     CHECK(plan.accum == 4 && plan.micro_batch == 1);

@@ -84,20 +84,6 @@ static void write_idx(const char *dir, const char *prefix, int n) {
     fclose(f);
 }
 
-/* Runs a program's main from a command line split at spaces. */
-static int run_main(int (*prog)(int, char **), const char *line) {
-    char buf[2048], *argv[64];
-    snprintf(buf, sizeof buf, "%s", line);
-    int argc = 0;
-    for (char *tok = strtok(buf, " "); tok && argc < 63; tok = strtok(NULL, " "))
-        argv[argc++] = tok;
-    argv[argc] = NULL;
-    fflush(stdout);
-    int rc = prog(argc, argv);
-    fflush(stdout);
-    return rc;
-}
-
 static const char *dir;
 
 static void test_train_validate_memreport_on_a_registered_model(void) {
@@ -107,17 +93,17 @@ static void test_train_validate_memreport_on_a_registered_model(void) {
     snprintf(line, sizeof line,
              "train --model tiny --data mnist:%s --batch 16 --epochs 1 --lr 0.05 --threads 1 "
              "--strategy checkpoint --save %s/tiny.safetensors", dir, dir);
-    CHECK(run_main(fr_train_main, line) == 0);
+    CHECK(fr_t_run_main(fr_train_main, line) == 0);
     snprintf(path, sizeof path, "%s/tiny.safetensors", dir);
     struct stat sb;
     CHECK(stat(path, &sb) == 0 && sb.st_size > 0);
     /* the checkpoint names the model; validate rebuilds it from the registry */
     snprintf(line, sizeof line, "validate --checkpoint %s --data mnist:%s --batch 8 --threads 1", path, dir);
-    CHECK(run_main(fr_validate_main, line) == 0);
+    CHECK(fr_t_run_main(fr_validate_main, line) == 0);
     snprintf(line, sizeof line,
              "memreport --model tiny --in-channels 1 --size 8 --batch 8 --steps 1 --strategies plain,checkpoint "
              "--svg %s/tiny.svg", dir);
-    CHECK(run_main(fr_memreport_main, line) == 0);
+    CHECK(fr_t_run_main(fr_memreport_main, line) == 0);
     snprintf(path, sizeof path, "%s/tiny.svg", dir);
     CHECK(stat(path, &sb) == 0 && sb.st_size > 0);
 }
@@ -131,13 +117,13 @@ static void test_autoencoder_under_the_programs(void) {
     snprintf(line, sizeof line,
              "train --model tiny_ae --data mnist:%s --batch 16 --epochs 2 --lr 0.05 --threads 1 "
              "--strategy recompute --save %s/ae.safetensors", dir, dir);
-    CHECK(run_main(fr_train_main, line) == 0);
+    CHECK(fr_t_run_main(fr_train_main, line) == 0);
     snprintf(path, sizeof path, "%s/ae.safetensors", dir);
     snprintf(line, sizeof line, "validate --checkpoint %s --data mnist:%s --batch 8 --threads 1", path, dir);
-    CHECK(run_main(fr_validate_main, line) == 0);
+    CHECK(fr_t_run_main(fr_validate_main, line) == 0);
     snprintf(line, sizeof line,
              "memreport --model tiny_ae --in-channels 1 --size 8 --batch 8 --steps 1 --strategies plain,recompute");
-    CHECK(run_main(fr_memreport_main, line) == 0);
+    CHECK(fr_t_run_main(fr_memreport_main, line) == 0);
 }
 
 /* The loss falls over a few steps of fr_train_step on one batch, and
@@ -170,12 +156,12 @@ static void test_autoencoder_loss_falls(void) {
 static void test_unregistered_model_is_refused(void) {
     char line[1024];
     snprintf(line, sizeof line, "train --model tiny2 --data mnist:%s --epochs 1 --threads 1", dir);
-    CHECK(run_main(fr_train_main, line) != 0);
+    CHECK(fr_t_run_main(fr_train_main, line) != 0);
     CHECK_ERR(fr_last_status(), FR_ERR_ARG, "unknown model \"tiny2\"");
     CHECK(strstr(fr_last_error(), "tiny (a test model)") != NULL); /* the registered usage is listed */
     fr_clear_error();
-    CHECK(run_main(fr_memreport_main, "memreport --model tiny2") != 0);
-    CHECK(run_main(fr_validate_main, "validate --bogus") != 0);
+    CHECK(fr_t_run_main(fr_memreport_main, "memreport --model tiny2") != 0);
+    CHECK(fr_t_run_main(fr_validate_main, "validate --bogus") != 0);
 }
 
 int main(void) {

@@ -662,3 +662,16 @@ int fr_t_run_self(const char *self, const char *name, const char *value, char *c
         return -1;
     return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
 }
+
+int fr_t_run_main(int (*prog)(int, char **), const char *line) {
+    char buf[2048], *argv[64];
+    snprintf(buf, sizeof buf, "%s", line);
+    int argc = 0;
+    for (char *tok = strtok(buf, " "); tok && argc < 63; tok = strtok(NULL, " "))
+        argv[argc++] = tok;
+    argv[argc] = NULL;
+    fflush(stdout);
+    int rc = prog(argc, argv);
+    fflush(stdout);
+    return rc;
+}

@@ -261,5 +261,9 @@ bool fr_t_same_bits(const fr_tensor *a, const fr_tensor *b);
  * set to `value` and arguments argv (NULL-terminated, argv[0] first); its
  * exit status, -1 when it could not run or did not exit. */
 int fr_t_run_self(const char *self, const char *name, const char *value, char *const argv[]);
+/* Runs a program's main in this process (programs/programs.h: fr_train_main
+ * and the others, on models this test registered) from a command line split
+ * at spaces; its exit status. */
+int fr_t_run_main(int (*prog)(int, char **), const char *line);
 
 #endif
