@@ -53,9 +53,13 @@ fr_status fr_cpu_conv_in_chunks(const fr_conv_shape *s, int dir, size_t elem, vo
     FR_TRY(chunk_images(s, dir, whole, ws, &m));
     size_t x_img = (size_t)s->c * s->h * s->w * elem, y_img = (size_t)s->k * s->oh * s->ow * elem;
     size_t out_img = dir == 0 ? y_img : x_img, in_img = dir == 0 ? x_img : y_img;
-    for (int lo = 0; lo < s->n; lo += m) {
+    /* as few chunks as m images a chunk allow, of nearly equal sizes (two
+     * sizes, so two plans) rather than a small last one */
+    int chunks = (s->n + m - 1) / m;
+    for (int i = 0; i < chunks; i++) {
+        int lo = (int)((long long)s->n * i / chunks), hi = (int)((long long)s->n * (i + 1) / chunks);
         fr_conv_shape part = *s;
-        part.n = s->n - lo < m ? s->n - lo : m;
+        part.n = hi - lo;
         FR_TRY(pass(&part, dir, (char *)out + (size_t)lo * out_img,
                     (const char *)in0 + (size_t)lo * in_img, in1));
     }

@@ -27,8 +27,8 @@ typedef fr_status (*fr_conv_pass_fn)(const fr_conv_shape *s, int dir, void *out,
 typedef fr_status (*fr_conv_ws_fn)(const fr_conv_shape *s, int dir, size_t *bytes);
 
 /* Runs pass on the whole batch when ws says it fits the cap, else on
- * consecutive chunks of the most images whose workspace does (at least
- * one image), elem bytes per element. Each image's result is the same bits
+ * consecutive chunks of nearly equal size, none above the most images
+ * whose workspace fits (at least one image), elem bytes per element. Each image's result is the same bits
  * either way: the data passes' results do not depend on the batch an image
  * is in (tests/test_cpu_backends.c). */
 fr_status fr_cpu_conv_in_chunks(const fr_conv_shape *s, int dir, size_t elem, void *out,
