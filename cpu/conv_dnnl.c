@@ -24,6 +24,7 @@
 
 #include "../tensor/memory.h"
 #include "conv.h"
+#include "conv_chunk.h"
 #include "fr_dnnl.h"
 #include "isa.h"
 #include "threads.h"
@@ -377,6 +378,25 @@ static fr_status run_weight_groups(const fr_conv_shape *s, const conv_args *a) {
     return out;
 }
 
+/* The blocked layout's pass and its workspace, for fr_cpu_conv_in_chunks
+ * (conv_chunk.h). */
+static fr_status blocked_ws(const fr_conv_shape *s, int dir, size_t *bytes) {
+    fr_status failed;
+    const fr_dnnl_plan *p = plan_of(s, dir, LAYOUT_BLOCKED, &failed);
+    *bytes = p ? p->ws_bytes : 0;
+    return failed;
+}
+
+static fr_status blocked_pass(const fr_conv_shape *s, int dir, void *out, const void *in0,
+                              const void *in1) {
+    fr_status failed;
+    const fr_dnnl_plan *p = plan_of(s, dir, LAYOUT_BLOCKED, &failed);
+    conv_args a = {out, in0, in1};
+    if (failed != FR_OK)
+        return failed;
+    return p ? run_plan(p, dir, &a) : run_reference(s, dir, &a);
+}
+
 static fr_status run(const fr_conv_shape *s, int dir, const conv_args *a) {
     fr_status failed;
     const fr_dnnl_plan *p = NULL;
@@ -396,12 +416,9 @@ static fr_status run(const fr_conv_shape *s, int dir, const conv_args *a) {
     }
     if (path == FR_CONV_PATH_DNNL_GROUPS)
         return run_weight_groups(s, a);
-    if (path == FR_CONV_PATH_DNNL) {
-        p = plan_of(s, dir, LAYOUT_BLOCKED, &failed);
-        if (failed != FR_OK)
-            return failed;
-        return p ? run_plan(p, dir, a) : run_reference(s, dir, a);
-    }
+    if (path == FR_CONV_PATH_DNNL) /* data passes: chunks of images under the cap */
+        return fr_cpu_conv_in_chunks(s, dir, sizeof(float), a->out, a->in0, a->in1, blocked_ws,
+                                     blocked_pass);
     return run_own(s, dir, a);
 }
 
