@@ -146,3 +146,16 @@ int fr_node_save_sign(fr_node *node, fr_tensor *t) {
     fr_recipe *r = pack(t, 1);
     return r ? fr_node_save_recipe(node, r) : -1;
 }
+
+/* The bits themselves, for a backward that reads the mask as bits
+ * (fr_sign_act_backward) instead of unpacking an f32 tensor of 1 and 0: at a
+ * block output that tensor is as large as the activation (40 MiB of f32 at
+ * ResNet-56's batch 640 for 1.25 MiB of bits; bench/RESULTS.md, issue 23). */
+fr_tensor *fr_node_sign_bits(fr_node *node, int i) {
+    FR_ASSERT(i >= 0 && i < node->n_saved);
+    const fr_recipe *r = node->saved[i].recipe;
+    if (!r || r->make != packed_make)
+        return NULL;
+    const packed_recipe *p = (const packed_recipe *)r;
+    return p->bits == 1 ? fr_retain(p->packed) : NULL;
+}

@@ -115,12 +115,44 @@ static fr_status unpack_all(fr_node *node, const int *idx, fr_tensor **out, int 
     return FR_OK;
 }
 
+/* The bits of a block output's sign mask kept as bits (compress:B), when
+ * this backward can read them as bits: ReLU or leaky ReLU over an f32,
+ * contiguous dy; else NULL (the mask is unpacked). */
+static fr_tensor *sign_bits(fr_node *node, const bnact_ctx *c, const fr_tensor *dy) {
+    bool sign = c->act == FR_ACT_RELU || c->act == FR_ACT_LEAKY_RELU;
+    if (c->i_y < 0 || !sign || dy->dtype != FR_F32 || !fr_is_contiguous(dy))
+        return NULL;
+    return fr_node_sign_bits(node, c->i_y);
+}
+
 static fr_status recompute_backward(fr_node *node, const bnact_ctx *c, fr_tensor *dy,
                                     fr_tensor **din) {
     enum { X, MEAN, INVSTD, GAMMA, BETA, Y, NT };
     int idx[NT] = {c->i_x, c->i_mean, c->i_invstd, c->i_gamma, c->i_beta, c->i_y};
+    /* A mask kept as bits is read as bits: the activation's gradient g
+     * first (fr_sign_act_backward, over dy when nothing else holds it,
+     * else into the buffer dx takes), then BN's backward with the identity,
+     * which reads g as the fused pass computes it, so the bits are the
+     * same; the f32 mask of 1 and 0 an unpack makes, one more
+     * activation-sized tensor at the peak, is never made (bench/RESULTS.md,
+     * issue 23). */
+    fr_tensor *bits = sign_bits(node, c, dy);
+    if (bits)
+        idx[Y] = -1;
     fr_tensor *t[NT];
-    FR_TRY(unpack_all(node, idx, t, NT));
+    fr_status st = unpack_all(node, idx, t, NT);
+    if (st != FR_OK) {
+        fr_release(bits);
+        return st;
+    }
+    fr_tensor *g = NULL;
+    fr_act act = c->act;
+    if (bits) {
+        g = fr_grad_held_alone(dy) ? fr_retain(dy) : fr_empty_like(dy, FR_TAG_TRANSIENT);
+        st = g ? fr_sign_act_backward(g, dy, bits, c->act, c->slope) : fr_last_status();
+        fr_release(bits);
+        act = FR_ACT_IDENTITY;
+    }
     /* One pass over dy (ops.h: fr_bn_act_backward): the activation's mask
      * comes from the kept output when there is one (block outputs), else
      * from BN(x) recomputed element by element inside the kernel, so no
@@ -128,22 +160,25 @@ static fr_status recompute_backward(fr_node *node, const bnact_ctx *c, fr_tensor
      * made only for a residual that wants it. */
     bool want_dx = fr_node_needs_grad(node, 0);
     bool want_dz = c->has_residual && fr_node_needs_grad(node, 3);
-    /* dx over dy when nothing else holds dy (node.h allows it; both
+    /* dx over dy (or g) when nothing else holds dy (node.h allows it; both
      * kernels read each element of dy before writing that element of dx):
      * the chain of separate ops frees the activation's kept output before
      * BN's backward makes its dx, and without this the fused op's peak was
      * one tensor above the chain's (DenseNet-BC-100's plain step: +5.3 MiB) */
-    bool reuse = want_dx && dy->refcount == 1 && dy->storage->refcount == 1 &&
-                 dy->dtype == t[X]->dtype;
-    fr_tensor *dx = reuse     ? fr_retain(dy)
-                    : want_dx ? fr_empty_like(t[X], FR_TAG_TRANSIENT)
-                              : NULL;
-    fr_tensor *dz = want_dz ? fr_empty_like(dy, FR_TAG_TRANSIENT) : NULL;
+    fr_tensor *src = g ? g : dy;
+    bool reuse = want_dx && (g || fr_grad_held_alone(dy)) && src->dtype == t[X]->dtype;
+    fr_tensor *dx = st != FR_OK ? NULL
+                    : reuse     ? fr_retain(src)
+                    : want_dx   ? fr_empty_like(t[X], FR_TAG_TRANSIENT)
+                                : NULL;
+    fr_tensor *dz = st == FR_OK && want_dz ? fr_empty_like(dy, FR_TAG_TRANSIENT) : NULL;
     fr_tensor *dgamma = channels_like(t[GAMMA]), *dbeta = channels_like(t[GAMMA]);
-    fr_status st = dgamma && dbeta && (dx || !want_dx) && (dz || !want_dz)
-                       ? fr_bn_act_backward(dx, dz, dgamma, dbeta, dy, t[Y], t[X], t[MEAN],
-                                            t[INVSTD], t[GAMMA], t[BETA], c->act, c->slope)
-                       : fr_last_status();
+    if (st == FR_OK)
+        st = dgamma && dbeta && (dx || !want_dx) && (dz || !want_dz)
+                 ? fr_bn_act_backward(dx, dz, dgamma, dbeta, src, t[Y], t[X], t[MEAN], t[INVSTD],
+                                      t[GAMMA], t[BETA], act, c->slope)
+                 : fr_last_status();
+    fr_release(g);
     if (st == FR_OK) {
         din[0] = dx;
         din[1] = fr_node_needs_grad(node, 1) ? dgamma : NULL;

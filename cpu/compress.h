@@ -19,5 +19,7 @@ fr_status fr_cpu_compress_unpack_isa(fr_cpu_isa isa, float *x, const uint8_t *pa
                                      size_t n);
 fr_status fr_cpu_sign_pack_isa(fr_cpu_isa isa, uint8_t *mask, const float *x, size_t n);
 fr_status fr_cpu_sign_unpack_isa(fr_cpu_isa isa, float *y, const uint8_t *mask, size_t n);
+fr_status fr_cpu_sign_act_backward_isa(fr_cpu_isa isa, float *dx, const float *dy,
+                                       const uint8_t *mask, fr_act act, float slope, size_t n);
 
 #endif

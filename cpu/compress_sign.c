@@ -1,5 +1,5 @@
 /* cpu/compress_sign.c: ReLU masks as bits (kernels.def: sign_pack,
- * sign_unpack; docs/ARCHITECTURE.md, "Saved tensors: held, recipe or
+ * sign_unpack, sign_act_backward; docs/ARCHITECTURE.md, "Saved tensors: held, recipe or
  * compressed"), the sign half of cpu/compress.c, on the same three paths
  * chosen by cpu/isa.h's class. */
 #include <immintrin.h>
@@ -114,6 +114,88 @@ AVX2 static void sign_unpack_avx2(float *y, const uint8_t *mask, size_t n) {
 }
 AVX512 static void sign_unpack_avx512(float *y, const uint8_t *mask, size_t n) {
     SIGN_UNPACK_BODY(sign_ones_avx512)
+}
+
+/* ReLU's / leaky ReLU's gradient from 16 bits (sign_act_backward): where a
+ * bit is clear, 0 or dy * slope, the product fr_act_grad_LEAKY_RELU forms,
+ * so each path gives the scalar functions' bits. */
+#ifdef __SSE2__
+REF static void sign_grad16_ref(float *dx, const float *dy, uint16_t b, bool leaky, float slope) {
+    const __m128i bit = _mm_setr_epi32(1, 2, 4, 8);
+    const __m128 p = _mm_set1_ps(slope);
+    for (unsigned k = 0; k < 16; k += 4) {
+        __m128 m = _mm_castsi128_ps(
+            _mm_cmpeq_epi32(_mm_and_si128(_mm_set1_epi32((b >> k) & 15), bit), bit));
+        __m128 g = _mm_loadu_ps(dy + k);
+        __m128 off = leaky ? _mm_andnot_ps(m, _mm_mul_ps(g, p)) : _mm_setzero_ps();
+        _mm_storeu_ps(dx + k, _mm_or_ps(_mm_and_ps(m, g), off));
+    }
+}
+#else
+REF static void sign_grad16_ref(float *dx, const float *dy, uint16_t b, bool leaky, float slope) {
+    for (unsigned k = 0; k < 16; k++)
+        dx[k] = (b >> k) & 1u ? dy[k] : leaky ? dy[k] * slope : 0.0f;
+}
+#endif
+AVX2 static void sign_grad16_avx2(float *dx, const float *dy, uint16_t b, bool leaky,
+                                  float slope) {
+    const __m256i bit = _mm256_setr_epi32(1, 2, 4, 8, 16, 32, 64, 128);
+    const __m256 p = _mm256_set1_ps(slope);
+    for (int h = 0; h < 2; h++) {
+        __m256 m = _mm256_castsi256_ps(_mm256_cmpeq_epi32(
+            _mm256_and_si256(_mm256_set1_epi32((b >> (8 * h)) & 255), bit), bit));
+        __m256 g = _mm256_loadu_ps(dy + 8 * h);
+        __m256 off = leaky ? _mm256_mul_ps(g, p) : _mm256_setzero_ps();
+        _mm256_storeu_ps(dx + 8 * h, _mm256_blendv_ps(off, g, m));
+    }
+}
+AVX512 static void sign_grad16_avx512(float *dx, const float *dy, uint16_t b, bool leaky,
+                                      float slope) {
+    __m512 g = _mm512_loadu_ps(dy);
+    __m512 off = leaky ? _mm512_mul_ps(g, _mm512_set1_ps(slope)) : _mm512_setzero_ps();
+    _mm512_storeu_ps(dx, _mm512_mask_mov_ps(off, (__mmask16)b, g));
+}
+
+#define SIGN_GRAD_BODY(grad16)                                                                 \
+    size_t blocks = n / 16;                                                                    \
+    _Pragma("omp parallel for if (n > 65536) schedule(static)")                                \
+    for (size_t k = 0; k < blocks; k++) {                                                      \
+        uint16_t b;                                                                            \
+        memcpy(&b, mask + 2 * k, 2);                                                           \
+        grad16(dx + 16 * k, dy + 16 * k, b, leaky, slope);                                     \
+    }                                                                                          \
+    for (size_t i = 16 * blocks; i < n; i++)                                                   \
+        dx[i] = (mask[i >> 3] >> (i & 7)) & 1u ? dy[i] : leaky ? dy[i] * slope : 0.0f;
+
+REF static void sign_grad_ref(float *dx, const float *dy, const uint8_t *mask, bool leaky,
+                              float slope, size_t n) {
+    SIGN_GRAD_BODY(sign_grad16_ref)
+}
+AVX2 static void sign_grad_avx2(float *dx, const float *dy, const uint8_t *mask, bool leaky,
+                                float slope, size_t n) {
+    SIGN_GRAD_BODY(sign_grad16_avx2)
+}
+AVX512 static void sign_grad_avx512(float *dx, const float *dy, const uint8_t *mask, bool leaky,
+                                    float slope, size_t n) {
+    SIGN_GRAD_BODY(sign_grad16_avx512)
+}
+
+fr_status fr_cpu_sign_act_backward_isa(fr_cpu_isa isa, float *dx, const float *dy,
+                                       const uint8_t *mask, fr_act act, float slope, size_t n) {
+    bool leaky = act == FR_ACT_LEAKY_RELU;
+    switch (fr_cpu_compress_usable(isa)) {
+    case FR_ISA_AVX512: sign_grad_avx512(dx, dy, mask, leaky, slope, n); break;
+    case FR_ISA_AVX2: sign_grad_avx2(dx, dy, mask, leaky, slope, n); break;
+    default: sign_grad_ref(dx, dy, mask, leaky, slope, n); break;
+    }
+    return FR_OK;
+}
+
+fr_status fr_cpu_sign_act_backward(float *dx, const float *dy, const uint8_t *mask, fr_act act,
+                                   float slope, size_t n) {
+    fr_cpu_isa isa;
+    FR_TRY(fr_cpu_isa_get(&isa));
+    return fr_cpu_sign_act_backward_isa(isa, dx, dy, mask, act, slope, n);
 }
 
 fr_status fr_cpu_sign_pack_isa(fr_cpu_isa isa, uint8_t *mask, const float *x, size_t n) {

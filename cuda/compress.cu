@@ -1,5 +1,5 @@
 /* compress.cu: the GPU twin of cpu/compress.c (kernels.def: compress_pack,
- * compress_unpack, sign_pack, sign_unpack). One block of FR_COMPRESS_GROUP
+ * compress_unpack, sign_pack, sign_unpack, sign_act_backward). One block of FR_COMPRESS_GROUP
  * threads per group; the same float steps as the CPU, spelt with _rn
  * intrinsics so nvcc contracts nothing into an FMA, and the same
  * counter-based uniform (kernels.h), so CPU and GPU write the same codes. */
@@ -107,4 +107,20 @@ extern "C" fr_status fr_cuda_sign_pack(uint8_t *mask, const float *x, size_t n) 
 
 extern "C" fr_status fr_cuda_sign_unpack(float *y, const uint8_t *mask, size_t n) {
     FR_CUDA_RUN_1D(sign_unpack_kernel, n, y, mask, n);
+}
+
+/* sign_act_backward: the bits of fr_act_grad_RELU / fr_act_grad_LEAKY_RELU
+ * over the unpacked mask (the product with __fmul_rn, as the CPU rounds it),
+ * read from the bits; dx may be dy (each thread reads its element first). */
+__global__ void sign_act_backward_kernel(float *dx, const float *dy, const uint8_t *mask,
+                                         bool leaky, float slope, size_t n) {
+    FR_CUDA_FOR(i, n) {
+        float g = dy[i];
+        dx[i] = (mask[i >> 3] >> (i & 7)) & 1u ? g : leaky ? __fmul_rn(g, slope) : 0.0f;
+    }
+}
+
+extern "C" fr_status fr_cuda_sign_act_backward(float *dx, const float *dy, const uint8_t *mask,
+                                               fr_act act, float slope, size_t n) {
+    FR_CUDA_RUN_1D(sign_act_backward_kernel, n, dx, dy, mask, act == FR_ACT_LEAKY_RELU, slope, n);
 }

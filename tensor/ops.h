@@ -302,6 +302,11 @@ fr_status fr_compress_unpack_out(fr_tensor *x, const fr_tensor *packed, int bits
 /* mask bit = x > 0; unpack writes 1 or 0 */
 fr_status fr_sign_pack_out(fr_tensor *mask, const fr_tensor *x);
 fr_status fr_sign_unpack_out(fr_tensor *y, const fr_tensor *mask);
+/* dx = ReLU's (act FR_ACT_RELU) or leaky ReLU's gradient of dy read from the
+ * mask's bits, without an f32 mask (kernels.def: sign_act_backward); dx and
+ * dy f32, contiguous, of one shape; dx may be dy */
+fr_status fr_sign_act_backward(fr_tensor *dx, const fr_tensor *dy, const fr_tensor *mask,
+                               fr_act act, float slope);
 
 #ifdef __cplusplus
 }

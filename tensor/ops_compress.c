@@ -46,3 +46,19 @@ fr_status fr_sign_unpack_out(fr_tensor *y, const fr_tensor *mask) {
     FR_TRY(check("sign_unpack", y, mask, fr_sign_nbytes(n)));
     return FR_CALL_KERNEL(fr_device_of(y), sign_unpack, fr_data(y), fr_data(mask), n);
 }
+
+fr_status fr_sign_act_backward(fr_tensor *dx, const fr_tensor *dy, const fr_tensor *mask,
+                               fr_act act, float slope) {
+    const char *op = "sign_act_backward";
+    size_t n = (size_t)fr_numel(dy);
+    if (act != FR_ACT_RELU && act != FR_ACT_LEAKY_RELU)
+        return fr_error(FR_ERR_ARG, "%s: a sign mask gives the gradient of relu or leaky_relu, "
+                                    "not of %s", op, fr_act_name(act));
+    FR_TRY(fr_check_f32c(op, "dy", dy));
+    FR_TRY(fr_check_f32c(op, "dx", dx));
+    FR_TRY(check(op, dy, mask, fr_sign_nbytes(n)));
+    FR_TRY(fr_check_same_shape(op, "dx", dx, "dy", dy));
+    FR_TRY(fr_check_same_device(op, "dx", dx, "dy", dy));
+    return FR_CALL_KERNEL(fr_device_of(dy), sign_act_backward, fr_data(dx), fr_data(dy),
+                          fr_data(mask), act, slope, n);
+}
