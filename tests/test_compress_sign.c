@@ -86,19 +86,27 @@ static void test_bad_arguments(void) {
 
 enum { N = 4, C = 3, H = 8 };
 
+/* x, r, w (the loss's weights; dy in the reference), gamma, beta: r moved
+ * down so that y takes both signs */
+static void block_inputs(fr_tensor **in) {
+    for (int i = 0; i < 3; i++)
+        in[i] = fr_t_rand(FR_CPU, 4, FR_SHAPE(N, C, H, H), 21 + (uint32_t)i);
+    for (int i = 3; i < 5; i++)
+        in[i] = fr_t_rand(FR_CPU, 1, FR_SHAPE(C), 21 + (uint32_t)i);
+    float *rv = fr_data(in[1]);
+    for (size_t i = 0; i < (size_t)(N * C * H * H); i++)
+        rv[i] -= 1.2f;
+}
+
 /* A block output y = act(BN(x) + r) under compress:2, its mask kept as
  * bits (the fused op's residual case), then loss = sum(y * w) or sum(y): the
  * gradients of x, gamma, beta and r, and the backward's peak above the
  * loss. x and r are leaves (held, not coded), so the reference below reads
  * what the backward read. */
 static void block_step(fr_act act, float slope, bool weighted, fr_tensor **grads, size_t *peak) {
-    fr_tensor *x = fr_t_rand(FR_CPU, 4, FR_SHAPE(N, C, H, H), 21);
-    fr_tensor *r = fr_t_rand(FR_CPU, 4, FR_SHAPE(N, C, H, H), 22);
-    fr_tensor *w = fr_t_rand(FR_CPU, 4, FR_SHAPE(N, C, H, H), 23);
-    fr_tensor *g = fr_t_rand(FR_CPU, 1, FR_SHAPE(C), 24), *b = fr_t_rand(FR_CPU, 1, FR_SHAPE(C), 25);
-    float *rv = fr_data(r);
-    for (size_t i = 0; i < (size_t)(N * C * H * H); i++)
-        rv[i] -= 1.2f; /* y of both signs */
+    fr_tensor *in[5];
+    block_inputs(in);
+    fr_tensor *x = in[0], *r = in[1], *w = in[2], *g = in[3], *b = in[4];
     fr_tensor *leaves[4] = {x, g, b, r};
     /* unweighted, x takes no gradient: its leaf .grad would be a copy of
      * dx, a tensor more after the fused backward, above its peak */
@@ -133,13 +141,9 @@ static void block_step(fr_act act, float slope, bool weighted, fr_tensor **grads
  * 0, what sign_unpack writes) and passed to the fused kernel as the kept
  * output, dy = w (or ones). */
 static void unpacked_reference(fr_act act, float slope, bool weighted, fr_tensor **want) {
-    fr_tensor *x = fr_t_rand(FR_CPU, 4, FR_SHAPE(N, C, H, H), 21);
-    fr_tensor *r = fr_t_rand(FR_CPU, 4, FR_SHAPE(N, C, H, H), 22);
-    fr_tensor *dy = fr_t_rand(FR_CPU, 4, FR_SHAPE(N, C, H, H), 23);
-    fr_tensor *g = fr_t_rand(FR_CPU, 1, FR_SHAPE(C), 24), *b = fr_t_rand(FR_CPU, 1, FR_SHAPE(C), 25);
-    float *rv = fr_data(r);
-    for (size_t i = 0; i < (size_t)(N * C * H * H); i++)
-        rv[i] -= 1.2f;
+    fr_tensor *in[5];
+    block_inputs(in);
+    fr_tensor *x = in[0], *r = in[1], *dy = in[2], *g = in[3], *b = in[4];
     fr_tensor *mean = fr_empty_like(g, FR_TAG_TRANSIENT), *invstd = fr_empty_like(g, FR_TAG_TRANSIENT);
     fr_tensor *y = fr_empty_like(x, FR_TAG_TRANSIENT), *ones = fr_empty_like(x, FR_TAG_TRANSIENT);
     fr_tensor *m = fr_empty(FR_CPU, FR_U8, 1, FR_SHAPE((int64_t)fr_sign_nbytes(N * C * H * H)),
