@@ -4,6 +4,7 @@
 #ifndef FR_CPU_COMPRESS_H
 #define FR_CPU_COMPRESS_H
 
+#include "../tensor/shapes.h" /* fr_act */
 #include "isa.h"
 
 /* The path an `isa` request runs on: the request, lowered to the machine's
