@@ -400,7 +400,7 @@ static fr_status setup(const options *o, run *r) {
     if (!r->opt)
         return fr_last_status();
     if (o->batch_auto) {
-        FR_TRY(fr_cli_batch_auto(r->model, r->opt, r->train_ds, r->world, o->memory_budget, o->allow_compress,
+        FR_TRY(fr_cli_batch_auto(r->model, r->opt, r->train_ds, r->dist, o->memory_budget, o->allow_compress,
                                  &st->batch_size));
     }
     FR_TRY(shard_batch(o, r));
