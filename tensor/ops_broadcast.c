@@ -9,7 +9,9 @@
  * is staged) or broadcast (it is staged whole, once: it is at most the
  * output's size over the blocked dims' extent). A squeeze-excitation's
  * (N, C, H, W) times (N, C, 1, 1) is N * C units of H * W elements; its
- * gradient's sum over H and W the same units reduced to one element. */
+ * gradient's sum over H and W the same units reduced to one element. A
+ * unit is never split: a block holds one unit at least, so an output
+ * whose leading run is short (one image, N = 1) stages whole images. */
 #include <stdio.h>
 #include <string.h>
 

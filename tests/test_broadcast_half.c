@@ -510,6 +510,48 @@ static void test_failure_in_block_leads(void) {
     fr_release(x);
 }
 
+/* The same inside a model: a block whose reduction fails. The model's
+ * error names that op first, then the block's layers its NULL reached
+ * (before: "b0.proj: x is NULL, the result of an earlier failure: ...",
+ * which sent the reader to the wrong layer). */
+typedef struct {
+    fr_module *fc, *proj;
+} bad_block;
+
+static fr_tensor *bad_block_forward(fr_module *self, fr_tensor *x, const fr_run *run) {
+    bad_block *b = fr_block_state(self);
+    fr_tensor *s = fr_sum_dims(x, 1, (int[]){5}, false); /* x has 2 dims */
+    s = fr_chain(s, fr_forward(b->fc, s, run));
+    return fr_chain(s, fr_forward(b->proj, s, run));
+}
+
+static void test_failure_in_model_block_leads(void) {
+    fr_model *m = fr_model_new("bad", 1, 4, 1);
+    fr_module *blk = fr_block_new(fr_model_root(m), "b0", bad_block_forward, sizeof(bad_block));
+    bad_block *b = fr_block_state(blk);
+    if (b) {
+        b->fc = fr_linear_new(blk, "fc", (fr_linear_opts){.in = 4, .out = 4});
+        b->proj = fr_linear_new(blk, "proj", (fr_linear_opts){.in = 4, .out = 4});
+    }
+    m = fr_model_finish(m);
+    CHECK_NOTNULL(m);
+    if (!m)
+        return;
+    fr_tensor *x = fr_t_rand(FR_CPU, 2, FR_SHAPE(3, 4), 51);
+    fr_clear_error();
+    fr_tensor *y = fr_model_forward(m, x, true);
+    CHECK(!y);
+    const char *msg = fr_last_error(), *want = "sum_dims: dim 5 is out of range";
+    CHECK(!strncmp(msg, want, strlen(want)));
+    const char *fc = strstr(msg, "b0.fc: x is NULL"), *proj = strstr(msg, "b0.proj: x is NULL");
+    CHECK(fc && proj && fc < proj);
+    printf("    %s\n", msg);
+    fr_clear_error();
+    fr_release(y);
+    fr_release(x);
+    fr_model_free(m);
+}
+
 /* ---- CUDA: the same staged ops on the GPU against the CPU in half ---- */
 
 /* y = op(x) for each of the file's op families, with x's gradient for dy */
@@ -575,6 +617,7 @@ int main(void) {
     RUN(test_staged_workspace);
     RUN(test_mobilenet_se_half_step);
     RUN(test_failure_in_block_leads);
+    RUN(test_failure_in_model_block_leads);
     RUN(test_cuda_half_matches_cpu);
     return TEST_SUMMARY();
 }
