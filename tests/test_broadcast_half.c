@@ -16,6 +16,10 @@
  * The backward kernels of softmax, clamp and padding are checked on the
  * same rounded saved tensors (1 ulp; clamp and zero padding exactly).
  *
+ * 200 random broadcast patterns with a random dtype per operand (f32, f16
+ * or bf16) check the staged record's merging of leading dims and the
+ * output's and gradients' dtypes (PyTorch's promotion).
+ *
  * The shapes put the staged ops in several blocks with a remainder (a block
  * is 1 MiB of f32 per operand on the CPU), and one check reads the ledger:
  * the squeeze-excitation product of a half tensor holds less workspace than
@@ -194,6 +198,61 @@ static void test_binary_half(void) {
             }
         }
     }
+}
+
+/* Random broadcast patterns (sizes 1-4 over 1-4 dims, each dim of either
+ * operand 1 or the full size, dims missing on the left) and random dtypes
+ * per operand: the staged record (leading dims merged, operands walked or
+ * staged whole) against f32 on the same values. */
+static void test_binary_random_shapes(void) {
+    uint32_t r = 12345;
+#define NEXT() (r = r * 1664525u + 1013904223u, r >> 16)
+    static const fr_dtype dts[] = {FR_F32, FR_F16, FR_BF16};
+    for (int trial = 0; trial < 200; trial++) {
+        int nd = 1 + (int)(NEXT() % 4), nda = nd - (int)(NEXT() % nd), ndb = nd - (int)(NEXT() % nd);
+        int64_t a[4], b[4];
+        for (int d = 0; d < nd; d++) {
+            int64_t full = 1 + (int64_t)(NEXT() % 4);
+            if (d >= nd - nda)
+                a[d - (nd - nda)] = NEXT() % 3 ? full : 1;
+            if (d >= nd - ndb)
+                b[d - (nd - ndb)] = NEXT() % 3 ? full : 1;
+        }
+        fr_dtype da = dts[NEXT() % 3], db = dts[NEXT() % 3];
+        fr_dtype dt = da == FR_BF16 || db == FR_BF16 ? FR_BF16 : FR_F16; /* the coarser */
+        int op = (int)(NEXT() % 4);
+        fr_tensor *fa = rand_in(FR_BF16, nda, a, 60 + trial, 0);
+        fr_tensor *fb = rand_in(FR_BF16, ndb, b, 61 + trial, op == FR_BINARY_DIV ? 0.5f : 0);
+        fr_tensor *ha = as(fa, da), *hb = as(fb, db);
+        fr_tensor *probe = binary(op, fa, fb);
+        fr_tensor *dy = probe ? rand_in(FR_BF16, probe->ndim, probe->shape, 62, 0) : NULL;
+        CHECK_NOTNULL(probe);
+        fr_release(probe);
+        binary_run ref = run_binary(op, fa, fb, dy), got = run_binary(op, ha, hb, dy);
+        fr_tensor *aa = abs_of(fa), *ab = abs_of(fb), *ady = abs_of(dy);
+        binary_run mag = run_binary(op, aa, ab, ady);
+        fr_dtype out_dt = da == db ? da : FR_F32;
+        CHECK(got.y && got.y->dtype == out_dt && got.da && got.da->dtype == da && got.db &&
+              got.db->dtype == db);
+        /* check_half wants got in dt; compare their f32 widenings at dt's ulp */
+        fr_tensor *gy = got.y ? as(got.y, dt) : NULL, *gda = got.da ? as(got.da, dt) : NULL;
+        fr_tensor *gdb = got.db ? as(got.db, dt) : NULL;
+        check_half(gy, ref.y, NULL, dt, 2, 0, "random shapes forward");
+        check_half(gda, ref.da, mag.da, dt, 3, 3, "random shapes da");
+        check_half(gdb, ref.db, mag.db, dt, 3, 3, "random shapes db");
+        if (fr_t_failed_now) {
+            fprintf(stderr, "    trial %d: op %d, %d dims (a %d, b %d), %s and %s\n", trial, op, nd,
+                    nda, ndb, fr_dtype_name(da), fr_dtype_name(db));
+            trial = 1 << 20;
+        }
+        binary_run *runs[] = {&ref, &got, &mag};
+        for (int i = 0; i < 3; i++)
+            binary_run_free(runs[i]);
+        fr_tensor *all[] = {fa, fb, ha, hb, dy, aa, ab, ady, gy, gda, gdb};
+        for (size_t i = 0; i < sizeof all / sizeof *all; i++)
+            fr_release(all[i]);
+    }
+#undef NEXT
 }
 
 /* PyTorch's promotion: half with f32 gives f32 (f16 with bf16 too), the
@@ -610,6 +669,7 @@ static void test_cuda_half_matches_cpu(void) {
 
 int main(void) {
     RUN(test_binary_half);
+    RUN(test_binary_random_shapes);
     RUN(test_mixed_operands_promote);
     RUN(test_reductions_half);
     RUN(test_softmax_half);
