@@ -1,8 +1,10 @@
 /* cpu/gemm.c: row-major single-precision GEMM on the host, and the
  * per-channel bias kernels that go with linear and convolution layers.
  *
- * Two GEMMs. fr_cpu_gemm_serial, which the im2col convolutions call on one
- * thread per band, is OpenBLAS's sgemm when the build has it (FR_HAVE_CBLAS).
+ * Two GEMMs. fr_cpu_gemm_serial, which the im2col and 1x1 convolutions call
+ * on one thread per image or band, is oneDNN's sgemm on the AVX-512 class
+ * (FR_HAVE_DNNL), else OpenBLAS's sgemm when the build has it
+ * (FR_HAVE_CBLAS), else the built-in one (gemm.h names which).
  * fr_cpu_gemm, the kernel table's GEMM (linear layers), is always the
  * built-in one below, because its rows do not depend on how many there are:
  * an image's logits and input gradient are the same bits in any batch
@@ -26,6 +28,7 @@
 
 #include "../tensor/kernels.h"
 #include "../tensor/memory.h"
+#include "gemm.h"
 #include "threads.h"
 
 #ifdef FR_HAVE_CBLAS
@@ -57,18 +60,6 @@ static void scale_c(float *c, int ldc, int m, int n, float beta) {
                 row[j] *= beta;
     }
 }
-
-#ifdef FR_HAVE_CBLAS
-
-static pthread_once_t blas_once = PTHREAD_ONCE_INIT;
-static void blas_single_thread(void) { openblas_set_num_threads(1); }
-
-/* OpenBLAS 0.3.21 takes a 128 MiB work buffer (plus a page) per calling
- * thread on that thread's first call, and retries forever when the system
- * refuses it: so each thread first checks that the space is there and turns
- * a refusal into the ledger's out-of-memory error. */
-#define BLAS_BUFFER_BYTES (((size_t)128 << 20) + ((size_t)1 << 20))
-static _Thread_local bool blas_buffer_checked;
 
 #ifdef FR_HAVE_DNNL
 /* oneDNN's sgemm (its JIT avx512_core kernels) on the AVX-512 class: at
@@ -107,6 +98,19 @@ static fr_status dnnl_serial(float *c, int ldc, const float *a, int lda, const f
     return FR_OK;
 }
 #endif
+
+#ifdef FR_HAVE_CBLAS
+
+static pthread_once_t blas_once = PTHREAD_ONCE_INIT;
+static void blas_single_thread(void) { openblas_set_num_threads(1); }
+
+/* OpenBLAS 0.3.21 takes a 128 MiB work buffer (plus a page) per calling
+ * thread on that thread's first call, and retries forever when the system
+ * refuses it: so each thread first checks that the space is there and turns
+ * a refusal into the ledger's out-of-memory error. */
+#define BLAS_BUFFER_BYTES (((size_t)128 << 20) + ((size_t)1 << 20))
+static _Thread_local bool blas_buffer_checked;
+
 
 fr_status fr_cpu_gemm_serial(float *c, int ldc, const float *a, int lda, const float *b, int ldb,
                              int m, int n, int k, bool trans_a, bool trans_b, float alpha,
@@ -283,10 +287,26 @@ static fr_status builtin_serial(float *c, int ldc, const float *a, int lda, cons
     return FR_OK;
 }
 
+const char *fr_cpu_gemm_serial_impl(void) {
+#ifdef FR_HAVE_DNNL
+    if (gemm_on_dnnl())
+        return "onednn";
+#endif
+#ifdef FR_HAVE_CBLAS
+    return "openblas";
+#else
+    return "builtin";
+#endif
+}
+
 #ifndef FR_HAVE_CBLAS
 fr_status fr_cpu_gemm_serial(float *c, int ldc, const float *a, int lda, const float *b, int ldb,
                              int m, int n, int k, bool trans_a, bool trans_b, float alpha,
                              float beta) {
+#ifdef FR_HAVE_DNNL
+    if (m > 0 && n > 0 && k > 0 && gemm_on_dnnl())
+        return dnnl_serial(c, ldc, a, lda, b, ldb, m, n, k, trans_a, trans_b, alpha, beta);
+#endif
     return builtin_serial(c, ldc, a, lda, b, ldb, m, n, k, trans_a, trans_b, alpha, beta);
 }
 #endif
