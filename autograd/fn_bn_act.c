@@ -125,6 +125,23 @@ static fr_tensor *sign_bits(fr_node *node, const bnact_ctx *c, const fr_tensor *
     return fr_node_sign_bits(node, c->i_y);
 }
 
+/* True when the kept output need not be read: a ReLU or leaky ReLU with no
+ * residual over an f32 x held as it was (not rebuilt, not compressed) on
+ * the CPU, whose mask the one-pass kernel rebuilds bit for bit from x and
+ * the statistics, which it reads anyway (plain's KEEP). Not reading y takes
+ * one activation-sized stream off the backward, and lets the kernel keep g
+ * out of memory (cpu/batchnorm.c: plane_dx_regen); DenseNet's BN backward
+ * measured 30 -> 24 ms at 216 x 32x32, batch 64, one thread
+ * (bench/RESULTS.md, issue 24, dn24). Not where fr_bn_act_backward takes
+ * the chain (half operands, synchronised BN): there the chain would rebuild
+ * a whole pre-activation tensor instead of reading y. */
+static bool mask_from_x(const fr_node *node, const bnact_ctx *c, const fr_tensor *dy) {
+    bool sign = c->act == FR_ACT_RELU || c->act == FR_ACT_LEAKY_RELU;
+    const fr_tensor *x = c->i_x >= 0 ? node->saved[c->i_x].held : NULL;
+    return sign && c->i_y >= 0 && !c->has_residual && x && x->dtype == FR_F32 &&
+           dy->dtype == FR_F32 && node->device == FR_CPU && !fr_batch_norm_synced();
+}
+
 static fr_status recompute_backward(fr_node *node, const bnact_ctx *c, fr_tensor *dy,
                                     fr_tensor **din) {
     enum { X, MEAN, INVSTD, GAMMA, BETA, Y, NT };
@@ -137,7 +154,7 @@ static fr_status recompute_backward(fr_node *node, const bnact_ctx *c, fr_tensor
      * activation-sized tensor at the peak, is never made (bench/RESULTS.md,
      * issue 23). */
     fr_tensor *bits = sign_bits(node, c, dy);
-    if (bits)
+    if (bits || mask_from_x(node, c, dy))
         idx[Y] = -1;
     fr_tensor *t[NT];
     fr_status st = unpack_all(node, idx, t, NT);

@@ -13,15 +13,18 @@
 /* Below this many elements in total, one thread is faster. */
 #define FR_BN_PAR_MIN 32768
 
-/* The loops over a plane or a chunk live in small functions built twice,
- * for AVX2 and for the portable baseline, the copy picked at load time (as
- * cpu/gemm.c's kernel): the portable build's SSE2 has two double lanes, AVX2
- * four, and the sums and the f32 <-> f64 conversions are most of the work.
+/* The loops over a plane or a chunk live in small functions built three
+ * times, for AVX-512F, AVX2 and the portable baseline, the copy picked at
+ * load time by the CPU's features (as cpu/gemm.c's kernel): the portable
+ * build's SSE2 has two double lanes, AVX2 four, AVX-512 eight, and the sums
+ * and the f32 <-> f64 conversions are most of the work. The AVX-512 copy
+ * took a one-thread DenseNet-BC-100 b64 plain step down by about 3% (BN's
+ * backward 10-15%: bench/RESULTS.md, issue 24, dn24).
  * No FMA in either copy (-std=c11 forbids contraction), so both round as
  * the separate elementwise kernels do; a sum's lane order is the copy's,
  * the same for every kernel on one machine. */
 /* FR_SELECT_BLEND (cpu/simd.h): the leaky ReLU's selects become blends. */
-#define FR_BN_VEC __attribute__((target_clones("avx2", "default"))) FR_SELECT_BLEND
+#define FR_BN_VEC __attribute__((target_clones("avx512f", "avx2", "default"))) FR_SELECT_BLEND
 
 FR_BN_VEC static void plane_stats(const float *p, int hw, double shift, double *s_out,
                                   double *ss_out) {
@@ -201,6 +204,30 @@ FR_BN_VEC static void chunk_grad(float *g, const float *dy, const float *act_out
     }
 }
 
+/* dx over one run of a ReLU or leaky ReLU whose g = dy * act'(pre) is
+ * rebuilt from dy and x (pre = (x - mu) * sc + b in the forward's
+ * rounding, as chunk_grad rebuilds it), then plane_dx's formula: the same
+ * bits as writing g in the first pass and reading it back here, with two
+ * fewer streams over memory (g is not stored and loaded again). */
+#define FR_BN_DX_REGEN(A)                                                                   \
+    do {                                                                                    \
+        _Pragma("omp simd") for (int j = 0; j < len; j++) {                                 \
+            float pre = (xp[j] - mu_f) * sc + b;                                            \
+            float g = fr_act_grad_##A(dy[j], fr_act_fwd_##A(pre, slope), slope);            \
+            double xh = ((double)xp[j] - mu) * is;                                          \
+            dxp[j] = (float)(k * ((double)g - mdy - xh * mdyxh));                           \
+        }                                                                                   \
+    } while (0)
+
+FR_BN_VEC static void plane_dx_regen(float *dxp, const float *dy, const float *xp, int len,
+                                     float mu_f, float sc, float b, fr_act act, float slope,
+                                     double mu, double is, double k, double mdy, double mdyxh) {
+    if (act == FR_ACT_RELU)
+        FR_BN_DX_REGEN(RELU);
+    else
+        FR_BN_DX_REGEN(LEAKY_RELU);
+}
+
 fr_status fr_cpu_bn_act_backward(float *dx, float *dz, float *dgamma, float *dbeta, const float *dy,
                                  const float *act_out, const float *x, const float *mean,
                                  const float *invstd, const float *gamma, const float *beta,
@@ -216,7 +243,11 @@ fr_status fr_cpu_bn_act_backward(float *dx, float *dz, float *dgamma, float *dbe
          * (overwritten by the second pass); the identity without dz reads
          * dy itself (batch_norm_backward) */
         bool g_is_dy = act == FR_ACT_IDENTITY && !dz;
-        float *gout = dz ? dz : g_is_dy ? NULL : dx;
+        /* ReLU and leaky ReLU rebuilt from x (no output kept, no dz): g
+         * stays in `local` for the sums and the second pass rebuilds it
+         * (plane_dx_regen) rather than reading it back from dx */
+        bool regen = !dz && !act_out && (act == FR_ACT_RELU || act == FR_ACT_LEAKY_RELU);
+        float *gout = dz ? dz : g_is_dy || regen ? NULL : dx;
         double sdy = 0.0, sdyxh = 0.0;
         float local[FR_BN_CHUNK];
         for (int i = 0; i < n; i++) {
@@ -247,7 +278,11 @@ fr_status fr_cpu_bn_act_backward(float *dx, float *dz, float *dgamma, float *dbe
         const float *gsrc = g_is_dy ? dy : gout;
         for (int i = 0; i < n; i++) {
             size_t at = ((size_t)i * (size_t)c + (size_t)ch) * (size_t)hw;
-            plane_dx(dx + at, gsrc + at, x + at, hw, mu, is, k, mdy, mdyxh);
+            if (regen)
+                plane_dx_regen(dx + at, dy + at, x + at, hw, mu_f, sc, b, act, slope, mu, is, k,
+                               mdy, mdyxh);
+            else
+                plane_dx(dx + at, gsrc + at, x + at, hw, mu, is, k, mdy, mdyxh);
         }
     }
     return FR_OK;

@@ -1,8 +1,10 @@
 /* cpu/gemm.c: row-major single-precision GEMM on the host, and the
  * per-channel bias kernels that go with linear and convolution layers.
  *
- * Two GEMMs. fr_cpu_gemm_serial, which the im2col convolutions call on one
- * thread per band, is OpenBLAS's sgemm when the build has it (FR_HAVE_CBLAS).
+ * Two GEMMs. fr_cpu_gemm_serial, which the im2col and 1x1 convolutions call
+ * on one thread per image or band, is oneDNN's sgemm on the AVX-512 class
+ * (FR_HAVE_DNNL), else OpenBLAS's sgemm when the build has it
+ * (FR_HAVE_CBLAS), else the built-in one (gemm.h names which).
  * fr_cpu_gemm, the kernel table's GEMM (linear layers), is always the
  * built-in one below, because its rows do not depend on how many there are:
  * an image's logits and input gradient are the same bits in any batch
@@ -26,10 +28,17 @@
 
 #include "../tensor/kernels.h"
 #include "../tensor/memory.h"
+#include "gemm.h"
 #include "threads.h"
 
 #ifdef FR_HAVE_CBLAS
 #include <cblas.h>
+#endif
+#ifdef FR_HAVE_DNNL
+#include <dnnl.h>
+
+#include "conv.h"
+#include "isa.h"
 #endif
 
 /* Below this many multiply-adds a product runs on one thread: splitting
@@ -52,6 +61,44 @@ static void scale_c(float *c, int ldc, int m, int n, float beta) {
     }
 }
 
+#ifdef FR_HAVE_DNNL
+/* oneDNN's sgemm (its JIT avx512_core kernels) on the AVX-512 class: at
+ * the shapes the im2col and 1x1 convolutions multiply (DenseNet's 1x1
+ * layers, C x 48 x H*W per image; 3x3 bands of 256 columns) it ran 1.3-1.9x
+ * OpenBLAS 0.3.21's SKYLAKEX kernels, one thread (docs/ARCHITECTURE.md,
+ * "CPU convolution and GEMM"). Below AVX-512 (and under FR_CPU_ISA=avx2 or
+ * baseline) OpenBLAS stays: not measured against it there. */
+static bool gemm_on_dnnl(void) {
+    static int use = -1; /* racy first write of the same value: harmless */
+    if (use < 0) {
+        fr_cpu_isa isa;
+        use = fr_cpu_have_dnnl() && fr_cpu_isa_get(&isa) == FR_OK && isa >= FR_ISA_AVX512;
+    }
+    return use > 0;
+}
+
+/* One product on the calling thread only: oneDNN's sgemm takes every
+ * thread OpenMP offers when called outside an active parallel region (and
+ * one inside one), and a product split over threads could sum in another
+ * order; so outside one the offer is cut to one thread for the call. */
+static fr_status dnnl_serial(float *c, int ldc, const float *a, int lda, const float *b, int ldb,
+                             int m, int n, int k, bool trans_a, bool trans_b, float alpha,
+                             float beta) {
+    int outer = omp_in_parallel() ? 1 : omp_get_max_threads();
+    if (outer > 1)
+        omp_set_num_threads(1);
+    dnnl_status_t st = dnnl_sgemm(trans_a ? 'T' : 'N', trans_b ? 'T' : 'N', m, n, k, alpha, a, lda,
+                                  b, ldb, beta, c, ldc);
+    if (outer > 1)
+        omp_set_num_threads(outer);
+    if (st != dnnl_success)
+        return fr_error(st == dnnl_out_of_memory ? FR_ERR_OOM : FR_ERR_ARG,
+                        "gemm: oneDNN's sgemm failed (status %d) for a (%d, %d, %d) product",
+                        (int)st, m, n, k);
+    return FR_OK;
+}
+#endif
+
 #ifdef FR_HAVE_CBLAS
 
 static pthread_once_t blas_once = PTHREAD_ONCE_INIT;
@@ -64,16 +111,21 @@ static void blas_single_thread(void) { openblas_set_num_threads(1); }
 #define BLAS_BUFFER_BYTES (((size_t)128 << 20) + ((size_t)1 << 20))
 static _Thread_local bool blas_buffer_checked;
 
+
 fr_status fr_cpu_gemm_serial(float *c, int ldc, const float *a, int lda, const float *b, int ldb,
                              int m, int n, int k, bool trans_a, bool trans_b, float alpha,
                              float beta) {
-    pthread_once(&blas_once, blas_single_thread);
     if (m <= 0 || n <= 0)
         return FR_OK;
     if (k <= 0) { /* BLAS rejects a zero leading dimension; the product is empty */
         scale_c(c, ldc, m, n, beta);
         return FR_OK;
     }
+#ifdef FR_HAVE_DNNL
+    if (gemm_on_dnnl())
+        return dnnl_serial(c, ldc, a, lda, b, ldb, m, n, k, trans_a, trans_b, alpha, beta);
+#endif
+    pthread_once(&blas_once, blas_single_thread);
     if (!blas_buffer_checked) {
         FR_TRY(fr_mem_probe_host(BLAS_BUFFER_BYTES, "OpenBLAS's per-thread buffer"));
         blas_buffer_checked = true;
@@ -235,10 +287,26 @@ static fr_status builtin_serial(float *c, int ldc, const float *a, int lda, cons
     return FR_OK;
 }
 
+const char *fr_cpu_gemm_serial_impl(void) {
+#ifdef FR_HAVE_DNNL
+    if (gemm_on_dnnl())
+        return "onednn";
+#endif
+#ifdef FR_HAVE_CBLAS
+    return "openblas";
+#else
+    return "builtin";
+#endif
+}
+
 #ifndef FR_HAVE_CBLAS
 fr_status fr_cpu_gemm_serial(float *c, int ldc, const float *a, int lda, const float *b, int ldb,
                              int m, int n, int k, bool trans_a, bool trans_b, float alpha,
                              float beta) {
+#ifdef FR_HAVE_DNNL
+    if (m > 0 && n > 0 && k > 0 && gemm_on_dnnl())
+        return dnnl_serial(c, ldc, a, lda, b, ldb, m, n, k, trans_a, trans_b, alpha, beta);
+#endif
     return builtin_serial(c, ldc, a, lda, b, ldb, m, n, k, trans_a, trans_b, alpha, beta);
 }
 #endif

@@ -227,6 +227,8 @@ void fr_batch_norm_set_sync(fr_bn_sum_fn fn, void *ctx) {
     sync_ctx = ctx;
 }
 
+bool fr_batch_norm_synced(void) { return sync_fn != NULL; }
+
 static fr_status channels_copy(fr_device dev, void *dst, const void *src, size_t bytes,
                                fr_copy_kind kind) {
     if (dev == FR_CPU) {

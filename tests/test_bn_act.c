@@ -310,6 +310,45 @@ static void test_keep_backward_peak_as_chain(void) {
         keep_as_chain(acts[a]);
 }
 
+/* One process: the sums are already global. */
+static fr_status one_process(double *values, int n, void *ctx) {
+    (void)values, (void)n, (void)ctx;
+    return FR_OK;
+}
+
+/* Under synchronised BN the backward takes the chain of separate ops
+ * (ops_batchnorm.c), which would rebuild a whole pre-activation tensor to
+ * read the mask from if the fused op passed no output: so plain's KEEP
+ * reads its kept output there (fn_bn_act.c, mask_from_x). Its backward peak
+ * is then at most one activation above the chain's (the fused op's g is
+ * made while the kept output still lives; the chain has freed it): 6820
+ * against 4052 bytes here, and 10140, two activations above, when the
+ * output was not passed. */
+static void test_keep_synced_reads_kept_output(void) {
+    bn_case c = make_case(40);
+    fr_tensor *w = fr_t_rand(FR_CPU, 4, FR_SHAPE(1, C, 1, 1), 44);
+    fr_tensor *w0 = fr_t_rand(FR_CPU, 4, FR_SHAPE(C, C, 1, 1), 45);
+    fr_tensor *src[5] = {c.x, c.gamma, c.beta, w, w0};
+    fr_tensor *chain[4] = {NULL, NULL, NULL, NULL}, *fused[4] = {NULL, NULL, NULL, NULL};
+    size_t peak_chain = 0, peak_fused = 0, saved_chain = 0, saved_fused = 0;
+    fr_batch_norm_set_sync(one_process, NULL);
+    bn_act_step(false, FR_ACT_RELU, src, chain, &peak_chain, &saved_chain);
+    bn_act_step(true, FR_ACT_RELU, src, fused, &peak_fused, &saved_fused);
+    fr_batch_norm_set_sync(NULL, NULL);
+    printf("    synced backward peak: chain %zu, fused %zu bytes\n", peak_chain, peak_fused);
+    CHECK(peak_chain > 0);
+    CHECK(peak_fused <= peak_chain + (N * C * H * W + 2 * C) * sizeof(float));
+    for (int i = 0; i < 4; i++) {
+        if (chain[i] && fused[i])
+            CHECK(same_bits(fused[i], chain[i], "a gradient"));
+        fr_release(chain[i]);
+        fr_release(fused[i]);
+    }
+    fr_release(w);
+    fr_release(w0);
+    free_case(&c);
+}
+
 static void test_bad_arguments(void) {
     bn_case c = make_case(50);
     fr_tensor *y = fr_empty_like(c.x, FR_TAG_TRANSIENT);
@@ -345,6 +384,7 @@ int main(void) {
     RUN(test_bf16_forward_equals_chain);
     RUN(test_bf16_backward_close_to_f32);
     RUN(test_keep_backward_peak_as_chain);
+    RUN(test_keep_synced_reads_kept_output);
     RUN(test_bad_arguments);
     return TEST_SUMMARY();
 }
