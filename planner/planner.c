@@ -576,11 +576,22 @@ static fr_status plan_at(fr_model *m, const int64_t *shape, int64_t micro, size_
     return st;
 }
 
+/* Room the plan leaves below the budget (1/ROOM of it): the predictions
+ * are exact to the ledger's bytes, but a training step is not the trial
+ * step (its loss, the optimizer's update) and a memory limit holds the
+ * allocator's reserved bytes, which its rounding puts a little above the
+ * ledger's (tensor/memory.h); a layout predicted at the budget to the byte
+ * was stopped by them (tests/test_budget_run.c). The smallest budget a
+ * plan names includes it. */
+#define ROOM 128
+static double with_room(double need) { return ceil(need * ROOM / (ROOM - 1)); }
+
 /* The fewest micro-batches and the fastest layout that fit `target` bytes
- * (the budget, or less once a verification missed), from the leanest
+ * (the budget less its room, or less once a verification missed; `budget`
+ * for messages), from the leanest
  * layouts' peaks at the whole batch (`lean`) and in the smallest
  * micro-batches (`lean1`; div[nd]: the batch's divisors tried). */
-static fr_status choose(fr_model *m, const int64_t *shape, size_t target, const fr_plan_options *o,
+static fr_status choose(fr_model *m, const int64_t *shape, size_t budget, size_t target, const fr_plan_options *o,
                         const room *r, const int *div, int nd, double lean, double lean1,
                         fr_memory_plan *plan) {
     int batch = (int)shape[0];
@@ -590,17 +601,17 @@ static fr_status choose(fr_model *m, const int64_t *shape, size_t target, const 
          * part has the shape the layout is made for) that fit */
         if (!nd || lean1 > (double)target) {
             char need[32], have[32];
-            fr_mem_format_bytes(target, have, sizeof have);
+            fr_mem_format_bytes(budget, have, sizeof have);
             int smallest = nd ? batch / div[nd - 1] : batch;
             if (!isfinite(lean1))
                 return fr_error(FR_ERR_ARG, "%s: a memory budget of %s (%zu bytes) is too small: no "
                                 "layout fits even in micro-batches of %d image%s, nor within the "
-                                "memory limit", m->name, have, target, smallest, smallest == 1 ? "" : "s");
-            fr_mem_format_bytes((size_t)ceil(lean1), need, sizeof need);
+                                "memory limit", m->name, have, budget, smallest, smallest == 1 ? "" : "s");
+            fr_mem_format_bytes((size_t)with_room(lean1), need, sizeof need);
             return fr_error(FR_ERR_ARG, "%s: a memory budget of %s (%zu bytes) is too small: the "
                             "leanest layout needs %s (%.0f bytes) even in micro-batches of %d "
-                            "image%s; give at least that", m->name, have, target, need,
-                            ceil(lean1), smallest, smallest == 1 ? "" : "s");
+                            "image%s; give at least that", m->name, have, budget, need,
+                            with_room(lean1), smallest, smallest == 1 ? "" : "s");
         }
         int lo = -1, hi = nd - 1; /* div[hi] fits; find the first that does */
         while (hi - lo > 1) {
@@ -679,12 +690,12 @@ fr_status fr_plan_memory(fr_model *m, const int64_t *shape, size_t budget, const
         room wide = {.budget = INFINITY, .capped = true};
         FR_TRY(leanest(m, nd ? batch / div[nd - 1] : batch, shape, &o, &wide, batch, &lean1));
     }
-    plan->min_budget = isfinite(lean1) ? fmin(lean, lean1) : 0;
+    plan->min_budget = isfinite(lean1) ? with_room(fmin(lean, lean1)) : 0;
     /* the plan is verified by a whole measured step (the prediction composes
-     * steps measured alone, which misses how they interact: up to 8% short on
-     * a flat chain under recompute, bench/RESULTS.md issue 22); one that
+     * steps measured alone, which can miss how they interact: bench/RESULTS.md
+     * issues 22 and 23, docs/ARCHITECTURE.md "The memory planner"); one that
      * passes the budget is made again for the budget lowered by the miss */
-    double target = (double)budget, least = INFINITY;
+    double target = (double)budget - floor((double)budget / ROOM), least = INFINITY;
     bool missed = false, held = false;
     fr_status st = FR_OK;
     for (int round = 0; round < VERIFY_ROUNDS && target >= 1; round++) {
@@ -693,7 +704,7 @@ fr_status fr_plan_memory(fr_model *m, const int64_t *shape, size_t budget, const
         fr_memory_plan next = *plan;
         next.units = NULL;
         next.points = NULL;
-        st = choose(m, shape, (size_t)target, &o, &r, div, nd, lean, lean1, &next);
+        st = choose(m, shape, budget, (size_t)target, &o, &r, div, nd, lean, lean1, &next);
         if (st == FR_ERR_ARG && missed) { /* the lowered budget fits no layout */
             fr_clear_error();
             free(next.units);
@@ -709,16 +720,6 @@ fr_status fr_plan_memory(fr_model *m, const int64_t *shape, size_t budget, const
         fr_profile_cap cap = trial_cap(&r, plan->micro_batch, shape);
         plan->verify_rounds = round + 1;
         st = fr_profile_whole_step(m, plan, &cap, &plan->verified_peak);
-        if (st == FR_OK && !isfinite(plan->verified_peak) && isfinite(plan->predicted_peak)) {
-            /* the cap holds reserved bytes (tensor/memory.h), which the
-             * allocator's rounding puts a little above the ledger's in-use
-             * bytes that budgets and predictions count: a layout predicted
-             * exactly at the budget can be stopped by that rounding alone.
-             * Measured once more with a sixty-fourth of the budget for it,
-             * the step is judged by its ledger peak as any other. */
-            cap.cap += (double)budget / 64;
-            st = fr_profile_whole_step(m, plan, &cap, &plan->verified_peak);
-        }
         if (st != FR_OK || (held = plan->verified_peak <= (double)budget))
             break;
         missed = true;
@@ -733,13 +734,13 @@ fr_status fr_plan_memory(fr_model *m, const int64_t *shape, size_t budget, const
     if (st == FR_OK && !held) {
         char have[32], need[32];
         if (isfinite(least))
-            plan->min_budget = fmax(plan->min_budget, ceil(least));
+            plan->min_budget = fmax(plan->min_budget, with_room(least));
         fr_mem_format_bytes(budget, have, sizeof have);
-        fr_mem_format_bytes(isfinite(least) ? (size_t)ceil(least) : 0, need, sizeof need);
+        fr_mem_format_bytes(isfinite(least) ? (size_t)with_room(least) : 0, need, sizeof need);
         st = isfinite(least)
                  ? fr_error(FR_ERR_ARG, "%s: no plan holds a memory budget of %s (%zu bytes): measured in "
                             "a whole trial step, the leanest of its layouts needed %s (%.0f bytes); give "
-                            "at least that", m->name, have, budget, need, ceil(least))
+                            "at least that", m->name, have, budget, need, with_room(least))
                  : fr_error(FR_ERR_ARG, "%s: no plan holds a memory budget of %s (%zu bytes): every "
                             "layout passed it in a whole trial step", m->name, have, budget);
     }
