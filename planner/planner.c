@@ -1,6 +1,4 @@
-/* planner.c: the memory planner's layout search; see planner.h.
- *
- * A layout cuts the root sequence's steps (units) into groups, each kept
+/* planner.c: the memory planner's layout search; see planner.h. A layout cuts the root sequence's steps (units) into groups, each kept
  * or checkpointed and each under one strategy of the profile. One function,
  * eval_group, predicts what a group adds to the ledger from the profile of
  * its units: its forward peak above the bytes held before it, what it
@@ -29,9 +27,8 @@ typedef struct {
     int out;          /* what becomes of its output (OUT_*) */
 } group_eval;
 
-/* A group's output: gone once the next step has run (the next step may
- * keep it), held by the group's own nodes, or carrying a recipe (a next
- * step that keeps it keeps the recipe: profile.h) */
+/* A group's output: gone after the next step (which may keep it), held by
+ * the group's own nodes, or carrying a recipe (profile.h) */
 enum { OUT_GONE, OUT_KEPT, OUT_RECIPE, OUT_KINDS };
 
 /* The predicted curve, when asked for: points at base + level. */
@@ -70,22 +67,19 @@ static bool group_allowed(const fr_profile *p, int i, int j, bool ckpt, int k) {
     return true;
 }
 
-/* prev: what the group before made of this group's input (OUT_*; OUT_KEPT:
- * its own nodes saved it). fwd / bwd: the curves to draw into (NULL:
- * none). A step's input carries a recipe where the step before (with
- * grad) made one: inside the group, or from the group before when this one
- * is kept; a checkpoint's replay starts from its held input. */
+/* prev: what the group before left of this group's input (OUT_*). A step's
+ * input is a recipe where the step before made one (a checkpoint's replay
+ * starts from its held input). fwd / bwd: curves to draw into, or NULL. */
 static group_eval eval_group(const fr_profile *p, int i, int j, bool ckpt, int k, int prev,
                              curve *fwd, curve *bwd) {
     group_eval g = {.ok = group_allowed(p, i, j, ckpt, k)};
     if (!g.ok)
         return g;
-    bool prev_keeps = prev == OUT_KEPT;
 #define RECIPE_IN(u) ((u) == i ? !ckpt && prev == OUT_RECIPE : fr_profile_cost(p, (u) - 1, k)->out_recipe)
 #define C(u) fr_profile_cost_in(p, (u), k, RECIPE_IN(u))
-#define HELD_BEFORE(u) ((u) == i ? (ckpt || prev_keeps) : C((u) - 1)->out_saved)
+#define HELD_BEFORE(u) ((u) == i ? (ckpt || prev == OUT_KEPT) : C((u) - 1)->out_saved)
     const fr_unit_cost *last = C(j - 1);
-    double L = prev_keeps ? 0 : C(i)->in_b, pk = L;
+    double L = prev == OUT_KEPT ? 0 : C(i)->in_b, pk = L;
     for (int u = i; u < j; u++) {
         const fr_unit_cost *c = C(u);
         double start = L;
@@ -576,13 +570,8 @@ static fr_status plan_at(fr_model *m, const int64_t *shape, int64_t micro, size_
     return st;
 }
 
-/* Room the plan leaves below the budget (1/ROOM of it): the predictions
- * are exact to the ledger's bytes, but a training step is not the trial
- * step (its loss, the optimizer's update) and a memory limit holds the
- * allocator's reserved bytes, which its rounding puts a little above the
- * ledger's (tensor/memory.h); a layout predicted at the budget to the byte
- * was stopped by them (tests/test_budget_run.c). The smallest budget a
- * plan names includes it. */
+/* Room the plan leaves below the budget (1/ROOM of it; planner.h, step 3),
+ * included in every smallest budget it names (tests/test_budget_run.c). */
 #define ROOM 128
 static double with_room(double need) { return ceil(need * ROOM / (ROOM - 1)); }
 
@@ -691,10 +680,8 @@ fr_status fr_plan_memory(fr_model *m, const int64_t *shape, size_t budget, const
         FR_TRY(leanest(m, nd ? batch / div[nd - 1] : batch, shape, &o, &wide, batch, &lean1));
     }
     plan->min_budget = isfinite(lean1) ? with_room(fmin(lean, lean1)) : 0;
-    /* the plan is verified by a whole measured step (the prediction composes
-     * steps measured alone, which can miss how they interact: bench/RESULTS.md
-     * issues 22 and 23, docs/ARCHITECTURE.md "The memory planner"); one that
-     * passes the budget is made again for the budget lowered by the miss */
+    /* verified by a whole measured step (planner.h, step 4); one that passes
+     * the budget is made again for the budget lowered by the miss */
     double target = (double)budget - floor((double)budget / ROOM), least = INFINITY;
     bool missed = false, held = false;
     fr_status st = FR_OK;
