@@ -343,6 +343,10 @@ static fr_status measure_all(fr_model *m, void *profile, const fr_profile_cap *c
             if (st == FR_OK && prev_recipe) {
                 st = trial(m, root, s, cur, true, &run, dev, &p->cost_ri[i]);
                 p->valid_ri[i] = st == FR_OK;
+                if (st == FR_ERR_ARG) { /* a strategy refusing that input: the held cost stands */
+                    fr_clear_error();
+                    st = FR_OK;
+                }
                 if (capped_out(cap, st))
                     st = FR_OK;
             }
