@@ -23,8 +23,8 @@ typedef struct {
 
 /* Backpropagates the replayed segment. Under a backward restricted to some
  * inputs, the replay is restricted to the same ones plus the segment's input
- * leaf, so parameters outside the list get no gradient from inside segments
- * either. */
+ * leaf (when its gradient is wanted; NULL: not), so parameters outside the
+ * list get no gradient from inside segments either. */
 static fr_status replay_backward(fr_tensor *y, fr_tensor *dy, fr_tensor *leaf) {
     const fr_backward_options *outer = fr_backward_running();
     if (!outer || outer->n_inputs == 0)
@@ -34,8 +34,9 @@ static fr_status replay_backward(fr_tensor *y, fr_tensor *dy, fr_tensor *leaf) {
         return fr_error(FR_ERR_OOM, "backward of checkpoint: out of memory");
     for (int i = 0; i < outer->n_inputs; i++)
         inputs[i] = outer->inputs[i];
-    inputs[outer->n_inputs] = leaf;
-    fr_backward_options o = {.n_inputs = outer->n_inputs + 1, .inputs = inputs};
+    if (leaf)
+        inputs[outer->n_inputs] = leaf;
+    fr_backward_options o = {.n_inputs = outer->n_inputs + (leaf != NULL), .inputs = inputs};
     fr_status st = fr_backward_with_options(y, dy, &o);
     free(inputs);
     return st;
@@ -43,6 +44,12 @@ static fr_status replay_backward(fr_tensor *y, fr_tensor *dy, fr_tensor *leaf) {
 
 static fr_status checkpoint_backward(fr_node *node, fr_tensor *const *dout, fr_tensor **din) {
     const checkpoint_ctx *c = node->ctx;
+    /* the input's gradient only where someone wants it: a segment over the
+     * data batch (the model's first) would otherwise make the batch's
+     * gradient and its convolution's backward-data workspace, which nobody
+     * reads (at ResNet-56 batch 640, 7.5 MiB and a workspace at the step's
+     * peak: bench/RESULTS.md, issue 23) */
+    bool want_dx = fr_node_needs_grad(node, 0);
     fr_tensor *x = fr_node_unpack(node, 0);
     if (!x)
         return fr_last_status();
@@ -54,7 +61,8 @@ static fr_status checkpoint_backward(fr_node *node, fr_tensor *const *dout, fr_t
     if (st == FR_OK) {
         /* The input becomes a leaf of the inner tape, so its gradient lands
          * in leaf->grad; the segment's parameters are leaves already. */
-        fr_set_requires_grad(leaf, true);
+        if (want_dx)
+            fr_set_requires_grad(leaf, true);
         uint64_t now = fr_random_state();
         fr_set_random_state(c->random_state);
         fr_recompute_enter();
@@ -65,10 +73,14 @@ static fr_status checkpoint_backward(fr_node *node, fr_tensor *const *dout, fr_t
         }
         fr_recompute_exit();
         fr_set_random_state(now);
-        if (st == FR_OK)
-            st = y ? replay_backward(y, dout[0], leaf) : fr_last_status();
+        if (st == FR_OK && !y)
+            st = fr_last_status();
+        /* nothing in it takes a gradient (no parameters, an input that
+         * wants none): nothing to do */
+        if (st == FR_OK && (y->requires_grad || y->grad_fn))
+            st = replay_backward(y, dout[0], want_dx ? leaf : NULL);
     }
-    if (st == FR_OK && fr_node_needs_grad(node, 0) && leaf->grad)
+    if (st == FR_OK && want_dx && leaf->grad)
         din[0] = fr_retain(leaf->grad);
     fr_release(y);
     fr_release(leaf);

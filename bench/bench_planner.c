@@ -4,6 +4,13 @@
  * bench/planner_join.py prints both as a table and an SVG plot.
  *
  *     bench_planner [--model resnet56] [--batch 64] [--budgets 10] [--steps 3]
+ *     bench_planner --budget BYTES [--allow-compress] [--allow-abn] [--max-accum N] ...
+ *
+ * With --budget, one plan only (issue 23's "largest batch at a fixed
+ * budget": resnet56 --batch 640 --budget 286889984 --allow-compress
+ * --max-accum 1): the plan printed (or the planner's refusal), then applied
+ * and measured as below, the first step's peak (it creates the momentum)
+ * and the timed steps' beside the budget.
  *
  * First the fixed schedules: plain, Chen's split (checkpoint) under plain
  * and under recompute, and checkpoint:K with K = floor(sqrt(steps of
@@ -142,6 +149,41 @@ static fr_status run(bench *b, int budgets) {
     return FR_OK;
 }
 
+/* --budget: one plan, printed and measured. */
+static fr_status run_one(bench *b, size_t budget, fr_plan_options o) {
+    o.optim_bytes = fr_plan_optim_bytes(b->opt);
+    fr_memory_plan plan;
+    printf("# planner: %s batch %lld, budget %zu bytes, allow_compress %d, allow_abn %d, max_accum %d\n",
+           b->m->name, (long long)b->x->shape[0], budget, o.allow_compress, o.allow_abn, o.max_accum);
+    fflush(stdout);
+    fr_status st = fr_plan_memory(b->m, b->x->shape, budget, &o, &plan);
+    if (st != FR_OK) {
+        printf("# planner: refused: %s\n# planner: min_budget %.0f\n", fr_last_error(), plan.min_budget);
+        return FR_OK;
+    }
+    fr_plan_print(&plan, stdout);
+    fflush(stdout);
+    st = fr_plan_apply(b->m, &plan);
+    double loss, ms = 0;
+    size_t first = 0, peak = 0;
+    if (st == FR_OK) {
+        fr_mem_reset_peak();
+        st = fr_train_step(b->m, b->opt, NULL, b->x, b->y, plan.accum, &loss, NULL, NULL);
+        first = fr_mem_total_peak(FR_CPU);
+    }
+    if (st == FR_OK)
+        st = measure(b, plan.accum, &ms, &peak);
+    if (st == FR_OK) {
+        fr_plan_print_measured(&plan, peak, 0, stdout);
+        printf("P\tone\t%zu\t%.0f\t%.0f\t%zu\t%zu\t%.3f\t%d\n", budget, plan.predicted_peak,
+               plan.verified_peak, first, peak, ms, plan.accum);
+        printf("# planner: first step %zu bytes (%s), timed steps %zu (%s) against the budget %zu\n", first,
+               first <= budget ? "fits" : "OVER", peak, peak <= budget ? "fits" : "OVER", budget);
+    }
+    fr_memory_plan_free(&plan);
+    return st;
+}
+
 static int usage(FILE *out, const char *prog, int code) {
     fprintf(out,
             "usage: %s [--model NAME] [--batch N] [--budgets N] [--steps N]\n"
@@ -150,7 +192,11 @@ static int usage(FILE *out, const char *prog, int code) {
             "  --budgets N   evenly spaced budgets from the planner's feasible minimum to\n"
             "                plain's peak, 1 to %d (default 10); the equal-memory budgets\n"
             "                (each fixed schedule's measured peak) come on top\n"
-            "  --steps N     timed steps per measurement, 1 to %d (default 3)\n",
+            "  --steps N     timed steps per measurement, 1 to %d (default 3)\n"
+            "  --budget B    one plan at B bytes, printed and measured (record: P one BUDGET\n"
+            "                PREDICTED VERIFIED FIRST_STEP_PEAK PEAK MEDIAN_MS ACCUM)\n"
+            "  --allow-compress, --allow-abn  with --budget: the planner may choose them\n"
+            "  --max-accum N with --budget: at most N micro-batches (default: the batch)\n",
             prog, MAX_BUDGETS, MAX_STEPS);
     return code;
 }
@@ -169,12 +215,19 @@ static bool parse_int(const char *s, int lo, int hi, int *out) {
 int main(int argc, char **argv) {
     const char *model = "resnet56";
     int batch = 64, budgets = 10, steps = 3;
+    long long one_budget = 0;
+    fr_plan_options one = {0};
     for (int i = 1; i < argc; i++) {
         const char *flag = argv[i];
         if (!strcmp(flag, "--help"))
             return usage(stdout, argv[0], 0);
+        if (!strcmp(flag, "--allow-compress") || !strcmp(flag, "--allow-abn")) {
+            *(flag[8] == 'c' ? &one.allow_compress : &one.allow_abn) = true;
+            continue;
+        }
         bool known = !strcmp(flag, "--model") || !strcmp(flag, "--batch") ||
-                     !strcmp(flag, "--budgets") || !strcmp(flag, "--steps");
+                     !strcmp(flag, "--budgets") || !strcmp(flag, "--steps") ||
+                     !strcmp(flag, "--budget") || !strcmp(flag, "--max-accum");
         if (!known) {
             fprintf(stderr, "bench_planner: unknown argument '%s'\n", flag);
             return usage(stderr, argv[0], 2);
@@ -191,6 +244,14 @@ int main(int argc, char **argv) {
             ok = parse_int(v, 1, INT_MAX / (3 * 32 * 32), &batch);
         else if (!strcmp(flag, "--budgets"))
             ok = parse_int(v, 1, MAX_BUDGETS, &budgets);
+        else if (!strcmp(flag, "--max-accum"))
+            ok = parse_int(v, 1, INT_MAX, &one.max_accum);
+        else if (!strcmp(flag, "--budget")) {
+            char *end;
+            errno = 0;
+            one_budget = strtoll(v, &end, 10);
+            ok = !errno && end != v && !*end && one_budget > 0;
+        }
         else
             ok = parse_int(v, 1, MAX_STEPS, &steps);
         if (!ok) {
@@ -219,7 +280,9 @@ int main(int argc, char **argv) {
     free(h);
     free(l);
     load("before");
-    fr_status st = b.opt && b.x && b.y ? run(&b, budgets) : fr_last_status();
+    fr_status st = !(b.opt && b.x && b.y) ? fr_last_status()
+                   : one_budget  ? run_one(&b, (size_t)one_budget, one)
+                                 : run(&b, budgets);
     load("after");
     if (st != FR_OK)
         fprintf(stderr, "bench_planner: %s\n", fr_last_error());

@@ -1,6 +1,4 @@
-/* planner.c: the memory planner's layout search; see planner.h.
- *
- * A layout cuts the root sequence's steps (units) into groups, each kept
+/* planner.c: the memory planner's layout search; see planner.h. A layout cuts the root sequence's steps (units) into groups, each kept
  * or checkpointed and each under one strategy of the profile. One function,
  * eval_group, predicts what a group adds to the ledger from the profile of
  * its units: its forward peak above the bytes held before it, what it
@@ -26,8 +24,12 @@ typedef struct {
     double bwd_peak;  /* above static + held before + later gradients */
     double held;      /* what it leaves held for backward */
     double ms;        /* forward + backward (+ replay) */
-    bool keeps_out;   /* its output is held by its own nodes */
+    int out;          /* what becomes of its output (OUT_*) */
 } group_eval;
+
+/* A group's output: gone after the next step (which may keep it), held by
+ * the group's own nodes, or carrying a recipe (profile.h) */
+enum { OUT_GONE, OUT_KEPT, OUT_RECIPE, OUT_KINDS };
 
 /* The predicted curve, when asked for: points at base + level. */
 typedef struct {
@@ -65,17 +67,19 @@ static bool group_allowed(const fr_profile *p, int i, int j, bool ckpt, int k) {
     return true;
 }
 
-/* prev_keeps: the group before holds this group's input (its own nodes
- * saved it). fwd / bwd: the curves to draw into (NULL: none). */
-static group_eval eval_group(const fr_profile *p, int i, int j, bool ckpt, int k, bool prev_keeps,
+/* prev: what the group before left of this group's input (OUT_*). A step's
+ * input is a recipe where the step before made one (a checkpoint's replay
+ * starts from its held input). fwd / bwd: curves to draw into, or NULL. */
+static group_eval eval_group(const fr_profile *p, int i, int j, bool ckpt, int k, int prev,
                              curve *fwd, curve *bwd) {
     group_eval g = {.ok = group_allowed(p, i, j, ckpt, k)};
     if (!g.ok)
         return g;
-#define C(u) fr_profile_cost(p, (u), k)
-#define HELD_BEFORE(u) ((u) == i ? (ckpt || prev_keeps) : C((u) - 1)->out_saved)
+#define RECIPE_IN(u) ((u) == i ? !ckpt && prev == OUT_RECIPE : fr_profile_cost(p, (u) - 1, k)->out_recipe)
+#define C(u) fr_profile_cost_in(p, (u), k, RECIPE_IN(u))
+#define HELD_BEFORE(u) ((u) == i ? (ckpt || prev == OUT_KEPT) : C((u) - 1)->out_saved)
     const fr_unit_cost *last = C(j - 1);
-    double L = prev_keeps ? 0 : C(i)->in_b, pk = L;
+    double L = prev == OUT_KEPT ? 0 : C(i)->in_b, pk = L;
     for (int u = i; u < j; u++) {
         const fr_unit_cost *c = C(u);
         double start = L;
@@ -91,8 +95,8 @@ static group_eval eval_group(const fr_profile *p, int i, int j, bool ckpt, int k
         emit_phase(fwd, ckpt ? c->ng_ms : c->fwd_ms, start, ckpt ? c->ng_peak : c->fwd_peak, L);
     }
     g.fwd_peak = pk;
-    g.keeps_out = !ckpt && last->out_saved;
-    g.held = L - (g.keeps_out ? 0 : last->out_b);
+    g.out = ckpt ? OUT_GONE : last->out_saved ? OUT_KEPT : last->out_recipe ? OUT_RECIPE : OUT_GONE;
+    g.held = L - (g.out == OUT_KEPT ? 0 : last->out_b);
     /* backward: what the group holds and its output's gradient */
     L = g.held + last->out_b;
     double bk = L;
@@ -122,11 +126,14 @@ static group_eval eval_group(const fr_profile *p, int i, int j, bool ckpt, int k
         }
         if (c->in_saved && !HELD_BEFORE(u))
             L -= c->in_b;
+        if (HELD_BEFORE(u)) /* its input lives on, and the input's compressed copy with it */
+            L += c->in_packed;
         emit_phase(bwd, c->bwd_ms, start, bk - start > 0 ? fmax(0, c->bwd_peak) : 0, L);
     }
     g.bwd_peak = bk;
 #undef C
 #undef HELD_BEFORE
+#undef RECIPE_IN
     return g;
 }
 
@@ -152,7 +159,7 @@ static bool simulate(const context *cx, const layout *s, double *peak, double *m
     double *held_before = malloc(((size_t)s->n_groups + 1) * sizeof *held_before);
     group_eval *ge = malloc(((size_t)s->n_groups + 1) * sizeof *ge);
     bool ok = held_before && ge;
-    bool prev = true;
+    int prev = OUT_KEPT; /* the batch: held by the caller */
     if (out)
         emit(out, 0, cx->statics);
     for (int g = 0; ok && g < s->n_groups; g++) {
@@ -165,14 +172,14 @@ static bool simulate(const context *cx, const layout *s, double *peak, double *m
         pk = fmax(pk, cx->statics + held + ge[g].fwd_peak);
         held += ge[g].held;
         t += ge[g].ms;
-        prev = ge[g].keeps_out;
+        prev = ge[g].out;
     }
     for (int g = s->n_groups - 1; ok && g >= 0; g--) {
         int j = s->start[g] + s->len[g];
         double base = cx->statics + held_before[g] + cx->grads_after[j];
         pk = fmax(pk, base + ge[g].bwd_peak);
         if (out) {
-            bool before = g > 0 ? ge[g - 1].keeps_out : true;
+            int before = g > 0 ? ge[g - 1].out : OUT_KEPT;
             out->base = base;
             eval_group(p, s->start[g], j, s->ckpt[g], s->strategy[g], before, NULL, out);
         }
@@ -242,32 +249,32 @@ enum { MODE_TIME, MODE_PEAK };
 static bool dynamic_programme(const context *cx, int mode, double budget, layout *best) {
     const fr_profile *p = cx->p;
     int n = p->n_units;
-    front *F = calloc(2 * ((size_t)n + 1), sizeof *F);
-    group_eval *memo = malloc((size_t)n * (size_t)n * 2 * FR_PROFILE_STRATEGIES * 2 * sizeof *memo);
+    front *F = calloc(OUT_KINDS * ((size_t)n + 1), sizeof *F);
+    group_eval *memo = malloc((size_t)n * (size_t)n * 2 * FR_PROFILE_STRATEGIES * OUT_KINDS * sizeof *memo);
     bool ok = F && memo;
     if (ok) {
-        for (size_t i = 0; i < (size_t)n * (size_t)n * 2 * FR_PROFILE_STRATEGIES * 2; i++)
+        for (size_t i = 0; i < (size_t)n * (size_t)n * 2 * FR_PROFILE_STRATEGIES * OUT_KINDS; i++)
             memo[i].ok = false;
-        /* fill the table once: every (i, j, ckpt, strategy, prev_keeps) */
+        /* fill the table once: every (i, j, ckpt, strategy, what the group before left) */
         for (int i = 0; i < n; i++)
             for (int j = i + 1; j <= n; j++)
                 for (int c = 0; c < 2; c++)
                     for (int k = 0; k < FR_PROFILE_STRATEGIES; k++)
-                        for (int pk = 0; pk < 2; pk++)
-                            memo[((((size_t)i * n + (j - 1)) * 2 + c) * FR_PROFILE_STRATEGIES + k) * 2 + pk] =
+                        for (int pk = 0; pk < OUT_KINDS; pk++)
+                            memo[((((size_t)i * n + (j - 1)) * 2 + c) * FR_PROFILE_STRATEGIES + k) * OUT_KINDS + pk] =
                                 eval_group(p, i, j, c, k, pk, NULL, NULL);
-        ok = front_insert(&F[0 * 2 + 1], (entry){.value = mode == MODE_PEAK ? cx->statics : 0,
-                                                 .from_i = -1});
+        ok = front_insert(&F[0 * OUT_KINDS + OUT_KEPT], (entry){.value = mode == MODE_PEAK ? cx->statics : 0,
+                                                               .from_i = -1});
     }
     for (int i = 0; ok && i < n; i++)
-        for (int keep = 0; keep < 2 && ok; keep++)
-            for (int e = 0; e < F[i * 2 + keep].n && ok; e++) {
-                entry src = F[i * 2 + keep].e[e];
+        for (int keep = 0; keep < OUT_KINDS && ok; keep++)
+            for (int e = 0; e < F[i * OUT_KINDS + keep].n && ok; e++) {
+                entry src = F[i * OUT_KINDS + keep].e[e];
                 for (int j = i + 1; j <= n && ok; j++)
                     for (int c = 0; c < 2 && ok; c++)
                         for (int k = 0; k < FR_PROFILE_STRATEGIES && ok; k++) {
                             const group_eval *g =
-                                &memo[((((size_t)i * n + (j - 1)) * 2 + c) * FR_PROFILE_STRATEGIES + k) * 2 + keep];
+                                &memo[((((size_t)i * n + (j - 1)) * 2 + c) * FR_PROFILE_STRATEGIES + k) * OUT_KINDS + keep];
                             if (!g->ok)
                                 continue;
                             double fpk = cx->statics + src.held + g->fwd_peak;
@@ -280,7 +287,7 @@ static bool dynamic_programme(const context *cx, int mode, double budget, layout
                             } else {
                                 v = fmax(src.value, fmax(fpk, bpk));
                             }
-                            ok = front_insert(&F[j * 2 + g->keeps_out],
+                            ok = front_insert(&F[j * OUT_KINDS + g->out],
                                               (entry){.held = src.held + g->held, .value = v,
                                                       .from_i = i, .from_keep = keep, .from_idx = e,
                                                       .strategy = k, .ckpt = c});
@@ -290,9 +297,9 @@ static bool dynamic_programme(const context *cx, int mode, double budget, layout
     int best_keep = -1, best_idx = -1;
     double best_v = INFINITY;
     double grads_end = cx->accumulating ? 0 : cx->grads_after[0];
-    for (int keep = 0; ok && keep < 2; keep++)
-        for (int e = 0; e < F[n * 2 + keep].n; e++) {
-            const entry *x = &F[n * 2 + keep].e[e];
+    for (int keep = 0; ok && keep < OUT_KINDS; keep++)
+        for (int e = 0; e < F[n * OUT_KINDS + keep].n; e++) {
+            const entry *x = &F[n * OUT_KINDS + keep].e[e];
             double end = cx->statics + fmax(x->held, grads_end);
             double v = mode == MODE_TIME ? x->value : fmax(x->value, end);
             if (mode == MODE_TIME && end > budget)
@@ -308,7 +315,7 @@ static bool dynamic_programme(const context *cx, int mode, double budget, layout
         int g = 0, i = n, keep = best_keep, idx = best_idx;
         layout rev = {0};
         while (i > 0) {
-            const entry *x = &F[i * 2 + keep].e[idx];
+            const entry *x = &F[i * OUT_KINDS + keep].e[idx];
             rev.start[g] = x->from_i;
             rev.len[g] = i - x->from_i;
             rev.strategy[g] = x->strategy;
@@ -326,7 +333,7 @@ static bool dynamic_programme(const context *cx, int mode, double budget, layout
             best->ckpt[a] = rev.ckpt[g - 1 - a];
         }
     }
-    for (int i = 0; F && i < 2 * (n + 1); i++)
+    for (int i = 0; F && i < OUT_KINDS * (n + 1); i++)
         free(F[i].e);
     free(F);
     free(memo);
@@ -563,11 +570,17 @@ static fr_status plan_at(fr_model *m, const int64_t *shape, int64_t micro, size_
     return st;
 }
 
+/* Room the plan leaves below the budget (1/ROOM of it; planner.h, step 3),
+ * included in every smallest budget it names (tests/test_budget_run.c). */
+#define ROOM 128
+static double with_room(double need) { return ceil(need * ROOM / (ROOM - 1)); }
+
 /* The fewest micro-batches and the fastest layout that fit `target` bytes
- * (the budget, or less once a verification missed), from the leanest
+ * (the budget less its room, or less once a verification missed; `budget`
+ * for messages), from the leanest
  * layouts' peaks at the whole batch (`lean`) and in the smallest
  * micro-batches (`lean1`; div[nd]: the batch's divisors tried). */
-static fr_status choose(fr_model *m, const int64_t *shape, size_t target, const fr_plan_options *o,
+static fr_status choose(fr_model *m, const int64_t *shape, size_t budget, size_t target, const fr_plan_options *o,
                         const room *r, const int *div, int nd, double lean, double lean1,
                         fr_memory_plan *plan) {
     int batch = (int)shape[0];
@@ -577,17 +590,17 @@ static fr_status choose(fr_model *m, const int64_t *shape, size_t target, const 
          * part has the shape the layout is made for) that fit */
         if (!nd || lean1 > (double)target) {
             char need[32], have[32];
-            fr_mem_format_bytes(target, have, sizeof have);
+            fr_mem_format_bytes(budget, have, sizeof have);
             int smallest = nd ? batch / div[nd - 1] : batch;
             if (!isfinite(lean1))
                 return fr_error(FR_ERR_ARG, "%s: a memory budget of %s (%zu bytes) is too small: no "
                                 "layout fits even in micro-batches of %d image%s, nor within the "
-                                "memory limit", m->name, have, target, smallest, smallest == 1 ? "" : "s");
-            fr_mem_format_bytes((size_t)ceil(lean1), need, sizeof need);
+                                "memory limit", m->name, have, budget, smallest, smallest == 1 ? "" : "s");
+            fr_mem_format_bytes((size_t)with_room(lean1), need, sizeof need);
             return fr_error(FR_ERR_ARG, "%s: a memory budget of %s (%zu bytes) is too small: the "
                             "leanest layout needs %s (%.0f bytes) even in micro-batches of %d "
-                            "image%s; give at least that", m->name, have, target, need,
-                            ceil(lean1), smallest, smallest == 1 ? "" : "s");
+                            "image%s; give at least that", m->name, have, budget, need,
+                            with_room(lean1), smallest, smallest == 1 ? "" : "s");
         }
         int lo = -1, hi = nd - 1; /* div[hi] fits; find the first that does */
         while (hi - lo > 1) {
@@ -666,12 +679,10 @@ fr_status fr_plan_memory(fr_model *m, const int64_t *shape, size_t budget, const
         room wide = {.budget = INFINITY, .capped = true};
         FR_TRY(leanest(m, nd ? batch / div[nd - 1] : batch, shape, &o, &wide, batch, &lean1));
     }
-    plan->min_budget = isfinite(lean1) ? fmin(lean, lean1) : 0;
-    /* the plan is verified by a whole measured step (the prediction composes
-     * steps measured alone, which misses how they interact: up to 8% short on
-     * a flat chain under recompute, bench/RESULTS.md issue 22); one that
-     * passes the budget is made again for the budget lowered by the miss */
-    double target = (double)budget, least = INFINITY;
+    plan->min_budget = isfinite(lean1) ? with_room(fmin(lean, lean1)) : 0;
+    /* verified by a whole measured step (planner.h, step 4); one that passes
+     * the budget is made again for the budget lowered by the miss */
+    double target = (double)budget - floor((double)budget / ROOM), least = INFINITY;
     bool missed = false, held = false;
     fr_status st = FR_OK;
     for (int round = 0; round < VERIFY_ROUNDS && target >= 1; round++) {
@@ -680,7 +691,7 @@ fr_status fr_plan_memory(fr_model *m, const int64_t *shape, size_t budget, const
         fr_memory_plan next = *plan;
         next.units = NULL;
         next.points = NULL;
-        st = choose(m, shape, (size_t)target, &o, &r, div, nd, lean, lean1, &next);
+        st = choose(m, shape, budget, (size_t)target, &o, &r, div, nd, lean, lean1, &next);
         if (st == FR_ERR_ARG && missed) { /* the lowered budget fits no layout */
             fr_clear_error();
             free(next.units);
@@ -710,13 +721,13 @@ fr_status fr_plan_memory(fr_model *m, const int64_t *shape, size_t budget, const
     if (st == FR_OK && !held) {
         char have[32], need[32];
         if (isfinite(least))
-            plan->min_budget = fmax(plan->min_budget, ceil(least));
+            plan->min_budget = fmax(plan->min_budget, with_room(least));
         fr_mem_format_bytes(budget, have, sizeof have);
-        fr_mem_format_bytes(isfinite(least) ? (size_t)ceil(least) : 0, need, sizeof need);
+        fr_mem_format_bytes(isfinite(least) ? (size_t)with_room(least) : 0, need, sizeof need);
         st = isfinite(least)
                  ? fr_error(FR_ERR_ARG, "%s: no plan holds a memory budget of %s (%zu bytes): measured in "
                             "a whole trial step, the leanest of its layouts needed %s (%.0f bytes); give "
-                            "at least that", m->name, have, budget, need, ceil(least))
+                            "at least that", m->name, have, budget, need, with_room(least))
                  : fr_error(FR_ERR_ARG, "%s: no plan holds a memory budget of %s (%zu bytes): every "
                             "layout passed it in a whole trial step", m->name, have, budget);
     }

@@ -28,7 +28,11 @@
  *     al.'s split (nn/seg_split.h) and sqrt(N) segments under each uniform
  *     strategy are simulated with the same profile, as a comparison and a
  *     fallback (the plan records both times).
- *  3. When even the leanest layout does not fit, the batch is split into
+ *  3. Layouts are chosen for the budget less 1/128 of it, room for what a
+ *     trial step is not (a training step's loss and update) and for the
+ *     allocator's rounding, which a memory limit on reserved bytes counts;
+ *     every smallest budget the planner names includes that room.
+ *     When even the leanest layout does not fit, the batch is split into
  *     micro-batches (fr_train_step's accumulation; batch norm then sees
  *     smaller batches: plan.bn_caveat). A budget below what fits at batch 1
  *     is FR_ERR_ARG naming the smallest budget that works.
@@ -36,8 +40,10 @@
  *     through the whole root, the sum of the logits, backward, under the
  *     trials' rules and cap) is measured, its statics counted as the
  *     prediction counts them (plan.verified_peak). The prediction composes
- *     steps measured alone and can miss how they interact (up to 8% short
- *     on a flat chain under recompute), so a step over the budget makes the
+ *     steps measured alone and can miss how they interact (exact on the
+ *     tested chains and models since the recipe-input trials; a
+ *     checkpointed group inside a flat chain under compress still missed
+ *     by up to 3.5%), so a step over the budget makes the
  *     planner plan again for the budget lowered by the miss (4 rounds at
  *     most); when none holds, FR_ERR_ARG names the model, the budget and
  *     the least a measured layout needed (when the cap stopped every

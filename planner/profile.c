@@ -39,6 +39,8 @@ static void profile_free(fr_profile *p) {
     free(p->barrier);
     free(p->valid);
     free(p->cost);
+    free(p->valid_ri);
+    free(p->cost_ri);
     free(p);
 }
 
@@ -100,10 +102,46 @@ static fr_status timed_forward(fr_module *root, int s, fr_tensor *x, const fr_ru
     return st;
 }
 
-/* One step under one strategy from input x; fills *c. FR_ERR_ARG from the
- * step (a strategy it refuses) comes back as is for the caller to judge. */
-static fr_status trial(fr_model *m, fr_module *root, int s, fr_tensor *x, const fr_run *run,
-                       fr_device dev, fr_unit_cost *c) {
+/* A recipe that makes a copy of x: the trial's stand-in for the recipe a
+ * recompute step's output carries in a training step (the tensors that
+ * recipe reads are held by that step's nodes, so they cost the next step
+ * nothing; the copy is what making it again costs in backward). */
+typedef struct {
+    fr_recipe base;
+    fr_tensor *x;
+} copy_recipe;
+
+static fr_tensor *copy_make(fr_recipe *self) {
+    const fr_tensor *x = ((copy_recipe *)self)->x;
+    fr_tensor *t = fr_empty(fr_device_of(x), x->dtype, x->ndim, x->shape, FR_TAG_TRANSIENT);
+    if (t && fr_copy_(t, x) != FR_OK)
+        fr_clear(&t);
+    return t;
+}
+
+static void copy_destroy(fr_recipe *self) {
+    fr_release(((copy_recipe *)self)->x);
+    free(self);
+}
+
+static fr_recipe *copy_recipe_new(fr_tensor *x) {
+    copy_recipe *r = calloc(1, sizeof *r);
+    if (!r) {
+        fr_error(FR_ERR_OOM, "planner: out of host memory for a trial");
+        return NULL;
+    }
+    r->base = (fr_recipe){.refcount = 1, .op = "planner trial input", .make = copy_make,
+                          .destroy = copy_destroy};
+    r->x = fr_retain(x);
+    return &r->base;
+}
+
+/* One step under one strategy from input x (`recipe_in`: given a recipe
+ * that makes x, as a training step gives the step after a recompute step;
+ * x is held by the caller either way); fills *c. FR_ERR_ARG from the step
+ * (a strategy it refuses) comes back as is for the caller to judge. */
+static fr_status trial(fr_model *m, fr_module *root, int s, fr_tensor *x, bool recipe_in,
+                       const fr_run *run, fr_device dev, fr_unit_cost *c) {
     *c = (fr_unit_cost){.in_b = activation_bytes(x)};
     FR_TRY(fr_tape_push());
     /* a dense module that cuts its own children plans them on its first
@@ -122,6 +160,13 @@ static fr_status trial(fr_model *m, fr_module *root, int s, fr_tensor *x, const 
     fr_status st = leaf ? FR_OK : fr_last_status();
     if (st == FR_OK && s > 0)
         fr_set_requires_grad(leaf, true);
+    if (st == FR_OK && s > 0 && recipe_in) {
+        fr_recipe *r = copy_recipe_new(x);
+        if (r)
+            fr_set_recipe(leaf, r);
+        else
+            st = fr_last_status();
+    }
     fr_tensor *y = NULL, *loss = NULL;
     if (st == FR_OK) {
         size_t saved0 = fr_mem_current(dev, FR_TAG_SAVED);
@@ -130,6 +175,7 @@ static fr_status trial(fr_model *m, fr_module *root, int s, fr_tensor *x, const 
         if (st == FR_OK) {
             c->in_saved = x->storage->saved_count > 0;
             c->out_saved = y->storage->saved_count > 0;
+            c->out_recipe = y->recipe != NULL;
             c->out_b = (double)y->storage->nbytes;
             c->saved = (double)fr_mem_current(dev, FR_TAG_SAVED) - (double)saved0 -
                        (c->in_saved ? c->in_b : 0);
@@ -149,6 +195,16 @@ static fr_status trial(fr_model *m, fr_module *root, int s, fr_tensor *x, const 
         fr_release(loss);
         loss = NULL;
         c->bwd_peak = peak(dev) - t1;
+        /* the input's compressed copy: its nodes are done with it, but the
+         * trial's input still holds it, where a training step's input is
+         * gone by now (unless the step before keeps it held: eval_group in
+         * planner.c adds it back then) */
+        double kept = level(dev);
+        if (s > 0 && leaf->packed) {
+            fr_recipe_release(leaf->packed);
+            leaf->packed = NULL;
+        }
+        c->in_packed = kept - level(dev);
         c->bwd_delta = level(dev) - t1;
         c->grads = grad_bytes(m->params);
     }
@@ -242,6 +298,7 @@ static fr_status measure_all(fr_model *m, void *profile, const fr_profile_cap *c
         }
         return st;
     }
+    bool prev_recipe = false; /* some strategy of the step before outputs a recipe */
     for (int s = 0; s < p->n_units && st == FR_OK; s++) {
         trial_limit(dev, user_limit, cap, s);
         /* a first run warms caches and buffers (the first GEMM of a
@@ -249,7 +306,7 @@ static fr_status measure_all(fr_model *m, void *profile, const fr_profile_cap *c
          * charged to whichever strategy comes first */
         fr_unit_cost warm;
         run.strategy = FR_STRATEGY_PLAIN;
-        st = trial(m, root, s, cur, &run, dev, &warm);
+        st = trial(m, root, s, cur, false, &run, dev, &warm);
         if (capped_out(cap, st))
             st = FR_OK;
         for (int k = 0; k < FR_PROFILE_STRATEGIES && st == FR_OK; k++) {
@@ -268,7 +325,8 @@ static fr_status measure_all(fr_model *m, void *profile, const fr_profile_cap *c
             if (!wanted)
                 continue;
             run.strategy = p->strategies[k];
-            st = trial(m, root, s, cur, &run, dev, &p->cost[s * FR_PROFILE_STRATEGIES + k]);
+            int i = s * FR_PROFILE_STRATEGIES + k;
+            st = trial(m, root, s, cur, false, &run, dev, &p->cost[i]);
             if (st == FR_ERR_ARG && run.strategy.abn) {
                 st = FR_OK; /* a step that cannot take abn (its input is read elsewhere) */
                 continue;
@@ -278,15 +336,29 @@ static fr_status measure_all(fr_model *m, void *profile, const fr_profile_cap *c
                 p->complete = false;
                 continue;
             }
-            p->valid[s * FR_PROFILE_STRATEGIES + k] = st == FR_OK;
+            p->valid[i] = st == FR_OK;
+            /* after a step whose output may be a recipe, again with one
+             * (profile.h); a trial the cap stops leaves the held input's
+             * cost, which counts the input held longer: never less */
+            if (st == FR_OK && prev_recipe) {
+                st = trial(m, root, s, cur, true, &run, dev, &p->cost_ri[i]);
+                p->valid_ri[i] = st == FR_OK;
+                if (st == FR_ERR_ARG) { /* a strategy refusing that input: the held cost stands */
+                    fr_clear_error();
+                    st = FR_OK;
+                }
+                if (capped_out(cap, st))
+                    st = FR_OK;
+            }
         }
         if (st != FR_OK)
             break;
-        /* the next step's input: held, made under no_grad. In a training
-         * step a recompute step leaves a recipe instead, which the next
-         * step keeps in place of the tensor, so the composed prediction of
-         * a flat chain under recompute counts that output as held when it is
-         * not (tests/test_planner_flat.c; not profiled yet) */
+        prev_recipe = false;
+        for (int k = 0; k < FR_PROFILE_STRATEGIES; k++)
+            prev_recipe |= p->valid[s * FR_PROFILE_STRATEGIES + k] &&
+                           p->cost[s * FR_PROFILE_STRATEGIES + k].out_recipe;
+        /* the next step's input: held, made under no_grad (the trials
+         * with a recipe input wrap it in one) */
         fr_no_grad_enter();
         run.strategy = FR_STRATEGY_PLAIN;
         fr_tensor *next = fr_seq_run_steps(root, s, 1, cur, &run);
@@ -376,8 +448,10 @@ fr_status fr_profile_get(fr_model *m, const int64_t *shape, bool allow_abn, bool
         p->barrier = calloc((size_t)n, sizeof *p->barrier);
         p->valid = calloc((size_t)n * FR_PROFILE_STRATEGIES, sizeof *p->valid);
         p->cost = calloc((size_t)n * FR_PROFILE_STRATEGIES, sizeof *p->cost);
+        p->valid_ri = calloc((size_t)n * FR_PROFILE_STRATEGIES, sizeof *p->valid_ri);
+        p->cost_ri = calloc((size_t)n * FR_PROFILE_STRATEGIES, sizeof *p->cost_ri);
     }
-    if (!p || !p->names || !p->barrier || !p->valid || !p->cost) {
+    if (!p || !p->names || !p->barrier || !p->valid || !p->cost || !p->valid_ri || !p->cost_ri) {
         profile_free(p);
         return fr_error(FR_ERR_OOM, "%s: planner: out of memory", m->name);
     }

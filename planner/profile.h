@@ -33,6 +33,12 @@ typedef struct {
     double ng_peak;       /* forward under no_grad: highest level, and after */
     double ng_delta;
     double fwd_ms, bwd_ms, ng_ms;
+    bool out_recipe;      /* its output (with grad) carries a recipe: a next step that
+                           * saves it keeps the recipe, not the bytes */
+    double in_packed;     /* the compressed copy of its input its nodes made, which the
+                           * trial's input holds past backward (a real step's input
+                           * does not, unless the step before keeps it held):
+                           * left out of bwd_delta */
 } fr_unit_cost;
 
 typedef struct {
@@ -49,6 +55,13 @@ typedef struct {
     bool *barrier;        /* (n_units) */
     bool *valid;          /* (n_units * FR_PROFILE_STRATEGIES): the step can run it */
     fr_unit_cost *cost;   /* (n_units * FR_PROFILE_STRATEGIES) */
+    /* the same trials with a recipe-carrying input, as a step after one
+     * whose output carries a recipe gets it in a training step (the steps
+     * after such a step only; valid_ri false elsewhere): its nodes keep the
+     * recipe, so the input's bytes go once the step is done, and backward
+     * makes the input again (tests/test_planner_flat.c) */
+    bool *valid_ri;       /* (n_units * FR_PROFILE_STRATEGIES) */
+    fr_unit_cost *cost_ri;
     double param_bytes;   /* parameters and buffers on the device */
     double grad_bytes;    /* every parameter's gradient */
     /* the cap it was measured under (0: none) and whether a trial or a
@@ -85,6 +98,13 @@ static inline const fr_unit_cost *fr_profile_cost(const fr_profile *p, int unit,
 }
 static inline bool fr_profile_valid(const fr_profile *p, int unit, int strategy) {
     return p->valid[unit * FR_PROFILE_STRATEGIES + strategy];
+}
+/* The step's cost with a recipe-carrying input when `recipe_in` and that
+ * was measured, else with a held one. */
+static inline const fr_unit_cost *fr_profile_cost_in(const fr_profile *p, int unit, int strategy,
+                                                     bool recipe_in) {
+    int i = unit * FR_PROFILE_STRATEGIES + strategy;
+    return recipe_in && p->valid_ri[i] ? &p->cost_ri[i] : &p->cost[i];
 }
 
 /* A whole measured trial step of `plan` (planner.h: the plan is verified):
