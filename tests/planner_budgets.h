@@ -144,6 +144,23 @@ static inline void check_model_budgets(const char *name, int n) {
 
 
 /* The issue's sizes when FR_PLANNER_ISSUE_SIZES=1. */
+/* Applies `plan` (its units as the caller set them), predicts its peak and
+ * measures one training step on (x, y) from zeroed gradients: the step's
+ * ledger peak above what was held before it plus the plan's static bytes,
+ * the figure the prediction stands for. */
+static inline double plan_step_peak(fr_model *m, fr_memory_plan *plan, fr_tensor *x, fr_tensor *y,
+                                    double *predicted) {
+    double ms, loss;
+    *predicted = 0;
+    CHECK_OK(fr_plan_predict(m, plan, plan->units, predicted, &ms));
+    CHECK_OK(fr_plan_apply(m, plan));
+    fr_params_zero_grad(m->params);
+    double start = (double)fr_mem_total_current(FR_CPU);
+    fr_mem_reset_peak();
+    CHECK_OK(fr_train_step(m, NULL, NULL, x, y, 1, &loss, NULL, NULL));
+    return (double)fr_mem_total_peak(FR_CPU) - start + plan->static_bytes;
+}
+
 static inline bool issue_sizes(void) {
     const char *e = getenv("FR_PLANNER_ISSUE_SIZES");
     return e && !strcmp(e, "1");

@@ -278,14 +278,7 @@ static void test_kept_groups_predicted_exactly(void) {
             plan.units[u].segment_start = u == starts[g];
         }
     if (st == FR_OK && plan.n_units == 11) {
-        double predicted = 0, ms, loss;
-        CHECK_OK(fr_plan_predict(m, &plan, plan.units, &predicted, &ms));
-        CHECK_OK(fr_plan_apply(m, &plan));
-        fr_params_zero_grad(m->params);
-        double start = (double)fr_mem_total_current(FR_CPU);
-        fr_mem_reset_peak();
-        CHECK_OK(fr_train_step(m, NULL, NULL, b.x, b.y, 1, &loss, NULL, NULL));
-        double measured = (double)fr_mem_total_peak(FR_CPU) - start + plan.static_bytes;
+        double predicted, measured = plan_step_peak(m, &plan, b.x, b.y, &predicted);
         printf("    predicted %.0f, a training step %.0f\n", predicted, measured);
         CHECK(fabs(predicted - measured) <= 64);
         fr_params_zero_grad(m->params);

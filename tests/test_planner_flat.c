@@ -22,7 +22,7 @@
 #include "testlib.h"
 #include "nn/build.h"
 #include "nn/module_impl.h"
-#include "planner/planner.h"
+#include "planner_budgets.h"
 
 /* Bytes freed when the caller drops step 0's output after step 1 ran on it:
  * with step 0 run with grad (`chained`, as in a training step) or under
@@ -115,14 +115,7 @@ static void test_layouts_predicted_exactly(void) {
             plan.units[u].checkpointed = g == 'c' || g == 'C';
             plan.units[u].segment_start = g == 'K' || g == 'C';
         }
-        double predicted = 0, ms, loss;
-        CHECK_OK(fr_plan_predict(m, &plan, plan.units, &predicted, &ms));
-        CHECK_OK(fr_plan_apply(m, &plan));
-        fr_params_zero_grad(m->params);
-        double start = (double)fr_mem_total_current(FR_CPU);
-        fr_mem_reset_peak();
-        CHECK_OK(fr_train_step(m, NULL, NULL, x, y, 1, &loss, NULL, NULL));
-        double measured = (double)fr_mem_total_peak(FR_CPU) - start + plan.static_bytes;
+        double predicted, measured = plan_step_peak(m, &plan, x, y, &predicted);
         printf("    %-22s %s: predicted %8.0f, a training step %8.0f (%+.2f%%)\n", cases[k].strategy,
                cases[k].groups, predicted, measured, 100 * (predicted - measured) / measured);
         CHECK(fabs(predicted - measured) <= 64);
