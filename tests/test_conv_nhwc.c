@@ -252,6 +252,20 @@ static void test_bn_matches_nchw(void) {
             free(y2), free(dx2), free(dz2);
         }
         omp_set_num_threads(team);
+        /* dx over dy (the op reuses a dy nobody else holds), and no dx at
+         * all (only the parameters' gradients): the same bits */
+        float invstd[64], ga[64], be[64];
+        CHECK_OK(fr_cpu_batch_norm_invstd(invstd, v1, 1e-5f, c));
+        const float *ao = fr_act_needs_of(bcs[i].act) == FR_ACT_NEEDS_OUTPUT ? y1 : NULL;
+        memcpy(back, dyl, len * 4);
+        CHECK_OK(fr_cpu_bn_act_backward_nhwc(back, NULL, ga, be, back, ao, xl, m1, invstd, gamma,
+                                             beta, bcs[i].act, 0.1f, (size_t)n * hw, c));
+        CHECK(!memcmp(back, dx1, len * 4) && !memcmp(ga, g1, (size_t)c * 4) &&
+              !memcmp(be, b1, (size_t)c * 4));
+        CHECK_OK(fr_cpu_bn_act_backward_nhwc(NULL, NULL, ga, be, dyl, ao, xl, m1, invstd, gamma,
+                                             beta, bcs[i].act, 0.1f, (size_t)n * hw, c));
+        CHECK(!memcmp(ga, g1, (size_t)c * 4) && !memcmp(be, b1, (size_t)c * 4));
+        CHECK(fr_mem_current(FR_CPU, FR_TAG_WORKSPACE) == ws_before);
         free(back), free(x), free(dy), free(r), free(xl), free(dyl), free(rl);
         free(y0), free(dx0), free(dz0), free(y1), free(dx1), free(dz1);
     }
