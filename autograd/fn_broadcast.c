@@ -3,7 +3,12 @@
  *
  * The gradient of a broadcast operand is the output's gradient summed over
  * the dims the operand was stretched along (fr_reduce_sum_out), so it has
- * the operand's shape again. f32 only (tensor/ops_broadcast.c). */
+ * the operand's shape again, in the operand's dtype. Half operands are
+ * staged to f32 in the ops layer (tensor/ops_broadcast.c); a gradient's
+ * intermediates at the output's shape (dout * other, a / b) are stored in
+ * dout's dtype, as PyTorch's half backward stores them, so no full-size f32
+ * tensor is made (docs/ARCHITECTURE.md, "Mixed precision: half storage,
+ * f32 arithmetic"). */
 #include <stdlib.h>
 #include <string.h>
 
@@ -12,6 +17,7 @@
 
 typedef struct {
     fr_binary_op op;
+    fr_dtype dtype[2];
     int ndim[2];
     int64_t shape[2][FR_MAX_DIMS];
     int saved_a, saved_b; /* -1 when not kept */
@@ -24,9 +30,9 @@ static bool same_shape(const fr_tensor *t, int ndim, const int64_t *shape) {
 /* g (the output's shape) summed down to input i's shape, times scale: a
  * new reference. */
 static fr_tensor *reduce_to(fr_tensor *g, const binary_ctx *c, int i, float scale) {
-    if (scale == 1.0f && same_shape(g, c->ndim[i], c->shape[i]))
+    if (scale == 1.0f && same_shape(g, c->ndim[i], c->shape[i]) && g->dtype == c->dtype[i])
         return fr_retain(g);
-    fr_tensor *r = fr_empty(fr_device_of(g), FR_F32, c->ndim[i], c->shape[i], FR_TAG_TRANSIENT);
+    fr_tensor *r = fr_empty(fr_device_of(g), c->dtype[i], c->ndim[i], c->shape[i], FR_TAG_TRANSIENT);
     if (r && fr_reduce_sum_out(r, g, scale) != FR_OK)
         fr_clear(&r);
     return r;
@@ -59,7 +65,7 @@ static fr_status binary_backward(fr_node *node, fr_tensor *const *dout, fr_tenso
                 same_shape(g, other->ndim, other->shape)) {
                 /* a broadcast factor (a squeeze-excitation's scale): the
                  * product summed in one pass, no product tensor */
-                din[i] = fr_empty(fr_device_of(g), FR_F32, c->ndim[i], c->shape[i],
+                din[i] = fr_empty(fr_device_of(g), c->dtype[i], c->ndim[i], c->shape[i],
                                   FR_TAG_TRANSIENT);
                 if (din[i] && fr_reduce_sum_prod_out(din[i], g, other, 1.0f) != FR_OK)
                     fr_clear(&din[i]);
@@ -99,6 +105,10 @@ static fr_status binary_backward(fr_node *node, fr_tensor *const *dout, fr_tenso
     return st;
 }
 
+fr_dtype fr_binary_dtype(const fr_tensor *a, const fr_tensor *b) {
+    return a->dtype == b->dtype ? a->dtype : FR_F32;
+}
+
 fr_tensor *fr_broadcast_op(fr_binary_op op, fr_tensor *a, fr_tensor *b) {
     static const char *names[FR_BINARY_COUNT] = {"add", "sub", "mul", "div", "expand", "eq"};
     if ((unsigned)op >= FR_BINARY_FIRST) {
@@ -111,7 +121,9 @@ fr_tensor *fr_broadcast_op(fr_binary_op op, fr_tensor *a, fr_tensor *b) {
     if (fr_broadcast_shape(name, a, b, &nd, shape) != FR_OK)
         return NULL;
     fr_tensor *ca = fr_contiguous(a, FR_TAG_TRANSIENT), *cb = fr_contiguous(b, FR_TAG_TRANSIENT);
-    fr_tensor *y = ca && cb ? fr_empty(fr_device_of(a), FR_F32, nd, shape, FR_TAG_TRANSIENT) : NULL;
+    fr_tensor *y = ca && cb ? fr_empty(fr_device_of(a), fr_binary_dtype(a, b), nd, shape,
+                                       FR_TAG_TRANSIENT)
+                            : NULL;
     bool ok = y && fr_bcast_binary_out(y, ca, cb, op) == FR_OK;
     fr_release(ca);
     fr_release(cb);
@@ -129,6 +141,7 @@ fr_tensor *fr_broadcast_op(fr_binary_op op, fr_tensor *a, fr_tensor *b) {
             c->op = op;
             c->saved_a = c->saved_b = -1;
             for (int i = 0; i < 2; i++) {
+                c->dtype[i] = in[i]->dtype;
                 c->ndim[i] = in[i]->ndim;
                 memcpy(c->shape[i], in[i]->shape, sizeof c->shape[i]);
             }
@@ -171,7 +184,8 @@ static fr_status max_grad(fr_tensor *dx, const reduce_dims_ctx *c, const fr_tens
                           const fr_tensor *x) {
     fr_device dev = fr_device_of(dx);
     fr_tensor *m = fr_empty(dev, FR_F32, c->ndim, c->kept, FR_TAG_TRANSIENT);
-    fr_tensor *mask = m ? fr_empty(dev, FR_F32, c->ndim, c->shape, FR_TAG_TRANSIENT) : NULL;
+    /* the 0/1 mask at x's shape in dx's dtype (exact in half) */
+    fr_tensor *mask = m ? fr_empty(dev, dx->dtype, c->ndim, c->shape, FR_TAG_TRANSIENT) : NULL;
     fr_tensor *count = mask ? fr_empty_like(m, FR_TAG_TRANSIENT) : NULL;
     fr_status st = count ? fr_reduce_max_out(m, x) : fr_last_status();
     if (st == FR_OK)
@@ -219,6 +233,10 @@ static fr_tensor *reduce_dims(const char *op, fr_tensor *x, int ndims, const int
                               bool keepdim, reduce_kind kind) {
     if (fr_check_defined(op, "x", x) != FR_OK)
         return NULL;
+    if (!fr_dtype_is_float(x->dtype)) { /* named here, not by the kernel's reduce_sum */
+        fr_error(FR_ERR_DTYPE, "%s: x must be f32, f16 or bf16, got %s", op, fr_dtype_name(x->dtype));
+        return NULL;
+    }
     if (ndims < 1 || ndims > x->ndim || !dims) {
         fr_error(FR_ERR_ARG, "%s: %d dims for a tensor of %d dims", op, ndims, x->ndim);
         return NULL;
@@ -245,7 +263,7 @@ static fr_tensor *reduce_dims(const char *op, fr_tensor *x, int ndims, const int
     }
     c.scale = kind == REDUCE_MEAN ? (count ? 1.0f / (float)count : 0.0f) : 1.0f;
     fr_tensor *cx = fr_contiguous(x, FR_TAG_TRANSIENT);
-    fr_tensor *full = cx ? fr_empty(fr_device_of(x), FR_F32, x->ndim, c.kept, FR_TAG_TRANSIENT) : NULL;
+    fr_tensor *full = cx ? fr_empty(fr_device_of(x), x->dtype, x->ndim, c.kept, FR_TAG_TRANSIENT) : NULL;
     bool ok = full && (kind == REDUCE_MAX ? fr_reduce_max_out(full, cx)
                                           : fr_reduce_sum_out(full, cx, c.scale)) == FR_OK;
     fr_tensor *y = ok ? fr_view(full, out_nd, out_shape) : NULL;

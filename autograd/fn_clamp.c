@@ -1,6 +1,7 @@
 /* fn_clamp.c: differentiable clamp. The node keeps the input: whether an
  * element was inside the bounds cannot be told from a clamped output equal
- * to a bound. */
+ * to a bound. Output, saved input and gradient in x's dtype (f32, f16 or
+ * bf16; tensor/ops_pad.c stages half to f32). */
 #include "functions.h"
 #include "node.h"
 

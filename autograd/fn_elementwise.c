@@ -26,6 +26,12 @@ static bool same_shape(const fr_tensor *a, const fr_tensor *b) {
     return true;
 }
 
+/* a's shape in the dtype of a op b (fr_binary_dtype: the broadcasting
+ * ops' rule, so a result's dtype never depends on whether shapes differ) */
+static fr_tensor *promoted_like(const fr_tensor *a, const fr_tensor *b) {
+    return fr_empty(fr_device_of(a), fr_binary_dtype(a, b), a->ndim, a->shape, FR_TAG_TRANSIENT);
+}
+
 /* ---- add ---- */
 
 static fr_status add_backward(fr_node *node, fr_tensor *const *dout, fr_tensor **din) {
@@ -42,7 +48,7 @@ fr_tensor *fr_add(fr_tensor *a, fr_tensor *b) {
         return NULL;
     if (!same_shape(a, b))
         return fr_broadcast_op(FR_BINARY_ADD, a, b);
-    fr_tensor *y = new_like(a);
+    fr_tensor *y = promoted_like(a, b);
     if (!y || fr_add_out(y, a, b) != FR_OK) {
         fr_release(y);
         return NULL;
@@ -104,7 +110,7 @@ fr_tensor *fr_mul(fr_tensor *a, fr_tensor *b) {
         return NULL;
     if (!same_shape(a, b))
         return fr_broadcast_op(FR_BINARY_MUL, a, b);
-    fr_tensor *y = new_like(a);
+    fr_tensor *y = promoted_like(a, b);
     if (!y || fr_mul_out(y, a, b) != FR_OK) {
         fr_release(y);
         return NULL;

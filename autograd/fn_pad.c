@@ -1,6 +1,7 @@
 /* fn_pad.c: differentiable zero and reflect padding of the last two dims
  * (F.pad with a 4-tuple). Backward needs no saved tensor: only the
- * padding, which says where each input element was read. */
+ * padding, which says where each input element was read. Output and
+ * gradient in x's dtype (f32, f16 or bf16; tensor/ops_pad.c stages half). */
 #include <string.h>
 
 #include "functions.h"
@@ -30,7 +31,7 @@ fr_tensor *fr_pad(fr_tensor *x, const int pad[4], fr_pad_mode mode) {
     shape[x->ndim - 2] += s.top + s.bottom;
     shape[x->ndim - 1] += s.left + s.right;
     fr_tensor *cx = fr_contiguous(x, FR_TAG_TRANSIENT);
-    fr_tensor *y = cx ? fr_empty(fr_device_of(x), FR_F32, x->ndim, shape, FR_TAG_TRANSIENT) : NULL;
+    fr_tensor *y = cx ? fr_empty(fr_device_of(x), x->dtype, x->ndim, shape, FR_TAG_TRANSIENT) : NULL;
     pad_ctx c = {.mode = mode};
     memcpy(c.pad, pad, sizeof c.pad);
     bool ok = y && fr_pad2d_forward(y, cx, pad, mode) == FR_OK &&

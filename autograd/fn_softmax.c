@@ -1,6 +1,8 @@
 /* fn_softmax.c: differentiable softmax and log-softmax over one dim. The
  * node keeps the output only: both gradients are functions of it
- * (kernels.def: softmax_backward). */
+ * (kernels.def: softmax_backward). Output and saved output in x's dtype:
+ * half is staged to f32 by the ops layer (tensor/ops_softmax.c), so the
+ * row sums stay f32 (docs/ARCHITECTURE.md, "Broadcasting ops"). */
 #include "functions.h"
 #include "node.h"
 

@@ -45,30 +45,37 @@ fr_tensor *fr_leaky_relu_(fr_tensor *x, float slope);
  * output has the broadcast shape; shapes that do not broadcast are refused
  * naming both); the gradient of a broadcast operand is summed back to its
  * shape. fr_add and fr_mul take this path when their shapes differ; sub
- * and div always do. f32. */
+ * and div always do. Operands f32, f16 or bf16; the output's dtype is
+ * fr_binary_dtype's (PyTorch's promotion: half with f32 gives f32), each
+ * gradient the dtype of its operand. */
 fr_tensor *fr_broadcast_op(fr_binary_op op, fr_tensor *a, fr_tensor *b);
+/* The dtype of a binary op's output: the operands' when they agree, else
+ * f32 (f16 with bf16 too, as torch.promote_types). */
+fr_dtype fr_binary_dtype(const fr_tensor *a, const fr_tensor *b);
 fr_tensor *fr_sub(fr_tensor *a, fr_tensor *b);
 fr_tensor *fr_div(fr_tensor *a, fr_tensor *b);
 /* Sum or mean over dims (negative counts from the end, as PyTorch's),
  * keeping them as size 1 when keepdim: x.sum(dim=(2, 3), keepdim=True) is
- * fr_sum_dims(x, 2, (int[]){2, 3}, true). f32. */
+ * fr_sum_dims(x, 2, (int[]){2, 3}, true). The output has x's dtype (f32,
+ * f16 or bf16); the sums are f32 or wider. */
 fr_tensor *fr_sum_dims(fr_tensor *x, int ndims, const int *dims, bool keepdim);
 fr_tensor *fr_mean_dims(fr_tensor *x, int ndims, const int *dims, bool keepdim);
 /* torch.amax(x, dims, keepdim): the maximum over dims; the gradient is
  * split evenly among the elements equal to it (keeps x) */
 fr_tensor *fr_amax_dims(fr_tensor *x, int ndims, const int *dims, bool keepdim);
 
-/* fn_softmax.c: over dim (negative from the end); keeps the output. f32. */
+/* fn_softmax.c: over dim (negative from the end); keeps the output. The
+ * output has x's dtype (f32, f16 or bf16), computed in f32. */
 fr_tensor *fr_softmax(fr_tensor *x, int dim);
 fr_tensor *fr_log_softmax(fr_tensor *x, int dim);
 
 /* fn_clamp.c: min(max(x, lo), hi), lo <= hi; the gradient passes where lo
- * <= x <= hi (PyTorch's). f32. */
+ * <= x <= hi (PyTorch's). Output in x's dtype (f32, f16 or bf16). */
 fr_tensor *fr_clamp(fr_tensor *x, float lo, float hi);
 
 /* fn_pad.c: F.pad(x, (left, right, top, bottom), mode) over the last two
  * dims; FR_PAD_ZERO or FR_PAD_REFLECT (each padding < the size it pads).
- * f32. */
+ * Output in x's dtype (f32, f16 or bf16). */
 fr_tensor *fr_pad(fr_tensor *x, const int pad[4], fr_pad_mode mode);
 
 /* fn_linear.c */

@@ -3,7 +3,7 @@
  * with its test) trained by the library's own loop, so every flag of `train`
  * applies:
  *
- *     build/examples/mobilenet --model mobilenet_se --data fashion-mnist \
+ *     build/examples/mobilenet --data fashion-mnist \
  *         --epochs 1 --limit-train 2048 --limit-test 512 --strategy recompute
  */
 #include "mobilenet_model.h"
@@ -15,5 +15,5 @@ int main(int argc, char **argv) {
         fprintf(stderr, "mobilenet: %s\n", fr_last_error());
         return 1;
     }
-    return fr_train_main(argc, argv);
+    return fr_train_main_model(argc, argv, "mobilenet_se");
 }

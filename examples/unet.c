@@ -4,7 +4,7 @@
  * model's loss callback, trained by the library's own loop so every flag of
  * `train` applies:
  *
- *     build/examples/unet --model unet --data fashion-mnist --epochs 1 \
+ *     build/examples/unet --data fashion-mnist --epochs 1 \
  *         --limit-train 2048 --limit-test 512 --batch 32 --optimizer adam
  *
  * The "test loss" the loop prints is the denoised image's MSE against the
@@ -19,7 +19,7 @@ int main(int argc, char **argv) {
         fprintf(stderr, "unet: %s\n", fr_last_error());
         return 1;
     }
-    int rc = fr_train_main(argc, argv);
+    int rc = fr_train_main_model(argc, argv, "unet");
     if (rc == 0 && unet_eval_noise_n > 0)
         printf("denoising: the noisy input's MSE against the clean test images is %.4f "
                "(noise sigma %.2f, normalised units); the test loss above is the U-Net's\n",

@@ -7,6 +7,7 @@
 
 #include <stdio.h>
 
+#include "../dist/dist.h"
 #include "../nn/model.h"
 #include "../planner/planner.h"
 #include "../train/amp.h"
@@ -55,8 +56,10 @@ void fr_cli_apply_limits(int64_t threads, size_t memory_limit);
  * plan verified by a whole measured step (planner/fit.c, fr_fit_batch),
  * beside what train's loaders will hold (each loader's ready batch and two
  * in the making); the choice, the plans it took and the time are printed.
- * FR_ERR_ARG when none fits, or with more than one process. */
-fr_status fr_cli_batch_auto(fr_model *m, const fr_optim *opt, const fr_dataset *ds, int world, size_t budget,
+ * Under data parallelism (`dist` not NULL) each process measures its share
+ * of a step and all take the least any found; *batch is the whole step's
+ * images (share x processes). FR_ERR_ARG when none fits. */
+fr_status fr_cli_batch_auto(fr_model *m, const fr_optim *opt, const fr_dataset *ds, fr_dist *dist, size_t budget,
                             bool allow_compress, int *batch);
 /* FR_OK when the ledger's peak since the last reset on the plan's device is
  * within plan->budget; else FR_ERR_OOM naming the model, the phase and

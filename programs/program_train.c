@@ -54,10 +54,11 @@ typedef struct {
     const char *trajectory_flag;
 } options;
 
-static void usage(FILE *out) {
+static void usage(FILE *out, const char *model) {
     fprintf(out,
             "usage: train [flags]\n"
-            "  --model NAME          resnet20 (default), any resnet<6n+2>, preresnet<9n+2>, densenet-bc-<L>\n"
+            "  --model NAME          %s (default), any resnet<6n+2>, preresnet<9n+2>, densenet-bc-<L>,\n"
+            "                        or a model the program registered\n"
             "  --data SPEC           fashion-mnist[:DIR] (default, DIR %s),\n"
             "                        mnist:DIR, cifar10:DIR, cifar100:DIR, folder:DIR (DIR/train, DIR/test)\n"
             "  --strategy S          memory strategy: plain (default), recompute, abn,\n"
@@ -105,7 +106,7 @@ static void usage(FILE *out) {
             "  --bucket-mb X         gradient all-reduce bucket size (25 on GPUs, 0.05 on the CPU)\n"
             "  --dist-timeout S      end a process that waits S seconds for the others (a lost\n"
             "                        machine or link; 0: wait for ever; default 1800)\n",
-            FR_FASHION_MNIST_DIR);
+            model, FR_FASHION_MNIST_DIR);
 }
 
 static bool is_value_flag(const char *a) {
@@ -121,8 +122,8 @@ static bool is_value_flag(const char *a) {
 }
 
 /* Parses argv into *o; prints nothing. */
-static fr_status parse_args(int argc, char **argv, options *o) {
-    *o = (options){.model = "resnet20", .strategy = NULL, .batch = 128, .accum = 1, .epochs = 10,
+static fr_status parse_args(int argc, char **argv, const char *model, options *o) {
+    *o = (options){.model = model, .strategy = NULL, .batch = 128, .accum = 1, .epochs = 10,
                    .seed = 42, .lr = -1, .momentum = 0.9, .wd = -1, .augment = -1, .log_every = 50,
                    .dist_timeout = FR_DIST_DEFAULT_TIMEOUT};
     fr_cli_seen seen = {.n = 0};
@@ -399,7 +400,7 @@ static fr_status setup(const options *o, run *r) {
     if (!r->opt)
         return fr_last_status();
     if (o->batch_auto) {
-        FR_TRY(fr_cli_batch_auto(r->model, r->opt, r->train_ds, r->world, o->memory_budget, o->allow_compress,
+        FR_TRY(fr_cli_batch_auto(r->model, r->opt, r->train_ds, r->dist, o->memory_budget, o->allow_compress,
                                  &st->batch_size));
     }
     FR_TRY(shard_batch(o, r));
@@ -724,13 +725,17 @@ static fr_status start_dist(const options *o, run *r) {
 }
 
 int fr_train_main(int argc, char **argv) {
+    return fr_train_main_model(argc, argv, "resnet20");
+}
+
+int fr_train_main_model(int argc, char **argv, const char *model) {
     if (fr_cli_wants_help(argc, argv)) {
-        usage(stdout);
+        usage(stdout, model);
         return 0;
     }
     options o;
     run r = {0};
-    fr_status s = parse_args(argc, argv, &o);
+    fr_status s = parse_args(argc, argv, model, &o);
     if (s == FR_OK)
         fr_cli_apply_limits(o.threads, o.memory_limit);
     if (s == FR_OK)

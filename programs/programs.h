@@ -22,6 +22,10 @@ extern "C" {
 #endif
 
 int fr_train_main(int argc, char **argv);
+/* fr_train_main with `model` trained when --model is not given (fr_train_main's
+ * is resnet20): an example that registers its own model trains that model by
+ * default, never a different one silently. A --resume run keeps its file's. */
+int fr_train_main_model(int argc, char **argv, const char *model);
 int fr_validate_main(int argc, char **argv);
 int fr_memreport_main(int argc, char **argv);
 

@@ -9,6 +9,10 @@
 /* Thread-local so the prefetch thread's errors never overwrite the trainer's. */
 static _Thread_local char last_message[1024];
 static _Thread_local fr_status last_code;
+/* The NULL chain after the pending error (fr_error_null): how many ops met
+ * its NULL, and where the message ends after the first CHAIN_HEAD of them. */
+static _Thread_local int chain_len;
+static _Thread_local size_t chain_head_end;
 
 static const char *const status_names[] = {
     "ok", "bad argument", "shape mismatch", "unsupported dtype", "wrong device",
@@ -28,6 +32,7 @@ fr_status fr_last_status(void) { return last_code; }
 void fr_clear_error(void) {
     last_message[0] = '\0';
     last_code = FR_OK;
+    chain_len = 0;
 }
 
 fr_status fr_error(fr_status code, const char *fmt, ...) {
@@ -36,19 +41,34 @@ fr_status fr_error(fr_status code, const char *fmt, ...) {
     vsnprintf(last_message, sizeof last_message, fmt, ap);
     va_end(ap);
     last_code = code;
+    chain_len = 0;
     return code;
 }
 
-#define NULL_AFTER " is NULL, the result of an earlier failure: "
+/* A NULL met while an error is pending is that error's result: the first
+ * failure leads the message (the op that really failed, docs/ARCHITECTURE.md,
+ * "Errors"), and each op or layer its NULL reached follows in order as its
+ * own "op: arg is NULL", the first CHAIN_HEAD of them and the latest, so a
+ * whole model's forward after an early failure stays one readable line:
+ *   mean_dims: x must be f32, f16 or bf16, got i32; then b0.se_fc1: x is
+ *   NULL; then relu: x is NULL; ...; then ... (12 more); then fc: x is NULL */
+#define CHAIN_THEN "; then "
+#define CHAIN_HEAD 4
 
 fr_status fr_error_null(const char *op, const char *arg) {
     if (last_code == FR_OK)
         return fr_error(FR_ERR_ARG, "%s: %s is NULL", op, arg);
-    /* a chain of NULLs names the latest op and the first cause, unnested */
-    const char *first = strstr(last_message, NULL_AFTER);
-    char cause[sizeof last_message];
-    snprintf(cause, sizeof cause, "%s", first ? first + strlen(NULL_AFTER) : last_message);
-    return fr_error(last_code, "%s: %s" NULL_AFTER "%s", op, arg, cause);
+    size_t len = strlen(last_message);
+    char more[48] = "";
+    if (chain_len > CHAIN_HEAD) { /* the previous latest entry makes way */
+        len = chain_head_end;
+        snprintf(more, sizeof more, CHAIN_THEN "... (%d more)", chain_len - CHAIN_HEAD);
+    }
+    snprintf(last_message + len, sizeof last_message - len, "%s" CHAIN_THEN "%s: %s is NULL", more,
+             op, arg);
+    if (++chain_len == CHAIN_HEAD)
+        chain_head_end = strlen(last_message);
+    return last_code;
 }
 
 void fr_assert_fail(const char *cond, const char *file, int line) {

@@ -52,7 +52,8 @@ fr_status fr_relu_backward(fr_tensor *dx, const fr_tensor *dy, const fr_tensor *
 fr_status fr_leaky_relu_forward(fr_tensor *y, const fr_tensor *x, float slope);
 fr_status fr_leaky_relu_backward(fr_tensor *dx, const fr_tensor *dy, const fr_tensor *y, float slope);
 
-/* ---- broadcasting (ops_broadcast.c; shapes.h), f32 ---- */
+/* ---- broadcasting (ops_broadcast.c; shapes.h); f32, f16 or bf16
+ * operands, each its own, staged to f32 in blocks (staging.h) ---- */
 /* The broadcast of a's and b's shapes (NumPy's rule), or FR_ERR_SHAPE
  * naming op and both shapes. */
 fr_status fr_broadcast_shape(const char *op, const fr_tensor *a, const fr_tensor *b, int *ndim,
@@ -71,13 +72,15 @@ fr_status fr_reduce_sum_prod_out(fr_tensor *out, const fr_tensor *x, const fr_te
 /* out = the maximum of x over the same dims (a NaN wins) */
 fr_status fr_reduce_max_out(fr_tensor *out, const fr_tensor *x);
 
-/* ---- softmax over dim (ops_softmax.c), f32, y like x; log_out for
+/* ---- softmax over dim (ops_softmax.c), y shaped like x; f32, f16 or
+ * bf16, each its own, staged per outer index (staging.h); log_out for
  * log-softmax. Backward reads the output y only. ---- */
 fr_status fr_softmax_forward(fr_tensor *y, const fr_tensor *x, int dim, bool log_out);
 fr_status fr_softmax_backward(fr_tensor *dx, const fr_tensor *dy, const fr_tensor *y, int dim,
                               bool log_out);
 
-/* ---- padding of the last two dims and clamp (ops_pad.c), f32. pad is
+/* ---- padding of the last two dims and clamp (ops_pad.c); f32, f16 or
+ * bf16, each its own, staged per plane / run of elements. pad is
  * (left, right, top, bottom), F.pad's order; reflect needs each < the size
  * it pads. ---- */
 fr_status fr_pad2d_shape(const fr_tensor *x, const int pad[4], fr_pad_mode mode, fr_pad_shape *s);

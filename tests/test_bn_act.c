@@ -263,11 +263,7 @@ static void bn_act_step(bool fused, fr_act act, fr_tensor *const *src, fr_tensor
     fr_release(m);
     CHECK_NOTNULL(loss);
     *saved = fr_mem_current(FR_CPU, FR_TAG_SAVED);
-    size_t base = fr_mem_total_current(FR_CPU);
-    fr_mem_reset_peak();
-    if (loss)
-        CHECK_OK(fr_backward(loss));
-    *peak = fr_mem_total_peak(FR_CPU) - base;
+    *peak = fr_t_backward_peak(loss);
     for (int i = 0; i < 4; i++) {
         CHECK_NOTNULL(leaves[i]->grad);
         grads[i] = leaves[i]->grad ? fr_retain(leaves[i]->grad) : NULL;

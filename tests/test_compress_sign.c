@@ -122,11 +122,7 @@ static void block_step(fr_act act, float slope, bool weighted, fr_tensor **grads
     fr_release(y);
     fr_release(p);
     CHECK_NOTNULL(loss);
-    size_t base = fr_mem_total_current(FR_CPU);
-    fr_mem_reset_peak();
-    if (loss)
-        CHECK_OK(fr_backward(loss));
-    *peak = fr_mem_total_peak(FR_CPU) - base;
+    *peak = fr_t_backward_peak(loss);
     for (int i = 0; i < 4; i++) {
         if (i > 0 || weighted)
             CHECK_NOTNULL(leaves[i]->grad);

@@ -707,6 +707,33 @@ static void test_train_program_resume(void) {
         fclose(b);
 }
 
+/* `train --batch auto` under mpirun: each process measures its share, and
+ * with 2 processes each takes what one process alone finds (both shares are
+ * under half the 128 images), a step of twice that. */
+static void test_train_batch_auto(void) {
+    char train[1100];
+    NEED_TRAIN_UNDER_MPIRUN(train);
+    if (access(FR_FASHION_MNIST_DIR, R_OK) != 0)
+        SKIP("no Fashion-MNIST in " FR_FASHION_MNIST_DIR);
+    const char *program[] = {train, "--model", "resnet8", "--limit-train", "128", "--limit-test", "32", "--epochs",
+                             "1", "--batch", "auto", "--memory-budget", "24M", "--log-every", "100", NULL};
+    int found[3] = {0}, share = 0, step = 0;
+    for (int np = 1; np <= 2; np++) {
+        double secs = 0;
+        int rc = launch(np, program, 300, output, sizeof output, &secs);
+        const char *at = strstr(output, "batch auto: ");
+        CHECK(rc == 0 && at && sscanf(at, "batch auto: %d,", &found[np]) == 1);
+        printf("    %d process%s: exit %d after %.1f s, batch auto %d\n", np, np > 1 ? "es" : "", rc, secs, found[np]);
+        if (rc != 0 || !at)
+            printf("%s\n", output);
+    }
+    /* rank 0's second line: the share all took, and the step */
+    const char *first = strstr(output, "batch auto: "), *two = first ? strstr(first + 1, "batch auto: ") : NULL;
+    CHECK(two && sscanf(two, "batch auto: %d images a process (the least any of the 2 processes found), %d",
+                        &share, &step) == 2);
+    CHECK(found[1] > 1 && found[1] < 64 && found[2] == found[1] && share == found[1] && step == 2 * share);
+}
+
 int main(int argc, char **argv) {
     const char *name = NULL;
     for (int i = 1; i + 1 < argc; i++) {
@@ -746,6 +773,7 @@ int main(int argc, char **argv) {
     RUN(test_error_aborts_job);
     RUN(test_stalled_rank_ends_job);
     RUN(test_train_program_resume);
+    RUN(test_train_batch_auto);
     RUN(test_train_cuda_refused);
     RUN(test_exact_cuda);
     RUN(test_sync_bn_cuda);

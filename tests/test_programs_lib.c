@@ -108,6 +108,24 @@ static void test_train_validate_memreport_on_a_registered_model(void) {
     CHECK(stat(path, &sb) == 0 && sb.st_size > 0);
 }
 
+/* A program that registers its own model trains that model when --model is
+ * not given (fr_train_main_model), not train's default resnet20; the
+ * checkpoint records which. */
+static int train_tiny(int argc, char **argv) { return fr_train_main_model(argc, argv, "tiny"); }
+
+static void test_default_model_of_a_program(void) {
+    char line[2048], path[700];
+    write_idx(dir, "train", 64);
+    write_idx(dir, "t10k", 32);
+    snprintf(path, sizeof path, "%s/default.safetensors", dir);
+    snprintf(line, sizeof line, "train --data mnist:%s --batch 16 --epochs 1 --lr 0.05 --threads 1 --save %s",
+             dir, path);
+    CHECK(fr_t_run_main(train_tiny, line) == 0);
+    fr_state_info info;
+    CHECK_OK(fr_state_read_info(path, &info));
+    CHECK(!strcmp(info.model, "tiny"));
+}
+
 /* A model whose output is not logits trains, validates and is measured
  * under the programs' own flags, with its loss and no accuracy ("n/a"). */
 static void test_autoencoder_under_the_programs(void) {
@@ -169,6 +187,7 @@ int main(void) {
     CHECK_OK(fr_model_register("tiny", false, tiny_create, "tiny (a test model)"));
     RUN(test_train_validate_memreport_on_a_registered_model);
     RUN(test_unregistered_model_is_refused);
+    RUN(test_default_model_of_a_program);
     CHECK_OK(fr_model_register("tiny_ae", false, tiny_ae_create, "tiny_ae (a test autoencoder)"));
     RUN(test_autoencoder_under_the_programs);
     RUN(test_autoencoder_loss_falls);

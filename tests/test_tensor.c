@@ -139,18 +139,28 @@ static void test_bad_arguments(void) {
     CHECK_ERR(fr_copy_(b, a), FR_ERR_SHAPE, "differ in size");
     CHECK_ERR(fr_check_shape("conv2d", "weight", b, 2, FR_SHAPE(4, -1)), FR_ERR_SHAPE,
               "conv2d: weight has shape (4,), expected (4, *)");
-    /* a NULL with that error pending is its result: status and first
-     * message kept (docs/ARCHITECTURE.md, "Errors"), wrapped once */
+    /* a NULL with that error pending is its result: status kept, the
+     * first failure leads the message and the ops its NULL reached follow
+     * in order (docs/ARCHITECTURE.md, "Errors") */
+    const char *cause = "conv2d: weight has shape (4,), expected (4, *)";
     CHECK_ERR(fr_fill_(NULL, 1.0f), FR_ERR_SHAPE,
-              "fill: input is NULL, the result of an earlier failure: conv2d: weight has shape (4,)");
+              "conv2d: weight has shape (4,), expected (4, *); then fill: input is NULL");
     CHECK_ERR(fr_t_status_of(fr_relu(NULL)), FR_ERR_SHAPE,
-              "relu: x is NULL, the result of an earlier failure: conv2d: weight has shape (4,)");
-    const char *wrap = strstr(fr_last_error(), "earlier failure");
-    CHECK(wrap && !strstr(wrap + 1, "earlier failure")); /* wrapped once */
+              "; then fill: input is NULL; then relu: x is NULL");
+    CHECK(!strncmp(fr_last_error(), cause, strlen(cause))); /* the failing op first */
+    const char *first = strstr(fr_last_error(), "is NULL");
+    CHECK(first && strstr(first + 1, "is NULL") && !strstr(strstr(first + 1, "is NULL") + 1, "is NULL"));
+    /* a long chain keeps its first four ops and the latest */
+    for (int i = 0; i < 20; i++)
+        fr_release(fr_relu(NULL));
+    CHECK_ERR(fr_t_status_of(fr_scale(NULL, 2.0f)), FR_ERR_SHAPE,
+              "; then fill: input is NULL; then relu: x is NULL; then relu: x is NULL; "
+              "then relu: x is NULL; then ... (18 more); then scale: x is NULL");
+    CHECK(!strncmp(fr_last_error(), cause, strlen(cause)));
     /* with none pending, the NULL itself is the error */
     fr_clear_error();
     CHECK_ERR(fr_fill_(NULL, 1.0f), FR_ERR_ARG, "fill: input is NULL");
-    CHECK(!strstr(fr_last_error(), "earlier failure"));
+    CHECK(!strstr(fr_last_error(), "then"));
     float host[3];
     CHECK_ERR(fr_read_f32(b, host, 3), FR_ERR_SHAPE, "buffer holds 3");
     fr_release(a);

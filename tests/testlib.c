@@ -663,6 +663,14 @@ int fr_t_run_self(const char *self, const char *name, const char *value, char *c
     return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
 }
 
+size_t fr_t_backward_peak(fr_tensor *loss) {
+    size_t base = fr_mem_total_current(FR_CPU);
+    fr_mem_reset_peak();
+    if (loss)
+        CHECK_OK(fr_backward(loss));
+    return fr_mem_total_peak(FR_CPU) - base;
+}
+
 int fr_t_run_main(int (*prog)(int, char **), const char *line) {
     char buf[2048], *argv[64];
     snprintf(buf, sizeof buf, "%s", line);

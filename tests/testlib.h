@@ -261,6 +261,10 @@ bool fr_t_same_bits(const fr_tensor *a, const fr_tensor *b);
  * set to `value` and arguments argv (NULL-terminated, argv[0] first); its
  * exit status, -1 when it could not run or did not exit. */
 int fr_t_run_self(const char *self, const char *name, const char *value, char *const argv[]);
+/* Runs backward from `loss` (NULL: a failure already reported; nothing
+ * runs) and returns the CPU ledger's peak during it above the total held
+ * just before: what a backward needs beyond what the forward left. */
+size_t fr_t_backward_peak(fr_tensor *loss);
 /* Runs a program's main in this process (programs/programs.h: fr_train_main
  * and the others, on models this test registered) from a command line split
  * at spaces; its exit status. */
