@@ -87,6 +87,12 @@ fr_status fr_cpu_conv2d_nhwc(int direction, float *out, const float *in0, const 
  * NCHW table. FR_ERR_ARG when FR_CPU_ISA is refused. */
 bool fr_cpu_conv_nhwc_rule(const fr_conv_shape *s, int direction, fr_cpu_isa isa);
 fr_status fr_cpu_conv_nhwc_path(const fr_conv_shape *s, int direction, bool *direct);
+/* Whether a model's channels-last mode is on by default (nn/model.h,
+ * FR_LAYOUT_AUTO): the avx512 class with oneDNN, where channels last
+ * between ops measured faster (bench/RESULTS.md, issue 24); elsewhere it
+ * was not measured and every pass would take transposes. False when
+ * FR_CPU_ISA is refused. */
+bool fr_cpu_channels_last_default(void);
 /* oneDNN's implementation name for the nhwc pass, "transposes" where the
  * NCHW path runs; for benchmarks and tests. */
 const char *fr_cpu_conv_nhwc_impl(const fr_conv_shape *s, int direction);

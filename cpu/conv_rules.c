@@ -90,6 +90,11 @@ fr_status fr_cpu_conv_nhwc_path(const fr_conv_shape *s, int direction, bool *dir
     return FR_OK;
 }
 
+bool fr_cpu_channels_last_default(void) {
+    fr_cpu_isa isa;
+    return fr_cpu_have_dnnl() && fr_cpu_isa_get(&isa) == FR_OK && isa == FR_ISA_AVX512;
+}
+
 void fr_cpu_conv_describe(char *buf, size_t size) {
     char isa_text[128];
     fr_cpu_isa_describe(isa_text, sizeof isa_text);

@@ -191,6 +191,9 @@ fr_status fr_bn_act_backward(fr_tensor *dx, fr_tensor *dz, fr_tensor *dgamma, fr
  * every process must make the same calls in the same order. */
 typedef fr_status (*fr_bn_sum_fn)(double *values, int n, void *ctx);
 void fr_batch_norm_set_sync(fr_bn_sum_fn fn, void *ctx);
+/* Whether this thread's batch norms synchronise (a channels-last model runs
+ * NCHW then: nn/model.h). */
+bool fr_batch_norm_sync_active(void);
 
 /* ---- group normalisation + activation (ops_groupnorm.c), f32. x (N, C,
  * ...) in `groups` groups (dividing C); mean, invstd (N, groups); gamma
