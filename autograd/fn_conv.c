@@ -203,7 +203,8 @@ fr_tensor *fr_conv2d_channels_last(fr_tensor *x, fr_tensor *w, fr_tensor *b, fr_
         fr_conv2d_shape(x, w, p, &s) != FR_OK)
         return NULL;
     bool x_nhwc = fr_is_channels_last(x);
-    if (b || fr_device_of(x) != FR_CPU || x->dtype != FR_F32 || w->dtype != FR_F32 ||
+    if (b || fr_device_of(x) != FR_CPU || fr_device_of(w) != FR_CPU || x->dtype != FR_F32 ||
+        w->dtype != FR_F32 || !fr_is_contiguous(w) ||
         fr_autocast_out_dtype(x) != FR_F32 || (!x_nhwc && !fr_is_contiguous(x))) {
         /* not covered: the NCHW op on an NCHW x, with its bits */
         fr_tensor *xc = fr_to_nchw(x);

@@ -381,7 +381,9 @@ fr_status fr_copy_(fr_tensor *dst, const fr_tensor *src) {
         return fr_error(FR_ERR_SHAPE, "copy: a strided dst %s needs a src of the same shape, got %s",
                         fr_shape_str(dst, a, sizeof a), fr_shape_str(src, b, sizeof b));
     fr_device dd = fr_device_of(dst), sd = fr_device_of(src);
-    bool both_contig = fr_is_contiguous(dst) && fr_is_contiguous(src);
+    /* two channels-last tensors of one shape lie alike: a flat copy too */
+    bool both_contig = (fr_is_contiguous(dst) && fr_is_contiguous(src)) ||
+                       fr_same_dense_layout(dst, src);
     size_t n = (size_t)fr_numel(src);
     fr_status st = FR_OK;
     if (dd == FR_CPU && sd == FR_CPU) {
