@@ -13,6 +13,8 @@
 #include <string.h>
 
 #include "autograd/node.h"
+#include "cpu/conv.h"
+#include "cpu/isa.h"
 #include "models/resnet.h"
 #include "nn/build.h"
 
@@ -140,11 +142,17 @@ static void test_eval(void) {
 }
 
 /* What the mode does not cover runs NCHW, never an error: half precision,
- * abn, compress, a model that did not declare it, data parallelism. */
+ * abn, compress, another device, a model that did not declare it. */
 static void test_uncovered_run_nchw(void) {
     fr_model *m = fr_resnet_create("resnet20", 3, 10, 5);
-    m->cfg.layout = FR_LAYOUT_CHANNELS_LAST;
     const char *why = NULL;
+    /* the default: on by the fixed rule, which an avx512 machine with oneDNN meets */
+    CHECK(m->cfg.layout == FR_LAYOUT_AUTO);
+    CHECK(fr_model_channels_last(m, FR_CPU, NULL) == fr_cpu_channels_last_default());
+    fr_cpu_isa isa;
+    if (fr_cpu_have_dnnl() && fr_cpu_isa_get(&isa) == FR_OK && isa == FR_ISA_AVX512)
+        CHECK(fr_model_channels_last(m, FR_CPU, NULL));
+    m->cfg.layout = FR_LAYOUT_CHANNELS_LAST;
     CHECK(fr_model_channels_last(m, FR_CPU, &why) && !strcmp(why, "channels last"));
     CHECK(!fr_model_channels_last(m, FR_CUDA, &why));
     m->cfg.precision = FR_BF16;
