@@ -315,7 +315,11 @@ fr_tensor *fr_abn_scale(fr_tensor *gamma, float eps) {
 static fr_status check_args(fr_tensor *x, fr_tensor *residual, const fr_bn_state *bn, fr_act act,
                             float slope, fr_bnact_mode mode, bool recording) {
     const char *op = "bn_act";
-    FR_TRY(fr_check_floatc(op, "x", x));
+    /* channels last (a model's mode, nn/model.h): the ops take it, except
+     * under InPlace-ABN, which the mode does not cover */
+    bool cl = mode != FR_BNACT_INPLACE_ABN && fr_is_channels_last(x);
+    if (!cl)
+        FR_TRY(fr_check_floatc(op, "x", x));
     if (!bn)
         return fr_error(FR_ERR_ARG, "%s: bn state is NULL", op);
     FR_TRY(fr_check_defined(op, "gamma", bn->gamma));
@@ -324,7 +328,8 @@ static fr_status check_args(fr_tensor *x, fr_tensor *residual, const fr_bn_state
         return fr_error(FR_ERR_ARG, "%s: unknown mode %d", op, (int)mode);
     FR_TRY(fr_act_check(op, act, slope));
     if (residual) {
-        FR_TRY(fr_check_floatc(op, "residual", residual));
+        if (!cl || !fr_is_channels_last(residual))
+            FR_TRY(fr_check_floatc(op, "residual", residual));
         FR_TRY(fr_check_same_shape(op, "residual", residual, "x", x));
         FR_TRY(fr_check_same_device(op, "residual", residual, "x", x));
     }

@@ -19,6 +19,7 @@
 
 #include "functions.h"
 #include "node.h"
+#include "../cpu/conv.h"
 
 enum { CONV_X = 0, CONV_W, CONV_B };
 
@@ -142,4 +143,100 @@ fr_tensor *fr_conv2d(fr_tensor *x, fr_tensor *w, fr_tensor *b, fr_conv_params p)
 
 fr_tensor *fr_conv_transpose2d(fr_tensor *x, fr_tensor *w, fr_tensor *b, fr_conv_transpose_params p) {
     return conv_any(x, w, b, (conv_ctx){.tp = p, .transposed = true});
+}
+
+/* ---- channels last (functions.h: a model's channels-last mode) ---- */
+
+typedef struct {
+    fr_conv_shape s;
+    int64_t w_shape[4];
+    bool x_nhwc; /* dx in x's layout */
+    int x, w;    /* saved slots, -1 when not saved */
+} conv_cl_ctx;
+
+static fr_status conv_cl_backward(fr_node *node, fr_tensor *const *dout, fr_tensor **din) {
+    const conv_cl_ctx *c = node->ctx;
+    /* dy channels last whatever reached us (a checkpoint's leaf gradient is
+     * made like its leaf, so it normally is) */
+    fr_tensor *dy = fr_layout_copy(dout[0], true);
+    fr_status st = dy ? FR_OK : fr_last_status();
+    if (st == FR_OK && fr_node_needs_grad(node, CONV_W)) {
+        fr_tensor *saved = fr_node_unpack(node, c->x);
+        fr_tensor *x = saved ? fr_layout_copy(saved, true) : NULL;
+        fr_release(saved);
+        fr_tensor *dw = x ? fr_empty(FR_CPU, FR_F32, 4, c->w_shape, FR_TAG_TRANSIENT) : NULL;
+        st = dw ? fr_cpu_conv2d_nhwc(2, fr_data_f32(dw), fr_data_f32(dy), fr_data_f32(x), &c->s)
+                : fr_last_status();
+        fr_release(x);
+        if (st == FR_OK)
+            din[CONV_W] = dw;
+        else
+            fr_release(dw);
+    }
+    if (st == FR_OK && fr_node_needs_grad(node, CONV_X)) {
+        fr_tensor *w = fr_node_unpack(node, c->w);
+        fr_tensor *dx = w ? fr_empty_channels_last(FR_CPU, FR_SHAPE(c->s.n, c->s.c, c->s.h, c->s.w),
+                                                   FR_TAG_TRANSIENT)
+                          : NULL;
+        st = dx ? fr_cpu_conv2d_nhwc(1, fr_data_f32(dx), fr_data_f32(dy), fr_data_f32(w), &c->s)
+                : fr_last_status();
+        fr_release(w);
+        if (st == FR_OK && !c->x_nhwc) {
+            fr_tensor *nchw = fr_layout_copy(dx, false);
+            fr_release(dx);
+            dx = nchw;
+            st = dx ? FR_OK : fr_last_status();
+        }
+        if (st == FR_OK)
+            din[CONV_X] = dx;
+        else
+            fr_release(dx);
+    }
+    fr_release(dy);
+    return st;
+}
+
+fr_tensor *fr_conv2d_channels_last(fr_tensor *x, fr_tensor *w, fr_tensor *b, fr_conv_params p) {
+    const char *op = "conv2d";
+    fr_conv_shape s;
+    if (fr_check_defined(op, "x", x) != FR_OK || fr_check_defined(op, "w", w) != FR_OK ||
+        fr_conv2d_shape(x, w, p, &s) != FR_OK)
+        return NULL;
+    bool x_nhwc = fr_is_channels_last(x);
+    if (b || fr_device_of(x) != FR_CPU || fr_device_of(w) != FR_CPU || x->dtype != FR_F32 ||
+        w->dtype != FR_F32 || !fr_is_contiguous(w) ||
+        fr_autocast_out_dtype(x) != FR_F32 || (!x_nhwc && !fr_is_contiguous(x))) {
+        /* not covered: the NCHW op on an NCHW x, with its bits */
+        fr_tensor *xc = fr_to_nchw(x);
+        fr_tensor *y = xc ? fr_conv2d(xc, w, b, p) : NULL;
+        fr_release(xc);
+        return y;
+    }
+    fr_tensor *y = fr_empty_channels_last(FR_CPU, FR_SHAPE(s.n, s.k, s.oh, s.ow), FR_TAG_TRANSIENT);
+    fr_tensor *xl = y ? fr_layout_copy(x, true) : NULL;
+    fr_status st = xl ? fr_cpu_conv2d_nhwc(0, fr_data_f32(y), fr_data_f32(xl), fr_data_f32(w), &s)
+                      : fr_last_status();
+    fr_release(xl);
+    fr_tensor *in[2] = {x, w};
+    if (st == FR_OK && fr_should_record(2, in)) {
+        conv_cl_ctx *c = calloc(1, sizeof *c);
+        fr_node *node = c ? fr_node_new("conv2d", conv_cl_backward, 2, in, 1) : NULL;
+        if (!node) {
+            st = c ? fr_last_status() : fr_error(FR_ERR_OOM, "%s: out of memory recording a node", op);
+            free(c);
+        } else {
+            *c = (conv_cl_ctx){.s = s, .x_nhwc = x_nhwc, .x = -1, .w = -1};
+            memcpy(c->w_shape, w->shape, sizeof c->w_shape);
+            fr_node_set_ctx(node, c, NULL);
+            if (fr_node_needs_grad(node, CONV_W) && (c->x = fr_node_save_activation(node, x, true)) < 0)
+                st = fr_last_status();
+            if (st == FR_OK && fr_node_needs_grad(node, CONV_X) && (c->w = fr_node_save(node, w)) < 0)
+                st = fr_last_status();
+            if (st == FR_OK)
+                fr_node_set_output(node, 0, y);
+        }
+    }
+    if (st != FR_OK)
+        fr_clear(&y);
+    return y;
 }

@@ -29,6 +29,9 @@ static bool same_shape(const fr_tensor *a, const fr_tensor *b) {
 /* a's shape in the dtype of a op b (fr_binary_dtype: the broadcasting
  * ops' rule, so a result's dtype never depends on whether shapes differ) */
 static fr_tensor *promoted_like(const fr_tensor *a, const fr_tensor *b) {
+    /* two channels-last tensors (a model's residual sum) give one */
+    if (fr_same_dense_layout(a, b))
+        return fr_empty_like(a, FR_TAG_TRANSIENT);
     return fr_empty(fr_device_of(a), fr_binary_dtype(a, b), a->ndim, a->shape, FR_TAG_TRANSIENT);
 }
 

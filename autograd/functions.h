@@ -88,6 +88,18 @@ fr_tensor *fr_conv2d(fr_tensor *x, fr_tensor *w, fr_tensor *b, fr_conv_params p)
  * b (Cout) or NULL (tensor/ops.h has the output shape). */
 fr_tensor *fr_conv_transpose2d(fr_tensor *x, fr_tensor *w, fr_tensor *b, fr_conv_transpose_params p);
 
+/* Channels last as an internal layout of a model (nn/model.h: its
+ * channels-last mode; docs/ARCHITECTURE.md, layout between ops).
+ * fn_conv.c: conv2d with channels-last output, on the CPU in f32 without
+ * bias (x of either layout; dx comes back in x's layout); anything else
+ * runs fr_conv2d on an NCHW x. fn_layout.c: fr_to_nchw, x itself when it
+ * is not channels last, else a differentiable NCHW copy; fr_layout_copy, a
+ * plain copy in the layout asked for (t itself, retained, when it has it). */
+fr_tensor *fr_conv2d_channels_last(fr_tensor *x, fr_tensor *w, fr_tensor *b, fr_conv_params p);
+fr_tensor *fr_to_nchw(fr_tensor *x);
+fr_tensor *fr_to_channels_last(fr_tensor *x); /* the reverse: x when it is, else a copy */
+fr_tensor *fr_layout_copy(const fr_tensor *t, bool channels_last);
+
 /* fn_batchnorm.c: training uses batch statistics and updates the running
  * ones (when given); eval uses the running ones. */
 fr_tensor *fr_batch_norm(fr_tensor *x, fr_tensor *gamma, fr_tensor *beta, fr_tensor *running_mean,

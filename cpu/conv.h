@@ -73,6 +73,30 @@ fr_status fr_cpu_conv_dnnl_bf16(void *out, const void *in0, const void *in1, con
  * class in use, a oneDNN build, the shapes measured faster than f32). */
 bool fr_cpu_conv_bf16_applies(const fr_conv_shape *s, int direction);
 
+/* Channels-last activations (cpu/layout.h: PyTorch's channels_last): a
+ * pass (0 fwd (y, x, w), 1 bwd_data (dx, dy, w), 2 bwd_weight (dw, dy, x))
+ * whose activations are NHWC and weights (K, C/groups, R, S) as
+ * everywhere. Where fr_cpu_conv_nhwc_path says direct, oneDNN's nhwc
+ * kernels run on the buffers as they are (no reorder of an activation;
+ * the weight gradient in the NCHW path's image groups); elsewhere the pass
+ * runs the NCHW path on transposed copies (workspace), with its bits. */
+fr_status fr_cpu_conv2d_nhwc(int direction, float *out, const float *in0, const float *in1,
+                             const fr_conv_shape *s);
+/* The rule (cpu/conv_rules.c): the avx512 class, groups 1, dilation 1, and
+ * a shape the class's NCHW rule sends to oneDNN; a fixed rule, like the
+ * NCHW table. FR_ERR_ARG when FR_CPU_ISA is refused. */
+bool fr_cpu_conv_nhwc_rule(const fr_conv_shape *s, int direction, fr_cpu_isa isa);
+fr_status fr_cpu_conv_nhwc_path(const fr_conv_shape *s, int direction, bool *direct);
+/* Whether a model's channels-last mode is on by default (nn/model.h,
+ * FR_LAYOUT_AUTO): the avx512 class with oneDNN, where channels last
+ * between ops measured faster (bench/RESULTS.md, issue 24); elsewhere it
+ * was not measured and every pass would take transposes. False when
+ * FR_CPU_ISA is refused. */
+bool fr_cpu_channels_last_default(void);
+/* oneDNN's implementation name for the nhwc pass, "transposes" where the
+ * NCHW path runs; for benchmarks and tests. */
+const char *fr_cpu_conv_nhwc_impl(const fr_conv_shape *s, int direction);
+
 /* True when this build has oneDNN. */
 bool fr_cpu_have_dnnl(void);
 /* oneDNN's implementation name for a shape and direction (0 fwd, 1

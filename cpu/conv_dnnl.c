@@ -9,7 +9,10 @@
  *
  * Activations stay NCHW between ops; each oneDNN call reorders its operands
  * to the layout oneDNN prefers and back (docs/ARCHITECTURE.md, "CPU
- * convolution", has the measurements behind that choice). Which path a
+ * convolution", has the measurements behind that choice). Beside the
+ * kernel table's entries, fr_cpu_conv2d_nhwc (conv.h) takes channels-last
+ * activations straight into oneDNN's nhwc kernels, with no activation
+ * reorder, for the layout-between-ops work that doc describes. Which path a
  * shape takes is a fixed rule over the shape and the CPU's ISA class
  * (cpu/conv_rules.c), never a timing, and each (shape, direction, layout,
  * thread count) gets one plan
@@ -27,6 +30,7 @@
 #include "conv_chunk.h"
 #include "fr_dnnl.h"
 #include "isa.h"
+#include "layout.h"
 #include "threads.h"
 
 static fr_cpu_conv_backend backend = FR_CPU_CONV_AUTO;
@@ -86,9 +90,15 @@ static fr_status run_own(const fr_conv_shape *s, int dir, const conv_args *a) {
     return fr_cpu_conv2d_backward_weight_shift(a->out, a->in0, a->in1, s);
 }
 
+static fr_status run_by_transposes(const fr_conv_shape *s, int dir, const conv_args *a);
+
 #ifdef FR_HAVE_DNNL
 
-enum { LAYOUT_PLAIN = 0, LAYOUT_BLOCKED };
+/* The activations' layout in frugal's buffers and in the primitive: NCHW
+ * as it is (PLAIN, measurements only), NCHW reordered to the primitive's
+ * preferred blocked layout and back (BLOCKED), or channels last in both
+ * (NHWC: no activation reorder; fr_cpu_conv2d_nhwc). */
+enum { LAYOUT_PLAIN = 0, LAYOUT_BLOCKED, LAYOUT_NHWC };
 
 typedef struct {
     fr_conv_shape s;
@@ -123,12 +133,13 @@ static fr_status build_conv(fr_dnnl_plan *plan, const void *key_) {
     const fr_conv_shape *s = &key->s;
     dnnl_memory_desc_t x_user, w_user, y_user, x_md, w_md, y_md;
     dnnl_data_type_t dt = key->dt;
-    init_md(&x_user, s->n, s->c, s->h, s->w, dt, dnnl_nchw);
+    dnnl_format_tag_t user = key->layout == LAYOUT_NHWC ? dnnl_nhwc : dnnl_nchw;
+    init_md(&x_user, s->n, s->c, s->h, s->w, dt, user);
     init_weight_md(&w_user, s, dt, false);
-    init_md(&y_user, s->n, s->k, s->oh, s->ow, dt, dnnl_nchw);
-    dnnl_format_tag_t act = key->layout == LAYOUT_BLOCKED ? dnnl_format_tag_any : dnnl_nchw;
+    init_md(&y_user, s->n, s->k, s->oh, s->ow, dt, user);
+    dnnl_format_tag_t act = key->layout == LAYOUT_BLOCKED ? dnnl_format_tag_any : user;
     init_md(&x_md, s->n, s->c, s->h, s->w, dt, act);
-    init_weight_md(&w_md, s, dt, key->layout == LAYOUT_BLOCKED);
+    init_weight_md(&w_md, s, dt, key->layout != LAYOUT_PLAIN);
     init_md(&y_md, s->n, s->k, s->oh, s->ow, dt, act);
     /* OH = (H + 2 pad - d (R - 1) - 1) / stride + 1 rounds down; oneDNN
      * wants the right padding that makes the division exact (at most pad).
@@ -250,12 +261,13 @@ static int images_per_call(const fr_conv_shape *s) {
  * s: built while this thread's team is 1, which is what oneDNN sizes a
  * primitive's work split by. NULL with *failed FR_OK when oneDNN has no
  * kernel. */
-static const fr_dnnl_plan *weight_plan(const fr_conv_shape *s, int images, fr_status *failed) {
+static const fr_dnnl_plan *weight_plan(const fr_conv_shape *s, int images, int layout,
+                                       fr_status *failed) {
     fr_conv_shape part = *s;
     part.n = images;
     int team = omp_get_max_threads();
     omp_set_num_threads(1);
-    const fr_dnnl_plan *p = plan_on(&part, DIR_BWD_WEIGHT, LAYOUT_BLOCKED, 1, failed);
+    const fr_dnnl_plan *p = plan_on(&part, DIR_BWD_WEIGHT, layout, 1, failed);
     omp_set_num_threads(team);
     return p;
 }
@@ -269,7 +281,7 @@ static const fr_dnnl_plan *weight_plan(const fr_conv_shape *s, int images, fr_st
  * images_per_call images each are added in order into the group's
  * partial; the partials are added in group order (docs/ARCHITECTURE.md,
  * "CPU convolution and GEMM"). */
-static fr_status run_weight_groups(const fr_conv_shape *s, const conv_args *a) {
+static fr_status run_weight_groups(const fr_conv_shape *s, const conv_args *a, int layout) {
     int groups = s->n < FR_CONV_WEIGHT_GROUPS ? s->n : FR_CONV_WEIGHT_GROUPS;
     int per_call = images_per_call(s);
     /* every call size a group can need, built here, outside the parallel
@@ -295,11 +307,12 @@ static fr_status run_weight_groups(const fr_conv_shape *s, const conv_args *a) {
             if (plans[m - 1])
                 continue;
             fr_status failed;
-            plans[m - 1] = weight_plan(s, m, &failed);
+            plans[m - 1] = weight_plan(s, m, layout, &failed);
             if (failed != FR_OK)
                 return failed;
             if (!plans[m - 1])
-                return run_own(s, DIR_BWD_WEIGHT, a);
+                return layout == LAYOUT_NHWC ? run_by_transposes(s, DIR_BWD_WEIGHT, a)
+                                             : run_own(s, DIR_BWD_WEIGHT, a);
             plan_ws = plans[m - 1]->ws_bytes > plan_ws ? plans[m - 1]->ws_bytes : plan_ws;
             if (!first_plan)
                 first_plan = plans[m - 1];
@@ -415,7 +428,7 @@ static fr_status run(const fr_conv_shape *s, int dir, const conv_args *a) {
         return p ? run_plan(p, dir, a) : run_reference(s, dir, a);
     }
     if (path == FR_CONV_PATH_DNNL_GROUPS)
-        return run_weight_groups(s, a);
+        return run_weight_groups(s, a, LAYOUT_BLOCKED);
     if (path == FR_CONV_PATH_DNNL) /* data passes: chunks of images under the cap */
         return fr_cpu_conv_in_chunks(s, dir, sizeof(float), a->out, a->in0, a->in1, blocked_ws,
                                      blocked_pass);
@@ -434,7 +447,7 @@ const char *fr_cpu_conv_impl(const fr_conv_shape *s, int direction) {
         path = FR_CONV_PATH_DNNL_GROUPS;
     if (path == FR_CONV_PATH_DNNL_GROUPS) {
         int m = images_per_call(s);
-        const fr_dnnl_plan *p = weight_plan(s, m < s->n ? m : s->n, &failed);
+        const fr_dnnl_plan *p = weight_plan(s, m < s->n ? m : s->n, LAYOUT_BLOCKED, &failed);
         snprintf(name, sizeof name, "%s/groups", p ? p->impl : "im2col");
         return name;
     }
@@ -444,7 +457,59 @@ const char *fr_cpu_conv_impl(const fr_conv_shape *s, int direction) {
     return p ? p->impl : "im2col";
 }
 
+/* conv.h: channels-last activations straight into oneDNN's nhwc kernels
+ * where the rule says so (the weight gradient in the same image groups as
+ * the NCHW path: an image's pixels are contiguous in both layouts), else
+ * through NCHW copies. */
+fr_status fr_cpu_conv2d_nhwc(int direction, float *out, const float *in0, const float *in1,
+                             const fr_conv_shape *s) {
+    conv_args a = {out, in0, in1};
+    if ((unsigned)direction > DIR_BWD_WEIGHT)
+        return fr_error(FR_ERR_ARG, "conv2d (nhwc): direction %d is not 0, 1 or 2", direction);
+    bool direct = false;
+    FR_TRY(fr_cpu_conv_nhwc_path(s, direction, &direct));
+    if (!direct || backend != FR_CPU_CONV_AUTO || s->n <= 0 || s->c <= 0 || s->k <= 0 ||
+        s->oh <= 0 || s->ow <= 0)
+        return run_by_transposes(s, direction, &a);
+    if (direction == DIR_BWD_WEIGHT)
+        return run_weight_groups(s, &a, LAYOUT_NHWC);
+    fr_status failed;
+    const fr_dnnl_plan *p = plan_of(s, direction, LAYOUT_NHWC, &failed);
+    if (failed != FR_OK)
+        return failed;
+    return p ? run_plan(p, direction, &a) : run_by_transposes(s, direction, &a);
+}
+
+const char *fr_cpu_conv_nhwc_impl(const fr_conv_shape *s, int direction) {
+    static _Thread_local char name[64];
+    bool direct = false;
+    if (fr_cpu_conv_nhwc_path(s, direction, &direct) != FR_OK || !direct ||
+        backend != FR_CPU_CONV_AUTO)
+        return "transposes";
+    fr_status failed;
+    if (direction == DIR_BWD_WEIGHT) {
+        int m = images_per_call(s);
+        const fr_dnnl_plan *p = weight_plan(s, m < s->n ? m : s->n, LAYOUT_NHWC, &failed);
+        snprintf(name, sizeof name, "%s/groups", p ? p->impl : "transposes");
+        return name;
+    }
+    const fr_dnnl_plan *p = plan_of(s, direction, LAYOUT_NHWC, &failed);
+    return p ? p->impl : "transposes";
+}
+
 #else /* no oneDNN: frugal's own kernels only */
+
+fr_status fr_cpu_conv2d_nhwc(int direction, float *out, const float *in0, const float *in1,
+                             const fr_conv_shape *s) {
+    if ((unsigned)direction > DIR_BWD_WEIGHT)
+        return fr_error(FR_ERR_ARG, "conv2d (nhwc): direction %d is not 0, 1 or 2", direction);
+    return run_by_transposes(s, direction, &(conv_args){out, in0, in1});
+}
+
+const char *fr_cpu_conv_nhwc_impl(const fr_conv_shape *s, int direction) {
+    (void)s, (void)direction;
+    return "transposes";
+}
 
 const char *fr_cpu_conv_impl(const fr_conv_shape *s, int direction) {
     (void)direction;
@@ -465,6 +530,40 @@ static fr_status run(const fr_conv_shape *s, int dir, const conv_args *a) {
 }
 
 #endif
+
+/* A channels-last pass on NCHW copies of its activations (workspace): the
+ * NCHW path's kernels and bits, plus two or three transposes. Operands in
+ * the kernels' order: fwd (y, x, w), bwd_data (dx, dy, w), bwd_weight (dw,
+ * dy, x). */
+static fr_status run_by_transposes(const fr_conv_shape *s, int dir, const conv_args *a) {
+    size_t xn = (size_t)s->n * s->c * s->h * s->w, yn = (size_t)s->n * s->k * s->oh * s->ow;
+    int xhw = s->h * s->w, yhw = s->oh * s->ow;
+    /* out's and in0's sizes and channels, in1's when it is an activation */
+    size_t out_n = dir == DIR_FWD ? yn : dir == DIR_BWD_DATA ? xn : 0;
+    size_t in0_n = dir == DIR_FWD ? xn : yn;
+    size_t in1_n = dir == DIR_BWD_WEIGHT ? xn : 0;
+    size_t bytes = (out_n + in0_n + in1_n) * sizeof(float);
+    float *ws = bytes ? fr_mem_alloc(FR_CPU, bytes, FR_TAG_WORKSPACE) : NULL;
+    if (bytes && !ws)
+        return fr_last_status();
+    float *out = out_n ? ws : a->out, *in0 = ws + out_n;
+    float *in1 = in1_n ? in0 + in0_n : (float *)a->in1;
+    /* in0 is x (forward) or dy (both backward passes) */
+    if (dir == DIR_FWD)
+        fr_cpu_nhwc_to_nchw(in0, a->in0, s->n, s->c, xhw);
+    else
+        fr_cpu_nhwc_to_nchw(in0, a->in0, s->n, s->k, yhw);
+    if (in1_n)
+        fr_cpu_nhwc_to_nchw(in1, a->in1, s->n, s->c, xhw);
+    fr_status st = run(s, dir, &(conv_args){out, in0, in1});
+    if (st == FR_OK && dir == DIR_FWD)
+        fr_cpu_nchw_to_nhwc(a->out, out, s->n, s->k, yhw);
+    else if (st == FR_OK && dir == DIR_BWD_DATA)
+        fr_cpu_nchw_to_nhwc(a->out, out, s->n, s->c, xhw);
+    if (ws)
+        fr_mem_free(FR_CPU, ws, bytes, FR_TAG_WORKSPACE);
+    return st;
+}
 
 fr_status fr_cpu_conv2d_forward(float *y, const float *x, const float *w, const fr_conv_shape *s) {
     return run(s, DIR_FWD, &(conv_args){y, x, w});

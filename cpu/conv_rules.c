@@ -72,6 +72,29 @@ fr_status fr_cpu_conv_path(const fr_conv_shape *s, int direction, fr_conv_path *
     return FR_OK;
 }
 
+/* Channels last runs oneDNN's nhwc kernels directly on the avx512 class
+ * only: measured there at the blocked kernels' speed on every CIFAR ResNet
+ * layer (bench/bench_conv_layout.c; docs/ARCHITECTURE.md, "CPU convolution
+ * and GEMM", layout between ops); not measured on avx2 or baseline, and not
+ * on grouped or dilated layers, which therefore take transposes. */
+bool fr_cpu_conv_nhwc_rule(const fr_conv_shape *s, int direction, fr_cpu_isa isa) {
+    return isa == FR_ISA_AVX512 && fr_conv_groups(s) == 1 && fr_conv_dilation(s) == 1 &&
+           fr_cpu_conv_rule(s, direction, isa) != FR_CONV_PATH_OWN;
+}
+
+fr_status fr_cpu_conv_nhwc_path(const fr_conv_shape *s, int direction, bool *direct) {
+    fr_cpu_isa isa;
+    *direct = false;
+    FR_TRY(fr_cpu_isa_get(&isa));
+    *direct = fr_cpu_conv_nhwc_rule(s, direction, isa);
+    return FR_OK;
+}
+
+bool fr_cpu_channels_last_default(void) {
+    fr_cpu_isa isa;
+    return fr_cpu_have_dnnl() && fr_cpu_isa_get(&isa) == FR_OK && isa == FR_ISA_AVX512;
+}
+
 void fr_cpu_conv_describe(char *buf, size_t size) {
     char isa_text[128];
     fr_cpu_isa_describe(isa_text, sizeof isa_text);

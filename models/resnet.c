@@ -196,7 +196,11 @@ fr_model *fr_resnet_create(const char *name, int in_channels, int num_classes, u
     if (fr_model_check_size(name, params, act) != FR_OK)
         return NULL;
     fr_model *m = fr_model_new(name, in_channels, num_classes, seed);
-    if (m)
+    if (m) {
         resnet_build(fr_model_root(m), preact, (depth - 2) / per_block, in_channels, num_classes);
+        /* convolutions and batch norms only between the input and the
+         * pool: channels last applies (nn/model.h) */
+        m->channels_last_capable = true;
+    }
     return fr_model_finish(m);
 }

@@ -65,7 +65,8 @@ fr_tensor *fr_model_forward(fr_model *m, fr_tensor *x, bool training) {
     if (fr_check_defined(m->name, "input", x) != FR_OK || check_strategy(m) != FR_OK ||
         fr_autocast_enter(m->cfg.precision) != FR_OK)
         return NULL;
-    fr_run run = {.strategy = m->cfg.strategy, .training = training};
+    fr_run run = {.strategy = m->cfg.strategy, .training = training,
+                  .channels_last = fr_model_channels_last(m, fr_device_of(x), NULL)};
     snprintf(run.model, sizeof run.model, "%s", m->name);
     fr_tensor *y = fr_forward(m->build->root, x, &run);
     fr_autocast_exit();
@@ -410,7 +411,26 @@ fr_module *fr_dropout_new(fr_module *parent, const char *name, float p) {
 
 /* ---- running ---- */
 
+static fr_tensor *layer_forward_nchw(const fr_module *m, fr_tensor *x, const fr_run *run);
+
+/* Channels-last mode (model.h): convolutions make channels-last outputs,
+ * batch norms take them; every other layer gets an NCHW copy, so no op
+ * reads channels-last bytes it does not take. */
 static fr_tensor *layer_forward(const fr_module *m, fr_tensor *x, const fr_run *run) {
+    const fr_layer *l = m->state;
+    if (!run->channels_last || !x)
+        return layer_forward_nchw(m, x, run);
+    if (l->kind == FR_LAYER_CONV2D)
+        return fr_conv2d_channels_last(x, l->conv.weight, l->conv.bias, l->conv.p);
+    if (l->kind == FR_LAYER_NORM && l->norm_kind == FR_NORM_BATCH)
+        return layer_forward_nchw(m, x, run);
+    fr_tensor *xc = fr_to_nchw(x);
+    fr_tensor *y = xc ? layer_forward_nchw(m, xc, run) : NULL;
+    fr_release(xc);
+    return y;
+}
+
+static fr_tensor *layer_forward_nchw(const fr_module *m, fr_tensor *x, const fr_run *run) {
     const fr_layer *l = m->state;
     switch (l->kind) {
     case FR_LAYER_CONV2D:

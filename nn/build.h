@@ -88,6 +88,7 @@ typedef struct fr_run {
     fr_strategy strategy;
     bool training;         /* batch statistics (and dropout) on */
     bool in_segment;       /* inside a checkpointed segment: no nested segments */
+    bool channels_last;    /* the model's channels-last mode (model.h: fr_layout_mode) */
 } fr_run;
 
 typedef enum {

@@ -2,6 +2,8 @@
  * (fr_model_new, fr_model_free) and its forward are in nn/build.c, which
  * owns the module tree they run. */
 #include "model.h"
+#include "../cpu/conv.h"
+#include "../tensor/ops.h"
 
 #include <errno.h>
 #include <stdint.h>
@@ -125,4 +127,30 @@ fr_status fr_precision_parse(const char *text, fr_dtype *out) {
             return FR_OK;
         }
     return fr_error(FR_ERR_ARG, "unknown precision \"%s\" (choose f32, f16 or bf16)", text ? text : "");
+}
+
+bool fr_model_channels_last(const fr_model *m, fr_device dev, const char **why) {
+    const char *unused;
+    why = why ? why : &unused;
+    const fr_strategy *s = &m->cfg.strategy;
+    /* what the mode covers (model.h); the rest runs NCHW, never an error */
+    if (m->cfg.layout == FR_LAYOUT_NCHW)
+        *why = "NCHW (asked)";
+    else if (!m->channels_last_capable)
+        *why = "NCHW (model)";
+    else if (m->cfg.precision != FR_F32)
+        *why = "NCHW (precision)";
+    else if (dev != FR_CPU)
+        *why = "NCHW (device)";
+    else if (s->abn || s->abn_reference || s->compress)
+        *why = "NCHW (strategy)";
+    else if (fr_batch_norm_synced())
+        *why = "NCHW (synchronised batch norm)";
+    else if (m->cfg.layout == FR_LAYOUT_AUTO && !fr_cpu_channels_last_default())
+        *why = "NCHW (not measured faster on this CPU)";
+    else {
+        *why = "channels last";
+        return true;
+    }
+    return false;
 }

@@ -68,6 +68,23 @@ fr_status fr_strategy_parse(const char *text, fr_strategy *out);
 const char *fr_strategy_format(fr_strategy s, char *buf, size_t len);
 bool fr_strategy_equal(fr_strategy a, fr_strategy b);
 
+/* The layout of activations between a model's convolutions and norms
+ * (docs/ARCHITECTURE.md, layout between ops). Channels last is a mode of
+ * the model, not of the public ops: the first convolution takes the NCHW
+ * input, convolutions and batch norms (with their activation and residual
+ * sum) keep channels last between them, and every other layer (pooling,
+ * linear, user layers) gets an NCHW copy, so the model's output, the loss
+ * and user code see NCHW only. It covers f32 on the CPU under plain,
+ * recompute and checkpoint (and their combinations) for a model that says
+ * it can take it (the built-in ResNets); anything else runs NCHW, with the
+ * same results within round-off. AUTO: on where fr_model_channels_last's
+ * rule says it measured faster (the avx512 class with oneDNN). */
+typedef enum {
+    FR_LAYOUT_AUTO = 0,
+    FR_LAYOUT_NCHW,          /* off */
+    FR_LAYOUT_CHANNELS_LAST, /* on wherever covered, whatever the CPU (tests) */
+} fr_layout_mode;
+
 typedef struct {
     fr_strategy strategy;
     /* Precision policy: FR_F32 (the default, 0), FR_F16 or FR_BF16. Under a
@@ -75,6 +92,7 @@ typedef struct {
      * saved tensors are half, weights stay f32 and are cast on the fly,
      * reductions accumulate in f32. Train f16 with a loss scaler (amp.h). */
     fr_dtype precision;
+    fr_layout_mode layout;
 } fr_model_cfg;
 
 /* "f32", "f16" or "bf16" (also "fp32", "fp16", "float16", "bfloat16");
@@ -133,7 +151,18 @@ struct fr_model {
      * training step, evaluation and memreport minimise this instead and
      * report no accuracy (NaN; the programs print "n/a"). */
     fr_model_loss_fn loss;
+    /* Set by a create function whose model's convolutions and norms all
+     * take channels last (models/resnet.c): fr_model_cfg.layout applies. */
+    bool channels_last_capable;
 };
+
+/* Whether a forward of m on an input on device `dev` would run channels
+ * last under m->cfg (see fr_layout_mode; synchronised batch norm, which this
+ * thread may have switched on for data parallelism, runs NCHW), and a short
+ * reason either way
+ * for a log line ("channels last", "NCHW (strategy abn)"), when why is
+ * given. */
+bool fr_model_channels_last(const fr_model *m, fr_device dev, const char **why);
 
 /* The model's forward (its module tree run by the engine under m->cfg) under the model's precision policy; the logits come
  * back f32 whatever the policy (a differentiable cast of the few logits), so

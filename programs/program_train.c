@@ -479,7 +479,10 @@ static void print_header(const run *r, const options *o) {
     if (!o->device) { /* the instruction set and the conv kernels it selects (docs/ARCHITECTURE.md) */
         char isa[320];
         fr_cpu_conv_describe(isa, sizeof isa);
-        printf("%s\n", isa);
+        /* the model's activation layout (nn/model.h, fr_layout_mode) */
+        const char *layout;
+        fr_model_channels_last(r->model, FR_CPU, &layout);
+        printf("%s; activations %s\n", isa, layout);
     }
     if (o->resume)
         printf("resuming %s: %lld of %d epochs done, step %lld of %lld\n", o->resume, (long long)st->epoch,

@@ -191,8 +191,9 @@ fr_status fr_bn_act_backward(fr_tensor *dx, fr_tensor *dz, fr_tensor *dgamma, fr
  * every process must make the same calls in the same order. */
 typedef fr_status (*fr_bn_sum_fn)(double *values, int n, void *ctx);
 void fr_batch_norm_set_sync(fr_bn_sum_fn fn, void *ctx);
-/* Whether a sum function is set on this thread (fr_bn_act_backward then
- * takes the chain of separate ops). */
+/* Whether a sum function is set on this thread: fr_bn_act_backward then
+ * takes the chain of separate ops, and a channels-last model runs NCHW
+ * (nn/model.h). */
 bool fr_batch_norm_synced(void);
 
 /* ---- group normalisation + activation (ops_groupnorm.c), f32. x (N, C,

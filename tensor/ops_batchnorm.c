@@ -16,15 +16,29 @@
 
 #include "ops.h"
 #include "staging.h"
+#include "../cpu/layout.h"
 #include "../cuda/fr_cuda.h"
 
 typedef struct {
     int n, c, hw;
 } bn_dims;
 
+static _Thread_local fr_bn_sum_fn sync_fn;
+
+/* A channels-last x (a model's channels-last mode, docs/ARCHITECTURE.md,
+ * layout between ops) runs cpu/layout.c's kernels; every tensor of x's shape
+ * must then be channels last too (check_like_x). */
+static bool nhwc(const fr_tensor *x) { return fr_is_channels_last(x); }
+
 static fr_status check_x(const char *op, const char *arg, const fr_tensor *x, bn_dims *d) {
     char buf[96];
-    FR_TRY(fr_check_floatc(op, arg, x));
+    if (nhwc(x) && fr_device_of(x) != FR_CPU)
+        return fr_error(FR_ERR_ARG, "%s: a channels-last %s is taken on the CPU only", op, arg);
+    if (nhwc(x) && sync_fn)
+        return fr_error(FR_ERR_ARG, "%s: a channels-last %s cannot take synchronised statistics "
+                        "(a model turns its channels-last mode off under data parallelism)", op, arg);
+    if (!nhwc(x))
+        FR_TRY(fr_check_floatc(op, arg, x));
     if (x->ndim != 2 && x->ndim != 4)
         return fr_error(FR_ERR_SHAPE, "%s: %s has shape %s, expected (N, C, H, W) or (N, C)", op,
                         arg, fr_shape_str(x, buf, sizeof buf));
@@ -49,7 +63,12 @@ static fr_status check_channel(const char *op, const char *arg, const fr_tensor 
 /* Another tensor with x's shape and device (y, dy, dx). */
 static fr_status check_like_x(const char *op, const char *arg, const fr_tensor *t,
                               const fr_tensor *x) {
-    FR_TRY(fr_check_floatc(op, arg, t));
+    if (nhwc(t) != nhwc(x))
+        return fr_error(FR_ERR_SHAPE, "%s: %s is %s but x is %s", op, arg,
+                        nhwc(t) ? "channels last" : "not channels last",
+                        nhwc(x) ? "channels last" : "not");
+    if (!nhwc(t))
+        FR_TRY(fr_check_floatc(op, arg, t));
     FR_TRY(fr_check_same_shape(op, arg, t, "x", x));
     return fr_check_same_device(op, arg, t, "x", x);
 }
@@ -174,6 +193,20 @@ static fr_status apply_staged(fr_tensor *y, const fr_tensor *x, const float *mea
     return apply_act_staged(y, x, NULL, mean, invstd, gamma, beta, FR_ACT_IDENTITY, 0.0f, d);
 }
 
+/* Either layout: channels last through cpu/layout.c (f32), else staged. */
+static fr_status apply_any(fr_tensor *y, const fr_tensor *x, const fr_tensor *residual,
+                           const float *mean, const float *invstd, const fr_tensor *gamma,
+                           const fr_tensor *beta, const bn_dims *d, fr_act act, float slope) {
+    if (!nhwc(x))
+        return residual || act != FR_ACT_IDENTITY
+                   ? apply_act_staged(y, x, residual, mean, invstd, gamma, beta, act, slope, d)
+                   : apply_staged(y, x, mean, invstd, gamma, beta, d);
+    return fr_cpu_bn_act_forward_nhwc(fr_data_f32(y), fr_data_f32(x),
+                                      residual ? fr_data_f32(residual) : NULL, mean, invstd,
+                                      fr_data_f32(gamma), fr_data_f32(beta), act, slope,
+                                      (size_t)d->n * d->hw, d->c);
+}
+
 static fr_status bwd_data_block(fr_device dev, float *dx, const float *const *in, size_t count,
                                 size_t first, const void *args) {
     (void)first;
@@ -219,7 +252,6 @@ static fr_status backward_blocks(fr_tensor *dx, float *dgamma, float *dbeta, con
 }
 
 /* ---- synchronised batch norm (ops.h: fr_batch_norm_set_sync) ---- */
-static _Thread_local fr_bn_sum_fn sync_fn;
 static _Thread_local void *sync_ctx;
 
 void fr_batch_norm_set_sync(fr_bn_sum_fn fn, void *ctx) {
@@ -363,7 +395,8 @@ static fr_status train_stats(const char *op, fr_tensor *mean, fr_tensor *invstd,
     float *var = fr_mem_alloc(dev, var_bytes, FR_TAG_WORKSPACE); // (C)
     if (!var)
         return fr_last_status();
-    fr_status st = batch_stats(fr_data_f32(mean), var, x, &d, per);
+    fr_status st = nhwc(x) ? fr_cpu_batch_norm_stats_nhwc(fr_data_f32(mean), var, fr_data_f32(x), (size_t)d.n * d.hw, d.c)
+                           : batch_stats(fr_data_f32(mean), var, x, &d, per);
     double values = (double)count;
     if (st == FR_OK && sync_fn)
         st = sync_stats(dev, fr_data_f32(mean), var, d.c, &values);
@@ -407,7 +440,8 @@ fr_status fr_batch_norm_train_forward(fr_tensor *y, fr_tensor *mean, fr_tensor *
     FR_TRY(train_stats(op, mean, invstd, x, running_mean, running_var, momentum, eps, &d,
                        images_per_block(x, y, &d)));
     /* Statistics come first, so y may be x. */
-    return apply_staged(y, x, fr_data_f32(mean), fr_data_f32(invstd), gamma, beta, &d);
+    return apply_any(y, x, NULL, fr_data_f32(mean), fr_data_f32(invstd), gamma, beta, &d,
+                     FR_ACT_IDENTITY, 0.0f);
 }
 
 fr_status fr_batch_norm_eval_forward(fr_tensor *y, const fr_tensor *x, const fr_tensor *gamma,
@@ -429,7 +463,8 @@ fr_status fr_batch_norm_eval_forward(fr_tensor *y, const fr_tensor *x, const fr_
         return fr_last_status();
     fr_status st = FR_CALL_KERNEL(dev, batch_norm_invstd, invstd, fr_data_f32(running_var), eps, d.c);
     if (st == FR_OK)
-        st = apply_staged(y, x, fr_data_f32(running_mean), invstd, gamma, beta, &d);
+        st = apply_any(y, x, NULL, fr_data_f32(running_mean), invstd, gamma, beta, &d,
+                       FR_ACT_IDENTITY, 0.0f);
     fr_mem_free(dev, invstd, bytes, FR_TAG_WORKSPACE);
     return st;
 }
@@ -442,7 +477,8 @@ fr_status fr_batch_norm_apply(fr_tensor *y, const fr_tensor *x, const fr_tensor 
     FR_TRY(check_like_x(op, "y", y, x));
     FR_TRY(check_affine(op, x, d.c, mean, invstd, gamma));
     FR_TRY(check_channel(op, "beta", beta, x, d.c));
-    return apply_staged(y, x, fr_data_f32(mean), fr_data_f32(invstd), gamma, beta, &d);
+    return apply_any(y, x, NULL, fr_data_f32(mean), fr_data_f32(invstd), gamma, beta, &d,
+                     FR_ACT_IDENTITY, 0.0f);
 }
 
 fr_status fr_batch_norm_backward(fr_tensor *dx, fr_tensor *dgamma, fr_tensor *dbeta,
@@ -457,6 +493,11 @@ fr_status fr_batch_norm_backward(fr_tensor *dx, fr_tensor *dgamma, fr_tensor *db
     FR_TRY(check_channel(op, "dgamma", dgamma, x, d.c));
     FR_TRY(check_channel(op, "dbeta", dbeta, x, d.c));
     FR_TRY(check_affine(op, x, d.c, mean, invstd, gamma));
+    if (nhwc(x))
+        return fr_cpu_bn_act_backward_nhwc(dx ? fr_data_f32(dx) : NULL, NULL, fr_data_f32(dgamma),
+                                           fr_data_f32(dbeta), fr_data_f32(dy), NULL, fr_data_f32(x),
+                                           fr_data_f32(mean), fr_data_f32(invstd),
+                                           fr_data_f32(gamma), NULL, FR_ACT_IDENTITY, 0.0f, (size_t)d.n * d.hw, d.c);
     size_t per = images_per_block(dy, x, &d);
     if (dx && sync_fn)
         return backward_synced(dx, dgamma, dbeta, dy, x, mean, invstd, gamma, &d, per);
@@ -495,6 +536,9 @@ fr_status fr_bn_act_forward(fr_tensor *y, const fr_tensor *x, const fr_tensor *r
     FR_TRY(check_affine(op, x, d.c, mean, invstd, gamma));
     FR_TRY(check_channel(op, "beta", beta, x, d.c));
     FR_TRY(fr_act_check(op, act, slope));
+    if (nhwc(x))
+        return apply_any(y, x, residual, fr_data_f32(mean), fr_data_f32(invstd), gamma, beta, &d,
+                         act, slope);
     if (y->dtype == FR_F32 && x->dtype == FR_F32 && (!residual || residual->dtype == FR_F32))
         return apply_act_staged(y, x, residual, fr_data_f32(mean), fr_data_f32(invstd), gamma,
                                 beta, act, slope, &d);
@@ -578,6 +622,13 @@ fr_status fr_bn_act_backward(fr_tensor *dx, fr_tensor *dz, fr_tensor *dgamma, fr
     bool f32 = true;
     for (size_t i = 0; i < sizeof all / sizeof *all; i++)
         f32 = f32 && (!all[i] || all[i]->dtype == FR_F32);
+    if (nhwc(x))
+        return fr_cpu_bn_act_backward_nhwc(dx ? fr_data_f32(dx) : NULL, dz ? fr_data_f32(dz) : NULL,
+                                           fr_data_f32(dgamma), fr_data_f32(dbeta), fr_data_f32(dy),
+                                           act_out ? fr_data_f32(act_out) : NULL, fr_data_f32(x),
+                                           fr_data_f32(mean), fr_data_f32(invstd),
+                                           fr_data_f32(gamma), beta ? fr_data_f32(beta) : NULL, act,
+                                           slope, (size_t)d.n * d.hw, d.c);
     if (!f32 || (dx && sync_fn))
         return bn_act_backward_chained(dx, dz, dgamma, dbeta, dy, act_out, x, mean, invstd, gamma,
                                        beta, act, slope);

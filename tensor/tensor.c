@@ -134,10 +134,43 @@ fr_tensor *fr_zeros(fr_device dev, fr_dtype dtype, int ndim, const int64_t *shap
 }
 
 fr_tensor *fr_empty_like(const fr_tensor *like, fr_mem_tag tag) {
+    /* a channels-last activation's sibling (its gradient, a sum) keeps the
+     * layout, so ops taking two tensors of one dense layout see it
+     * (docs/ARCHITECTURE.md, layout between ops) */
+    if (fr_is_channels_last(like))
+        return fr_empty_channels_last(fr_device_of(like), like->shape, tag);
     return fr_empty(fr_device_of(like), like->dtype, like->ndim, like->shape, tag);
 }
 
+fr_tensor *fr_empty_channels_last(fr_device dev, const int64_t *shape, fr_mem_tag tag) {
+    fr_tensor *t = fr_empty(dev, FR_F32, 4, shape, tag);
+    if (t) {
+        t->stride[1] = 1;
+        t->stride[3] = shape[1];
+        t->stride[2] = shape[3] * shape[1];
+        t->stride[0] = shape[2] * shape[3] * shape[1];
+    }
+    return t;
+}
+
+bool fr_is_channels_last(const fr_tensor *t) {
+    return t && t->ndim == 4 && t->dtype == FR_F32 && t->offset == 0 && t->stride[1] == 1 &&
+           t->stride[3] == t->shape[1] && t->stride[2] == t->shape[3] * t->shape[1] &&
+           t->stride[0] == t->shape[2] * t->shape[3] * t->shape[1] && !fr_is_contiguous(t);
+}
+
+bool fr_same_dense_layout(const fr_tensor *a, const fr_tensor *b) {
+    return fr_is_channels_last(a) && fr_is_channels_last(b) && a->ndim == b->ndim &&
+           !memcmp(a->shape, b->shape, sizeof(int64_t) * 4);
+}
+
 fr_tensor *fr_zeros_like(const fr_tensor *like, fr_mem_tag tag) {
+    if (fr_is_channels_last(like) && fr_device_of(like) == FR_CPU) { /* as fr_empty_like */
+        fr_tensor *t = fr_empty_channels_last(FR_CPU, like->shape, tag);
+        if (t)
+            memset(fr_data(t), 0, fr_nbytes(t));
+        return t;
+    }
     return fr_zeros(fr_device_of(like), like->dtype, like->ndim, like->shape, tag);
 }
 
@@ -348,7 +381,9 @@ fr_status fr_copy_(fr_tensor *dst, const fr_tensor *src) {
         return fr_error(FR_ERR_SHAPE, "copy: a strided dst %s needs a src of the same shape, got %s",
                         fr_shape_str(dst, a, sizeof a), fr_shape_str(src, b, sizeof b));
     fr_device dd = fr_device_of(dst), sd = fr_device_of(src);
-    bool both_contig = fr_is_contiguous(dst) && fr_is_contiguous(src);
+    /* two channels-last tensors of one shape lie alike: a flat copy too */
+    bool both_contig = (fr_is_contiguous(dst) && fr_is_contiguous(src)) ||
+                       fr_same_dense_layout(dst, src);
     size_t n = (size_t)fr_numel(src);
     fr_status st = FR_OK;
     if (dd == FR_CPU && sd == FR_CPU) {

@@ -100,6 +100,15 @@ void fr_clear(fr_tensor **pt);
 int64_t fr_numel(const fr_tensor *t);
 size_t fr_nbytes(const fr_tensor *t);
 bool fr_is_contiguous(const fr_tensor *t);
+/* Channels last (PyTorch's channels_last): an f32 (N, C, H, W) tensor at
+ * offset 0 with strides (HWC, 1, WC, C), not also contiguous (C or HW of 1
+ * lay the same bytes out in both). Made only by a model's channels-last
+ * mode (nn/model.h); ops that do not take it refuse it as non-contiguous
+ * (docs/ARCHITECTURE.md, layout between ops). fr_empty_like keeps it. */
+bool fr_is_channels_last(const fr_tensor *t);
+fr_tensor *fr_empty_channels_last(fr_device dev, const int64_t *shape, fr_mem_tag tag);
+/* Both channels last with one shape: elementwise ops read them as flat buffers. */
+bool fr_same_dense_layout(const fr_tensor *a, const fr_tensor *b);
 static inline fr_device fr_device_of(const fr_tensor *t) { return t->storage->device; }
 /* Pointer to the first element (host or device memory). */
 void *fr_data(const fr_tensor *t);

@@ -1,0 +1,220 @@
+/* test_channels_last.c: a model's channels-last mode (nn/model.h,
+ * fr_layout_mode; docs/ARCHITECTURE.md, layout between ops). Against the
+ * same model run NCHW: loss, every gradient and running statistic within
+ * 1e-5 (relative to the tensor's largest value), and no more saved bytes;
+ * within the mode, recompute and checkpoint bit-identical to plain, and the
+ * bits independent of the thread count. Each run checks that the mode
+ * really ran: channels-last activations reach the pool through the
+ * to_nchw copy (a walk over the tape), which the NCHW run never makes. */
+#include "testlib.h"
+
+#include <omp.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "autograd/node.h"
+#include "cpu/conv.h"
+#include "cpu/isa.h"
+#include "models/resnet.h"
+#include "nn/build.h"
+
+/* Whether the tape behind t holds a node named op (a bounded walk). */
+static bool tape_has(const fr_tensor *t, const char *op) {
+    enum { MAX = 4096 };
+    fr_node **todo = malloc(MAX * sizeof *todo);
+    int n = 0, done = 0;
+    bool found = false;
+    if (t->grad_fn)
+        todo[n++] = t->grad_fn;
+    while (done < n && !found) {
+        fr_node *node = todo[done++];
+        found = !strcmp(node->op, op);
+        for (int i = 0; i < node->n_inputs && n < MAX; i++) {
+            fr_node *p = node->inputs[i].kind == FR_EDGE_NODE ? node->inputs[i].node : NULL;
+            bool seen = false;
+            for (int j = 0; p && j < n && !seen; j++)
+                seen = todo[j] == p;
+            if (p && !seen)
+                todo[n++] = p;
+        }
+    }
+    free(todo);
+    return found;
+}
+
+/* Whether a training forward of m on x runs channels last, by the tape. */
+static bool ran_channels_last(fr_model *m, fr_tensor *x) {
+    fr_tensor *logits = fr_model_forward(m, x, true);
+    CHECK_NOTNULL(logits);
+    bool cl = logits && tape_has(logits, "to_nchw");
+    fr_release(logits);
+    fr_tape_clear();
+    return cl;
+}
+
+static void check_model(const char *name, int batch, int size) {
+    fr_model *m = fr_resnet_create(name, 3, 10, 5);
+    fr_tensor *x = fr_t_rand(FR_CPU, 4, FR_SHAPE(batch, 3, size, size), 9);
+    int32_t lab[8] = {1, 7, 3, 3, 0, 9, 4, 2};
+    fr_tensor *labels = fr_from_host(FR_CPU, FR_I32, 1, FR_SHAPE(batch), FR_TAG_DATA, lab);
+    float **init = fr_t_snapshot_save(m);
+
+    m->cfg.layout = FR_LAYOUT_NCHW;
+    CHECK(!fr_model_channels_last(m, FR_CPU, NULL));
+    fr_t_snapshot_restore(m, init);
+    CHECK(!ran_channels_last(m, x));
+    fr_t_step ref = fr_t_model_step(m, "plain", init, x, labels);
+    fr_t_step ref_rec = fr_t_model_step(m, "recompute", init, x, labels);
+
+    m->cfg.layout = FR_LAYOUT_CHANNELS_LAST;
+    CHECK(fr_model_channels_last(m, FR_CPU, NULL));
+    fr_t_snapshot_restore(m, init);
+    CHECK(ran_channels_last(m, x));
+    fr_t_step cl = fr_t_model_step(m, "plain", init, x, labels);
+    /* the same function: loss, gradients, running statistics */
+    fr_t_compare_steps(m, &ref, &cl, 1e-5, name);
+    /* the same activations kept, in another layout */
+    CHECK(cl.saved_forward == ref.saved_forward);
+    CHECK(cl.peak_saved <= ref.peak_saved);
+    CHECK(fr_mem_current(FR_CPU, FR_TAG_TRANSIENT) == 0);
+    CHECK(fr_mem_current(FR_CPU, FR_TAG_SAVED) == 0);
+
+    /* function-preserving strategies within the mode: plain's bits */
+    const char *strategies[] = {"recompute", "checkpoint", "checkpoint:2", "recompute+checkpoint"};
+    for (size_t i = 0; i < sizeof strategies / sizeof *strategies; i++) {
+        fr_t_step s = fr_t_model_step(m, strategies[i], init, x, labels);
+        fr_t_compare_steps(m, &cl, &s, -1, strategies[i]);
+        CHECK(s.peak_saved <= cl.peak_saved);
+        if (i == 0)
+            CHECK(s.peak_saved <= ref_rec.peak_saved);
+        fr_t_step_free(&s, m->params->count);
+    }
+    CHECK(fr_strategy_parse("plain", &m->cfg.strategy) == FR_OK);
+
+    /* the bits do not depend on the thread count */
+    int threads = omp_get_max_threads();
+    for (int t = 1; t <= 3; t += 2) {
+        omp_set_num_threads(t);
+        fr_t_step s = fr_t_model_step(m, "plain", init, x, labels);
+        fr_t_compare_steps(m, &cl, &s, -1, "threads");
+        fr_t_step_free(&s, m->params->count);
+    }
+    omp_set_num_threads(threads);
+
+    fr_t_step_free(&ref, m->params->count);
+    fr_t_step_free(&ref_rec, m->params->count);
+    fr_t_step_free(&cl, m->params->count);
+    fr_t_snapshot_free(m, init);
+    fr_release(x);
+    fr_release(labels);
+    fr_model_free(m);
+}
+
+static void test_resnet20(void) { check_model("resnet20", 4, 16); }
+static void test_preresnet11(void) { check_model("preresnet11", 4, 8); }
+
+/* Eval (no tape): the mode gives NCHW's logits within round-off, and NCHW
+ * logits come out. */
+static void test_eval(void) {
+    fr_model *m = fr_resnet_create("resnet20", 3, 10, 5);
+    fr_tensor *x = fr_t_rand(FR_CPU, 4, FR_SHAPE(4, 3, 16, 16), 9);
+    fr_no_grad_enter();
+    m->cfg.layout = FR_LAYOUT_NCHW;
+    fr_tensor *want = fr_model_forward(m, x, false);
+    m->cfg.layout = FR_LAYOUT_CHANNELS_LAST;
+    fr_tensor *got = fr_model_forward(m, x, false);
+    fr_no_grad_exit();
+    CHECK_NOTNULL(got);
+    CHECK(got && !fr_is_channels_last(got) && fr_is_contiguous(got));
+    if (got && want)
+        fr_t_allclose_t(got, want, 1e-5, 1e-5, "eval logits");
+    /* eval with the tape on (a validation that forgot no_grad) */
+    fr_tensor *taped = fr_model_forward(m, x, false);
+    CHECK_NOTNULL(taped);
+    if (taped && want)
+        fr_t_allclose_t(taped, want, 1e-5, 1e-5, "eval logits, tape on");
+    fr_release(taped);
+    fr_tape_clear();
+    fr_release(got);
+    fr_release(want);
+    fr_release(x);
+    fr_model_free(m);
+}
+
+/* What the mode does not cover runs NCHW, never an error: half precision,
+ * abn, compress, another device, a model that did not declare it. */
+static void test_uncovered_run_nchw(void) {
+    fr_model *m = fr_resnet_create("resnet20", 3, 10, 5);
+    const char *why = NULL;
+    /* the default: on by the fixed rule, which an avx512 machine with oneDNN meets */
+    CHECK(m->cfg.layout == FR_LAYOUT_AUTO);
+    CHECK(fr_model_channels_last(m, FR_CPU, NULL) == fr_cpu_channels_last_default());
+    fr_cpu_isa isa;
+    if (fr_cpu_have_dnnl() && fr_cpu_isa_get(&isa) == FR_OK && isa == FR_ISA_AVX512)
+        CHECK(fr_model_channels_last(m, FR_CPU, NULL));
+    m->cfg.layout = FR_LAYOUT_CHANNELS_LAST;
+    CHECK(fr_model_channels_last(m, FR_CPU, &why) && !strcmp(why, "channels last"));
+    CHECK(!fr_model_channels_last(m, FR_CUDA, &why));
+    m->cfg.precision = FR_BF16;
+    CHECK(!fr_model_channels_last(m, FR_CPU, &why) && strstr(why, "precision"));
+    m->cfg.precision = FR_F32;
+    const char *off[] = {"abn", "abn_reference", "compress", "recompute+compress:4"};
+    for (size_t i = 0; i < sizeof off / sizeof *off; i++) {
+        CHECK_OK(fr_strategy_parse(off[i], &m->cfg.strategy));
+        CHECK(!fr_model_channels_last(m, FR_CPU, &why) && strstr(why, "strategy"));
+    }
+    CHECK_OK(fr_strategy_parse("plain", &m->cfg.strategy));
+    m->channels_last_capable = false;
+    CHECK(!fr_model_channels_last(m, FR_CPU, &why) && strstr(why, "model"));
+    fr_model_free(m);
+}
+
+/* Public ops on channels-last tensors: the ones that do not take the layout
+ * refuse it with an error naming the op (never read its bytes as NCHW);
+ * elementwise sums and activations of channels-last tensors keep it. */
+static void test_ops_refuse_or_keep(void) {
+    fr_tensor *x = fr_t_rand(FR_CPU, 4, FR_SHAPE(2, 3, 4, 5), 1);
+    fr_tensor *cl = fr_layout_copy(x, true);
+    CHECK(cl && fr_is_channels_last(cl));
+    fr_tensor *s = fr_add(cl, cl);
+    CHECK(s && fr_is_channels_last(s));
+    fr_tensor *back = s ? fr_to_nchw(s) : NULL;
+    fr_tensor *want = fr_add(x, x);
+    CHECK(back && fr_is_contiguous(back));
+    if (back)
+        fr_t_allclose_t(back, want, 0, 0, "channels-last add");
+    fr_tensor *r = fr_relu(cl);
+    CHECK(r && fr_is_channels_last(r));
+    fr_release(r);
+    CHECK_ERR(fr_t_status_of(fr_relu_(cl)), FR_ERR_SHAPE, "relu");
+    CHECK_ERR(fr_t_status_of(fr_add(cl, x)), FR_ERR_SHAPE, "add");
+    CHECK_ERR(fr_t_status_of(fr_global_avg_pool(cl)), FR_ERR_SHAPE, NULL);
+    fr_tensor *w = fr_t_rand(FR_CPU, 4, FR_SHAPE(2, 3, 3, 3), 2);
+    CHECK_ERR(fr_t_status_of(fr_conv2d(cl, w, NULL, (fr_conv_params){.stride = 1})), FR_ERR_SHAPE,
+              "conv2d");
+    /* the model's conv takes either layout and gives the NCHW op's values */
+    fr_tensor *yc = fr_conv2d_channels_last(cl, w, NULL, (fr_conv_params){.stride = 1});
+    fr_tensor *yn = fr_conv2d(x, w, NULL, (fr_conv_params){.stride = 1});
+    CHECK(yc && fr_is_channels_last(yc));
+    fr_tensor *yb = yc ? fr_to_nchw(yc) : NULL;
+    if (yb && yn)
+        fr_t_allclose_t(yb, yn, 1e-5, 1e-5, "channels-last conv");
+    fr_release(yb);
+    fr_release(yc);
+    fr_release(yn);
+    fr_release(w);
+    fr_release(back);
+    fr_release(want);
+    fr_release(s);
+    fr_release(cl);
+    fr_release(x);
+}
+
+int main(void) {
+    RUN(test_resnet20);
+    RUN(test_preresnet11);
+    RUN(test_eval);
+    RUN(test_uncovered_run_nchw);
+    RUN(test_ops_refuse_or_keep);
+    return TEST_SUMMARY();
+}
