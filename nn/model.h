@@ -154,6 +154,11 @@ struct fr_model {
     /* Set by a create function whose model's convolutions and norms all
      * take channels last (models/resnet.c): fr_model_cfg.layout applies. */
     bool channels_last_capable;
+    /* Set while a memory plan that may give blocks abn or compress is made
+     * or installed (planner/planner.h): those groups run NCHW, and a run
+     * that switched layout between groups would hold copies the planner's
+     * per-step profile never saw, so the whole model runs NCHW then. */
+    bool plan_nchw;
 };
 
 /* Whether a forward of m on an input on device `dev` would run channels

@@ -1,11 +1,10 @@
-/* planner.c: the memory planner's layout search; see planner.h. A layout cuts the root sequence's steps (units) into groups, each kept
- * or checkpointed and each under one strategy of the profile. One function,
- * eval_group, predicts what a group adds to the ledger from the profile of
- * its units: its forward peak above the bytes held before it, what it
- * leaves held for backward, and its backward peak above what is held then
- * (the groups before it, the parameter gradients made so far and its
- * output's gradient). The dynamic programme, the comparison layouts and
- * the predicted curve all go through it, so they agree exactly. */
+/* planner.c: the memory planner's layout search; see planner.h. A layout cuts the root sequence's
+ * steps (units) into groups, each kept or checkpointed and each under one strategy of the profile.
+ * One function, eval_group, predicts what a group adds to the ledger from the profile of its units:
+ * its forward peak above the bytes held before it, what it leaves held for backward, and its
+ * backward peak above what is held then (the groups before it, the parameter gradients made so far
+ * and its output's gradient). The dynamic programme, the comparison layouts and the predicted
+ * curve all go through it, so they agree exactly. */
 #include "planner.h"
 
 #include <math.h>
@@ -413,16 +412,14 @@ static context make_context(const fr_profile *p, const fr_plan_options *o, int b
     return cx;
 }
 
-/* What planning may hold (issue 22): trial steps stay within the budget,
- * plus what the caller holds beyond the plan's static bytes (`slack`, when
- * positive: a data set outside options.extra_bytes, say). */
+/* What planning may hold (issue 22): trial steps stay within the budget, plus what the caller
+ * holds beyond the plan's static bytes (`slack`, when positive: a data set outside extra_bytes). */
 typedef struct {
     double budget, slack;
     bool capped;          /* false: measure without a cap of the planner's */
 } room;
 
-/* The profile at micro-batch `micro`, its trials within r (planner/profile.h
- * says why that is sound). */
+/* The profile at micro-batch `micro`, its trials within r (planner/profile.h says why). */
 static fr_profile_cap trial_cap(const room *r, int64_t micro, const int64_t *shape) {
     double trial_batch = (double)(micro * shape[1] * shape[2] * shape[3]) * 4;
     return (fr_profile_cap){.cap = r->budget + fmax(0, r->slack),
@@ -627,14 +624,14 @@ static fr_status choose(fr_model *m, const int64_t *shape, size_t budget, size_t
     return FR_OK;
 }
 
-/* Whole measured steps a plan gets to hold its budget (the first and re-plans) */
-#define VERIFY_ROUNDS 4
+#define VERIFY_ROUNDS 4 /* whole measured steps a plan gets to hold its budget (first and re-plans) */
 
 fr_status fr_plan_memory(fr_model *m, const int64_t *shape, size_t budget, const fr_plan_options *opts,
                          fr_memory_plan *plan) {
     *plan = (fr_memory_plan){0};
     FR_TRY(check_model(m, shape));
     fr_plan_options o = opts ? *opts : (fr_plan_options){0};
+    m->plan_nchw = o.allow_abn || o.allow_compress; /* profiled as it will run (nn/model.h) */
     int batch = (int)shape[0];
     if (o.max_accum < 1 || o.max_accum > batch)
         o.max_accum = batch;
@@ -790,10 +787,13 @@ fr_status fr_plan_apply(fr_model *m, const fr_memory_plan *plan) {
     sp->training = true;
     sp->valid = true;
     m->cfg.strategy = plan->base;
+    m->plan_nchw = plan->options.allow_abn || plan->options.allow_compress;
     return FR_OK;
 }
 
 void fr_plan_remove(fr_model *m) {
     if (m && m->build && m->build->root)
         fr_seg_layout_free(&m->build->root->installed);
+    if (m)
+        m->plan_nchw = false;
 }

@@ -6,6 +6,7 @@
  * the ledger are test_planner_resnet.c and test_planner_densenet.c
  * (planner_budgets.h). */
 #include "planner_budgets.h"
+#include "cpu/conv.h"
 
 /* Parameter gradients and BN running statistics of one step of `m`. */
 static float *step_result(fr_model *m, const batch *b, int accum, size_t *count) {
@@ -267,6 +268,9 @@ static void test_kept_groups_predicted_exactly(void) {
     fr_status st = m ? fr_plan_memory(m, b.x->shape, SIZE_MAX / 2, &o, &plan) : FR_ERR_ARG;
     CHECK_OK(st);
     CHECK(st != FR_OK || plan.n_units == 11);
+    /* a plan that may use compress runs NCHW throughout (nn/model.h,
+     * plan_nchw), as its profile did */
+    CHECK(!m || !fr_model_channels_last(m, FR_CPU, NULL));
     /* group starts: 0, 1, 4, 7; strategies per group */
     static const char *const group_strategy[] = {"recompute", "recompute+compress:2", "compress:2",
                                                  "recompute+compress:2"};
@@ -285,6 +289,10 @@ static void test_kept_groups_predicted_exactly(void) {
     }
     if (st == FR_OK)
         fr_memory_plan_free(&plan);
+    if (m) {
+        fr_plan_remove(m); /* the model's own layout again */
+        CHECK(fr_model_channels_last(m, FR_CPU, NULL) == fr_cpu_channels_last_default());
+    }
     fr_model_free(m);
     batch_free(&b);
 }
