@@ -39,8 +39,6 @@
 
 static const fr_dtype halves[] = {FR_F16, FR_BF16};
 
-static double ulp_of(fr_dtype dt) { return dt == FR_F16 ? 0x1p-10 : 0x1p-7; }
-
 /* Random values representable in dt, as f32, scaled by `scale` and moved
  * away from 0 by `away` (a divisor) */
 static fr_tensor *rand_in(fr_dtype dt, int ndim, const int64_t *shape, uint32_t seed, float away) {
@@ -57,12 +55,6 @@ static fr_tensor *rand_in(fr_dtype dt, int ndim, const int64_t *shape, uint32_t 
 }
 #define RAND_IN(dt, seed, away, ...) \
     rand_in(dt, FR_NDIM(__VA_ARGS__), FR_SHAPE(__VA_ARGS__), seed, away)
-
-static fr_tensor *as(const fr_tensor *t, fr_dtype dt) {
-    fr_tensor *h = fr_to_dtype(t, dt, FR_TAG_TRANSIENT);
-    CHECK_NOTNULL(h);
-    return h;
-}
 
 static fr_tensor *abs_of(const fr_tensor *t) {
     fr_tensor *a = fr_to_dtype(t, FR_F32, FR_TAG_TRANSIENT);
@@ -95,15 +87,11 @@ static void check_half(const fr_tensor *got, const fr_tensor *ref, const fr_tens
     for (size_t i = 0; i < n; i++) {
         double floor = ulps > 0 && dt == FR_F16 ? 0x1p-24 : 0;
         double a = m ? fabs(m[i]) : 0;
-        double tol = ulps * ulp_of(dt) * fabs(r[i]) + mag_ulps * ulp_of(dt) * a + floor;
+        double tol = ulps * fr_t_half_ulp(dt) * fabs(r[i]) + mag_ulps * fr_t_half_ulp(dt) * a + floor;
         if (!(fabs((double)g[i] - r[i]) <= tol) && bad++ == 0)
             first = i;
     }
-    if (bad) {
-        fprintf(stderr, "    %s (%s): %zu of %zu elements off, first [%zu] %.9g vs %.9g\n", what,
-                fr_dtype_name(dt), bad, n, first, g[first], r[first]);
-        fr_t_failed_now = 1;
-    }
+    fr_t_report_off(what, dt, bad, n, first, g, r);
     free(g);
     free(r);
     free(m);
@@ -171,7 +159,7 @@ static void test_binary_half(void) {
             for (int op = FR_BINARY_ADD; op <= FR_BINARY_DIV; op++) {
                 fr_tensor *a = rand_in(dt, k->nda, k->a, 1, 0);
                 fr_tensor *b = rand_in(dt, k->ndb, k->b, 2, op == FR_BINARY_DIV ? 0.5f : 0);
-                fr_tensor *ha = as(a, dt), *hb = as(b, dt);
+                fr_tensor *ha = fr_t_as(a, dt), *hb = fr_t_as(b, dt);
                 /* dy: half-representable, the output's shape */
                 fr_tensor *probe = binary(op, a, b);
                 fr_tensor *dy = probe ? rand_in(dt, probe->ndim, probe->shape, 3, 0) : NULL;
@@ -223,7 +211,7 @@ static void test_binary_random_shapes(void) {
         int op = (int)(NEXT() % 4);
         fr_tensor *fa = rand_in(FR_BF16, nda, a, 60 + trial, 0);
         fr_tensor *fb = rand_in(FR_BF16, ndb, b, 61 + trial, op == FR_BINARY_DIV ? 0.5f : 0);
-        fr_tensor *ha = as(fa, da), *hb = as(fb, db);
+        fr_tensor *ha = fr_t_as(fa, da), *hb = fr_t_as(fb, db);
         fr_tensor *probe = binary(op, fa, fb);
         fr_tensor *dy = probe ? rand_in(FR_BF16, probe->ndim, probe->shape, 62, 0) : NULL;
         CHECK_NOTNULL(probe);
@@ -235,8 +223,8 @@ static void test_binary_random_shapes(void) {
         CHECK(got.y && got.y->dtype == out_dt && got.da && got.da->dtype == da && got.db &&
               got.db->dtype == db);
         /* check_half wants got in dt; compare their f32 widenings at dt's ulp */
-        fr_tensor *gy = got.y ? as(got.y, dt) : NULL, *gda = got.da ? as(got.da, dt) : NULL;
-        fr_tensor *gdb = got.db ? as(got.db, dt) : NULL;
+        fr_tensor *gy = got.y ? fr_t_as(got.y, dt) : NULL, *gda = got.da ? fr_t_as(got.da, dt) : NULL;
+        fr_tensor *gdb = got.db ? fr_t_as(got.db, dt) : NULL;
         check_half(gy, ref.y, NULL, dt, 2, 0, "random shapes forward");
         check_half(gda, ref.da, mag.da, dt, 3, 3, "random shapes da");
         check_half(gdb, ref.db, mag.db, dt, 3, 3, "random shapes db");
@@ -260,7 +248,7 @@ static void test_binary_random_shapes(void) {
  * dtype. */
 static void test_mixed_operands_promote(void) {
     fr_tensor *x = RAND_IN(FR_BF16, 4, 0, 2, 3, 4, 4), *s = RAND_IN(FR_BF16, 5, 0, 2, 3, 1, 1);
-    fr_tensor *hx = as(x, FR_BF16), *fx = as(x, FR_F16);
+    fr_tensor *hx = fr_t_as(x, FR_BF16), *fx = fr_t_as(x, FR_F16);
     fr_tensor *pairs[][2] = {{hx, s}, {s, hx}, {hx, x}, {x, hx}, {hx, fx}};
     for (int i = 0; i < 5; i++) {
         fr_tensor *a = pairs[i][0], *b = pairs[i][1];
@@ -309,7 +297,7 @@ static void test_reductions_half(void) {
     static const char *kinds[] = {"sum_dims", "mean_dims", "amax_dims"};
     for (int d = 0; d < 2; d++) {
         fr_dtype dt = halves[d];
-        fr_tensor *x = RAND_IN(dt, 7, 0, 6, 16, 56, 56), *hx = as(x, dt), *ax = abs_of(x);
+        fr_tensor *x = RAND_IN(dt, 7, 0, 6, 16, 56, 56), *hx = fr_t_as(x, dt), *ax = abs_of(x);
         for (size_t c = 0; c < sizeof cases / sizeof *cases; c++)
             for (int k = RED_SUM; k <= RED_MAX; k++) {
                 fr_set_requires_grad(x, true);
@@ -321,9 +309,9 @@ static void test_reductions_half(void) {
                 char what[96];
                 snprintf(what, sizeof what, "%s case %zu forward", kinds[k], c);
                 /* one rounding; f32 partial sums of blocks: 2^-20 of the magnitudes */
-                check_half(got, ref, mag, dt, k == RED_MAX ? 0 : 1, 0x1p-20 / ulp_of(dt), what);
+                check_half(got, ref, mag, dt, k == RED_MAX ? 0 : 1, 0x1p-20 / fr_t_half_ulp(dt), what);
                 fr_tensor *dy = ref ? rand_in(dt, ref->ndim, ref->shape, 9, 0) : NULL;
-                fr_tensor *hdy = dy ? as(dy, dt) : NULL;
+                fr_tensor *hdy = dy ? fr_t_as(dy, dt) : NULL;
                 if (ref && got && dy) {
                     CHECK_OK(fr_backward_with(ref, dy));
                     CHECK_OK(fr_backward_with(got, hdy));
@@ -356,13 +344,13 @@ static void test_softmax_half(void) {
         fr_dtype dt = halves[d];
         /* over dim 1 of (12, 100, 300): 12 groups of rows of 30000, staged
          * 8 at a time */
-        fr_tensor *x = RAND_IN(dt, 11, 0, 12, 100, 300), *hx = as(x, dt);
+        fr_tensor *x = RAND_IN(dt, 11, 0, 12, 100, 300), *hx = fr_t_as(x, dt);
         for (int lg = 0; lg < 2; lg++) {
             fr_tensor *ref = lg ? fr_log_softmax(x, 1) : fr_softmax(x, 1);
             fr_tensor *got = lg ? fr_log_softmax(hx, 1) : fr_softmax(hx, 1);
             check_half(got, ref, NULL, dt, 1, 0, lg ? "log_softmax forward" : "softmax forward");
-            fr_tensor *dy = RAND_IN(dt, 12, 0, 12, 100, 300), *hdy = as(dy, dt);
-            fr_tensor *yr = got ? as(got, FR_F32) : NULL; /* the saved y, rounded */
+            fr_tensor *dy = RAND_IN(dt, 12, 0, 12, 100, 300), *hdy = fr_t_as(dy, dt);
+            fr_tensor *yr = got ? fr_t_as(got, FR_F32) : NULL; /* the saved y, rounded */
             fr_tensor *dxr = empty_as(x, FR_F32), *dxh = empty_as(x, dt);
             if (yr) {
                 CHECK_OK(fr_softmax_backward(dxr, dy, yr, 1, lg));
@@ -388,11 +376,11 @@ static void test_softmax_half(void) {
 static void test_clamp_pad_half(void) {
     for (int d = 0; d < 2; d++) {
         fr_dtype dt = halves[d];
-        fr_tensor *x = RAND_IN(dt, 13, 0, 6, 16, 56, 56), *hx = as(x, dt);
+        fr_tensor *x = RAND_IN(dt, 13, 0, 6, 16, 56, 56), *hx = fr_t_as(x, dt);
         /* clamp: bounds representable in both halves, so exact */
         fr_tensor *ref = fr_clamp(x, -0.5f, 0.25f), *got = fr_clamp(hx, -0.5f, 0.25f);
         check_half(got, ref, NULL, dt, 0, 0, "clamp forward");
-        fr_tensor *dy = RAND_IN(dt, 14, 0, 6, 16, 56, 56), *hdy = as(dy, dt);
+        fr_tensor *dy = RAND_IN(dt, 14, 0, 6, 16, 56, 56), *hdy = fr_t_as(dy, dt);
         fr_tensor *dxr = empty_as(x, FR_F32), *dxh = empty_as(x, dt);
         CHECK_OK(fr_clamp_backward(dxr, dy, x, -0.5f, 0.25f));
         CHECK_OK(fr_clamp_backward(dxh, hdy, hx, -0.5f, 0.25f));
@@ -408,7 +396,7 @@ static void test_clamp_pad_half(void) {
             got = fr_pad(hx, pad, mode);
             check_half(got, ref, NULL, dt, 0, 0, mode ? "reflect pad forward" : "zero pad forward");
             dy = ref ? rand_in(dt, ref->ndim, ref->shape, 15, 0) : NULL;
-            hdy = dy ? as(dy, dt) : NULL;
+            hdy = dy ? fr_t_as(dy, dt) : NULL;
             dxr = empty_as(x, FR_F32);
             CHECK_OK(fr_pad2d_backward(dxr, dy, pad, mode));
             CHECK_OK(fr_backward_with(got, hdy));
@@ -430,7 +418,7 @@ static void test_clamp_pad_half(void) {
 static void test_staged_workspace(void) {
     /* (16, 16, 56, 56): 3.2 MB as f32, 1.6 MB in bf16 */
     fr_tensor *x = RAND_IN(FR_BF16, 21, 0, 16, 16, 56, 56), *s = RAND_IN(FR_BF16, 22, 0, 16, 16, 1, 1);
-    fr_tensor *hx = as(x, FR_BF16), *hs = as(s, FR_BF16);
+    fr_tensor *hx = fr_t_as(x, FR_BF16), *hs = fr_t_as(s, FR_BF16);
     size_t full = (size_t)fr_numel(x) * sizeof(float);
     size_t before = fr_mem_current(FR_CPU, FR_TAG_WORKSPACE);
     fr_mem_reset_peak();
@@ -438,7 +426,7 @@ static void test_staged_workspace(void) {
     fr_set_requires_grad(hx, true);
     fr_set_requires_grad(hs, true);
     fr_tensor *y = fr_mul(hx, hs);
-    fr_tensor *dy = as(x, FR_BF16);
+    fr_tensor *dy = fr_t_as(x, FR_BF16);
     CHECK_OK(fr_backward_with(y, dy));
     size_t scratch = fr_mem_peak(FR_CPU, FR_TAG_WORKSPACE) - before;
     printf("    squeeze-excitation in bf16, x %zu bytes as f32: staged workspace peak %zu\n", full,
@@ -635,20 +623,20 @@ static void test_cuda_half_matches_cpu(void) {
     for (int d = 0; d < 2; d++) {
         fr_dtype dt = halves[d];
         fr_tensor *x = RAND_IN(dt, 41, 0, 6, 16, 56, 56), *s = RAND_IN(dt, 42, 0.5f, 6, 16, 1, 1);
-        fr_tensor *hx = as(x, dt), *hs = as(s, dt);
+        fr_tensor *hx = fr_t_as(x, dt), *hs = fr_t_as(s, dt);
         fr_tensor *gx = fr_to_device(hx, FR_CUDA, FR_TAG_DATA), *gs = fr_to_device(hs, FR_CUDA, FR_TAG_DATA);
         for (int k = 0; k < 9; k++) {
             fr_set_requires_grad(hx, true);
             fr_set_requires_grad(gx, true);
             fr_tensor *yc = cuda_case(k, hx, hs), *yg = cuda_case(k, gx, gs);
             fr_tensor *dy = yc ? rand_in(dt, yc->ndim, yc->shape, 43, 0) : NULL;
-            fr_tensor *dyc = dy ? as(dy, dt) : NULL;
+            fr_tensor *dyc = dy ? fr_t_as(dy, dt) : NULL;
             fr_tensor *dyg = dyc ? fr_to_device(dyc, FR_CUDA, FR_TAG_DATA) : NULL;
             CHECK_OK(fr_backward_with(yc, dyc));
             CHECK_OK(fr_backward_with(yg, dyg));
             fr_tensor *ygh = yg ? fr_to_device(yg, FR_CPU, FR_TAG_TRANSIENT) : NULL;
             fr_tensor *dxg = gx->grad ? fr_to_device(gx->grad, FR_CPU, FR_TAG_TRANSIENT) : NULL;
-            fr_tensor *yref = yc ? as(yc, FR_F32) : NULL, *dref = hx->grad ? as(hx->grad, FR_F32) : NULL;
+            fr_tensor *yref = yc ? fr_t_as(yc, FR_F32) : NULL, *dref = hx->grad ? fr_t_as(hx->grad, FR_F32) : NULL;
             char what[48];
             snprintf(what, sizeof what, "cuda case %d forward", k);
             check_half(ygh, yref, NULL, dt, 1, 0, what);

@@ -36,8 +36,6 @@
 
 static const fr_dtype halves[] = {FR_F16, FR_BF16};
 
-static double ulp_of(fr_dtype dt) { return dt == FR_F16 ? 0x1p-10 : 0x1p-7; }
-
 /* t's values rounded to dt, in place (t stays f32): inputs both runs share. */
 static void round_to(fr_tensor *t, fr_dtype dt) {
     fr_tensor *h = fr_to_dtype(t, dt, FR_TAG_TRANSIENT);
@@ -53,12 +51,6 @@ static fr_tensor *rand_in(fr_device dev, fr_dtype dt, int ndim, const int64_t *s
     return t;
 }
 #define RAND_IN(dt, seed, ...) rand_in(FR_CPU, dt, FR_NDIM(__VA_ARGS__), FR_SHAPE(__VA_ARGS__), seed)
-
-static fr_tensor *as(const fr_tensor *t, fr_dtype dt) {
-    fr_tensor *h = fr_to_dtype(t, dt, FR_TAG_TRANSIENT);
-    CHECK_NOTNULL(h);
-    return h;
-}
 
 static fr_tensor *empty_as(const fr_tensor *like, fr_dtype dt) {
     return fr_empty(fr_device_of(like), dt, like->ndim, like->shape, FR_TAG_TRANSIENT);
@@ -84,15 +76,11 @@ static void check_near(const fr_tensor *got, const fr_tensor *ref, fr_dtype dt, 
     for (size_t i = 0; i < n; i++) {
         /* below f16's normal range the spacing is fixed: 2^-24 */
         double floor = dt == FR_F16 ? 0x1p-24 : 0;
-        double tol = ulps > 0 ? ulps * (ulp_of(dt) * fabs(r[i]) + floor) + 1e-5 * big : 0;
+        double tol = ulps > 0 ? ulps * (fr_t_half_ulp(dt) * fabs(r[i]) + floor) + 1e-5 * big : 0;
         if (!(fabs((double)g[i] - r[i]) <= tol) && bad++ == 0)
             first = i;
     }
-    if (bad) {
-        fprintf(stderr, "    %s (%s): %zu of %zu elements off, first [%zu] %.9g vs %.9g\n", what,
-                fr_dtype_name(dt), bad, n, first, g[first], r[first]);
-        fr_t_failed_now = 1;
-    }
+    fr_t_report_off(what, dt, bad, n, first, g, r);
     free(g);
     free(r);
 }
@@ -104,7 +92,7 @@ static void test_elementwise_half(void) {
         fr_dtype dt = halves[d];
         const int64_t n = 600001; /* three blocks and a remainder */
         fr_tensor *a = RAND_IN(dt, 1, n), *b = RAND_IN(dt, 2, n);
-        fr_tensor *ha = as(a, dt), *hb = as(b, dt);
+        fr_tensor *ha = fr_t_as(a, dt), *hb = fr_t_as(b, dt);
         fr_tensor *ref = empty_as(a, FR_F32), *got = empty_as(a, dt);
 
         CHECK_OK(fr_add_out(ref, a, b));
@@ -185,7 +173,7 @@ static void test_conv_half(void) {
         fr_tensor *x = RAND_IN(dt, 3, 40, 16, 32, 32), *w = RAND_IN(dt, 4, 8, 16, 3, 3);
         fr_tensor *b = fr_t_rand(FR_CPU, 1, FR_SHAPE(8), 5);
         fr_tensor *dy = RAND_IN(dt, 6, 40, 8, 32, 32);
-        fr_tensor *hx = as(x, dt), *hw = as(w, dt), *hdy = as(dy, dt);
+        fr_tensor *hx = fr_t_as(x, dt), *hw = fr_t_as(w, dt), *hdy = fr_t_as(dy, dt);
         fr_tensor *y = fr_empty(FR_CPU, FR_F32, 4, FR_SHAPE(40, 8, 32, 32), FR_TAG_TRANSIENT);
         fr_tensor *hy = empty_as(y, dt);
         CHECK_OK(fr_conv2d_forward(y, x, w, b, p));
@@ -216,7 +204,7 @@ static void test_linear_half(void) {
         /* 5000 x 100 rows: two blocks of rows */
         fr_tensor *x = RAND_IN(dt, 7, 5000, 100), *w = RAND_IN(dt, 8, 30, 100);
         fr_tensor *b = fr_t_rand(FR_CPU, 1, FR_SHAPE(30), 9), *dy = RAND_IN(dt, 10, 5000, 30);
-        fr_tensor *hx = as(x, dt), *hdy = as(dy, dt);
+        fr_tensor *hx = fr_t_as(x, dt), *hdy = fr_t_as(dy, dt);
         fr_tensor *y = fr_empty(FR_CPU, FR_F32, 2, FR_SHAPE(5000, 30), FR_TAG_TRANSIENT);
         fr_tensor *hy = empty_as(y, dt);
         CHECK_OK(fr_linear_forward(y, x, w, b));
@@ -247,7 +235,7 @@ static void test_batchnorm_half(void) {
         CHECK_OK(fr_fill_(shift, 40.0f));
         CHECK_OK(fr_add_out(x, x, shift));
         round_to(x, dt);
-        hx = as(x, dt);
+        hx = fr_t_as(x, dt);
         fr_tensor *g = fr_t_rand(FR_CPU, 1, FR_SHAPE(8), 12), *bt = fr_t_rand(FR_CPU, 1, FR_SHAPE(8), 13);
         fr_tensor *st[8];
         for (int i = 0; i < 8; i++)
@@ -259,7 +247,7 @@ static void test_batchnorm_half(void) {
         for (int i = 0; i < 4; i++)
             CHECK(fr_t_allclose_t(st[4 + i], st[i], 0, 0, names[i])); /* bit-identical */
         check_near(hy, y, dt, 1, "batch_norm y");
-        fr_tensor *dy = RAND_IN(dt, 14, 32, 8, 16, 16), *hdy = as(dy, dt);
+        fr_tensor *dy = RAND_IN(dt, 14, 32, 8, 16, 16), *hdy = fr_t_as(dy, dt);
         fr_tensor *dx = empty_as(x, FR_F32), *hdx = empty_as(x, dt);
         fr_tensor *dg = empty_as(g, FR_F32), *hdg = empty_as(g, FR_F32);
         fr_tensor *dbt = empty_as(g, FR_F32), *hdbt = empty_as(g, FR_F32);
@@ -294,7 +282,7 @@ static void test_batchnorm_half_in_blocks(void) {
         CHECK_OK(fr_fill_(shift, 40.0f));
         CHECK_OK(fr_add_out(x, x, shift));
         round_to(x, dt);
-        fr_tensor *hx = as(x, dt);
+        fr_tensor *hx = fr_t_as(x, dt);
         fr_tensor *g = fr_t_rand(FR_CPU, 1, FR_SHAPE(16), 32), *bt = fr_t_rand(FR_CPU, 1, FR_SHAPE(16), 33);
         fr_tensor *st[4];
         for (int i = 0; i < 4; i++)
@@ -305,7 +293,7 @@ static void test_batchnorm_half_in_blocks(void) {
         CHECK(fr_t_allclose_t(st[2], st[0], 0, 1e-6, "blocked mean"));
         CHECK(fr_t_allclose_t(st[3], st[1], 0, 1e-5, "blocked invstd"));
         check_near(hy, y, dt, 1, "blocked batch_norm y");
-        fr_tensor *dy = RAND_IN(dt, 34, 40, 16, 32, 32), *hdy = as(dy, dt);
+        fr_tensor *dy = RAND_IN(dt, 34, 40, 16, 32, 32), *hdy = fr_t_as(dy, dt);
         fr_tensor *dx = empty_as(x, FR_F32), *hdx = empty_as(x, dt);
         fr_tensor *dg = empty_as(g, FR_F32), *hdg = empty_as(g, FR_F32);
         fr_tensor *db = empty_as(g, FR_F32), *hdb = empty_as(g, FR_F32);
@@ -336,10 +324,10 @@ static void test_batchnorm_half_in_blocks(void) {
 static void test_pool_half(void) {
     for (int d = 0; d < 2; d++) {
         fr_dtype dt = halves[d];
-        fr_tensor *x = RAND_IN(dt, 15, 40, 16, 32, 32), *hx = as(x, dt);
+        fr_tensor *x = RAND_IN(dt, 15, 40, 16, 32, 32), *hx = fr_t_as(x, dt);
         fr_pool_params p = {.kernel = 2, .stride = 2, .pad = 0};
         fr_tensor *y = fr_empty(FR_CPU, FR_F32, 4, FR_SHAPE(40, 16, 16, 16), FR_TAG_TRANSIENT);
-        fr_tensor *hy = empty_as(y, dt), *dy = RAND_IN(dt, 16, 40, 16, 16, 16), *hdy = as(dy, dt);
+        fr_tensor *hy = empty_as(y, dt), *dy = RAND_IN(dt, 16, 40, 16, 16, 16), *hdy = fr_t_as(dy, dt);
         fr_tensor *dx = empty_as(x, FR_F32), *hdx = empty_as(x, dt);
         CHECK_OK(fr_max_pool2d_forward(y, x, p));
         CHECK_OK(fr_max_pool2d_forward(hy, hx, p));
@@ -371,7 +359,7 @@ static void test_concat_half(void) {
     for (int d = 0; d < 2; d++) {
         fr_dtype dt = halves[d];
         fr_tensor *a = RAND_IN(dt, 17, 4, 3, 5, 5), *b = RAND_IN(dt, 18, 4, 2, 5, 5);
-        fr_tensor *ha = as(a, dt), *hb = as(b, dt);
+        fr_tensor *ha = fr_t_as(a, dt), *hb = fr_t_as(b, dt);
         fr_tensor *in[2] = {a, b}, *hin[2] = {ha, hb};
         fr_tensor *y = fr_empty(FR_CPU, FR_F32, 4, FR_SHAPE(4, 5, 5, 5), FR_TAG_TRANSIENT);
         fr_tensor *hy = empty_as(y, dt);
@@ -393,7 +381,7 @@ static void test_concat_half(void) {
 static void test_cross_entropy_half(void) {
     for (int d = 0; d < 2; d++) {
         fr_dtype dt = halves[d];
-        fr_tensor *z = RAND_IN(dt, 19, 64, 10), *hz = as(z, dt);
+        fr_tensor *z = RAND_IN(dt, 19, 64, 10), *hz = fr_t_as(z, dt);
         int32_t lab[64];
         for (int i = 0; i < 64; i++)
             lab[i] = (i * 7) % 10;
@@ -656,7 +644,7 @@ static void test_cuda_half_matches_cpu(void) {
     for (int d = 0; d < 2; d++) {
         fr_dtype dt = halves[d];
         fr_tensor *x = RAND_IN(dt, 23, 8, 4, 8, 8), *w = RAND_IN(dt, 24, 6, 4, 3, 3);
-        fr_tensor *hx = as(x, dt), *gx = fr_to_device(hx, FR_CUDA, FR_TAG_TRANSIENT);
+        fr_tensor *hx = fr_t_as(x, dt), *gx = fr_to_device(hx, FR_CUDA, FR_TAG_TRANSIENT);
         fr_tensor *gw = fr_to_device(w, FR_CUDA, FR_TAG_TRANSIENT);
         fr_tensor *y[2];
         fr_tensor *xs[2] = {hx, gx}, *ws[2] = {w, gw};

@@ -663,6 +663,23 @@ int fr_t_run_self(const char *self, const char *name, const char *value, char *c
     return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
 }
 
+double fr_t_half_ulp(fr_dtype dt) { return dt == FR_F16 ? 0x1p-10 : 0x1p-7; }
+
+fr_tensor *fr_t_as(const fr_tensor *t, fr_dtype dt) {
+    fr_tensor *h = fr_to_dtype(t, dt, FR_TAG_TRANSIENT);
+    CHECK_NOTNULL(h);
+    return h;
+}
+
+void fr_t_report_off(const char *what, fr_dtype dt, size_t bad, size_t n, size_t first, const float *got,
+                     const float *ref) {
+    if (!bad)
+        return;
+    fprintf(stderr, "    %s (%s): %zu of %zu elements off, first [%zu] %.9g vs %.9g\n", what, fr_dtype_name(dt),
+            bad, n, first, got[first], ref[first]);
+    fr_t_failed_now = 1;
+}
+
 size_t fr_t_backward_peak(fr_tensor *loss) {
     size_t base = fr_mem_total_current(FR_CPU);
     fr_mem_reset_peak();

@@ -261,6 +261,15 @@ bool fr_t_same_bits(const fr_tensor *a, const fr_tensor *b);
  * set to `value` and arguments argv (NULL-terminated, argv[0] first); its
  * exit status, -1 when it could not run or did not exit. */
 int fr_t_run_self(const char *self, const char *name, const char *value, char *const argv[]);
+/* One unit in the last place of a half format at 1.0 (f16 2^-10, bf16
+ * 2^-7): the scale of the half-precision tests' tolerances. */
+double fr_t_half_ulp(fr_dtype dt);
+/* t converted to dt (a new tensor; the test fails if that fails). */
+fr_tensor *fr_t_as(const fr_tensor *t, fr_dtype dt);
+/* Fails the test when `bad` of n elements of got were off against ref,
+ * printing `what`, the dtype and the first one off. */
+void fr_t_report_off(const char *what, fr_dtype dt, size_t bad, size_t n, size_t first, const float *got,
+                     const float *ref);
 /* Runs backward from `loss` (NULL: a failure already reported; nothing
  * runs) and returns the CPU ledger's peak during it above the total held
  * just before: what a backward needs beyond what the forward left. */
