@@ -41,35 +41,21 @@ static fr_status to_nchw_backward(fr_node *node, fr_tensor *const *dout, fr_tens
     return (din[0] = fr_layout_copy(dout[0], true)) ? FR_OK : fr_last_status();
 }
 
-fr_tensor *fr_to_nchw(fr_tensor *x) {
-    if (fr_check_defined("to_nchw", "x", x) != FR_OK)
-        return NULL;
-    if (!fr_is_channels_last(x))
-        return fr_retain(x);
-    fr_tensor *y = fr_layout_copy(x, false);
-    if (y && fr_should_record(1, &x)) {
-        fr_node *node = fr_node_new("to_nchw", to_nchw_backward, 1, &x, 1);
-        if (!node)
-            fr_clear(&y);
-        else
-            fr_node_set_output(node, 0, y);
-    }
-    return y;
-}
-
 static fr_status to_channels_last_backward(fr_node *node, fr_tensor *const *dout, fr_tensor **din) {
     (void)node;
     return (din[0] = fr_layout_copy(dout[0], false)) ? FR_OK : fr_last_status();
 }
 
-fr_tensor *fr_to_channels_last(fr_tensor *x) {
-    if (fr_check_defined("to_channels_last", "x", x) != FR_OK)
+/* x itself when it is in the layout already, else a recorded copy */
+static fr_tensor *to_layout(fr_tensor *x, bool channels_last) {
+    const char *op = channels_last ? "to_channels_last" : "to_nchw";
+    if (fr_check_defined(op, "x", x) != FR_OK)
         return NULL;
-    if (fr_is_channels_last(x))
+    if (fr_is_channels_last(x) == channels_last)
         return fr_retain(x);
-    fr_tensor *y = fr_layout_copy(x, true);
-    if (y && y != x && fr_should_record(1, &x)) {
-        fr_node *node = fr_node_new("to_channels_last", to_channels_last_backward, 1, &x, 1);
+    fr_tensor *y = fr_layout_copy(x, channels_last);
+    if (y && fr_should_record(1, &x)) {
+        fr_node *node = fr_node_new(op, channels_last ? to_channels_last_backward : to_nchw_backward, 1, &x, 1);
         if (!node)
             fr_clear(&y);
         else
@@ -77,3 +63,7 @@ fr_tensor *fr_to_channels_last(fr_tensor *x) {
     }
     return y;
 }
+
+fr_tensor *fr_to_nchw(fr_tensor *x) { return to_layout(x, false); }
+
+fr_tensor *fr_to_channels_last(fr_tensor *x) { return to_layout(x, true); }
