@@ -10,21 +10,11 @@
 #include "../tensor/kernels.h"
 #include "simd.h"
 
-/* Below this many elements in total, one thread is faster. */
-#define FR_BN_PAR_MIN 32768
-
-/* The loops over a plane or a chunk live in small functions built three
- * times, for AVX-512F, AVX2 and the portable baseline, the copy picked at
- * load time by the CPU's features (as cpu/gemm.c's kernel): the portable
- * build's SSE2 has two double lanes, AVX2 four, AVX-512 eight, and the sums
- * and the f32 <-> f64 conversions are most of the work. The AVX-512 copy
- * took a one-thread DenseNet-BC-100 b64 plain step down by about 3% (BN's
- * backward 10-15%: bench/RESULTS.md, issue 24, dn24).
- * No FMA in either copy (-std=c11 forbids contraction), so both round as
- * the separate elementwise kernels do; a sum's lane order is the copy's,
- * the same for every kernel on one machine. */
-/* FR_SELECT_BLEND (cpu/simd.h): the leaky ReLU's selects become blends. */
-#define FR_BN_VEC __attribute__((target_clones("avx512f", "avx2", "default"))) FR_SELECT_BLEND
+/* The loops over a plane or a chunk are FR_BN_VEC functions (cpu/simd.h):
+ * built for AVX-512F, AVX2 and the baseline. No FMA in any copy (-std=c11
+ * forbids contraction), so each rounds as the separate elementwise kernels
+ * do; a sum along a plane takes the copy's lane order, the same for every
+ * kernel on one machine. */
 
 FR_BN_VEC static void plane_stats(const float *p, int hw, double shift, double *s_out,
                                   double *ss_out) {

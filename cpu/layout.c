@@ -10,8 +10,6 @@
 #include "../tensor/memory.h"
 #include "simd.h"
 
-/* Below this many elements, one thread is faster (as cpu/batchnorm.c). */
-#define LAYOUT_PAR_MIN 32768
 /* Transposes run in tiles of this many pixels x channels, so both sides
  * stay in cache lines the tile reuses. */
 #define TILE 16
@@ -29,14 +27,14 @@ static void transpose(float *dst, const float *src, int rows, int cols) {
 
 void fr_cpu_nchw_to_nhwc(float *dst, const float *src, int n, int c, int hw) {
     size_t img = (size_t)c * (size_t)hw;
-#pragma omp parallel for if ((size_t)n * img > LAYOUT_PAR_MIN && n > 1) schedule(static)
+#pragma omp parallel for if ((size_t)n * img > FR_BN_PAR_MIN && n > 1) schedule(static)
     for (int i = 0; i < n; i++) /* image i: (C, HW) -> (HW, C) */
         transpose(dst + (size_t)i * img, src + (size_t)i * img, c, hw);
 }
 
 void fr_cpu_nhwc_to_nchw(float *dst, const float *src, int n, int c, int hw) {
     size_t img = (size_t)c * (size_t)hw;
-#pragma omp parallel for if ((size_t)n * img > LAYOUT_PAR_MIN && n > 1) schedule(static)
+#pragma omp parallel for if ((size_t)n * img > FR_BN_PAR_MIN && n > 1) schedule(static)
     for (int i = 0; i < n; i++) /* image i: (HW, C) -> (C, HW) */
         transpose(dst + (size_t)i * img, src + (size_t)i * img, hw, c);
 }
@@ -51,12 +49,11 @@ static int groups_of(size_t px) {
     return px < FR_CPU_LAYOUT_GROUPS ? (px ? (int)px : 1) : FR_CPU_LAYOUT_GROUPS;
 }
 
-/* Double sums of a group's pixels, one vector over the channels; built for
- * AVX2 and the baseline, as cpu/batchnorm.c's loops (FR_SELECT_BLEND: the
- * activations' selects are blends, so the loops stay vector loops). */
-#define LAYOUT_VEC __attribute__((target_clones("avx2", "default"))) FR_SELECT_BLEND
+/* Double sums of a group's pixels, one vector over the channels (FR_BN_VEC,
+ * cpu/simd.h: a channel's sum runs over the pixels in order in every copy,
+ * so the copies give the same bits). */
 
-LAYOUT_VEC static void group_stats(double *restrict s, double *restrict ss,
+FR_BN_VEC static void group_stats(double *restrict s, double *restrict ss,
                                    const float *restrict x, const double *restrict shift,
                                    size_t p0, size_t p1, int c) {
     for (int ch = 0; ch < c; ch++)
@@ -89,7 +86,7 @@ fr_status fr_cpu_batch_norm_stats_nhwc(float *mean, float *var, const float *x, 
     /* the shift is the channel's first value, as the NCHW kernel's */
     for (int ch = 0; ch < c; ch++)
         shift[ch] = px ? x[ch] : 0.0;
-#pragma omp parallel for if (px * (size_t)c > LAYOUT_PAR_MIN) schedule(static)
+#pragma omp parallel for if (px * (size_t)c > FR_BN_PAR_MIN) schedule(static)
     for (int g = 0; g < groups; g++)
         group_stats(ws + (size_t)2 * (size_t)g * (size_t)c, ws + ((size_t)2 * (size_t)g + 1) * (size_t)c,
                     x, shift, group_start(px, groups, g), group_start(px, groups, g + 1), c);
@@ -126,7 +123,7 @@ fr_status fr_cpu_batch_norm_stats_nhwc(float *mean, float *var, const float *x, 
         }                                                                        \
     } while (0)
 
-LAYOUT_VEC static void pixels_forward(float *y, const float *x, const float *residual,
+FR_BN_VEC static void pixels_forward(float *y, const float *x, const float *residual,
                                       const float *restrict mu, const float *restrict sc,
                                       const float *restrict b, fr_act act, float slope, size_t p0,
                                       size_t p1, int c) {
@@ -172,7 +169,7 @@ fr_status fr_cpu_bn_act_forward_nhwc(float *y, const float *x, const float *resi
     if (!k)
         return fr_last_status();
     int groups = groups_of(px);
-#pragma omp parallel for if (px * (size_t)c > LAYOUT_PAR_MIN) schedule(static)
+#pragma omp parallel for if (px * (size_t)c > FR_BN_PAR_MIN) schedule(static)
     for (int g = 0; g < groups; g++)
         pixels_forward(y, x, residual, k, k + c, k + 2 * c, act, slope, group_start(px, groups, g),
                        group_start(px, groups, g + 1), c);
@@ -200,7 +197,7 @@ fr_status fr_cpu_bn_act_forward_nhwc(float *y, const float *x, const float *resi
 
 /* Pass 1 over a group: g where it is kept (gout; NULL: g is dy itself),
  * and the group's sums of g and g * xhat. */
-LAYOUT_VEC static void group_grad_sums(float *gout, double *restrict a, double *restrict bsum,
+FR_BN_VEC static void group_grad_sums(float *gout, double *restrict a, double *restrict bsum,
                                        const float *dy, const float *act_out, const float *x,
                                        const float *restrict mu, const float *restrict sc,
                                        const float *restrict b, const double *restrict mud,
@@ -236,7 +233,7 @@ LAYOUT_VEC static void group_grad_sums(float *gout, double *restrict a, double *
 }
 
 /* Pass 2: dx = k * (g - mdy - xhat * mdyxh), cpu/batchnorm.c's formula. */
-LAYOUT_VEC static void group_dx(float *dx, const float *g, const float *x,
+FR_BN_VEC static void group_dx(float *dx, const float *g, const float *x,
                                 const double *restrict mud, const double *restrict is,
                                 const double *restrict k, const double *restrict mdy,
                                 const double *restrict mdyxh, size_t p0, size_t p1, int c) {
@@ -287,7 +284,7 @@ fr_status fr_cpu_bn_act_backward_nhwc(float *dx, float *dz, float *dgamma, float
         }
         gout = local;
     }
-#pragma omp parallel for if (px * (size_t)c > LAYOUT_PAR_MIN) schedule(static)
+#pragma omp parallel for if (px * (size_t)c > FR_BN_PAR_MIN) schedule(static)
     for (int g = 0; g < groups; g++)
         group_grad_sums(gout, ws + (size_t)2 * (size_t)g * (size_t)c,
                         ws + ((size_t)2 * (size_t)g + 1) * (size_t)c, dy, act_out, x, kf, kf + c,
@@ -307,7 +304,7 @@ fr_status fr_cpu_bn_act_backward_nhwc(float *dx, float *dz, float *dgamma, float
     }
     if (dx) {
         const float *gsrc = g_is_dy ? dy : gout;
-#pragma omp parallel for if (px * (size_t)c > LAYOUT_PAR_MIN) schedule(static)
+#pragma omp parallel for if (px * (size_t)c > FR_BN_PAR_MIN) schedule(static)
         for (int g = 0; g < groups; g++)
             group_dx(dx, gsrc, x, mud, is, k, mdy, mdyxh, group_start(px, groups, g),
                      group_start(px, groups, g + 1), c);

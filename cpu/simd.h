@@ -1,4 +1,4 @@
-/* cpu/simd.h: an attribute the CPU kernels' vector loops share. Internal. */
+/* cpu/simd.h: attributes and thresholds the CPU kernels' vector loops share. Internal. */
 #ifndef FR_CPU_SIMD_H
 #define FR_CPU_SIMD_H
 
@@ -14,5 +14,18 @@
 #else
 #define FR_SELECT_BLEND
 #endif
+
+/* Batch norm's loops (cpu/batchnorm.c over a channel's plane, cpu/layout.c
+ * over a pixel's channels) live in small functions built three times, for
+ * AVX-512F, AVX2 and the portable baseline, the copy picked at load time by
+ * the CPU's features (as cpu/gemm.c's kernel): the baseline's SSE2 has two
+ * double lanes, AVX2 four, AVX-512 eight, and the double sums and the
+ * f32 <-> f64 conversions are most of the work. The AVX-512 copy took a
+ * one-thread DenseNet-BC-100 b64 plain step down by about 3% (BN's backward
+ * 10-15%: bench/RESULTS.md, issue 24, dn24). FR_SELECT_BLEND: the leaky
+ * ReLU's selects become blends. */
+#define FR_BN_VEC __attribute__((target_clones("avx512f", "avx2", "default"))) FR_SELECT_BLEND
+/* Below this many elements in total, batch norm's loops run on one thread. */
+#define FR_BN_PAR_MIN 32768
 
 #endif
