@@ -84,8 +84,10 @@ fr_status fr_cpu_conv2d_nhwc(int direction, float *out, const float *in0, const 
                              const fr_conv_shape *s);
 /* The rule (cpu/conv_rules.c): the avx512 class, groups 1, dilation 1, and
  * a shape the class's NCHW rule sends to oneDNN; a fixed rule, like the
- * NCHW table. FR_ERR_ARG when FR_CPU_ISA is refused. */
+ * NCHW table. */
 bool fr_cpu_conv_nhwc_rule(const fr_conv_shape *s, int direction, fr_cpu_isa isa);
+/* The rule for this machine's ISA class in *direct; FR_ERR_ARG when
+ * FR_CPU_ISA is refused. */
 fr_status fr_cpu_conv_nhwc_path(const fr_conv_shape *s, int direction, bool *direct);
 /* Whether a model's channels-last mode is on by default (nn/model.h,
  * FR_LAYOUT_AUTO): the avx512 class with oneDNN, where channels last

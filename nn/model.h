@@ -164,9 +164,8 @@ struct fr_model {
 /* Whether a forward of m on an input on device `dev` would run channels
  * last under m->cfg (see fr_layout_mode; synchronised batch norm, which this
  * thread may have switched on for data parallelism, runs NCHW), and a short
- * reason either way
- * for a log line ("channels last", "NCHW (strategy abn)"), when why is
- * given. */
+ * reason either way for a log line ("channels last", "NCHW (strategy)"),
+ * when why is given. */
 bool fr_model_channels_last(const fr_model *m, fr_device dev, const char **why);
 
 /* The model's forward (its module tree run by the engine under m->cfg) under the model's precision policy; the logits come

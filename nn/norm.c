@@ -86,8 +86,9 @@ fr_tensor *fr_norm_apply(const fr_module *m, fr_tensor *x, fr_tensor *residual, 
     if (l->norm_kind != FR_NORM_BATCH)
         return group_norm_apply(m, x, residual, run);
     if (residual && fr_is_channels_last(residual) != fr_is_channels_last(x)) {
-        /* a channels-last model's sum across a group that ran NCHW (a
-         * planned abn or compress group, model.h): the residual in x's layout */
+        /* a channels-last model's sum where one side ran NCHW (a conv that
+         * fr_conv2d_channels_last runs NCHW: a bias, a half or non-contiguous
+         * weight): the residual in x's layout */
         fr_tensor *r = fr_is_channels_last(x) ? fr_to_channels_last(residual) : fr_to_nchw(residual);
         fr_tensor *y = r ? fr_norm_apply(m, x, r, run) : NULL;
         fr_release(r);
@@ -166,7 +167,8 @@ fr_tensor *fr_residual_add(fr_tensor *y, fr_tensor *shortcut, const fr_run *run)
     if (!y || !shortcut)
         return NULL;
     if (fr_is_channels_last(y) != fr_is_channels_last(shortcut)) {
-        /* a channels-last model's sum of two layouts: in NCHW (model.h) */
+        /* a channels-last model's sum of two layouts (one side from a conv
+         * fr_conv2d_channels_last ran NCHW): in NCHW (model.h) */
         fr_tensor *a = fr_to_nchw(y), *b = a ? fr_to_nchw(shortcut) : NULL;
         fr_tensor *sum = b ? fr_add(a, b) : NULL;
         fr_release(a);

@@ -434,8 +434,9 @@ static fr_tensor *run_segmented(fr_module *seq, fr_tensor *x, const fr_run *run)
             group_run.strategy = p->group_strategy[g];
         const fr_strategy *gs = &group_run.strategy;
         if (run->channels_last && (gs->abn || gs->abn_reference || gs->compress)) {
-            /* a planned group the channels-last mode does not cover runs
-             * NCHW (model.h, fr_layout_mode) */
+            /* a group the channels-last mode does not cover runs NCHW
+             * (model.h, fr_layout_mode). A guard: fr_plan_apply's layouts with
+             * such groups set plan_nchw, so the whole run is NCHW already */
             group_run.channels_last = false;
             out = fr_chain(out, fr_to_nchw(out));
             if (!out)
