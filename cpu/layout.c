@@ -73,7 +73,9 @@ FR_BN_VEC static void group_stats(double *restrict s, double *restrict ss,
  * c-long per-channel constants after them (`extra` arrays of c doubles). */
 static double *sums_alloc(int groups, int c, int extra, size_t *bytes) {
     *bytes = ((size_t)2 * (size_t)groups + (size_t)extra) * (size_t)c * sizeof(double);
-    return fr_mem_alloc(FR_CPU, *bytes ? *bytes : sizeof(double), FR_TAG_WORKSPACE);
+    if (!*bytes) /* c == 0: one double, so the block is real and freed alike */
+        *bytes = sizeof(double);
+    return fr_mem_alloc(FR_CPU, *bytes, FR_TAG_WORKSPACE);
 }
 
 fr_status fr_cpu_batch_norm_stats_nhwc(float *mean, float *var, const float *x, size_t px, int c) {
@@ -101,7 +103,7 @@ fr_status fr_cpu_batch_norm_stats_nhwc(float *mean, float *var, const float *x, 
         mean[ch] = (float)(shift[ch] + m);
         var[ch] = (float)(v < 0.0 ? 0.0 : v);
     }
-    fr_mem_free(FR_CPU, ws, bytes ? bytes : sizeof(double), FR_TAG_WORKSPACE);
+    fr_mem_free(FR_CPU, ws, bytes, FR_TAG_WORKSPACE);
     return FR_OK;
 }
 
@@ -260,7 +262,7 @@ fr_status fr_cpu_bn_act_backward_nhwc(float *dx, float *dz, float *dgamma, float
     float *kf = ws ? channel_consts(mean, invstd, gamma, beta, c, &kbytes) : NULL;
     if (!kf) {
         if (ws)
-            fr_mem_free(FR_CPU, ws, bytes ? bytes : sizeof(double), FR_TAG_WORKSPACE);
+            fr_mem_free(FR_CPU, ws, bytes, FR_TAG_WORKSPACE);
         return fr_last_status();
     }
     double *mud = ws + (size_t)2 * (size_t)groups * (size_t)c, *is = mud + c, *k = is + c;
@@ -276,10 +278,11 @@ fr_status fr_cpu_bn_act_backward_nhwc(float *dx, float *dz, float *dgamma, float
     float *gout = dz ? dz : g_is_dy ? NULL : dx;
     float *local = NULL;
     size_t local_bytes = px * (size_t)c * sizeof(float);
+    local_bytes = local_bytes ? local_bytes : 4; /* an empty batch: a real block, freed alike */
     if (!g_is_dy && !gout) { /* neither dz nor dx: g has nowhere to go */
-        if (!(local = fr_mem_alloc(FR_CPU, local_bytes ? local_bytes : 4, FR_TAG_WORKSPACE))) {
+        if (!(local = fr_mem_alloc(FR_CPU, local_bytes, FR_TAG_WORKSPACE))) {
             fr_mem_free(FR_CPU, kf, kbytes, FR_TAG_WORKSPACE);
-            fr_mem_free(FR_CPU, ws, bytes ? bytes : sizeof(double), FR_TAG_WORKSPACE);
+            fr_mem_free(FR_CPU, ws, bytes, FR_TAG_WORKSPACE);
             return fr_last_status();
         }
         gout = local;
@@ -310,8 +313,8 @@ fr_status fr_cpu_bn_act_backward_nhwc(float *dx, float *dz, float *dgamma, float
                      group_start(px, groups, g + 1), c);
     }
     if (local)
-        fr_mem_free(FR_CPU, local, local_bytes ? local_bytes : 4, FR_TAG_WORKSPACE);
+        fr_mem_free(FR_CPU, local, local_bytes, FR_TAG_WORKSPACE);
     fr_mem_free(FR_CPU, kf, kbytes, FR_TAG_WORKSPACE);
-    fr_mem_free(FR_CPU, ws, bytes ? bytes : sizeof(double), FR_TAG_WORKSPACE);
+    fr_mem_free(FR_CPU, ws, bytes, FR_TAG_WORKSPACE);
     return FR_OK;
 }
