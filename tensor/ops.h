@@ -65,8 +65,9 @@ fr_status fr_bcast_binary_out(fr_tensor *out, const fr_tensor *a, const fr_tenso
 /* out = scale * x summed down to out's shape: out right-aligned against x,
  * each of its dims x's size or 1 (the gradient of a broadcast operand) */
 fr_status fr_reduce_sum_out(fr_tensor *out, const fr_tensor *x, float scale);
-/* out = scale * (x * w) summed down to out's shape, w of x's shape: the
- * same bits as multiplying into a tensor and summing that, in one pass */
+/* out = scale * (x * w) summed down to out's shape, w of x's shape: in
+ * f32 the same bits as multiplying into a tensor and summing that, in one
+ * pass (with half operands the product is not rounded to half) */
 fr_status fr_reduce_sum_prod_out(fr_tensor *out, const fr_tensor *x, const fr_tensor *w,
                                  float scale);
 /* out = the maximum of x over the same dims (a NaN wins) */

@@ -10,8 +10,9 @@
  * output's size over the blocked dims' extent). A squeeze-excitation's
  * (N, C, H, W) times (N, C, 1, 1) is N * C units of H * W elements; its
  * gradient's sum over H and W the same units reduced to one element. A
- * unit is never split: a block holds one unit at least, so an output
- * whose leading run is short (one image, N = 1) stages whole images. */
+ * unit is never split: a block holds one unit at least, so where the run
+ * is N alone ((N, C, H, W) times (N, 1, H, W)) a block is at least one
+ * whole image. */
 #include <stdio.h>
 #include <string.h>
 
@@ -134,6 +135,11 @@ static fr_status bcast_staged(fr_tensor *out, const fr_tensor *a, const fr_tenso
     return st;
 }
 
+/* the operands are all f32 (c may be NULL): the kernels run on them as they are */
+static bool all_f32(const fr_tensor *a, const fr_tensor *b, const fr_tensor *c) {
+    return a->dtype == FR_F32 && b->dtype == FR_F32 && (!c || c->dtype == FR_F32);
+}
+
 fr_status fr_bcast_binary_out(fr_tensor *out, const fr_tensor *a, const fr_tensor *b,
                               fr_binary_op op) {
     static const char *names[FR_BINARY_COUNT] = {"add", "sub", "mul", "div", "expand", "eq"};
@@ -156,7 +162,7 @@ fr_status fr_bcast_binary_out(fr_tensor *out, const fr_tensor *a, const fr_tenso
         s.shape[d] = shape[d];
     bcast_strides(s.stride_a, a, nd);
     bcast_strides(s.stride_b, bb, nd);
-    if (out->dtype == FR_F32 && a->dtype == FR_F32 && bb->dtype == FR_F32)
+    if (all_f32(out, a, bb))
         return FR_CALL_KERNEL(fr_device_of(out), bcast_binary, fr_data_f32(out), fr_data_f32(a),
                               op == FR_BINARY_FIRST ? NULL : fr_data_f32(bb), op, &s);
     return bcast_staged(out, a, op == FR_BINARY_FIRST ? NULL : bb, op, &s);
@@ -288,10 +294,6 @@ static fr_status reduce_staged(fr_tensor *out, const fr_tensor *x, const fr_tens
     if (part)
         fr_mem_free(dev, part, n_out * sizeof(float), FR_TAG_WORKSPACE);
     return fr_stage_commit(&so, out, 0, n_out, st);
-}
-
-static bool all_f32(const fr_tensor *a, const fr_tensor *b, const fr_tensor *c) {
-    return a->dtype == FR_F32 && b->dtype == FR_F32 && (!c || c->dtype == FR_F32);
 }
 
 fr_status fr_reduce_sum_out(fr_tensor *out, const fr_tensor *x, float scale) {
