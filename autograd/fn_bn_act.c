@@ -115,11 +115,15 @@ static fr_status unpack_all(fr_node *node, const int *idx, fr_tensor **out, int 
     return FR_OK;
 }
 
+/* Whether the activation's gradient is read from its output's sign alone
+ * (ReLU, leaky ReLU): its mask can be kept as bits, or rebuilt from x. */
+static bool sign_act(fr_act act) { return act == FR_ACT_RELU || act == FR_ACT_LEAKY_RELU; }
+
 /* The bits of a block output's sign mask kept as bits (compress:B), when
  * this backward can read them as bits: ReLU or leaky ReLU over an f32,
  * contiguous dy; else NULL (the mask is unpacked). */
 static fr_tensor *sign_bits(fr_node *node, const bnact_ctx *c, const fr_tensor *dy) {
-    bool sign = c->act == FR_ACT_RELU || c->act == FR_ACT_LEAKY_RELU;
+    bool sign = sign_act(c->act);
     if (c->i_y < 0 || !sign || dy->dtype != FR_F32 || !fr_is_contiguous(dy))
         return NULL;
     return fr_node_sign_bits(node, c->i_y);
@@ -136,7 +140,7 @@ static fr_tensor *sign_bits(fr_node *node, const bnact_ctx *c, const fr_tensor *
  * the chain (half operands, synchronised BN): there the chain would rebuild
  * a whole pre-activation tensor instead of reading y. */
 static bool mask_from_x(const fr_node *node, const bnact_ctx *c, const fr_tensor *dy) {
-    bool sign = c->act == FR_ACT_RELU || c->act == FR_ACT_LEAKY_RELU;
+    bool sign = sign_act(c->act);
     const fr_tensor *x = c->i_x >= 0 ? node->saved[c->i_x].held : NULL;
     return sign && c->i_y >= 0 && !c->has_residual && x && x->dtype == FR_F32 &&
            dy->dtype == FR_F32 && node->device == FR_CPU && !fr_batch_norm_synced();
@@ -461,7 +465,7 @@ fr_tensor *fr_bn_act(fr_tensor *x, fr_tensor *residual, const fr_bn_state *bn, f
             if (ok && (residual || mode == FR_BNACT_KEEP)) {
                 /* a block output: kept by the next block anyway, so its mask
                  * costs nothing (KEEP: kept whatever follows) */
-                bool sign = act == FR_ACT_RELU || act == FR_ACT_LEAKY_RELU;
+                bool sign = sign_act(act);
                 ok = (c->i_y = sign  ? fr_node_save_sign(node, y)
                                : pre ? fr_node_save_activation(node, pre, true)
                                      : fr_node_save_activation(node, y, false)) >= 0;

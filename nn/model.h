@@ -154,10 +154,13 @@ struct fr_model {
     /* Set by a create function whose model's convolutions and norms all
      * take channels last (models/resnet.c): fr_model_cfg.layout applies. */
     bool channels_last_capable;
-    /* Set while a memory plan that may give blocks abn or compress is made
-     * or installed (planner/planner.h): those groups run NCHW, and a run
-     * that switched layout between groups would hold copies the planner's
-     * per-step profile never saw, so the whole model runs NCHW then. */
+    /* Set by fr_plan_memory and fr_plan_apply for a plan that may give
+     * blocks abn or compress (planner/planner.h), cleared by fr_plan_remove:
+     * those groups run NCHW, and a run that switched layout between groups
+     * would hold copies the planner's per-step profile never saw, so the
+     * whole model runs NCHW then. fr_plan_memory leaves it set, even when
+     * it fails, so that what runs between planning and fr_plan_apply (train's
+     * sizing of the evaluation batch) measures the layout the plan will run. */
     bool plan_nchw;
 };
 

@@ -23,10 +23,12 @@ static fr_status agree_batch(fr_dist *dist, fr_status local, int *batch) {
     fr_status s = fr_dist_sum(dist, v, world);
     int least = INT32_MAX, failed = -1;
     for (int k = 0; k < world && s == FR_OK; k++) {
-        if (v[k] < 1 && failed < 0)
-            failed = k;
-        else if (v[k] < least)
+        if (v[k] < 1) {
+            if (failed < 0)
+                failed = k;
+        } else if (v[k] < least) {
             least = (int)v[k];
+        }
     }
     free(v);
     if (s != FR_OK)

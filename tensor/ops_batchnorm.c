@@ -198,9 +198,7 @@ static fr_status apply_any(fr_tensor *y, const fr_tensor *x, const fr_tensor *re
                            const float *mean, const float *invstd, const fr_tensor *gamma,
                            const fr_tensor *beta, const bn_dims *d, fr_act act, float slope) {
     if (!nhwc(x))
-        return residual || act != FR_ACT_IDENTITY
-                   ? apply_act_staged(y, x, residual, mean, invstd, gamma, beta, act, slope, d)
-                   : apply_staged(y, x, mean, invstd, gamma, beta, d);
+        return apply_act_staged(y, x, residual, mean, invstd, gamma, beta, act, slope, d);
     return fr_cpu_bn_act_forward_nhwc(fr_data_f32(y), fr_data_f32(x),
                                       residual ? fr_data_f32(residual) : NULL, mean, invstd,
                                       fr_data_f32(gamma), fr_data_f32(beta), act, slope,
