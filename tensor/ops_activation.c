@@ -54,19 +54,10 @@ static fr_status bwd_block(fr_device dev, float *dx, const float *const *in, siz
     return FR_CALL_KERNEL(dev, act_backward, dx, in[0], in[1], a->act, a->p, n);
 }
 
-/* Two channels-last tensors of one shape (a channels-last model's, nn/model.h)
- * are flat buffers laid out alike: elementwise, as contiguous ones. */
-static fr_status check_pair(const char *op, const char *a_name, const fr_tensor *a,
-                            const char *b_name, const fr_tensor *b) {
-    if (fr_same_dense_layout(a, b))
-        return fr_check_same_device(op, a_name, a, b_name, b);
-    return fr_check_float_pair(op, a_name, a, b_name, b);
-}
-
 fr_status fr_act_forward(fr_tensor *y, const fr_tensor *x, fr_act act, float p) {
     const char *op = fr_act_name(act);
     FR_TRY(fr_act_check(op, act, p));
-    FR_TRY(check_pair(op, "y", y, "x", x));
+    FR_TRY(fr_check_float_pair(op, "y", y, "x", x));
     act_args a = {act, p};
     return fr_stage_run(y, false, &x, 1, (size_t)fr_numel(y), fwd_block, &a);
 }
@@ -76,8 +67,8 @@ fr_status fr_act_backward(fr_tensor *dx, const fr_tensor *dy, const fr_tensor *s
     char op[48];
     snprintf(op, sizeof op, "%s_backward", fr_act_name(act));
     FR_TRY(fr_act_check(op, act, p));
-    FR_TRY(check_pair(op, "dx", dx, "dy", dy));
-    FR_TRY(check_pair(op, "dy", dy, fr_act_needs_input(act) ? "x" : "y", s));
+    FR_TRY(fr_check_float_pair(op, "dx", dx, "dy", dy));
+    FR_TRY(fr_check_float_pair(op, "dy", dy, fr_act_needs_input(act) ? "x" : "y", s));
     act_args a = {act, p};
     return fr_stage_run(dx, false, (const fr_tensor *[]){dy, s}, 2, (size_t)fr_numel(dx),
                         bwd_block, &a);

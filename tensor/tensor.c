@@ -120,17 +120,34 @@ fr_tensor *fr_empty(fr_device dev, fr_dtype dtype, int ndim, const int64_t *shap
     return t;
 }
 
-fr_tensor *fr_zeros(fr_device dev, fr_dtype dtype, int ndim, const int64_t *shape, fr_mem_tag tag) {
-    fr_tensor *t = fr_empty(dev, dtype, ndim, shape, tag);
+static fr_status fill_block(fr_device dev, float *y, const float *const *in, size_t n, size_t off,
+                            const void *value) {
+    (void)in, (void)off;
+    return FR_CALL_KERNEL(dev, fill, y, *(const float *)value, n);
+}
+
+/* Every element of a dense storage (contiguous or channels last) set to
+ * value, f16 / bf16 through staged f32 blocks (rounded once, as a cast). */
+static fr_status fill_storage(fr_tensor *t, float value) {
+    return fr_stage_run(t, false, NULL, 0, (size_t)fr_numel(t), fill_block, &value);
+}
+
+/* Zeroes a new tensor's storage, whatever its dense layout (contiguous or
+ * channels last): NULL in, or a failed fill, gives NULL. */
+static fr_tensor *zeroed(fr_tensor *t) {
     if (!t)
         return NULL;
-    if (dev == FR_CPU) {
+    if (fr_device_of(t) == FR_CPU) {
         memset(t->storage->data, 0, t->storage->nbytes);
-    } else if (fr_fill_(t, 0.0f) != FR_OK) {
+    } else if (fill_storage(t, 0.0f) != FR_OK) {
         fr_release(t);
         return NULL;
     }
     return t;
+}
+
+fr_tensor *fr_zeros(fr_device dev, fr_dtype dtype, int ndim, const int64_t *shape, fr_mem_tag tag) {
+    return zeroed(fr_empty(dev, dtype, ndim, shape, tag));
 }
 
 fr_tensor *fr_empty_like(const fr_tensor *like, fr_mem_tag tag) {
@@ -165,13 +182,7 @@ bool fr_same_dense_layout(const fr_tensor *a, const fr_tensor *b) {
 }
 
 fr_tensor *fr_zeros_like(const fr_tensor *like, fr_mem_tag tag) {
-    if (fr_is_channels_last(like) && fr_device_of(like) == FR_CPU) { /* as fr_empty_like */
-        fr_tensor *t = fr_empty_channels_last(FR_CPU, like->shape, tag);
-        if (t)
-            memset(fr_data(t), 0, fr_nbytes(t));
-        return t;
-    }
-    return fr_zeros(fr_device_of(like), like->dtype, like->ndim, like->shape, tag);
+    return zeroed(fr_empty_like(like, tag)); /* keeps a channels-last layout, on any device */
 }
 
 fr_tensor *fr_from_host(fr_device dev, fr_dtype dtype, int ndim, const int64_t *shape,
@@ -476,17 +487,9 @@ float fr_item(const fr_tensor *t) {
     return v;
 }
 
-static fr_status fill_block(fr_device dev, float *y, const float *const *in, size_t n, size_t off,
-                            const void *value) {
-    (void)in, (void)off;
-    return FR_CALL_KERNEL(dev, fill, y, *(const float *)value, n);
-}
-
-/* f32 directly; f16 / bf16 through staged f32 blocks (the value is rounded
- * once, as a cast would). */
 fr_status fr_fill_(fr_tensor *t, float value) {
     FR_TRY(fr_check_floatc("fill", "input", t));
-    FR_TRY(fr_stage_run(t, false, NULL, 0, (size_t)fr_numel(t), fill_block, &value));
+    FR_TRY(fill_storage(t, value));
     fr_bump_version(t, "fill_");
     return FR_OK;
 }
@@ -606,6 +609,11 @@ fr_status fr_check_floatc(const char *op, const char *arg, const fr_tensor *t) {
 
 fr_status fr_check_float_pair(const char *op, const char *a_name, const fr_tensor *a,
                               const char *b_name, const fr_tensor *b) {
+    /* two channels-last tensors of one shape (a channels-last model's,
+     * nn/model.h) are flat buffers laid out alike: elementwise ops run on
+     * them as on contiguous ones (docs/ARCHITECTURE.md, layout between ops) */
+    if (fr_same_dense_layout(a, b))
+        return fr_check_same_device(op, a_name, a, b_name, b);
     FR_TRY(fr_check_floatc(op, a_name, a));
     FR_TRY(fr_check_floatc(op, b_name, b));
     FR_TRY(fr_check_same_shape(op, a_name, a, b_name, b));

@@ -165,7 +165,8 @@ fr_status fr_check_f32c(const char *op, const char *arg, const fr_tensor *t);
  * precision). */
 fr_status fr_check_floatc(const char *op, const char *arg, const fr_tensor *t);
 /* Both fr_check_floatc, of one shape, on one device: an elementwise op's
- * output and input. */
+ * output and input. Two channels-last tensors of one shape pass too
+ * (fr_same_dense_layout): elementwise, they are flat buffers laid out alike. */
 fr_status fr_check_float_pair(const char *op, const char *a_name, const fr_tensor *a,
                               const char *b_name, const fr_tensor *b);
 
