@@ -268,32 +268,12 @@ static fr_status reduce_staged(fr_tensor *out, const fr_tensor *x, const fr_tens
         return st;
     }
     /* reduced leading dims: partial sums of blocks of units */
-    size_t block = fr_stage_block_units(in, n_in, xu, (size_t)units);
     reduce_block_args g = {merge_leading(s, k, units, true), scale, max};
     fr_stage so;
     FR_TRY(fr_stage_out(&so, out, 0, n_out, false, NULL, NULL));
-    float *part = NULL;
-    fr_status st = FR_OK;
-    if (block < (size_t)units && !(part = fr_mem_alloc(dev, n_out * sizeof(float), FR_TAG_WORKSPACE)))
-        st = fr_last_status();
-    for (size_t first = 0; first < (size_t)units && st == FR_OK; first += block) {
-        size_t count = (size_t)units - first < block ? (size_t)units - first : block;
-        fr_stage sin[2] = {{0}, {0}};
-        const float *p[2] = {NULL, NULL};
-        for (int i = 0; i < n_in && st == FR_OK; i++) {
-            st = fr_stage_in(&sin[i], in[i], first * xu, count * xu);
-            p[i] = sin[i].p;
-        }
-        float *dst = fr_stage_partial_dst(so.p, part, first == 0);
-        if (st == FR_OK)
-            st = fr_stage_add_partial(dev, so.p, part, n_out, first == 0,
-                                      reduce_block(dev, dst, p, count, first, &g));
-        fr_stage_free(&sin[0]);
-        fr_stage_free(&sin[1]);
-    }
-    if (part)
-        fr_mem_free(dev, part, n_out * sizeof(float), FR_TAG_WORKSPACE);
-    return fr_stage_commit(&so, out, 0, n_out, st);
+    return fr_stage_commit(&so, out, 0, n_out,
+                           fr_stage_reduce_units(dev, so.p, n_out, in, xu, n_in, (size_t)units,
+                                                 reduce_block, &g));
 }
 
 fr_status fr_reduce_sum_out(fr_tensor *out, const fr_tensor *x, float scale) {

@@ -58,6 +58,12 @@ fr_status fr_axpy_(fr_tensor *y, float alpha, const fr_tensor *x) {
     return fr_stage_run(y, true, &x, 1, (size_t)fr_numel(y), axpy_block, &alpha);
 }
 
+static fr_status sum_block(fr_device dev, float *out, const float *const *in, size_t n, size_t off,
+                           const void *args) {
+    (void)off, (void)args;
+    return FR_CALL_KERNEL(dev, sum, out, in[0], n);
+}
+
 /* out (f32, one element) = the sum of x. Half x is summed block by block,
  * each block's sum (double on the CPU) added to out in f32. */
 fr_status fr_sum_out(fr_tensor *out, const fr_tensor *x) {
@@ -67,26 +73,8 @@ fr_status fr_sum_out(fr_tensor *out, const fr_tensor *x) {
     if (fr_numel(out) != 1)
         return fr_error(FR_ERR_SHAPE, "sum: out must have one element, has %lld",
                         (long long)fr_numel(out));
-    fr_device dev = fr_device_of(out);
-    size_t n = (size_t)fr_numel(x), block = fr_stage_block_units(&x, 1, 1, n);
-    float *total = fr_data_f32(out), *part = NULL;
-    if (block < n && !(part = fr_mem_alloc(dev, sizeof(float), FR_TAG_WORKSPACE)))
-        return fr_last_status();
-    fr_status st = FR_OK;
-    /* an empty x still writes its sum, 0: one block of no elements */
-    for (size_t off = 0; st == FR_OK && (off < n || off == 0); off += block) {
-        size_t len = n - off < block ? n - off : block;
-        fr_stage sx;
-        st = fr_stage_in(&sx, x, off, len);
-        if (st == FR_OK)
-            st = fr_stage_add_partial(dev, total, part, 1, off == 0,
-                                      FR_CALL_KERNEL(dev, sum, fr_stage_partial_dst(total, part, off == 0),
-                                                     sx.p, len));
-        fr_stage_free(&sx);
-    }
-    if (part)
-        fr_mem_free(dev, part, sizeof(float), FR_TAG_WORKSPACE);
-    return st;
+    size_t n = (size_t)fr_numel(x);
+    return fr_stage_reduce_units(fr_device_of(out), fr_data_f32(out), 1, &x, 1, 1, n, sum_block, NULL);
 }
 
 static fr_status fill_from_block(fr_device dev, float *out, const float *const *in, size_t n,

@@ -132,3 +132,33 @@ fr_status fr_stage_run_units(fr_tensor *out, size_t out_unit, bool load_out,
     }
     return st;
 }
+
+fr_status fr_stage_reduce_units(fr_device dev, float *total, size_t n_total,
+                                const fr_tensor *const *in, size_t in_unit, int n_in, size_t units,
+                                fr_block_kernel fn, const void *args) {
+    enum { MAX_IN = 4 };
+    FR_ASSERT(n_in >= 1 && n_in <= MAX_IN);
+    size_t block = fr_stage_block_units(in, n_in, in_unit, units);
+    float *part = NULL;
+    if (block < units && !(part = fr_mem_alloc(dev, n_total * sizeof(float), FR_TAG_WORKSPACE)))
+        return fr_last_status();
+    fr_status st = FR_OK;
+    for (size_t first = 0; st == FR_OK && (first < units || first == 0); first += block) {
+        size_t count = units - first < block ? units - first : block;
+        fr_stage sin[MAX_IN] = {{0}};
+        const float *p[MAX_IN] = {0};
+        for (int i = 0; i < n_in && st == FR_OK; i++) {
+            st = fr_stage_in(&sin[i], in[i], first * in_unit, count * in_unit);
+            p[i] = sin[i].p;
+        }
+        if (st == FR_OK)
+            st = fr_stage_add_partial(
+                dev, total, part, n_total, first == 0,
+                fn(dev, fr_stage_partial_dst(total, part, first == 0), p, count, first, args));
+        for (int i = 0; i < n_in; i++)
+            fr_stage_free(&sin[i]);
+    }
+    if (part)
+        fr_mem_free(dev, part, n_total * sizeof(float), FR_TAG_WORKSPACE);
+    return st;
+}

@@ -89,6 +89,15 @@ fr_status fr_stage_run_units(fr_tensor *out, size_t out_unit, bool load_out,
                              const fr_tensor *const *in, const size_t *in_units, int n_in,
                              size_t units, fr_block_kernel fn, const void *args);
 
+/* A reduction over blocks of `units` units (in_unit elements of each of
+ * in[0..n_in), n_in <= 4): fn writes a block's n_total results to its out,
+ * the first block into `total` (f32 on dev), every later one into a
+ * workspace partial added on (fr_stage_add_partial). At least one block
+ * runs, so an empty input still writes its total. */
+fr_status fr_stage_reduce_units(fr_device dev, float *total, size_t n_total,
+                                const fr_tensor *const *in, size_t in_unit, int n_in, size_t units,
+                                fr_block_kernel fn, const void *args);
+
 /* Elementwise: fr_stage_run_units with one-element units, n of them. */
 static inline fr_status fr_stage_run(fr_tensor *out, bool load_out, const fr_tensor *const *in,
                                      int n_in, size_t n, fr_block_kernel fn, const void *args) {
