@@ -68,10 +68,12 @@ static int cmp(const void *a, const void *b) {
     return (x > y) - (x < y);
 }
 
-/* One warm-up step, then `steps` timed: the median ms and the peak. */
-static fr_status measure(bench *b, int accum, double *ms, size_t *peak) {
+/* One warm-up step (unless the caller just ran one), then `steps` timed:
+ * the median ms and the peak. */
+static fr_status measure(bench *b, int accum, bool warm, double *ms, size_t *peak) {
     double loss, t[MAX_STEPS];
-    FR_TRY(fr_train_step(b->m, b->opt, NULL, b->x, b->y, accum, &loss, NULL, NULL));
+    if (!warm)
+        FR_TRY(fr_train_step(b->m, b->opt, NULL, b->x, b->y, accum, &loss, NULL, NULL));
     fr_mem_reset_peak();
     for (int i = 0; i < b->steps; i++) {
         double t0 = now_ms();
@@ -121,7 +123,7 @@ static fr_status run(bench *b, int budgets) {
         double ms;
         fr_plan_remove(b->m);
         FR_TRY(fr_strategy_parse(fixed[i], &b->m->cfg.strategy));
-        FR_TRY(measure(b, 1, &ms, &fixed_peak[i]));
+        FR_TRY(measure(b, 1, false, &ms, &fixed_peak[i]));
         printf("P\tfixed\t%s\t%zu\t%.3f\n", fixed[i], fixed_peak[i], ms);
         fflush(stdout);
     }
@@ -138,7 +140,7 @@ static fr_status run(bench *b, int budgets) {
         double ms = 0;
         size_t peak = 0;
         if (st == FR_OK)
-            st = measure(b, plan.accum, &ms, &peak);
+            st = measure(b, plan.accum, false, &ms, &peak);
         if (st == FR_OK)
             printf("P\tplan\t%zu\t%.0f\t%zu\t%.3f\t%d\t%s\n", budget, plan.predicted_peak, peak, ms,
                    plan.accum, equal ? fixed[i - budgets + 1] : "-");
@@ -171,8 +173,8 @@ static fr_status run_one(bench *b, size_t budget, fr_plan_options o) {
         st = fr_train_step(b->m, b->opt, NULL, b->x, b->y, plan.accum, &loss, NULL, NULL);
         first = fr_mem_total_peak(FR_CPU);
     }
-    if (st == FR_OK)
-        st = measure(b, plan.accum, &ms, &peak);
+    if (st == FR_OK) /* the first step was the warm-up */
+        st = measure(b, plan.accum, true, &ms, &peak);
     if (st == FR_OK) {
         fr_plan_print_measured(&plan, peak, 0, stdout);
         printf("P\tone\t%zu\t%.0f\t%.0f\t%zu\t%zu\t%.3f\t%d\n", budget, plan.predicted_peak,
