@@ -2,6 +2,8 @@
 #include <string.h>
 
 #include "../tensor/kernels.h"
+#include "cast.h"
+#include "isa.h"
 
 /* The eight-lane loops are compiled for AVX2 + F16C whatever the build's
  * flags and chosen at run time (__builtin_cpu_supports), so the installed,
@@ -108,13 +110,73 @@ FR_CAST_TARGET static size_t widen_simd(float *d, const uint16_t *s, size_t n, b
     }
     return i;
 }
+
+/* The same conversions sixteen lanes at a time, for the avx512 class
+ * (cpu/isa.h; FR_CPU_ISA=avx2 or below keeps the eight-lane loops). Every
+ * activation of a half step passes through them on its way into and out
+ * of the f32 kernels: 2.6e8 widened and 1.1e8 narrowed elements in one
+ * bf16 ResNet-20 step at batch 128, 20% of its time (perf, 2026-12-02).
+ * The bf16 rounding is the same integer arithmetic, and AVX-512F packs the
+ * sixteen results with one truncating move (vpmovdw) instead of AVX2's
+ * pack and permute; f16 is the hardware conversion as in F16C. The bits
+ * are the eight-lane loops', which are the scalar functions'. */
+#define FR_CAST_TARGET512 __attribute__((target("avx512f,f16c")))
+
+FR_CAST_TARGET512 static size_t narrow_simd512(uint16_t *d, const float *s, size_t n, bool f16) {
+    size_t i = 0;
+    const __m512i bias = _mm512_set1_epi32(0x7fff), one = _mm512_set1_epi32(1);
+    for (; i + 16 <= n; i += 16) {
+        __m512 v = _mm512_loadu_ps(s + i);
+        if (_mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q))
+            break; /* a NaN: the rest of the chunk goes the eight-lane way */
+        if (f16) {
+            _mm256_storeu_si256((__m256i *)(d + i),
+                                _mm512_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+            continue;
+        }
+        __m512i u = _mm512_castps_si512(v);
+        __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), one);
+        __m512i r = _mm512_srli_epi32(_mm512_add_epi32(_mm512_add_epi32(u, bias), lsb), 16);
+        _mm256_storeu_si256((__m256i *)(d + i), _mm512_cvtepi32_epi16(r));
+    }
+    return i;
+}
+
+FR_CAST_TARGET512 static size_t widen_simd512(float *d, const uint16_t *s, size_t n, bool f16) {
+    size_t i = 0;
+    const __m256i abs_mask = _mm256_set1_epi16(0x7fff), f16_inf = _mm256_set1_epi16(0x7c00);
+    for (; i + 16 <= n; i += 16) {
+        __m256i h = _mm256_loadu_si256((const __m256i *)(s + i));
+        if (f16) {
+            __m256i big = _mm256_cmpgt_epi16(_mm256_and_si256(h, abs_mask), f16_inf);
+            if (!_mm256_testz_si256(big, big))
+                break;
+            _mm512_storeu_ps(d + i, _mm512_cvtph_ps(h));
+        } else {
+            _mm512_storeu_si512(d + i, _mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+        }
+    }
+    return i;
+}
+
+/* The class in use is avx512 (FR_CPU_ISA honoured; its error means no). */
+static bool cast_avx512(void) {
+    static int usable = -1; /* benign race: every thread computes the same value */
+    if (usable < 0) {
+        fr_cpu_isa isa;
+        usable = fr_cpu_isa_get(&isa) == FR_OK && isa == FR_ISA_AVX512;
+    }
+    return usable;
+}
 #endif
 
 static void narrow_chunk(uint16_t *d, const float *s, size_t n, bool f16) {
     size_t i = 0;
 #ifdef FR_CAST_SIMD
-    if (cast_simd_usable())
-        i = narrow_simd(d, s, n, f16);
+    if (cast_simd_usable()) {
+        i = cast_avx512() ? narrow_simd512(d, s, n, f16) : 0;
+        i += narrow_simd(d + i, s + i, n - i, f16);
+    }
 #endif
     for (; i < n; i++)
         d[i] = f16 ? fr_f32_to_f16(s[i]) : fr_f32_to_bf16(s[i]);
@@ -125,11 +187,22 @@ static void narrow_chunk(uint16_t *d, const float *s, size_t n, bool f16) {
 static void widen_chunk(float *d, const uint16_t *s, size_t n, bool f16) {
     size_t i = 0;
 #ifdef FR_CAST_SIMD
-    if (cast_simd_usable())
-        i = widen_simd(d, s, n, f16);
+    if (cast_simd_usable()) {
+        i = cast_avx512() ? widen_simd512(d, s, n, f16) : 0;
+        i += widen_simd(d + i, s + i, n - i, f16);
+    }
 #endif
     for (; i < n; i++)
         d[i] = f16 ? fr_f16_to_f32(s[i]) : fr_bf16_to_f32(s[i]);
+}
+
+void fr_cpu_cast_half_run(void *dst, fr_dtype dst_type, const void *src, fr_dtype src_type,
+                          size_t n) {
+    FR_ASSERT((dst_type == FR_F32) != (src_type == FR_F32));
+    if (dst_type == FR_F32)
+        widen_chunk(dst, src, n, src_type == FR_F16);
+    else
+        narrow_chunk(dst, src, n, dst_type == FR_F16);
 }
 
 fr_status fr_cpu_cast(void *dst, fr_dtype dst_type, const void *src, fr_dtype src_type, size_t n) {

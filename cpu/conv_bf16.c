@@ -4,30 +4,103 @@
  * accumulation, instead of staging every operand to f32 for the f32
  * kernels and rounding the result back.
  *
- * Which shapes: a fixed rule over one image's shape and the ISA class, as
- * for f32 (cpu/conv_rules.c), never a timing: the forward and backward
- * (data) passes of 3x3 layers, which measured faster in bf16 than staged
- * f32; 1x1 layers stay f32 (docs/ARCHITECTURE.md, "CPU convolution and
- * GEMM", has the measurements). The weight gradient always stays f32: dw
- * goes to f32 master weights, and oneDNN's multi-threaded weight gradient
- * splits its sums by the team size, which the f32 path avoids with image
- * groups (cpu/conv_dnnl.c).
+ * When: only where a bf16 kernel measured faster than the staged f32 path,
+ * so that bf16 is never slower than f32 (issue 24). That depends on which
+ * bf16 kernels oneDNN has on the CPU (bench/RESULTS.md, 2026-12-02):
+ *  - AMX (oneDNN's avx512_core_amx): measured earlier that day on the
+ *    Xeon when its features listed AMX, the bf16 3x3 layers ran 2.1-5.9x
+ *    faster forward and 1.5-4.0x backward (data) than staged f32 (batch 8;
+ *    docs/ARCHITECTURE.md, "CPU convolution and GEMM"; 0.13 ms for 16->16
+ *    @32 is about 290 GFLOP/s on one core, beyond AVX512_BF16's dot
+ *    products, so those were AMX kernels). The rule runs them.
+ *  - AVX512_BF16 without AMX (avx512_core_bf16; the same machine later,
+ *    AMX no longer listed): through the op, one thread, CPU time, the bf16
+ *    kernels took 1.1-1.9x the staged f32 path's time on the ResNet 3x3
+ *    layers at batch 8 and 128, all but one (16->32 s2 @32 forward, 0.92x
+ *    at batch 128 and 0.95x at 8, within the noise), and a bf16 ResNet-20
+ *    step ran 10-25% faster with every layer staged. The rule stages them
+ *    all.
+ * FR_CONV_BF16 overrides: "on" runs the bf16 kernels wherever they exist
+ * (for a CPU where they measure faster, and for the tests), "off" never,
+ * "auto" (or unset) is the rule. Any other value is refused, as FR_CPU_ISA
+ * is (cpu/isa.h). It is read once per process and the rule depends on the
+ * CPU only, so a shape runs the same kernel in every call: strategies stay
+ * bit for bit equal to plain.
+ *
+ * The weight gradient always stays f32: dw goes to f32 master weights, and
+ * oneDNN's multi-threaded weight gradient splits its sums by the team size,
+ * which the f32 path avoids with image groups (cpu/conv_dnnl.c).
  *
  * Without AVX512_BF16, or with FR_CPU_ISA below avx512, bf16 stays a
- * storage format: the call declines and the caller stages to f32. f16
- * operands always decline (no f16 compute on the CPU). */
+ * storage format even with FR_CONV_BF16=on: the call declines and the
+ * caller stages to f32. f16 operands always decline (no f16 compute on the
+ * CPU). */
+#include <stdlib.h>
+#include <string.h>
+
 #include "../tensor/kernels.h"
 #include "conv.h"
+#include "fr_dnnl.h"
 #include "isa.h"
 
-bool fr_cpu_conv_bf16_applies(const fr_conv_shape *s, int direction) {
+typedef enum { BF16_AUTO = 0, BF16_ON, BF16_OFF, BF16_INVALID } bf16_mode;
+
+/* FR_CONV_BF16, read on the first call */
+static bf16_mode mode(void) {
+    static int m = -1; /* benign race: every thread reads the same variable */
+    if (m < 0) {
+        const char *e = getenv("FR_CONV_BF16");
+        m = !e || !*e || !strcmp(e, "auto") ? BF16_AUTO
+            : !strcmp(e, "on")              ? BF16_ON
+            : !strcmp(e, "off")             ? BF16_OFF
+                                            : BF16_INVALID;
+    }
+    return (bf16_mode)m;
+}
+
+/* Where oneDNN has a bf16 kernel that frugal runs: 3x3, forward and
+ * backward (data). */
+static bool kernel_exists(const fr_conv_shape *s, int direction) {
     return fr_cpu_have_dnnl() && fr_cpu_isa_has_bf16() && (direction == 0 || direction == 1) &&
            s->r == 3 && s->s == 3 && fr_conv_groups(s) == 1 && fr_conv_dilation(s) == 1;
+}
+
+#ifdef FR_HAVE_DNNL
+bool fr_cpu_conv_bf16_amx(void) {
+    (void)fr_dnnl_engine(); /* sets oneDNN's ISA cap (FR_CPU_ISA) before the query */
+    dnnl_cpu_isa_t isa = dnnl_get_effective_cpu_isa();
+    return (isa & dnnl_cpu_isa_avx512_core_amx) == dnnl_cpu_isa_avx512_core_amx;
+}
+#else
+bool fr_cpu_conv_bf16_amx(void) { return false; }
+#endif
+
+bool fr_cpu_conv_bf16_applies(const fr_conv_shape *s, int direction) {
+    bf16_mode m = mode();
+    return (m == BF16_ON || (m == BF16_AUTO && fr_cpu_conv_bf16_amx())) &&
+           kernel_exists(s, direction);
+}
+
+const char *fr_cpu_conv_bf16_describe(void) {
+    if (!fr_cpu_have_dnnl() || !fr_cpu_isa_has_bf16())
+        return "is storage only";
+    switch (mode()) {
+    case BF16_ON: return "computes 3x3 forward and backward (data) (FR_CONV_BF16=on)";
+    case BF16_OFF: return "is storage only (FR_CONV_BF16=off)";
+    case BF16_INVALID: return "refused: FR_CONV_BF16 must be auto, on or off";
+    default:
+        return fr_cpu_conv_bf16_amx() ? "computes 3x3 forward and backward (data) (AMX)"
+                                      : "is storage only (its kernels measured slower than f32 "
+                                        "without AMX, cpu/conv_bf16.c)";
+    }
 }
 
 fr_status fr_cpu_conv2d_half(void *out, const void *in0, const void *in1, fr_dtype dtype,
                              int direction, const fr_conv_shape *s, bool *done) {
     *done = false;
+    if (mode() == BF16_INVALID)
+        return fr_error(FR_ERR_ARG, "conv2d: FR_CONV_BF16=\"%s\" is not auto, on or off",
+                        getenv("FR_CONV_BF16"));
     if (dtype != FR_BF16 || fr_cpu_conv_get_backend() != FR_CPU_CONV_AUTO || s->n <= 0 ||
         !fr_cpu_conv_bf16_applies(s, direction))
         return FR_OK;

@@ -117,6 +117,5 @@ void fr_cpu_conv_describe(char *buf, size_t size) {
              r->bwd_data.min_k, r->weight_3x3_s1 ? "oneDNN in image groups" : r->weight_strided ?
              "oneDNN in image groups for strided 3x3 and 1x1" : own,
              r->weight_3x3_s1 && r->weight_strided ? " for 3x3 and strided 1x1" : "", own,
-             fr_cpu_isa_has_bf16() ? "computes 3x3 forward and backward (data) (cpu/conv_bf16.c)"
-                                   : "is storage only");
+             fr_cpu_conv_bf16_describe());
 }

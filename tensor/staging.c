@@ -3,6 +3,7 @@
 
 #include "kernels.h"
 #include "memory.h"
+#include "../cpu/cast.h"
 
 /* About 1 MiB of f32 per staged operand: large enough that a block's
  * kernel still spreads over every core, small enough that the scratch of an
@@ -93,11 +94,80 @@ fr_status fr_stage_add_partial(fr_device dev, float *total, const float *part, s
     return FR_CALL_KERNEL(dev, axpy, total, 1.0f, part, n);
 }
 
+enum { MAX_IN = 4 };
+
+/* Elementwise ops on the CPU with a half operand run in tiles of
+ * FR_STAGE_TILE elements converted into buffers on the stack (16 KiB of f32 per
+ * operand), not in 1 MiB
+ * blocks on the heap: the f32 copies stay in L1 or L2 between the widening, the
+ * kernel and the rounding, and no block is allocated, entered in the ledger
+ * or faulted in. The bf16 ResNet-20 step spent 20% of its time widening and
+ * narrowing 1 MiB blocks (perf, 2026-12-02; bench/RESULTS.md). An
+ * elementwise kernel computes element i from elements i only, so the bits
+ * are those of any other blocking, at any thread count. */
+#define FR_STAGE_TILE 4096
+/* Below this many elements the tiles run on the calling thread alone. */
+#define FR_STAGE_TILE_PAR_MIN 32768
+
+static fr_status run_tile(fr_tensor *out, bool load_out, const fr_tensor *const *in, int n_in,
+                          size_t off, size_t len, fr_block_kernel fn, const void *args) {
+    float buf[MAX_IN + 1][FR_STAGE_TILE];
+    const float *p[MAX_IN] = {0};
+    float *o = NULL;
+    for (int i = 0; i < n_in; i++) {
+        if (in[i]->dtype == FR_F32) {
+            p[i] = (const float *)elem_ptr(in[i], off);
+        } else {
+            fr_cpu_cast_half_run(buf[i], FR_F32, elem_ptr(in[i], off), in[i]->dtype, len);
+            p[i] = buf[i];
+        }
+        if (fr_data(in[i]) == fr_data(out))
+            o = (float *)p[i]; /* inplace: the kernel writes over its input's tile */
+    }
+    bool half_out = out->dtype != FR_F32;
+    if (!o)
+        o = half_out ? buf[MAX_IN] : (float *)elem_ptr(out, off);
+    if (half_out && load_out && o == buf[MAX_IN])
+        fr_cpu_cast_half_run(o, FR_F32, elem_ptr(out, off), out->dtype, len);
+    fr_status st = fn(FR_CPU, o, p, len, off, args);
+    if (st == FR_OK && half_out)
+        fr_cpu_cast_half_run(elem_ptr(out, off), out->dtype, o, FR_F32, len);
+    return st;
+}
+
+static fr_status run_tiles(fr_tensor *out, bool load_out, const fr_tensor *const *in, int n_in,
+                           size_t n, fr_block_kernel fn, const void *args) {
+    size_t tiles = (n + FR_STAGE_TILE - 1) / FR_STAGE_TILE;
+    size_t failed = tiles; /* the first tile that failed, if any */
+#pragma omp parallel for if (n > FR_STAGE_TILE_PAR_MIN) schedule(static)
+    for (size_t t = 0; t < tiles; t++) {
+        size_t off = t * FR_STAGE_TILE, len = n - off < FR_STAGE_TILE ? n - off : FR_STAGE_TILE;
+        if (run_tile(out, load_out, in, n_in, off, len, fn, args) != FR_OK) {
+#pragma omp critical(fr_stage_tiles)
+            failed = t < failed ? t : failed;
+        }
+    }
+    if (failed == tiles)
+        return FR_OK;
+    /* errors are per thread (fr_last_error): the failing tile runs again
+     * here, so its message is the caller's */
+    size_t off = failed * FR_STAGE_TILE;
+    return run_tile(out, load_out, in, n_in, off, n - off < FR_STAGE_TILE ? n - off : FR_STAGE_TILE,
+                    fn, args);
+}
+
 fr_status fr_stage_run_units(fr_tensor *out, size_t out_unit, bool load_out,
                              const fr_tensor *const *in, const size_t *in_units, int n_in,
                              size_t units, fr_block_kernel fn, const void *args) {
-    enum { MAX_IN = 4 };
     FR_ASSERT(n_in >= 0 && n_in <= MAX_IN);
+    bool elementwise = out_unit == 1;
+    for (int i = 0; i < n_in && in_units; i++)
+        elementwise &= in_units[i] == 1;
+    bool any_half = fr_is_half(out);
+    for (int i = 0; i < n_in; i++)
+        any_half |= fr_is_half(in[i]);
+    if (elementwise && any_half && fr_device_of(out) == FR_CPU)
+        return run_tiles(out, load_out, in, n_in, units, fn, args);
     const fr_tensor *all[MAX_IN + 1] = {out};
     size_t unit[MAX_IN], widest = out_unit;
     for (int i = 0; i < n_in; i++) {
