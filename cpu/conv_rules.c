@@ -31,12 +31,14 @@ static const isa_rule rules[FR_ISA_COUNT] = {
     /* baseline: oneDNN's SSE4.1 kernels against the im2col reference;
      * not measured apart from AVX2's row, whose rule it keeps */
     [FR_ISA_BASELINE] = {{64, 16, false}, {64, 16, false}, false, false, false},
-    /* AVX2: the data passes and the 3x3 stride-1 weight gradient as
-     * measured on an AMD EPYC (Zen 3); the strided and 1x1 weight
-     * gradients, which went to im2col, on the Xeon under FR_CPU_ISA=avx2;
-     * there im2col's OpenBLAS lost DenseNet's 48->12 backward (data) to the
-     * shifted planes 2.5x */
-    [FR_ISA_AVX2] = {{64, 16, false}, {64, 16, false}, false, true, false},
+    /* AVX2: the data passes as measured on an AMD EPYC (Zen 3); every
+     * weight gradient on the Xeon under FR_CPU_ISA=avx2, where oneDNN's
+     * AVX2 kernels in image groups beat im2col 2-3x on the strided layers
+     * and the shifted planes 1.2-1.6x on ResNet's 3x3 stride-1 layers (Zen
+     * 3 had compared the shifted planes with im2col and whole-batch oneDNN
+     * only, before the groups existed); there im2col's OpenBLAS lost
+     * DenseNet's 48->12 backward (data) to the shifted planes 2.5x */
+    [FR_ISA_AVX2] = {{64, 16, false}, {64, 16, false}, true, true, false},
     /* AVX-512 (Intel Xeon with AVX512_BF16/FP16 and AMX): oneDNN's 3x3
      * forward wins at every width (DenseNet's 128..256 -> 12 growth layers
      * 2x faster than the shifted planes), its wide 1x1 forward and wide

@@ -465,7 +465,7 @@ static void test_rule_table(void) {
     fr_conv_shape wide = shape_of(&isa_cases[6]), k5 = shape_of(&isa_cases[8]);
     CHECK(fr_cpu_conv_rule(&s3, 2, FR_ISA_BASELINE) == FR_CONV_PATH_OWN);
     CHECK(fr_cpu_conv_rule(&s3s2, 2, FR_ISA_BASELINE) == FR_CONV_PATH_OWN);
-    CHECK(fr_cpu_conv_rule(&s3, 2, FR_ISA_AVX2) == FR_CONV_PATH_OWN);
+    CHECK(fr_cpu_conv_rule(&s3, 2, FR_ISA_AVX2) == FR_CONV_PATH_DNNL_GROUPS);
     CHECK(fr_cpu_conv_rule(&s3s2, 2, FR_ISA_AVX2) == FR_CONV_PATH_DNNL_GROUPS);
     CHECK(fr_cpu_conv_rule(&s1x1, 2, FR_ISA_AVX2) == FR_CONV_PATH_DNNL_GROUPS);
     CHECK(fr_cpu_conv_rule(&s3, 2, FR_ISA_AVX512) == FR_CONV_PATH_DNNL_GROUPS);
