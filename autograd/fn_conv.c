@@ -27,10 +27,16 @@ typedef struct {
     fr_conv_params p;
     fr_conv_transpose_params tp;
     bool transposed;
+    /* channels last (fr_conv2d_channels_last): the pass runs on s with
+     * channels-last dy and x; x_nhwc: dx in x's layout */
+    bool channels_last, x_nhwc;
+    fr_conv_shape s;
     int64_t x_shape[4], w_shape[4];
     fr_dtype x_dtype, w_dtype, compute; /* compute: the dtype w is cast to (autocast) */
     int x, w; /* saved slots, -1 when not saved */
 } conv_ctx;
+
+static fr_status conv_cl_backward(fr_node *node, fr_tensor *const *dout, fr_tensor **din);
 
 static fr_tensor *grad_like(const fr_tensor *dy, fr_dtype dtype, int ndim, const int64_t *shape) {
     return fr_empty(fr_device_of(dy), dtype, ndim, shape, FR_TAG_TRANSIENT);
@@ -44,6 +50,8 @@ static fr_status run_backward(const conv_ctx *c, fr_tensor *dx, fr_tensor *dw, f
 
 static fr_status conv_backward(fr_node *node, fr_tensor *const *dout, fr_tensor **din) {
     const conv_ctx *c = node->ctx;
+    if (c->channels_last)
+        return conv_cl_backward(node, dout, din);
     fr_tensor *dy = dout[0];
     fr_status st = FR_OK;
     if (fr_node_needs_grad(node, CONV_W)) {
@@ -147,15 +155,8 @@ fr_tensor *fr_conv_transpose2d(fr_tensor *x, fr_tensor *w, fr_tensor *b, fr_conv
 
 /* ---- channels last (functions.h: a model's channels-last mode) ---- */
 
-typedef struct {
-    fr_conv_shape s;
-    int64_t w_shape[4];
-    bool x_nhwc; /* dx in x's layout */
-    int x, w;    /* saved slots, -1 when not saved */
-} conv_cl_ctx;
-
 static fr_status conv_cl_backward(fr_node *node, fr_tensor *const *dout, fr_tensor **din) {
-    const conv_cl_ctx *c = node->ctx;
+    const conv_ctx *c = node->ctx;
     /* dy channels last whatever reached us (a checkpoint's leaf gradient is
      * made like its leaf, so it normally is) */
     fr_tensor *dy = fr_layout_copy(dout[0], true);
@@ -217,25 +218,10 @@ fr_tensor *fr_conv2d_channels_last(fr_tensor *x, fr_tensor *w, fr_tensor *b, fr_
     fr_status st = xl ? fr_cpu_conv2d_nhwc(0, fr_data_f32(y), fr_data_f32(xl), fr_data_f32(w), &s)
                       : fr_last_status();
     fr_release(xl);
-    fr_tensor *in[2] = {x, w};
-    if (st == FR_OK && fr_should_record(2, in)) {
-        conv_cl_ctx *c = calloc(1, sizeof *c);
-        fr_node *node = c ? fr_node_new("conv2d", conv_cl_backward, 2, in, 1) : NULL;
-        if (!node) {
-            st = c ? fr_last_status() : fr_error(FR_ERR_OOM, "%s: out of memory recording a node", op);
-            free(c);
-        } else {
-            *c = (conv_cl_ctx){.s = s, .x_nhwc = x_nhwc, .x = -1, .w = -1};
-            memcpy(c->w_shape, w->shape, sizeof c->w_shape);
-            fr_node_set_ctx(node, c, NULL);
-            if (fr_node_needs_grad(node, CONV_W) && (c->x = fr_node_save_activation(node, x, true)) < 0)
-                st = fr_last_status();
-            if (st == FR_OK && fr_node_needs_grad(node, CONV_X) && (c->w = fr_node_save(node, w)) < 0)
-                st = fr_last_status();
-            if (st == FR_OK)
-                fr_node_set_output(node, 0, y);
-        }
-    }
+    fr_tensor *in[3] = {x, w, NULL};
+    if (st == FR_OK && fr_should_record(3, in))
+        st = conv_record(in, (conv_ctx){.p = p, .channels_last = true, .x_nhwc = x_nhwc, .s = s},
+                         FR_F32, y);
     if (st != FR_OK)
         fr_clear(&y);
     return y;

@@ -25,7 +25,8 @@ fr_status fr_cpu_conv2d_backward_weight_im2col(float *dw, const float *dy, const
 
 /* The weight gradient of a 3x3 stride-1 pad-1 convolution from padded
  * planes, without im2col (cpu/conv_shift.c): what the AUTO backend runs for
- * those shapes on CPUs with AVX2 and FMA. _applies says whether it takes s
+ * those shapes on CPUs with AVX2 and FMA where the rule table
+ * (fr_cpu_conv_own_shift) says so. _applies says whether it takes s
  * on this CPU; the kernel refuses (FR_ERR_ARG) what it does not take. */
 bool fr_cpu_conv_shift_applies(const fr_conv_shape *s);
 fr_status fr_cpu_conv2d_backward_weight_shift(float *dw, const float *dy, const float *x,
@@ -57,6 +58,11 @@ typedef enum { FR_CONV_PATH_OWN = 0, FR_CONV_PATH_DNNL, FR_CONV_PATH_DNNL_GROUPS
 /* The rule table's entry for a shape, direction (0 fwd, 1 bwd_data, 2
  * bwd_weight) and ISA class, in this build (OWN without oneDNN). */
 fr_conv_path fr_cpu_conv_rule(const fr_conv_shape *s, int direction, fr_cpu_isa isa);
+/* Where the entry is OWN and the shifted planes apply (3x3 stride-1 pad-1,
+ * fr_cpu_conv_shift_applies): whether they run (from the avx2 class up,
+ * but the avx512 class's backward (data), which runs im2col on oneDNN's
+ * sgemm in a oneDNN build), else im2col. */
+bool fr_cpu_conv_own_shift(int direction, fr_cpu_isa isa);
 /* The same for the class in use (FR_ERR_ARG when FR_CPU_ISA is refused). */
 fr_status fr_cpu_conv_path(const fr_conv_shape *s, int direction, fr_conv_path *out);
 /* One line for train's header: the ISA class and the rule it selects. */
@@ -88,11 +94,9 @@ const char *fr_cpu_conv_bf16_describe(void);
  * runs the NCHW path on transposed copies (workspace), with its bits. */
 fr_status fr_cpu_conv2d_nhwc(int direction, float *out, const float *in0, const float *in1,
                              const fr_conv_shape *s);
-/* The rule (cpu/conv_rules.c): the avx512 class, groups 1, dilation 1, and
- * a shape the class's NCHW rule sends to oneDNN; a fixed rule, like the
- * NCHW table. */
-bool fr_cpu_conv_nhwc_rule(const fr_conv_shape *s, int direction, fr_cpu_isa isa);
-/* The rule for this machine's ISA class in *direct; FR_ERR_ARG when
+/* The rule (cpu/conv_rules.c) for this machine's ISA class in *direct:
+ * the avx512 class, groups 1, dilation 1, and a shape the class's NCHW rule
+ * sends to oneDNN; a fixed rule, like the NCHW table. FR_ERR_ARG when
  * FR_CPU_ISA is refused. */
 fr_status fr_cpu_conv_nhwc_path(const fr_conv_shape *s, int direction, bool *direct);
 /* Whether a model's channels-last mode is on by default (nn/model.h,

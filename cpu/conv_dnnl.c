@@ -72,16 +72,20 @@ static fr_status run_reference(const fr_conv_shape *s, int dir, const conv_args 
 }
 
 /* Where oneDNN does not run (or is not built): a 3x3 stride-1 pad-1 layer
- * takes the shifted-plane kernels under the AUTO backend, anything else the
- * im2col reference. */
-static bool own_takes_shift(const fr_conv_shape *s) {
-    return backend == FR_CPU_CONV_AUTO && fr_cpu_conv_shift_applies(s);
+ * takes the shifted-plane kernels under the AUTO backend where the rule
+ * table says so (cpu/conv_rules.c), anything else the im2col reference. */
+static bool own_takes_shift(const fr_conv_shape *s, int dir) {
+    fr_cpu_isa isa;
+    return backend == FR_CPU_CONV_AUTO && fr_cpu_conv_shift_applies(s) &&
+           fr_cpu_isa_get(&isa) == FR_OK && fr_cpu_conv_own_shift(dir, isa);
 }
 
-static const char *own_impl(const fr_conv_shape *s) { return own_takes_shift(s) ? "shift" : "im2col"; }
+static const char *own_impl(const fr_conv_shape *s, int dir) {
+    return own_takes_shift(s, dir) ? "shift" : "im2col";
+}
 
 static fr_status run_own(const fr_conv_shape *s, int dir, const conv_args *a) {
-    if (!own_takes_shift(s))
+    if (!own_takes_shift(s, dir))
         return run_reference(s, dir, a);
     if (dir == DIR_FWD)
         return fr_cpu_conv2d_forward_shift(a->out, a->in0, a->in1, s);
@@ -249,6 +253,10 @@ fr_status fr_cpu_conv_dnnl_bf16(void *out, const void *in0, const void *in1, con
  * pixel it is given into one accumulator per weight. */
 #define WEIGHT_CHAIN_PIXELS 1024
 
+/* Weights per block of the group sum: a block of every partial (16 x 4
+ * KiB) stays in L1/L2 while it is added up. */
+#define SUM_BLOCK 1024
+
 /* Images per oneDNN weight-gradient call: as many as keep its chain within
  * WEIGHT_CHAIN_PIXELS. Depends on the shape of one image only. */
 static int images_per_call(const fr_conv_shape *s) {
@@ -332,6 +340,9 @@ static fr_status run_weight_groups(const fr_conv_shape *s, const conv_args *a, i
         return fr_last_status();
     size_t x_img = (size_t)s->c * s->h * s->w, y_img = (size_t)s->k * s->oh * s->ow;
     fr_status status[FR_CONV_WEIGHT_GROUPS];
+    /* the groups' sum, in group order, into group 0's partial when it is
+     * reordered afterwards, else straight into dw */
+    float *dw = raw ? (float *)ws : a->out;
 #pragma omp parallel num_threads(threads)
     {
         char *tws = ws + dw_bytes * (size_t)groups + per_thread * (size_t)omp_get_thread_num();
@@ -362,6 +373,29 @@ static fr_status run_weight_groups(const fr_conv_shape *s, const conv_args *a, i
         }
         if (strm)
             dnnl_stream_destroy(strm);
+        /* the implicit barrier above: every partial is complete. Then one
+         * pass over the weights in blocks, each weight summed over the
+         * groups in group order (group 0's partial first, as it was): one
+         * barrier, where a loop over the groups with a vector loop inside
+         * took one per group, and each block read once */
+        bool ok = true;
+        for (int g = 0; g < groups; g++)
+            ok = ok && status[g] == FR_OK;
+#pragma omp for schedule(static)
+        for (size_t j0 = 0; j0 < dw_len; j0 += SUM_BLOCK) {
+            if (!ok)
+                continue;
+            size_t len = dw_len - j0 < SUM_BLOCK ? dw_len - j0 : SUM_BLOCK;
+            float *d = dw + j0;
+            if (d != (float *)ws + j0)
+                memcpy(d, ws + j0 * sizeof(float), len * sizeof(float));
+            for (int g = 1; g < groups; g++) {
+                const float *pg = (const float *)(ws + dw_bytes * (size_t)g) + j0;
+#pragma omp simd
+                for (size_t j = 0; j < len; j++)
+                    d[j] += pg[j];
+            }
+        }
     }
     fr_status out = FR_OK;
     for (int g = 0; g < groups && out == FR_OK; g++)
@@ -369,24 +403,8 @@ static fr_status run_weight_groups(const fr_conv_shape *s, const conv_args *a, i
             out = fr_error(status[g], "conv2d backward (weight): oneDNN failed on image group %d "
                            "of %d (%d->%d %dx%d at %dx%d)", g, groups, s->c, s->k, s->r, s->s,
                            s->h, s->w);
-    if (out == FR_OK) {
-        /* the groups' sum, in group order, into group 0's partial when it
-         * is reordered afterwards, else straight into dw */
-        float *dw = raw ? (float *)ws : a->out;
-        if (!raw)
-            memcpy(dw, ws, dw_len * sizeof(float));
-        /* group by group, each a vector loop over the weights: every
-         * weight's sum keeps the group order */
-#pragma omp parallel num_threads(fr_cpu_threads())
-        for (int g = 1; g < groups; g++) {
-            const float *pg = (const float *)(ws + dw_bytes * (size_t)g);
-#pragma omp for simd schedule(static)
-            for (size_t j = 0; j < dw_len; j++)
-                dw[j] += pg[j];
-        }
-        if (raw)
-            out = fr_dnnl_plan_reorder_output(first_plan, 0, ws, a->out);
-    }
+    if (out == FR_OK && raw)
+        out = fr_dnnl_plan_reorder_output(first_plan, 0, ws, a->out);
     fr_mem_free(FR_CPU, ws, ws_bytes, FR_TAG_WORKSPACE);
     return out;
 }
@@ -435,75 +453,67 @@ static fr_status run(const fr_conv_shape *s, int dir, const conv_args *a) {
     return run_own(s, dir, a);
 }
 
-const char *fr_cpu_conv_impl(const fr_conv_shape *s, int direction) {
+/* The weight gradient's name in image groups: oneDNN's kernel for one
+ * call's images, else what runs instead (`fallback`). */
+static const char *groups_impl(const fr_conv_shape *s, int layout, const char *fallback) {
     static _Thread_local char name[64];
+    fr_status failed;
+    int m = images_per_call(s);
+    const fr_dnnl_plan *p = weight_plan(s, m < s->n ? m : s->n, layout, &failed);
+    snprintf(name, sizeof name, "%s/groups", p ? p->impl : fallback);
+    return name;
+}
+
+const char *fr_cpu_conv_impl(const fr_conv_shape *s, int direction) {
     fr_status failed;
     fr_conv_path path = FR_CONV_PATH_OWN;
     if (backend == FR_CPU_CONV_IM2COL ||
         (backend == FR_CPU_CONV_AUTO &&
          (fr_cpu_conv_path(s, direction, &path) != FR_OK || path == FR_CONV_PATH_OWN)))
-        return own_impl(s);
+        return own_impl(s, direction);
     if (backend == FR_CPU_CONV_DNNL_GROUPS && direction == DIR_BWD_WEIGHT)
         path = FR_CONV_PATH_DNNL_GROUPS;
-    if (path == FR_CONV_PATH_DNNL_GROUPS) {
-        int m = images_per_call(s);
-        const fr_dnnl_plan *p = weight_plan(s, m < s->n ? m : s->n, LAYOUT_BLOCKED, &failed);
-        snprintf(name, sizeof name, "%s/groups", p ? p->impl : "im2col");
-        return name;
-    }
+    if (path == FR_CONV_PATH_DNNL_GROUPS)
+        return groups_impl(s, LAYOUT_BLOCKED, own_impl(s, DIR_BWD_WEIGHT));
     const fr_dnnl_plan *p =
         plan_of(s, direction, backend == FR_CPU_CONV_DNNL_PLAIN ? LAYOUT_PLAIN : LAYOUT_BLOCKED,
                 &failed);
     return p ? p->impl : "im2col";
 }
 
-/* conv.h: channels-last activations straight into oneDNN's nhwc kernels
- * where the rule says so (the weight gradient in the same image groups as
- * the NCHW path: an image's pixels are contiguous in both layouts), else
- * through NCHW copies. */
-fr_status fr_cpu_conv2d_nhwc(int direction, float *out, const float *in0, const float *in1,
-                             const fr_conv_shape *s) {
-    conv_args a = {out, in0, in1};
-    if ((unsigned)direction > DIR_BWD_WEIGHT)
-        return fr_error(FR_ERR_ARG, "conv2d (nhwc): direction %d is not 0, 1 or 2", direction);
+/* A channels-last pass (fr_cpu_conv2d_nhwc, below): oneDNN's nhwc kernels
+ * where the rule says direct, else the transposes. */
+static fr_status run_nhwc(const fr_conv_shape *s, int dir, const conv_args *a) {
     bool direct = false;
-    FR_TRY(fr_cpu_conv_nhwc_path(s, direction, &direct));
+    FR_TRY(fr_cpu_conv_nhwc_path(s, dir, &direct));
     if (!direct || backend != FR_CPU_CONV_AUTO || s->n <= 0 || s->c <= 0 || s->k <= 0 ||
         s->oh <= 0 || s->ow <= 0)
-        return run_by_transposes(s, direction, &a);
-    if (direction == DIR_BWD_WEIGHT)
-        return run_weight_groups(s, &a, LAYOUT_NHWC);
+        return run_by_transposes(s, dir, a);
+    if (dir == DIR_BWD_WEIGHT)
+        return run_weight_groups(s, a, LAYOUT_NHWC);
     fr_status failed;
-    const fr_dnnl_plan *p = plan_of(s, direction, LAYOUT_NHWC, &failed);
+    const fr_dnnl_plan *p = plan_of(s, dir, LAYOUT_NHWC, &failed);
     if (failed != FR_OK)
         return failed;
-    return p ? run_plan(p, direction, &a) : run_by_transposes(s, direction, &a);
+    return p ? run_plan(p, dir, a) : run_by_transposes(s, dir, a);
 }
 
 const char *fr_cpu_conv_nhwc_impl(const fr_conv_shape *s, int direction) {
-    static _Thread_local char name[64];
     bool direct = false;
     if (fr_cpu_conv_nhwc_path(s, direction, &direct) != FR_OK || !direct ||
         backend != FR_CPU_CONV_AUTO)
         return "transposes";
+    if (direction == DIR_BWD_WEIGHT)
+        return groups_impl(s, LAYOUT_NHWC, "transposes");
     fr_status failed;
-    if (direction == DIR_BWD_WEIGHT) {
-        int m = images_per_call(s);
-        const fr_dnnl_plan *p = weight_plan(s, m < s->n ? m : s->n, LAYOUT_NHWC, &failed);
-        snprintf(name, sizeof name, "%s/groups", p ? p->impl : "transposes");
-        return name;
-    }
     const fr_dnnl_plan *p = plan_of(s, direction, LAYOUT_NHWC, &failed);
     return p ? p->impl : "transposes";
 }
 
 #else /* no oneDNN: frugal's own kernels only */
 
-fr_status fr_cpu_conv2d_nhwc(int direction, float *out, const float *in0, const float *in1,
-                             const fr_conv_shape *s) {
-    if ((unsigned)direction > DIR_BWD_WEIGHT)
-        return fr_error(FR_ERR_ARG, "conv2d (nhwc): direction %d is not 0, 1 or 2", direction);
-    return run_by_transposes(s, direction, &(conv_args){out, in0, in1});
+static fr_status run_nhwc(const fr_conv_shape *s, int dir, const conv_args *a) {
+    return run_by_transposes(s, dir, a);
 }
 
 const char *fr_cpu_conv_nhwc_impl(const fr_conv_shape *s, int direction) {
@@ -512,8 +522,7 @@ const char *fr_cpu_conv_nhwc_impl(const fr_conv_shape *s, int direction) {
 }
 
 const char *fr_cpu_conv_impl(const fr_conv_shape *s, int direction) {
-    (void)direction;
-    return own_impl(s);
+    return own_impl(s, direction);
 }
 
 fr_status fr_cpu_conv_dnnl_bf16(void *out, const void *in0, const void *in1, const fr_conv_shape *s,
@@ -563,6 +572,17 @@ static fr_status run_by_transposes(const fr_conv_shape *s, int dir, const conv_a
     if (ws)
         fr_mem_free(FR_CPU, ws, bytes, FR_TAG_WORKSPACE);
     return st;
+}
+
+/* conv.h: channels-last activations straight into oneDNN's nhwc kernels
+ * where the rule says so (the weight gradient in the same image groups as
+ * the NCHW path: an image's pixels are contiguous in both layouts), else
+ * through NCHW copies (run_nhwc, one per build). */
+fr_status fr_cpu_conv2d_nhwc(int direction, float *out, const float *in0, const float *in1,
+                             const fr_conv_shape *s) {
+    if ((unsigned)direction > DIR_BWD_WEIGHT)
+        return fr_error(FR_ERR_ARG, "conv2d (nhwc): direction %d is not 0, 1 or 2", direction);
+    return run_nhwc(s, direction, &(conv_args){out, in0, in1});
 }
 
 fr_status fr_cpu_conv2d_forward(float *y, const float *x, const float *w, const fr_conv_shape *s) {

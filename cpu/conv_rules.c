@@ -22,22 +22,31 @@ typedef struct {
     /* the weight gradient on oneDNN in image groups: 3x3 stride-1 layers,
      * and 3x3 and 1x1 strided layers (else frugal's own kernels) */
     bool weight_3x3_s1, weight_strided;
+    /* where a 3x3 stride-1 backward (data) runs frugal's own kernels:
+     * im2col (on oneDNN's sgemm, cpu/gemm.c) rather than the shifted planes */
+    bool own_bwd_data_im2col;
 } isa_rule;
 
 static const isa_rule rules[FR_ISA_COUNT] = {
     /* baseline: oneDNN's SSE4.1 kernels against the im2col reference;
      * not measured apart from AVX2's row, whose rule it keeps */
-    [FR_ISA_BASELINE] = {{64, 16, false}, {64, 16, false}, false, false},
-    /* AVX2: the data passes and the 3x3 stride-1 weight gradient as
-     * measured on an AMD EPYC (Zen 3); the strided and 1x1 weight
-     * gradients, which went to im2col, on the Xeon under FR_CPU_ISA=avx2 */
-    [FR_ISA_AVX2] = {{64, 16, false}, {64, 16, false}, false, true},
+    [FR_ISA_BASELINE] = {{64, 16, false}, {64, 16, false}, false, false, false},
+    /* AVX2: the data passes as measured on an AMD EPYC (Zen 3); every
+     * weight gradient on the Xeon under FR_CPU_ISA=avx2, where oneDNN's
+     * AVX2 kernels in image groups beat im2col 2-3x on the strided layers
+     * and the shifted planes 1.2-1.6x on ResNet's 3x3 stride-1 layers (Zen
+     * 3 had compared the shifted planes with im2col and whole-batch oneDNN
+     * only, before the groups existed); there im2col's OpenBLAS lost
+     * DenseNet's 48->12 backward (data) to the shifted planes 2.5x */
+    [FR_ISA_AVX2] = {{64, 16, false}, {64, 16, false}, true, true, false},
     /* AVX-512 (Intel Xeon with AVX512_BF16/FP16 and AMX): oneDNN's 3x3
      * forward wins at every width (DenseNet's 128..256 -> 12 growth layers
      * 2x faster than the shifted planes), its wide 1x1 forward and wide
      * backward (data) lose to im2col as on AVX2; its weight gradient in
-     * image groups beats the shifted planes 1.5x and im2col 2-3x */
-    [FR_ISA_AVX512] = {{64, 16, true}, {64, 16, false}, true, true},
+     * image groups beats the shifted planes 1.5x and im2col 2-3x; where its
+     * backward (data) loses, im2col on oneDNN's sgemm beats the shifted
+     * planes 2.1-2.6x (DenseNet's 48->12 growth layers, 128->32, 128->128) */
+    [FR_ISA_AVX512] = {{64, 16, true}, {64, 16, false}, true, true, true},
 };
 
 fr_conv_path fr_cpu_conv_rule(const fr_conv_shape *s, int direction, fr_cpu_isa isa) {
@@ -64,6 +73,13 @@ fr_conv_path fr_cpu_conv_rule(const fr_conv_shape *s, int direction, fr_cpu_isa 
                : FR_CONV_PATH_OWN;
 }
 
+bool fr_cpu_conv_own_shift(int direction, fr_cpu_isa isa) {
+    /* the im2col row stands on oneDNN's sgemm, which a build without
+     * oneDNN does not have */
+    return (unsigned)isa < FR_ISA_COUNT && isa >= FR_ISA_AVX2 &&
+           !(direction == 1 && rules[isa].own_bwd_data_im2col && fr_cpu_have_dnnl());
+}
+
 fr_status fr_cpu_conv_path(const fr_conv_shape *s, int direction, fr_conv_path *out) {
     fr_cpu_isa isa;
     *out = FR_CONV_PATH_OWN;
@@ -77,7 +93,7 @@ fr_status fr_cpu_conv_path(const fr_conv_shape *s, int direction, fr_conv_path *
  * layer (bench/bench_conv_layout.c; docs/ARCHITECTURE.md, "CPU convolution
  * and GEMM", layout between ops); not measured on avx2 or baseline, and not
  * on grouped or dilated layers, which therefore take transposes. */
-bool fr_cpu_conv_nhwc_rule(const fr_conv_shape *s, int direction, fr_cpu_isa isa) {
+static bool nhwc_rule(const fr_conv_shape *s, int direction, fr_cpu_isa isa) {
     return isa == FR_ISA_AVX512 && fr_conv_groups(s) == 1 && fr_conv_dilation(s) == 1 &&
            fr_cpu_conv_rule(s, direction, isa) != FR_CONV_PATH_OWN;
 }
@@ -86,7 +102,7 @@ fr_status fr_cpu_conv_nhwc_path(const fr_conv_shape *s, int direction, bool *dir
     fr_cpu_isa isa;
     *direct = false;
     FR_TRY(fr_cpu_isa_get(&isa));
-    *direct = fr_cpu_conv_nhwc_rule(s, direction, isa);
+    *direct = nhwc_rule(s, direction, isa);
     return FR_OK;
 }
 

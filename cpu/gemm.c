@@ -37,7 +37,6 @@
 #ifdef FR_HAVE_DNNL
 #include <dnnl.h>
 
-#include "conv.h"
 #include "isa.h"
 #endif
 
@@ -62,21 +61,6 @@ static void scale_c(float *c, int ldc, int m, int n, float beta) {
 }
 
 #ifdef FR_HAVE_DNNL
-/* oneDNN's sgemm (its JIT avx512_core kernels) on the AVX-512 class: at
- * the shapes the im2col and 1x1 convolutions multiply (DenseNet's 1x1
- * layers, C x 48 x H*W per image; 3x3 bands of 256 columns) it ran 1.3-1.9x
- * OpenBLAS 0.3.21's SKYLAKEX kernels, one thread (docs/ARCHITECTURE.md,
- * "CPU convolution and GEMM"). Below AVX-512 (and under FR_CPU_ISA=avx2 or
- * baseline) OpenBLAS stays: not measured against it there. */
-static bool gemm_on_dnnl(void) {
-    static int use = -1; /* racy first write of the same value: harmless */
-    if (use < 0) {
-        fr_cpu_isa isa;
-        use = fr_cpu_have_dnnl() && fr_cpu_isa_get(&isa) == FR_OK && isa >= FR_ISA_AVX512;
-    }
-    return use > 0;
-}
-
 /* One product on the calling thread only: oneDNN's sgemm takes every
  * thread OpenMP offers when called outside an active parallel region (and
  * one inside one), and a product split over threads could sum in another
@@ -111,20 +95,10 @@ static void blas_single_thread(void) { openblas_set_num_threads(1); }
 #define BLAS_BUFFER_BYTES (((size_t)128 << 20) + ((size_t)1 << 20))
 static _Thread_local bool blas_buffer_checked;
 
-
-fr_status fr_cpu_gemm_serial(float *c, int ldc, const float *a, int lda, const float *b, int ldb,
+/* OpenBLAS's sgemm on the calling thread (m, n, k > 0). */
+static fr_status blas_serial(float *c, int ldc, const float *a, int lda, const float *b, int ldb,
                              int m, int n, int k, bool trans_a, bool trans_b, float alpha,
                              float beta) {
-    if (m <= 0 || n <= 0)
-        return FR_OK;
-    if (k <= 0) { /* BLAS rejects a zero leading dimension; the product is empty */
-        scale_c(c, ldc, m, n, beta);
-        return FR_OK;
-    }
-#ifdef FR_HAVE_DNNL
-    if (gemm_on_dnnl())
-        return dnnl_serial(c, ldc, a, lda, b, ldb, m, n, k, trans_a, trans_b, alpha, beta);
-#endif
     pthread_once(&blas_once, blas_single_thread);
     if (!blas_buffer_checked) {
         FR_TRY(fr_mem_probe_host(BLAS_BUFFER_BYTES, "OpenBLAS's per-thread buffer"));
@@ -287,29 +261,57 @@ static fr_status builtin_serial(float *c, int ldc, const float *a, int lda, cons
     return FR_OK;
 }
 
-const char *fr_cpu_gemm_serial_impl(void) {
-#ifdef FR_HAVE_DNNL
-    if (gemm_on_dnnl())
-        return "onednn";
-#endif
+/* ---- the serial GEMM: one choice per process ---- */
+
+typedef fr_status (*serial_gemm)(float *c, int ldc, const float *a, int lda, const float *b,
+                                 int ldb, int m, int n, int k, bool trans_a, bool trans_b,
+                                 float alpha, float beta);
+
+static pthread_once_t serial_once = PTHREAD_ONCE_INIT;
+static serial_gemm serial_fn;
+static const char *serial_name;
+
+/* oneDNN's sgemm (its JIT avx512_core kernels) on the AVX-512 class: at
+ * the shapes the im2col and 1x1 convolutions multiply (DenseNet's 1x1
+ * layers, C x 48 x H*W per image; 3x3 bands of 256 columns) it ran 1.3-1.9x
+ * OpenBLAS 0.3.21's SKYLAKEX kernels, one thread (docs/ARCHITECTURE.md,
+ * "CPU convolution and GEMM"). Below AVX-512 (and under FR_CPU_ISA=avx2 or
+ * baseline, or a refused FR_CPU_ISA) OpenBLAS stays: not measured against
+ * it there; the built-in GEMM where the build has neither. */
+static void choose_serial(void) {
 #ifdef FR_HAVE_CBLAS
-    return "openblas";
+    serial_fn = blas_serial;
+    serial_name = "openblas";
 #else
-    return "builtin";
+    serial_fn = builtin_serial;
+    serial_name = "builtin";
+#endif
+#ifdef FR_HAVE_DNNL
+    fr_cpu_isa isa;
+    if (fr_cpu_isa_get(&isa) == FR_OK && isa >= FR_ISA_AVX512) {
+        serial_fn = dnnl_serial;
+        serial_name = "onednn";
+    }
 #endif
 }
 
-#ifndef FR_HAVE_CBLAS
+const char *fr_cpu_gemm_serial_impl(void) {
+    pthread_once(&serial_once, choose_serial);
+    return serial_name;
+}
+
 fr_status fr_cpu_gemm_serial(float *c, int ldc, const float *a, int lda, const float *b, int ldb,
                              int m, int n, int k, bool trans_a, bool trans_b, float alpha,
                              float beta) {
-#ifdef FR_HAVE_DNNL
-    if (m > 0 && n > 0 && k > 0 && gemm_on_dnnl())
-        return dnnl_serial(c, ldc, a, lda, b, ldb, m, n, k, trans_a, trans_b, alpha, beta);
-#endif
-    return builtin_serial(c, ldc, a, lda, b, ldb, m, n, k, trans_a, trans_b, alpha, beta);
+    if (m <= 0 || n <= 0)
+        return FR_OK;
+    if (k <= 0) { /* BLAS rejects a zero leading dimension; the product is empty */
+        scale_c(c, ldc, m, n, beta);
+        return FR_OK;
+    }
+    pthread_once(&serial_once, choose_serial);
+    return serial_fn(c, ldc, a, lda, b, ldb, m, n, k, trans_a, trans_b, alpha, beta);
 }
-#endif
 
 /* Splits C into one slab per thread along its longer side (slab edges on
  * multiples of 16 so each slab keeps whole register tiles), each slab a

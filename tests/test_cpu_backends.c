@@ -262,7 +262,8 @@ static void test_results_do_not_depend_on_threads(void) {
     int team = omp_get_max_threads();
     static const conv_case convs[] = {{32, 16, 8, 16, 3, 1, 1}, {8, 16, 32, 32, 3, 2, 1},
                                       {3, 64, 8, 64, 3, 1, 1},  {4, 128, 16, 12, 3, 1, 1},
-                                      {5, 24, 16, 48, 1, 1, 0}, {2, 9, 11, 6, 5, 2, 2}};
+                                      {5, 24, 16, 48, 1, 1, 0}, {2, 9, 11, 6, 5, 2, 2},
+                                      {20, 64, 8, 64, 3, 1, 1}, {6, 48, 8, 12, 3, 1, 1}};
     for (size_t i = 0; i < sizeof convs / sizeof *convs; i++) {
         const conv_case *cc = &convs[i];
         fr_tensor *x = fr_t_rand(FR_CPU, 4, FR_SHAPE(cc->n, cc->c, cc->h, cc->h), 91);
@@ -464,7 +465,7 @@ static void test_rule_table(void) {
     fr_conv_shape wide = shape_of(&isa_cases[6]), k5 = shape_of(&isa_cases[8]);
     CHECK(fr_cpu_conv_rule(&s3, 2, FR_ISA_BASELINE) == FR_CONV_PATH_OWN);
     CHECK(fr_cpu_conv_rule(&s3s2, 2, FR_ISA_BASELINE) == FR_CONV_PATH_OWN);
-    CHECK(fr_cpu_conv_rule(&s3, 2, FR_ISA_AVX2) == FR_CONV_PATH_OWN);
+    CHECK(fr_cpu_conv_rule(&s3, 2, FR_ISA_AVX2) == FR_CONV_PATH_DNNL_GROUPS);
     CHECK(fr_cpu_conv_rule(&s3s2, 2, FR_ISA_AVX2) == FR_CONV_PATH_DNNL_GROUPS);
     CHECK(fr_cpu_conv_rule(&s1x1, 2, FR_ISA_AVX2) == FR_CONV_PATH_DNNL_GROUPS);
     CHECK(fr_cpu_conv_rule(&s3, 2, FR_ISA_AVX512) == FR_CONV_PATH_DNNL_GROUPS);
@@ -478,6 +479,22 @@ static void test_rule_table(void) {
     CHECK(fr_cpu_conv_rule(&wide, 1, FR_ISA_AVX512) == FR_CONV_PATH_OWN);
     for (int isa = 0; isa < FR_ISA_COUNT; isa++)
         CHECK(fr_cpu_conv_rule(&s3, 0, (fr_cpu_isa)isa) == FR_CONV_PATH_DNNL);
+}
+
+/* Which of frugal's own kernels a 3x3 stride-1 pass takes where the table
+ * says OWN: the shifted planes from the avx2 class up, but the avx512
+ * class's backward (data) (DenseNet's growth layers: 48->12, 128->12),
+ * which runs im2col on oneDNN's sgemm in a oneDNN build. */
+static void test_own_rule(void) {
+    for (int d = 0; d < 3; d++) {
+        CHECK(!fr_cpu_conv_own_shift(d, FR_ISA_BASELINE));
+        CHECK(fr_cpu_conv_own_shift(d, FR_ISA_AVX2));
+        CHECK(fr_cpu_conv_own_shift(d, FR_ISA_AVX512) == (d != 1 || !fr_cpu_have_dnnl()));
+    }
+    CHECK(!fr_cpu_conv_own_shift(1, FR_ISA_COUNT));
+    fr_conv_shape growth = shape_of(&isa_cases[6]); /* 128 -> 12 3x3 @8 */
+    for (int isa = 0; isa < FR_ISA_COUNT; isa++)
+        CHECK(fr_cpu_conv_rule(&growth, 1, (fr_cpu_isa)isa) == FR_CONV_PATH_OWN);
 }
 
 /* ---- the child: one forced class ---- */
@@ -521,6 +538,13 @@ static void check_case(const conv_case *cc, int seed) {
         CHECK(path == fr_cpu_conv_rule(&s, d, child_isa));
         CHECK((path == FR_CONV_PATH_OWN) ==
               (strcmp(impl, "im2col") == 0 || strcmp(impl, "shift") == 0));
+        /* which own kernel: the class's row */
+        if (path == FR_CONV_PATH_OWN && fr_cpu_conv_shift_applies(&s))
+            CHECK(strcmp(impl, fr_cpu_conv_own_shift(d, child_isa) ? "shift" : "im2col") == 0);
+        /* DenseNet's growth layer's backward (data) on the avx512 class */
+        if (d == 1 && cc->c == 128 && cc->k == 12 && child_isa == FR_ISA_AVX512 &&
+            fr_cpu_have_dnnl())
+            CHECK(strcmp(impl, "im2col") == 0);
         if (path == FR_CONV_PATH_DNNL_GROUPS)
             CHECK(strstr(impl, "/groups") != NULL);
     }
@@ -619,6 +643,7 @@ int main(int argc, char **argv) {
     RUN(test_backend_switch);
     RUN(test_shift_kernels);
     RUN(test_rule_table);
+    RUN(test_own_rule);
     RUN(test_describe);
     RUN(test_every_class_below_the_machine);
     RUN(test_bad_values_refused);
