@@ -48,9 +48,7 @@ static fr_tensor *rand_in(fr_dtype dt, int ndim, const int64_t *shape, uint32_t 
         for (int64_t i = 0; i < fr_numel(t); i++)
             p[i] = p[i] < 0 ? p[i] - away : p[i] + away;
     }
-    fr_tensor *h = fr_to_dtype(t, dt, FR_TAG_TRANSIENT);
-    CHECK_OK(fr_copy_(t, h));
-    fr_release(h);
+    fr_t_round_to(t, dt);
     return t;
 }
 #define RAND_IN(dt, seed, away, ...) \
@@ -335,10 +333,6 @@ static void test_reductions_half(void) {
 /* ---- softmax, clamp, pad: forward through autograd, backward kernels on
  * the same rounded saved tensors ---- */
 
-static fr_tensor *empty_as(const fr_tensor *like, fr_dtype dt) {
-    return fr_empty(FR_CPU, dt, like->ndim, like->shape, FR_TAG_TRANSIENT);
-}
-
 static void test_softmax_half(void) {
     for (int d = 0; d < 2; d++) {
         fr_dtype dt = halves[d];
@@ -351,7 +345,7 @@ static void test_softmax_half(void) {
             check_half(got, ref, NULL, dt, 1, 0, lg ? "log_softmax forward" : "softmax forward");
             fr_tensor *dy = RAND_IN(dt, 12, 0, 12, 100, 300), *hdy = fr_t_as(dy, dt);
             fr_tensor *yr = got ? fr_t_as(got, FR_F32) : NULL; /* the saved y, rounded */
-            fr_tensor *dxr = empty_as(x, FR_F32), *dxh = empty_as(x, dt);
+            fr_tensor *dxr = fr_t_empty_as(x, FR_F32), *dxh = fr_t_empty_as(x, dt);
             if (yr) {
                 CHECK_OK(fr_softmax_backward(dxr, dy, yr, 1, lg));
                 CHECK_OK(fr_softmax_backward(dxh, hdy, got, 1, lg));
@@ -381,7 +375,7 @@ static void test_clamp_pad_half(void) {
         fr_tensor *ref = fr_clamp(x, -0.5f, 0.25f), *got = fr_clamp(hx, -0.5f, 0.25f);
         check_half(got, ref, NULL, dt, 0, 0, "clamp forward");
         fr_tensor *dy = RAND_IN(dt, 14, 0, 6, 16, 56, 56), *hdy = fr_t_as(dy, dt);
-        fr_tensor *dxr = empty_as(x, FR_F32), *dxh = empty_as(x, dt);
+        fr_tensor *dxr = fr_t_empty_as(x, FR_F32), *dxh = fr_t_empty_as(x, dt);
         CHECK_OK(fr_clamp_backward(dxr, dy, x, -0.5f, 0.25f));
         CHECK_OK(fr_clamp_backward(dxh, hdy, hx, -0.5f, 0.25f));
         check_half(dxh, dxr, NULL, dt, 0, 0, "clamp backward");
@@ -397,7 +391,7 @@ static void test_clamp_pad_half(void) {
             check_half(got, ref, NULL, dt, 0, 0, mode ? "reflect pad forward" : "zero pad forward");
             dy = ref ? rand_in(dt, ref->ndim, ref->shape, 15, 0) : NULL;
             hdy = dy ? fr_t_as(dy, dt) : NULL;
-            dxr = empty_as(x, FR_F32);
+            dxr = fr_t_empty_as(x, FR_F32);
             CHECK_OK(fr_pad2d_backward(dxr, dy, pad, mode));
             CHECK_OK(fr_backward_with(got, hdy));
             check_half(hx->grad, dxr, NULL, dt, mode ? 1 : 0, 0,

@@ -36,25 +36,13 @@
 
 static const fr_dtype halves[] = {FR_F16, FR_BF16};
 
-/* t's values rounded to dt, in place (t stays f32): inputs both runs share. */
-static void round_to(fr_tensor *t, fr_dtype dt) {
-    fr_tensor *h = fr_to_dtype(t, dt, FR_TAG_TRANSIENT);
-    CHECK_NOTNULL(h);
-    CHECK_OK(fr_copy_(t, h));
-    fr_release(h);
-}
-
 /* Random f32 values already representable in dt. */
 static fr_tensor *rand_in(fr_device dev, fr_dtype dt, int ndim, const int64_t *shape, uint32_t seed) {
     fr_tensor *t = fr_t_rand(dev, ndim, shape, seed);
-    round_to(t, dt);
+    fr_t_round_to(t, dt);
     return t;
 }
 #define RAND_IN(dt, seed, ...) rand_in(FR_CPU, dt, FR_NDIM(__VA_ARGS__), FR_SHAPE(__VA_ARGS__), seed)
-
-static fr_tensor *empty_as(const fr_tensor *like, fr_dtype dt) {
-    return fr_empty(fr_device_of(like), dt, like->ndim, like->shape, FR_TAG_TRANSIENT);
-}
 
 /* got (any float dtype) against ref (f32): within `ulps` units of dt's last
  * place of each value, plus 1e-5 of the largest |ref|; ulps 0 means exact. */
@@ -93,7 +81,7 @@ static void test_elementwise_half(void) {
         const int64_t n = 600001; /* three blocks and a remainder */
         fr_tensor *a = RAND_IN(dt, 1, n), *b = RAND_IN(dt, 2, n);
         fr_tensor *ha = fr_t_as(a, dt), *hb = fr_t_as(b, dt);
-        fr_tensor *ref = empty_as(a, FR_F32), *got = empty_as(a, dt);
+        fr_tensor *ref = fr_t_empty_as(a, FR_F32), *got = fr_t_empty_as(a, dt);
 
         CHECK_OK(fr_add_out(ref, a, b));
         CHECK_OK(fr_add_out(got, ha, hb));
@@ -122,7 +110,7 @@ static void test_elementwise_half(void) {
         CHECK_OK(fr_copy_(ha, a));
         CHECK_OK(fr_relu_forward(ha, ha));
         check_near(ha, ref, dt, 0, "relu inplace (exact)");
-        fr_tensor *dref = empty_as(a, FR_F32), *dgot = empty_as(a, dt);
+        fr_tensor *dref = fr_t_empty_as(a, FR_F32), *dgot = fr_t_empty_as(a, dt);
         CHECK_OK(fr_relu_backward(dref, b, ref));
         CHECK_OK(fr_relu_backward(dgot, hb, ha));
         check_near(dgot, dref, dt, 0, "relu backward (exact)");
@@ -175,14 +163,14 @@ static void test_conv_half(void) {
         fr_tensor *dy = RAND_IN(dt, 6, 40, 8, 32, 32);
         fr_tensor *hx = fr_t_as(x, dt), *hw = fr_t_as(w, dt), *hdy = fr_t_as(dy, dt);
         fr_tensor *y = fr_empty(FR_CPU, FR_F32, 4, FR_SHAPE(40, 8, 32, 32), FR_TAG_TRANSIENT);
-        fr_tensor *hy = empty_as(y, dt);
+        fr_tensor *hy = fr_t_empty_as(y, dt);
         CHECK_OK(fr_conv2d_forward(y, x, w, b, p));
         CHECK_OK(fr_conv2d_forward(hy, hx, hw, b, p));
         check_near(hy, y, dt, 1, "conv2d forward");
 
-        fr_tensor *dx = empty_as(x, FR_F32), *hdx = empty_as(x, dt);
-        fr_tensor *dw = empty_as(w, FR_F32), *hdw = empty_as(w, FR_F32);
-        fr_tensor *db = empty_as(b, FR_F32), *hdb = empty_as(b, FR_F32);
+        fr_tensor *dx = fr_t_empty_as(x, FR_F32), *hdx = fr_t_empty_as(x, dt);
+        fr_tensor *dw = fr_t_empty_as(w, FR_F32), *hdw = fr_t_empty_as(w, FR_F32);
+        fr_tensor *db = fr_t_empty_as(b, FR_F32), *hdb = fr_t_empty_as(b, FR_F32);
         CHECK_OK(fr_conv2d_backward(dx, dw, db, dy, x, w, p));
         CHECK_OK(fr_conv2d_backward(hdx, hdw, hdb, hdy, hx, hw, p));
         check_near(hdx, dx, dt, 1, "conv2d dx");
@@ -190,7 +178,7 @@ static void test_conv_half(void) {
         CHECK(fr_t_allclose_t(hdw, dw, 1e-4, 1e-5, "conv2d dw (f32, from half x and dy)"));
         CHECK(fr_t_allclose_t(hdb, db, 1e-4, 1e-5, "conv2d db"));
         /* a half dw is refused: parameter gradients are f32 */
-        fr_tensor *bad = empty_as(w, dt);
+        fr_tensor *bad = fr_t_empty_as(w, dt);
         CHECK_ERR(fr_conv2d_backward(NULL, bad, NULL, hdy, hx, hw, p), FR_ERR_DTYPE, "dw");
         fr_tensor *all[] = {x, w, b, dy, hx, hw, hdy, y, hy, dx, hdx, dw, hdw, db, hdb, bad};
         for (size_t i = 0; i < sizeof all / sizeof *all; i++)
@@ -206,13 +194,13 @@ static void test_linear_half(void) {
         fr_tensor *b = fr_t_rand(FR_CPU, 1, FR_SHAPE(30), 9), *dy = RAND_IN(dt, 10, 5000, 30);
         fr_tensor *hx = fr_t_as(x, dt), *hdy = fr_t_as(dy, dt);
         fr_tensor *y = fr_empty(FR_CPU, FR_F32, 2, FR_SHAPE(5000, 30), FR_TAG_TRANSIENT);
-        fr_tensor *hy = empty_as(y, dt);
+        fr_tensor *hy = fr_t_empty_as(y, dt);
         CHECK_OK(fr_linear_forward(y, x, w, b));
         CHECK_OK(fr_linear_forward(hy, hx, w, b));
         check_near(hy, y, dt, 1, "linear forward");
-        fr_tensor *dx = empty_as(x, FR_F32), *hdx = empty_as(x, dt);
-        fr_tensor *dw = empty_as(w, FR_F32), *hdw = empty_as(w, FR_F32);
-        fr_tensor *db = empty_as(b, FR_F32), *hdb = empty_as(b, FR_F32);
+        fr_tensor *dx = fr_t_empty_as(x, FR_F32), *hdx = fr_t_empty_as(x, dt);
+        fr_tensor *dw = fr_t_empty_as(w, FR_F32), *hdw = fr_t_empty_as(w, FR_F32);
+        fr_tensor *db = fr_t_empty_as(b, FR_F32), *hdb = fr_t_empty_as(b, FR_F32);
         CHECK_OK(fr_linear_backward(dx, dw, db, dy, x, w));
         CHECK_OK(fr_linear_backward(hdx, hdw, hdb, hdy, hx, w));
         check_near(hdx, dx, dt, 1, "linear dx");
@@ -234,13 +222,13 @@ static void test_batchnorm_half(void) {
         fr_tensor *shift = fr_empty(FR_CPU, FR_F32, 4, x->shape, FR_TAG_TRANSIENT);
         CHECK_OK(fr_fill_(shift, 40.0f));
         CHECK_OK(fr_add_out(x, x, shift));
-        round_to(x, dt);
+        fr_t_round_to(x, dt);
         hx = fr_t_as(x, dt);
         fr_tensor *g = fr_t_rand(FR_CPU, 1, FR_SHAPE(8), 12), *bt = fr_t_rand(FR_CPU, 1, FR_SHAPE(8), 13);
         fr_tensor *st[8];
         for (int i = 0; i < 8; i++)
             st[i] = fr_zeros(FR_CPU, FR_F32, 1, FR_SHAPE(8), FR_TAG_TRANSIENT);
-        fr_tensor *y = empty_as(x, FR_F32), *hy = empty_as(x, dt);
+        fr_tensor *y = fr_t_empty_as(x, FR_F32), *hy = fr_t_empty_as(x, dt);
         CHECK_OK(fr_batch_norm_train_forward(y, st[0], st[1], x, g, bt, st[2], st[3], 0.1f, 1e-5f));
         CHECK_OK(fr_batch_norm_train_forward(hy, st[4], st[5], hx, g, bt, st[6], st[7], 0.1f, 1e-5f));
         const char *names[4] = {"mean", "invstd", "running_mean", "running_var"};
@@ -248,9 +236,9 @@ static void test_batchnorm_half(void) {
             CHECK(fr_t_allclose_t(st[4 + i], st[i], 0, 0, names[i])); /* bit-identical */
         check_near(hy, y, dt, 1, "batch_norm y");
         fr_tensor *dy = RAND_IN(dt, 14, 32, 8, 16, 16), *hdy = fr_t_as(dy, dt);
-        fr_tensor *dx = empty_as(x, FR_F32), *hdx = empty_as(x, dt);
-        fr_tensor *dg = empty_as(g, FR_F32), *hdg = empty_as(g, FR_F32);
-        fr_tensor *dbt = empty_as(g, FR_F32), *hdbt = empty_as(g, FR_F32);
+        fr_tensor *dx = fr_t_empty_as(x, FR_F32), *hdx = fr_t_empty_as(x, dt);
+        fr_tensor *dg = fr_t_empty_as(g, FR_F32), *hdg = fr_t_empty_as(g, FR_F32);
+        fr_tensor *dbt = fr_t_empty_as(g, FR_F32), *hdbt = fr_t_empty_as(g, FR_F32);
         CHECK_OK(fr_batch_norm_backward(dx, dg, dbt, dy, x, st[0], st[1], g));
         CHECK_OK(fr_batch_norm_backward(hdx, hdg, hdbt, hdy, hx, st[4], st[5], g));
         check_near(hdx, dx, dt, 1, "batch_norm dx");
@@ -278,25 +266,25 @@ static void test_batchnorm_half_in_blocks(void) {
         fr_dtype dt = halves[d];
         /* 40 samples of 16 x 32 x 32: blocks of 16, 16 and 8; mean about 40 */
         fr_tensor *x = RAND_IN(dt, 31, 40, 16, 32, 32);
-        fr_tensor *shift = empty_as(x, FR_F32);
+        fr_tensor *shift = fr_t_empty_as(x, FR_F32);
         CHECK_OK(fr_fill_(shift, 40.0f));
         CHECK_OK(fr_add_out(x, x, shift));
-        round_to(x, dt);
+        fr_t_round_to(x, dt);
         fr_tensor *hx = fr_t_as(x, dt);
         fr_tensor *g = fr_t_rand(FR_CPU, 1, FR_SHAPE(16), 32), *bt = fr_t_rand(FR_CPU, 1, FR_SHAPE(16), 33);
         fr_tensor *st[4];
         for (int i = 0; i < 4; i++)
             st[i] = fr_zeros(FR_CPU, FR_F32, 1, FR_SHAPE(16), FR_TAG_TRANSIENT);
-        fr_tensor *y = empty_as(x, FR_F32), *hy = empty_as(x, dt);
+        fr_tensor *y = fr_t_empty_as(x, FR_F32), *hy = fr_t_empty_as(x, dt);
         CHECK_OK(fr_batch_norm_train_forward(y, st[0], st[1], x, g, bt, NULL, NULL, 0.1f, 1e-5f));
         CHECK_OK(fr_batch_norm_train_forward(hy, st[2], st[3], hx, g, bt, NULL, NULL, 0.1f, 1e-5f));
         CHECK(fr_t_allclose_t(st[2], st[0], 0, 1e-6, "blocked mean"));
         CHECK(fr_t_allclose_t(st[3], st[1], 0, 1e-5, "blocked invstd"));
         check_near(hy, y, dt, 1, "blocked batch_norm y");
         fr_tensor *dy = RAND_IN(dt, 34, 40, 16, 32, 32), *hdy = fr_t_as(dy, dt);
-        fr_tensor *dx = empty_as(x, FR_F32), *hdx = empty_as(x, dt);
-        fr_tensor *dg = empty_as(g, FR_F32), *hdg = empty_as(g, FR_F32);
-        fr_tensor *db = empty_as(g, FR_F32), *hdb = empty_as(g, FR_F32);
+        fr_tensor *dx = fr_t_empty_as(x, FR_F32), *hdx = fr_t_empty_as(x, dt);
+        fr_tensor *dg = fr_t_empty_as(g, FR_F32), *hdg = fr_t_empty_as(g, FR_F32);
+        fr_tensor *db = fr_t_empty_as(g, FR_F32), *hdb = fr_t_empty_as(g, FR_F32);
         CHECK_OK(fr_batch_norm_backward(dx, dg, db, dy, x, st[0], st[1], g));
         CHECK_OK(fr_batch_norm_backward(hdx, hdg, hdb, hdy, hx, st[0], st[1], g));
         CHECK(fr_t_allclose_t(hdg, dg, 1e-3, 1e-5, "blocked dgamma"));
@@ -327,8 +315,8 @@ static void test_pool_half(void) {
         fr_tensor *x = RAND_IN(dt, 15, 40, 16, 32, 32), *hx = fr_t_as(x, dt);
         fr_pool_params p = {.kernel = 2, .stride = 2, .pad = 0};
         fr_tensor *y = fr_empty(FR_CPU, FR_F32, 4, FR_SHAPE(40, 16, 16, 16), FR_TAG_TRANSIENT);
-        fr_tensor *hy = empty_as(y, dt), *dy = RAND_IN(dt, 16, 40, 16, 16, 16), *hdy = fr_t_as(dy, dt);
-        fr_tensor *dx = empty_as(x, FR_F32), *hdx = empty_as(x, dt);
+        fr_tensor *hy = fr_t_empty_as(y, dt), *dy = RAND_IN(dt, 16, 40, 16, 16, 16), *hdy = fr_t_as(dy, dt);
+        fr_tensor *dx = fr_t_empty_as(x, FR_F32), *hdx = fr_t_empty_as(x, dt);
         CHECK_OK(fr_max_pool2d_forward(y, x, p));
         CHECK_OK(fr_max_pool2d_forward(hy, hx, p));
         check_near(hy, y, dt, 0, "max_pool2d (exact)");
@@ -342,7 +330,7 @@ static void test_pool_half(void) {
         CHECK_OK(fr_avg_pool2d_backward(hdx, hdy, p));
         check_near(hdx, dx, dt, 1, "avg_pool2d backward");
         fr_tensor *gy = fr_empty(FR_CPU, FR_F32, 2, FR_SHAPE(40, 16), FR_TAG_TRANSIENT);
-        fr_tensor *hgy = empty_as(gy, dt);
+        fr_tensor *hgy = fr_t_empty_as(gy, dt);
         CHECK_OK(fr_global_avg_pool_forward(gy, x));
         CHECK_OK(fr_global_avg_pool_forward(hgy, hx));
         check_near(hgy, gy, dt, 1, "global_avg_pool");
@@ -362,11 +350,11 @@ static void test_concat_half(void) {
         fr_tensor *ha = fr_t_as(a, dt), *hb = fr_t_as(b, dt);
         fr_tensor *in[2] = {a, b}, *hin[2] = {ha, hb};
         fr_tensor *y = fr_empty(FR_CPU, FR_F32, 4, FR_SHAPE(4, 5, 5, 5), FR_TAG_TRANSIENT);
-        fr_tensor *hy = empty_as(y, dt);
+        fr_tensor *hy = fr_t_empty_as(y, dt);
         CHECK_OK(fr_concat_forward(y, in, 2));
         CHECK_OK(fr_concat_forward(hy, hin, 2));
         check_near(hy, y, dt, 0, "concat (a copy: exact)");
-        fr_tensor *hda = empty_as(a, dt), *hdb = empty_as(b, dt), *hd[2] = {hda, hdb};
+        fr_tensor *hda = fr_t_empty_as(a, dt), *hdb = fr_t_empty_as(b, dt), *hd[2] = {hda, hdb};
         CHECK_OK(fr_concat_backward(hd, 2, hy));
         check_near(hda, a, dt, 0, "concat backward [0]");
         check_near(hdb, b, dt, 0, "concat backward [1]");
@@ -386,13 +374,13 @@ static void test_cross_entropy_half(void) {
         for (int i = 0; i < 64; i++)
             lab[i] = (i * 7) % 10;
         fr_tensor *labels = fr_from_host(FR_CPU, FR_I32, 1, FR_SHAPE(64), FR_TAG_DATA, lab);
-        fr_tensor *l = fr_empty(FR_CPU, FR_F32, 0, NULL, FR_TAG_TRANSIENT), *hl = empty_as(l, FR_F32);
+        fr_tensor *l = fr_empty(FR_CPU, FR_F32, 0, NULL, FR_TAG_TRANSIENT), *hl = fr_t_empty_as(l, FR_F32);
         CHECK_OK(fr_cross_entropy_forward(l, z, labels));
         CHECK_OK(fr_cross_entropy_forward(hl, hz, labels));
         CHECK(fr_item(hl) == fr_item(l)); /* same values, f32 log-sum-exp */
         fr_tensor *one = fr_empty(FR_CPU, FR_F32, 0, NULL, FR_TAG_TRANSIENT);
         CHECK_OK(fr_fill_(one, 1.0f));
-        fr_tensor *dz = empty_as(z, FR_F32), *hdz = empty_as(z, dt);
+        fr_tensor *dz = fr_t_empty_as(z, FR_F32), *hdz = fr_t_empty_as(z, dt);
         CHECK_OK(fr_cross_entropy_backward(dz, one, z, labels));
         CHECK_OK(fr_cross_entropy_backward(hdz, one, hz, labels));
         check_near(hdz, dz, dt, 1, "cross_entropy dlogits");

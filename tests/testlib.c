@@ -671,6 +671,16 @@ fr_tensor *fr_t_as(const fr_tensor *t, fr_dtype dt) {
     return h;
 }
 
+void fr_t_round_to(fr_tensor *t, fr_dtype dt) {
+    fr_tensor *h = fr_t_as(t, dt);
+    CHECK_OK(fr_copy_(t, h));
+    fr_release(h);
+}
+
+fr_tensor *fr_t_empty_as(const fr_tensor *like, fr_dtype dt) {
+    return fr_empty(fr_device_of(like), dt, like->ndim, like->shape, FR_TAG_TRANSIENT);
+}
+
 void fr_t_report_off(const char *what, fr_dtype dt, size_t bad, size_t n, size_t first, const float *got,
                      const float *ref) {
     if (!bad)

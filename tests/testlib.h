@@ -266,6 +266,11 @@ int fr_t_run_self(const char *self, const char *name, const char *value, char *c
 double fr_t_half_ulp(fr_dtype dt);
 /* t converted to dt (a new tensor; the test fails if that fails). */
 fr_tensor *fr_t_as(const fr_tensor *t, fr_dtype dt);
+/* t's values rounded to dt, in place (t stays f32): inputs an f32 and a
+ * half run can share exactly. */
+void fr_t_round_to(fr_tensor *t, fr_dtype dt);
+/* An uninitialised transient tensor of like's shape and device, in dt. */
+fr_tensor *fr_t_empty_as(const fr_tensor *like, fr_dtype dt);
 /* Fails the test when `bad` of n elements of got were off against ref,
  * printing `what`, the dtype and the first one off. */
 void fr_t_report_off(const char *what, fr_dtype dt, size_t bad, size_t n, size_t first, const float *got,
