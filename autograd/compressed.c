@@ -15,7 +15,14 @@
  * The rounding's random stream is keyed by one seed per packed tensor, drawn
  * from the random-op generator (fr_random_next_seed), and the element index:
  * a checkpointed segment's replay restores that generator and so draws the
- * same codes, and no code depends on the thread count. */
+ * same codes, and no code depends on the thread count.
+ *
+ * The codes are over the tensor's dense storage as it lies: a channels-last
+ * activation (a model's channels-last mode, nn/model.h) is packed in its
+ * NHWC byte order and decoded into a channels-last tensor again, so a group
+ * holds FR_COMPRESS_GROUP consecutive elements of storage in either layout
+ * (the same tensor's codes differ between the layouts; each is the
+ * format's, kernels.def). */
 #include <stdlib.h>
 #include <string.h>
 
@@ -26,6 +33,7 @@ typedef struct {
     fr_recipe base;
     fr_tensor *packed;  /* u8 codes (FR_TAG_SAVED) */
     int bits;           /* 8, 4, 2; 1: a sign mask */
+    bool channels_last; /* the storage order packed: decoded into the same */
     fr_device device;
     int ndim;
     int64_t shape[FR_MAX_DIMS];
@@ -47,7 +55,9 @@ int fr_compress_bits(void) { return compress_bits; }
 
 static fr_tensor *packed_make(fr_recipe *self) {
     packed_recipe *r = (packed_recipe *)self;
-    fr_tensor *y = fr_empty(r->device, FR_F32, r->ndim, r->shape, FR_TAG_TRANSIENT);
+    fr_tensor *y = r->channels_last
+                       ? fr_empty_channels_last(r->device, r->shape, FR_TAG_TRANSIENT)
+                       : fr_empty(r->device, FR_F32, r->ndim, r->shape, FR_TAG_TRANSIENT);
     if (!y)
         return NULL;
     fr_status st = r->bits == 1 ? fr_sign_unpack_out(y, r->packed)
@@ -65,12 +75,13 @@ static void packed_destroy(fr_recipe *self) {
 
 /* Whether t is an activation compression applies to: one the forward made
  * (its storage's home is `transient`: parameters and input batches are
- * counted as what they are and held), contiguous. A half activation is
+ * counted as what they are and held), dense (contiguous or channels last:
+ * the codes follow the storage). A half activation is
  * refused rather than held at full width, so compress:B never quietly keeps
  * more than it says. */
 static fr_status eligible(const fr_tensor *t, bool *yes) {
-    *yes = compress_bits && t->storage->home_tag == FR_TAG_TRANSIENT && fr_is_contiguous(t) &&
-           fr_numel(t) > 0;
+    *yes = compress_bits && t->storage->home_tag == FR_TAG_TRANSIENT &&
+           (fr_is_contiguous(t) || fr_is_channels_last(t)) && fr_numel(t) > 0;
     if (*yes && t->dtype != FR_F32)
         return fr_error(FR_ERR_DTYPE,
                         "compress:%d: an activation of dtype %s was to be saved compressed; "
@@ -90,6 +101,7 @@ static fr_recipe *pack(fr_tensor *t, int bits) {
     r->base = (fr_recipe){.refcount = 1, .op = bits == 1 ? "sign mask" : "compress",
                           .make = packed_make, .destroy = packed_destroy};
     r->bits = bits;
+    r->channels_last = fr_is_channels_last(t);
     r->device = fr_device_of(t);
     r->ndim = t->ndim;
     memcpy(r->shape, t->shape, sizeof r->shape);
@@ -150,12 +162,15 @@ int fr_node_save_sign(fr_node *node, fr_tensor *t) {
 /* The bits themselves, for a backward that reads the mask as bits
  * (fr_sign_act_backward) instead of unpacking an f32 tensor of 1 and 0: at a
  * block output that tensor is as large as the activation (40 MiB of f32 at
- * ResNet-56's batch 640 for 1.25 MiB of bits; bench/RESULTS.md, issue 23). */
-fr_tensor *fr_node_sign_bits(fr_node *node, int i) {
+ * ResNet-56's batch 640 for 1.25 MiB of bits; bench/RESULTS.md, issue 23).
+ * Only for a dy whose storage lies in the order the mask was packed in
+ * (both contiguous, or both channels last): bit k is storage element k. */
+fr_tensor *fr_node_sign_bits(fr_node *node, int i, const fr_tensor *dy) {
     FR_ASSERT(i >= 0 && i < node->n_saved);
     const fr_recipe *r = node->saved[i].recipe;
     if (!r || r->make != packed_make)
         return NULL;
     const packed_recipe *p = (const packed_recipe *)r;
-    return p->bits == 1 ? fr_retain(p->packed) : NULL;
+    bool same_order = p->channels_last ? fr_is_channels_last(dy) : fr_is_contiguous(dy);
+    return p->bits == 1 && same_order ? fr_retain(p->packed) : NULL;
 }

@@ -120,13 +120,15 @@ static fr_status unpack_all(fr_node *node, const int *idx, fr_tensor **out, int 
 static bool sign_act(fr_act act) { return act == FR_ACT_RELU || act == FR_ACT_LEAKY_RELU; }
 
 /* The bits of a block output's sign mask kept as bits (compress:B), when
- * this backward can read them as bits: ReLU or leaky ReLU over an f32,
- * contiguous dy; else NULL (the mask is unpacked). */
+ * this backward can read them as bits: ReLU or leaky ReLU over an f32 dy
+ * laid out as the output was (contiguous, or channels last in a model's
+ * channels-last mode: the bits follow storage order); else NULL (the mask
+ * is unpacked). */
 static fr_tensor *sign_bits(fr_node *node, const bnact_ctx *c, const fr_tensor *dy) {
     bool sign = sign_act(c->act);
-    if (c->i_y < 0 || !sign || dy->dtype != FR_F32 || !fr_is_contiguous(dy))
+    if (c->i_y < 0 || !sign || dy->dtype != FR_F32)
         return NULL;
-    return fr_node_sign_bits(node, c->i_y);
+    return fr_node_sign_bits(node, c->i_y, dy);
 }
 
 /* True when the kept output need not be read: a ReLU or leaky ReLU with no

@@ -111,9 +111,11 @@ int fr_node_save_activation(fr_node *node, fr_tensor *t, bool use_recipe);
  * is on and applies (unpacked as 1 or 0), else as fr_node_save. */
 int fr_node_save_sign(fr_node *node, fr_tensor *t);
 /* When saved entry i is a sign mask kept as bits (fr_node_save_sign under
- * compression), a new reference to its u8 bits (kernels.def: sign_pack's
- * layout; fr_sign_act_backward reads them), else NULL, no error: unpack it. */
-fr_tensor *fr_node_sign_bits(fr_node *node, int i);
+ * compression) packed from a tensor whose storage order dy shares (both
+ * contiguous or both channels last), a new reference to its u8 bits
+ * (kernels.def: sign_pack's layout; fr_sign_act_backward reads them), else
+ * NULL, no error: unpack it. */
+fr_tensor *fr_node_sign_bits(fr_node *node, int i, const fr_tensor *dy);
 /* The compressed copy of t (a new reference) in *out, or NULL when
  * compression is off or does not apply to t. */
 fr_status fr_compressed_of(fr_tensor *t, fr_recipe **out);

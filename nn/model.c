@@ -142,10 +142,10 @@ bool fr_model_channels_last(const fr_model *m, fr_device dev, const char **why) 
         *why = "NCHW (precision)";
     else if (dev != FR_CPU)
         *why = "NCHW (device)";
-    else if (s->abn || s->abn_reference || s->compress)
+    else if (s->abn || s->abn_reference)
         *why = "NCHW (strategy)";
     else if (m->plan_nchw)
-        *why = "NCHW (a memory plan that may use abn or compress)";
+        *why = "NCHW (a memory plan that may use abn)";
     else if (fr_batch_norm_synced())
         *why = "NCHW (synchronised batch norm)";
     else if (m->cfg.layout == FR_LAYOUT_AUTO && !fr_cpu_channels_last_default())

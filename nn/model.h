@@ -75,8 +75,8 @@ bool fr_strategy_equal(fr_strategy a, fr_strategy b);
  * sum) keep channels last between them, and every other layer (pooling,
  * linear, user layers) gets an NCHW copy, so the model's output, the loss
  * and user code see NCHW only. It covers f32 on the CPU under plain,
- * recompute and checkpoint (and their combinations) for a model that says
- * it can take it (the built-in ResNets); anything else runs NCHW, with the
+ * recompute, checkpoint and compress (and their combinations) for a model
+ * that says it can take it (the built-in ResNets); anything else runs NCHW, with the
  * same results within round-off. AUTO: on where fr_model_channels_last's
  * rule says it measured faster (the avx512 class with oneDNN). */
 typedef enum {
@@ -155,7 +155,7 @@ struct fr_model {
      * take channels last (models/resnet.c): fr_model_cfg.layout applies. */
     bool channels_last_capable;
     /* Set by fr_plan_memory and fr_plan_apply for a plan that may give
-     * blocks abn or compress (planner/planner.h), cleared by fr_plan_remove:
+     * blocks abn (planner/planner.h), cleared by fr_plan_remove:
      * those groups run NCHW, and a run that switched layout between groups
      * would hold copies the planner's per-step profile never saw, so the
      * whole model runs NCHW then. fr_plan_memory leaves it set, even when

@@ -48,6 +48,7 @@ typedef struct {
     fr_device device;
     bool allow_abn;
     bool allow_compress;
+    bool channels_last;   /* the steps ran in the model's channels-last mode */
     /* the sequence */
     int n_units;
     fr_strategy strategies[FR_PROFILE_STRATEGIES];

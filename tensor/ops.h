@@ -302,9 +302,10 @@ fr_status fr_dropout_forward(fr_tensor *y, const fr_tensor *x, float p, uint64_t
 fr_status fr_dropout_backward(fr_tensor *dx, const fr_tensor *dy, float p, uint64_t seed);
 
 /* ---- compressed saved activations (ops_compress.c; kernels.def says the
- * format). x f32, contiguous; packed / mask u8, contiguous, one dimension of
- * fr_compress_nbytes(bits, numel(x)) / fr_sign_nbytes(numel(x)) elements,
- * on x's device; bits 8, 4 or 2. ---- */
+ * format). x f32, contiguous or channels last (codes follow its storage
+ * order: unpack into the layout packed); packed / mask u8, contiguous, one
+ * dimension of fr_compress_nbytes(bits, numel(x)) / fr_sign_nbytes(numel(x))
+ * elements, on x's device; bits 8, 4 or 2. ---- */
 fr_status fr_compress_pack_out(fr_tensor *packed, const fr_tensor *x, int bits, uint64_t seed);
 fr_status fr_compress_unpack_out(fr_tensor *x, const fr_tensor *packed, int bits);
 /* mask bit = x > 0; unpack writes 1 or 0 */
@@ -312,7 +313,8 @@ fr_status fr_sign_pack_out(fr_tensor *mask, const fr_tensor *x);
 fr_status fr_sign_unpack_out(fr_tensor *y, const fr_tensor *mask);
 /* dx = ReLU's (act FR_ACT_RELU) or leaky ReLU's gradient of dy read from the
  * mask's bits, without an f32 mask (kernels.def: sign_act_backward); dx and
- * dy f32, contiguous, of one shape; dx may be dy */
+ * dy f32, of one shape and one layout (contiguous or channels last); dx may
+ * be dy */
 fr_status fr_sign_act_backward(fr_tensor *dx, const fr_tensor *dy, const fr_tensor *mask,
                                fr_act act, float slope);
 

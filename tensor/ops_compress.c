@@ -3,8 +3,17 @@
 #include "kernels.h"
 #include "ops.h"
 
+/* x f32 and dense: contiguous, or channels last (a model's channels-last
+ * mode): the kernels run over the storage as it lies, so a channels-last
+ * tensor's codes and bits follow its NHWC order. */
+static fr_status check_dense(const char *op, const char *arg, const fr_tensor *x) {
+    if (x && x->dtype == FR_F32 && fr_is_channels_last(x))
+        return FR_OK;
+    return fr_check_f32c(op, arg, x);
+}
+
 static fr_status check(const char *op, const fr_tensor *x, const fr_tensor *packed, size_t want) {
-    FR_TRY(fr_check_f32c(op, "x", x));
+    FR_TRY(check_dense(op, "x", x));
     FR_TRY(fr_check_defined(op, "packed", packed));
     FR_TRY(fr_check_dtype(op, "packed", packed, FR_U8));
     FR_TRY(fr_check_contiguous(op, "packed", packed));
@@ -54,10 +63,14 @@ fr_status fr_sign_act_backward(fr_tensor *dx, const fr_tensor *dy, const fr_tens
     if (act != FR_ACT_RELU && act != FR_ACT_LEAKY_RELU)
         return fr_error(FR_ERR_ARG, "%s: a sign mask gives the gradient of relu or leaky_relu, "
                                     "not of %s", op, fr_act_name(act));
-    FR_TRY(fr_check_f32c(op, "dy", dy));
-    FR_TRY(fr_check_f32c(op, "dx", dx));
+    FR_TRY(check_dense(op, "dy", dy));
+    FR_TRY(check_dense(op, "dx", dx));
     FR_TRY(check(op, dy, mask, fr_sign_nbytes(n)));
     FR_TRY(fr_check_same_shape(op, "dx", dx, "dy", dy));
+    if (fr_is_channels_last(dx) != fr_is_channels_last(dy))
+        return fr_error(FR_ERR_SHAPE, "%s: dx and dy must share a layout (dx %s, dy %s)", op,
+                        fr_is_channels_last(dx) ? "channels last" : "contiguous",
+                        fr_is_channels_last(dy) ? "channels last" : "contiguous");
     FR_TRY(fr_check_same_device(op, "dx", dx, "dy", dy));
     return FR_CALL_KERNEL(fr_device_of(dy), sign_act_backward, fr_data(dx), fr_data(dy),
                           fr_data(mask), act, slope, n);

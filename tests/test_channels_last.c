@@ -5,7 +5,8 @@
  * within the mode, recompute and checkpoint bit-identical to plain, and the
  * bits independent of the thread count. Each run checks that the mode
  * really ran: channels-last activations reach the pool through the
- * to_nchw copy (a walk over the tape), which the NCHW run never makes. */
+ * to_nchw copy (a walk over the tape), which the NCHW run never makes.
+ * compress:B runs in the mode too: against compress:B run NCHW. */
 #include "testlib.h"
 
 #include <omp.h>
@@ -17,6 +18,7 @@
 #include "cpu/isa.h"
 #include "models/resnet.h"
 #include "nn/build.h"
+#include "planner/planner.h"
 
 /* Whether the tape behind t holds a node named op (a bounded walk). */
 static bool tape_has(const fr_tensor *t, const char *op) {
@@ -50,6 +52,21 @@ static bool ran_channels_last(fr_model *m, fr_tensor *x) {
     fr_release(logits);
     fr_tape_clear();
     return cl;
+}
+
+/* A step under `strategy` from the random stream seeded 3 gives want's
+ * bits at 1, 2 and 3 threads. */
+static void same_bits_any_team(fr_model *m, const char *strategy, float **init, fr_tensor *x,
+                               fr_tensor *labels, const fr_t_step *want) {
+    int threads = omp_get_max_threads();
+    for (int t = 1; t <= 3; t++) {
+        omp_set_num_threads(t);
+        fr_manual_seed(3);
+        fr_t_step s = fr_t_model_step(m, strategy, init, x, labels);
+        fr_t_compare_steps(m, want, &s, -1, "threads");
+        fr_t_step_free(&s, m->params->count);
+    }
+    omp_set_num_threads(threads);
 }
 
 static void check_model(const char *name, int batch, int size) {
@@ -92,14 +109,7 @@ static void check_model(const char *name, int batch, int size) {
     CHECK(fr_strategy_parse("plain", &m->cfg.strategy) == FR_OK);
 
     /* the bits do not depend on the thread count */
-    int threads = omp_get_max_threads();
-    for (int t = 1; t <= 3; t += 2) {
-        omp_set_num_threads(t);
-        fr_t_step s = fr_t_model_step(m, "plain", init, x, labels);
-        fr_t_compare_steps(m, &cl, &s, -1, "threads");
-        fr_t_step_free(&s, m->params->count);
-    }
-    omp_set_num_threads(threads);
+    same_bits_any_team(m, "plain", init, x, labels, &cl);
 
     fr_t_step_free(&ref, m->params->count);
     fr_t_step_free(&ref_rec, m->params->count);
@@ -111,6 +121,88 @@ static void check_model(const char *name, int batch, int size) {
 }
 
 static void test_resnet20(void) { check_model("resnet20", 4, 16); }
+
+/* |got - ref|^2 / |ref|^2 over every parameter's gradient. */
+static double rel_sq_err(const fr_model *m, const fr_t_step *got, const fr_t_step *ref) {
+    double e = 0, r = 0;
+    for (int i = 0; i < m->params->count; i++) {
+        if (!ref->values[i] || !got->values[i] || m->params->items[i].kind != FR_PARAMETER)
+            continue;
+        size_t k = (size_t)fr_numel(m->params->items[i].tensor);
+        for (size_t j = 0; j < k; j++) {
+            double d = (double)got->values[i][j] - ref->values[i][j];
+            e += d * d;
+            r += (double)ref->values[i][j] * ref->values[i][j];
+        }
+    }
+    return e / r;
+}
+
+/* compress:B inside the mode (autograd/compressed.c packs the NHWC storage
+ * as it lies and decodes into channels last again). The mode really ran
+ * (the tape's to_nchw). Against compress:B run NCHW from the same weights
+ * and seed: the same loss up to round-off (the forward is exact), the same
+ * saved bytes on the ledger (the codes' size is a function of the element
+ * count alone), and gradients as close to plain's as NCHW's are (their
+ * relative squared error within 2x of NCHW's; across 6 seeds the two were
+ * within 1.25x of each other). The codes themselves differ: a group is
+ * FR_COMPRESS_GROUP consecutive elements of storage, other elements in the
+ * other layout, so the two runs' rounding noise is independent. `tol`, when
+ * >= 0: also every gradient within tol of NCHW's (fr_t_compare_steps; at 8
+ * bits a decode into the wrong layout is far outside it). Within the mode:
+ * the same seed gives the same step bit for bit at 1, 2 and 3 threads and
+ * through a checkpoint's replay. */
+static void check_compress(const char *name, const char *strategy, double tol) {
+    fr_model *m = fr_resnet_create(name, 3, 10, 5);
+    fr_tensor *x = fr_t_rand(FR_CPU, 4, FR_SHAPE(4, 3, 16, 16), 9);
+    int32_t lab[4] = {1, 7, 3, 0};
+    fr_tensor *labels = fr_from_host(FR_CPU, FR_I32, 1, FR_SHAPE(4), FR_TAG_DATA, lab);
+    float **init = fr_t_snapshot_save(m);
+
+    m->cfg.layout = FR_LAYOUT_NCHW;
+    CHECK_OK(fr_strategy_parse(strategy, &m->cfg.strategy));
+    fr_t_snapshot_restore(m, init);
+    CHECK(!ran_channels_last(m, x));
+    fr_t_step plain = fr_t_model_step(m, "plain", init, x, labels);
+    fr_manual_seed(3);
+    fr_t_step ref = fr_t_model_step(m, strategy, init, x, labels);
+
+    m->cfg.layout = FR_LAYOUT_CHANNELS_LAST;
+    CHECK_OK(fr_strategy_parse(strategy, &m->cfg.strategy));
+    fr_t_snapshot_restore(m, init);
+    CHECK(ran_channels_last(m, x));
+    fr_manual_seed(3);
+    fr_t_step cl = fr_t_model_step(m, strategy, init, x, labels);
+    CHECK_CLOSE(cl.loss, ref.loss, 1e-5);
+    if (tol >= 0)
+        fr_t_compare_steps(m, &ref, &cl, tol, strategy);
+    double e_cl = rel_sq_err(m, &cl, &plain), e_nchw = rel_sq_err(m, &ref, &plain);
+    CHECK(e_cl > 0 && e_cl < 2 * e_nchw);
+    CHECK(cl.saved_forward == ref.saved_forward);
+    CHECK(cl.peak_saved == ref.peak_saved);
+    CHECK(cl.peak_saved * 3 < plain.peak_saved);
+    printf("    %s %s: gradients' rel. sq. error against plain %.2e channels last, %.2e NCHW; "
+           "saved %zu bytes in both (plain %zu)\n", name, strategy, e_cl, e_nchw, cl.peak_saved,
+           plain.peak_saved);
+    CHECK(fr_mem_current(FR_CPU, FR_TAG_TRANSIENT) == 0);
+    CHECK(fr_mem_current(FR_CPU, FR_TAG_SAVED) == 0);
+
+    same_bits_any_team(m, strategy, init, x, labels, &cl);
+
+    fr_t_step_free(&ref, m->params->count);
+    fr_t_step_free(&plain, m->params->count);
+    fr_t_step_free(&cl, m->params->count);
+    fr_t_snapshot_free(m, init);
+    fr_release(x);
+    fr_release(labels);
+    fr_model_free(m);
+}
+
+static void test_compress(void) {
+    check_compress("resnet20", "compress:8", 0.05);
+    check_compress("resnet20", "checkpoint:2+compress:4", -1);
+    check_compress("preresnet11", "recompute+compress:8", -1);
+}
 static void test_preresnet11(void) { check_model("preresnet11", 4, 8); }
 
 /* Eval (no tape): the mode gives NCHW's logits within round-off, and NCHW
@@ -142,7 +234,8 @@ static void test_eval(void) {
 }
 
 /* What the mode does not cover runs NCHW, never an error: half precision,
- * abn, compress, another device, a model that did not declare it. */
+ * abn, another device, a model that did not declare it. compress is
+ * covered, alone and with the other covered switches. */
 static void test_uncovered_run_nchw(void) {
     fr_model *m = fr_resnet_create("resnet20", 3, 10, 5);
     const char *why = NULL;
@@ -158,11 +251,29 @@ static void test_uncovered_run_nchw(void) {
     m->cfg.precision = FR_BF16;
     CHECK(!fr_model_channels_last(m, FR_CPU, &why) && strstr(why, "precision"));
     m->cfg.precision = FR_F32;
-    const char *off[] = {"abn", "abn_reference", "compress", "recompute+compress:4"};
+    const char *off[] = {"abn", "abn_reference", "abn+compress:4"};
     for (size_t i = 0; i < sizeof off / sizeof *off; i++) {
         CHECK_OK(fr_strategy_parse(off[i], &m->cfg.strategy));
         CHECK(!fr_model_channels_last(m, FR_CPU, &why) && strstr(why, "strategy"));
     }
+    const char *on[] = {"compress", "recompute+compress:4", "checkpoint+compress:2"};
+    for (size_t i = 0; i < sizeof on / sizeof *on; i++) {
+        CHECK_OK(fr_strategy_parse(on[i], &m->cfg.strategy));
+        CHECK(fr_model_channels_last(m, FR_CPU, &why) && !strcmp(why, "channels last"));
+    }
+    /* a memory plan that may compress runs channels last; one that may use
+     * abn runs NCHW (fr_plan_memory's plan_nchw) */
+    CHECK_OK(fr_strategy_parse("plain", &m->cfg.strategy));
+    fr_memory_plan plan;
+    fr_plan_options o = {.max_accum = 1, .allow_compress = true};
+    CHECK_OK(fr_plan_memory(m, FR_SHAPE(2, 3, 8, 8), (size_t)1 << 30, &o, &plan));
+    CHECK(fr_model_channels_last(m, FR_CPU, NULL));
+    fr_memory_plan_free(&plan);
+    o.allow_abn = true;
+    CHECK_OK(fr_plan_memory(m, FR_SHAPE(2, 3, 8, 8), (size_t)1 << 30, &o, &plan));
+    CHECK(!fr_model_channels_last(m, FR_CPU, &why) && strstr(why, "abn"));
+    fr_memory_plan_free(&plan);
+    fr_plan_remove(m);
     CHECK_OK(fr_strategy_parse("plain", &m->cfg.strategy));
     m->channels_last_capable = false;
     CHECK(!fr_model_channels_last(m, FR_CPU, &why) && strstr(why, "model"));
@@ -213,6 +324,7 @@ static void test_ops_refuse_or_keep(void) {
 int main(void) {
     RUN(test_resnet20);
     RUN(test_preresnet11);
+    RUN(test_compress);
     RUN(test_eval);
     RUN(test_uncovered_run_nchw);
     RUN(test_ops_refuse_or_keep);

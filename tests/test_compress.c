@@ -381,6 +381,63 @@ static void test_ledger_exact(void) {
         fr_release(ws[i]);
 }
 
+/* A channels-last activation (a model's channels-last mode) is packed over
+ * its NHWC storage as it lies: the same bytes as a flat tensor of that
+ * storage, a group being FR_COMPRESS_GROUP consecutive elements of storage;
+ * the saved copy decodes into a channels-last tensor again, whose storage
+ * is the flat decode's. */
+static void test_channels_last_storage_order(void) {
+    const int64_t shape[4] = {2, 5, 9, 11}; /* 990 elements: a partial last group */
+    fr_tensor *x = fr_t_rand(FR_CPU, 4, shape, 31);
+    fr_tensor *cl = fr_layout_copy(x, true);
+    CHECK(cl && fr_is_channels_last(cl));
+    size_t n = (size_t)fr_numel(x);
+    fr_tensor *flat = fr_from_host(FR_CPU, FR_F32, 1, FR_SHAPE((int64_t)n), FR_TAG_TRANSIENT,
+                                   fr_data(cl));
+    for (int b = 0; b < 3; b++) {
+        fr_tensor *pc = packed_for(BITS[b], n), *pf = packed_for(BITS[b], n);
+        CHECK_OK(fr_compress_pack_out(pc, cl, BITS[b], 17));
+        CHECK_OK(fr_compress_pack_out(pf, flat, BITS[b], 17));
+        CHECK(memcmp(fr_data(pc), fr_data(pf), fr_compress_nbytes(BITS[b], n)) == 0);
+        fr_tensor *dc = fr_empty_channels_last(FR_CPU, shape, FR_TAG_TRANSIENT);
+        fr_tensor *df = fr_empty_like(flat, FR_TAG_TRANSIENT);
+        CHECK_OK(fr_compress_unpack_out(dc, pc, BITS[b]));
+        CHECK_OK(fr_compress_unpack_out(df, pf, BITS[b]));
+        CHECK(memcmp(fr_data(dc), fr_data(df), n * sizeof(float)) == 0);
+        /* the saved form: its recipe decodes into channels last */
+        int outer;
+        CHECK_OK(fr_compress_enter(BITS[b], &outer));
+        fr_recipe *r = NULL;
+        CHECK_OK(fr_compressed_of(cl, &r));
+        fr_compress_restore(outer);
+        CHECK(r != NULL);
+        fr_tensor *y = r ? r->make(r) : NULL;
+        CHECK(y && fr_is_channels_last(y) && !memcmp(y->shape, shape, sizeof shape));
+        /* within one step of the whole tensor's range (a group's is less) */
+        const float *yv = y ? fr_data(y) : NULL, *cv = fr_data(cl);
+        float lo = cv[0], hi = cv[0];
+        for (size_t i = 0; i < n; i++) {
+            lo = fminf(lo, cv[i]);
+            hi = fmaxf(hi, cv[i]);
+        }
+        double step = (hi - lo) / ((1 << BITS[b]) - 1) * (1 + 1e-5);
+        for (size_t i = 0; yv && i < n; i++)
+            if (!(fabs((double)yv[i] - cv[i]) <= step)) {
+                CHECK(false);
+                break;
+            }
+        fr_release(y);
+        fr_recipe_release(r);
+        fr_release(dc);
+        fr_release(df);
+        fr_release(pc);
+        fr_release(pf);
+    }
+    fr_release(flat);
+    fr_release(cl);
+    fr_release(x);
+}
+
 /* A recomputable concatenation (DenseNet under recompute) keeps its
  * activation inputs as codes under compress:B: the ledger's saved bytes are
  * the codes of both features, not their full width, and backward through
@@ -666,6 +723,7 @@ int main(void) {
     RUN(test_paths_every_size);
     RUN(test_rounding_unbiased);
     RUN(test_ledger_exact);
+    RUN(test_channels_last_storage_order);
     RUN(test_concat_recipe_compressed);
     RUN(test_strategy_text);
     RUN(test_models_close_to_plain);

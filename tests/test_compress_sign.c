@@ -4,7 +4,8 @@
  * and not; the fused BN + ReLU backward of a block output under compress:B
  * gives the gradients of the decode-then-multiply path bit for bit, and its
  * backward's peak no longer holds the f32 mask of 1 and 0 an unpack made
- * (bench/RESULTS.md, issue 23). */
+ * (bench/RESULTS.md, issue 23), in NCHW and in a model's channels-last
+ * mode (the bits in NHWC storage order, read against a channels-last dy). */
 #include <math.h>
 #include <string.h>
 
@@ -77,6 +78,15 @@ static void test_bad_arguments(void) {
     CHECK_ERR(fr_sign_act_backward(dx, dy, m, FR_ACT_SIGMOID, 0.0f), FR_ERR_ARG, "sigmoid");
     CHECK_ERR(fr_sign_act_backward(dx, dy, short_m, FR_ACT_RELU, 0.0f), FR_ERR_SHAPE, "packed");
     CHECK_ERR(fr_sign_act_backward(dx_short, dy, m, FR_ACT_RELU, 0.0f), FR_ERR_SHAPE, "dx");
+    /* dx and dy in two layouts: the bits follow one storage order */
+    fr_tensor *a = fr_t_rand(FR_CPU, 4, FR_SHAPE(2, 3, 4, 5), 2), *a_cl = fr_layout_copy(a, true);
+    fr_tensor *m_a = fr_empty(FR_CPU, FR_U8, 1, FR_SHAPE((int64_t)fr_sign_nbytes(120)), FR_TAG_SAVED);
+    CHECK_OK(fr_sign_pack_out(m_a, a_cl));
+    CHECK_ERR(fr_sign_act_backward(a, a_cl, m_a, FR_ACT_RELU, 0.0f), FR_ERR_SHAPE, "layout");
+    CHECK_OK(fr_sign_act_backward(a_cl, a_cl, m_a, FR_ACT_RELU, 0.0f));
+    fr_release(a);
+    fr_release(a_cl);
+    fr_release(m_a);
     fr_release(dy);
     fr_release(dx);
     fr_release(m);
@@ -87,8 +97,9 @@ static void test_bad_arguments(void) {
 enum { N = 4, C = 3, H = 8 };
 
 /* x, r, w (the loss's weights; dy in the reference), gamma, beta: r moved
- * down so that y takes both signs */
-static void block_inputs(fr_tensor **in) {
+ * down so that y takes both signs; x and r channels last when cl (w stays
+ * NCHW: the loss reads an NCHW copy of y, as a model's pool does) */
+static void block_inputs(fr_tensor **in, bool cl) {
     for (int i = 0; i < 3; i++)
         in[i] = fr_t_rand(FR_CPU, 4, FR_SHAPE(N, C, H, H), 21 + (uint32_t)i);
     for (int i = 3; i < 5; i++)
@@ -96,16 +107,25 @@ static void block_inputs(fr_tensor **in) {
     float *rv = fr_data(in[1]);
     for (size_t i = 0; i < (size_t)(N * C * H * H); i++)
         rv[i] -= 1.2f;
+    for (int i = 0; i < 2 && cl; i++) { /* data, as fr_t_rand's: held, not coded */
+        fr_tensor *t = fr_empty_channels_last(FR_CPU, in[i]->shape, FR_TAG_DATA);
+        CHECK_OK(fr_copy_(t, in[i]));
+        fr_release(in[i]);
+        in[i] = t;
+    }
 }
 
 /* A block output y = act(BN(x) + r) under compress:2, its mask kept as
- * bits (the fused op's residual case), then loss = sum(y * w) or sum(y): the
- * gradients of x, gamma, beta and r, and the backward's peak above the
- * loss. x and r are leaves (held, not coded), so the reference below reads
- * what the backward read. */
-static void block_step(fr_act act, float slope, bool weighted, fr_tensor **grads, size_t *peak) {
+ * bits (the fused op's residual case), then loss = sum(y * w) or sum(y)
+ * (channels last: of y's NCHW copy, whose backward hands the fused op a
+ * channels-last dy, as in a model's channels-last mode): the gradients of
+ * x, gamma, beta and r, and the backward's peak above the loss. x and r are
+ * leaves (held, not coded), so the reference below reads what the backward
+ * read. */
+static void block_step(fr_act act, float slope, bool weighted, bool cl, fr_tensor **grads,
+                       size_t *peak) {
     fr_tensor *in[5];
-    block_inputs(in);
+    block_inputs(in, cl);
     fr_tensor *x = in[0], *r = in[1], *w = in[2], *g = in[3], *b = in[4];
     fr_tensor *leaves[4] = {x, g, b, r};
     /* unweighted, x takes no gradient: its leaf .grad would be a copy of
@@ -117,6 +137,9 @@ static void block_step(fr_act act, float slope, bool weighted, fr_tensor **grads
     fr_bn_state st = {.gamma = g, .beta = b, .momentum = 0.1f, .eps = 1e-5f, .training = true};
     fr_tensor *y = fr_bn_act(x, r, &st, act, slope, FR_BNACT_RECOMPUTE);
     fr_compress_restore(outer);
+    CHECK(!y || fr_is_channels_last(y) == cl);
+    if (y && cl)
+        y = fr_chain(y, fr_to_nchw(y));
     fr_tensor *p = !y ? NULL : weighted ? fr_mul(y, w) : fr_retain(y);
     fr_tensor *loss = p ? fr_sum(p) : NULL;
     fr_release(y);
@@ -136,9 +159,9 @@ static void block_step(fr_act act, float slope, bool weighted, fr_tensor **grads
 /* The parent's path, spelt out: the mask unpacked to f32 (y > 0 as 1 and
  * 0, what sign_unpack writes) and passed to the fused kernel as the kept
  * output, dy = w (or ones). */
-static void unpacked_reference(fr_act act, float slope, bool weighted, fr_tensor **want) {
+static void unpacked_reference(fr_act act, float slope, bool weighted, bool cl, fr_tensor **want) {
     fr_tensor *in[5];
-    block_inputs(in);
+    block_inputs(in, cl);
     fr_tensor *x = in[0], *r = in[1], *dy = in[2], *g = in[3], *b = in[4];
     fr_tensor *mean = fr_empty_like(g, FR_TAG_TRANSIENT), *invstd = fr_empty_like(g, FR_TAG_TRANSIENT);
     fr_tensor *y = fr_empty_like(x, FR_TAG_TRANSIENT), *ones = fr_empty_like(x, FR_TAG_TRANSIENT);
@@ -146,6 +169,8 @@ static void unpacked_reference(fr_act act, float slope, bool weighted, fr_tensor
                             FR_TAG_SAVED);
     if (!weighted)
         CHECK_OK(fr_fill_(dy, 1.0f));
+    if (cl) /* what to_nchw's backward hands on */
+        dy = fr_chain(dy, fr_layout_copy(dy, true));
     CHECK_OK(fr_batch_norm_train_stats(mean, invstd, x, NULL, NULL, 0.1f, 1e-5f));
     CHECK_OK(fr_bn_act_forward(y, x, r, mean, invstd, g, b, act, slope));
     CHECK_OK(fr_sign_pack_out(m, y));
@@ -161,12 +186,12 @@ static void unpacked_reference(fr_act act, float slope, bool weighted, fr_tensor
         fr_release(tensors[i]);
 }
 
-static void block_output(fr_act act, float slope) {
+static void block_output(fr_act act, float slope, bool cl) {
     for (int weighted = 0; weighted < 2; weighted++) {
         fr_tensor *got[4] = {NULL}, *want[4] = {NULL};
         size_t peak = 0;
-        block_step(act, slope, weighted, got, &peak);
-        unpacked_reference(act, slope, weighted, want);
+        block_step(act, slope, weighted, cl, got, &peak);
+        unpacked_reference(act, slope, weighted, cl, want);
         static const char *const names[4] = {"dx", "dgamma", "dbeta", "dr (the residual)"};
         for (int i = 0; i < 4; i++) {
             if (got[i] && want[i] && !fr_t_same_bits(got[i], want[i])) {
@@ -182,21 +207,35 @@ static void block_output(fr_act act, float slope) {
          * peak is the fused backward's: two tensors of y's size (dy, sum's
          * gradient, masked in place, and dz, the residual's gradient) and
          * dgamma and dbeta. The parent's
-         * unpacked f32 mask of 1 and 0 was a third: 3 T + 2 C floats. */
+         * unpacked f32 mask of 1 and 0 was a third: 3 T + 2 C floats.
+         * Channels last: dy is to_nchw's channels-last copy (whose making
+         * held two tensors, its source and it, below this peak); the mask's
+         * bits follow y's NHWC storage, which dy shares, so they are read
+         * as bits there too: 2 T, dgamma and dbeta and the NHWC kernel's
+         * per-group sums (cpu/layout.c; under a tensor here), where an
+         * unpacked mask would be a third T. */
         size_t T = (size_t)(N * C * H * H) * sizeof(float);
-        printf("    %s: backward peak above the loss %zu bytes (T = %zu)\n", fr_act_name(act),
-               peak, T);
-        CHECK(peak == 2 * T + 2 * C * sizeof(float));
+        printf("    %s%s: backward peak above the loss %zu bytes (T = %zu)\n", fr_act_name(act),
+               cl ? " (channels last)" : "", peak, T);
+        if (cl)
+            CHECK(peak > 2 * T + 2 * C * sizeof(float) && peak < 3 * T);
+        else
+            CHECK(peak == 2 * T + 2 * C * sizeof(float));
     }
 }
 
-static void test_block_output_relu(void) { block_output(FR_ACT_RELU, 0.0f); }
-static void test_block_output_leaky(void) { block_output(FR_ACT_LEAKY_RELU, 0.01f); }
+static void test_block_output_relu(void) { block_output(FR_ACT_RELU, 0.0f, false); }
+static void test_block_output_leaky(void) { block_output(FR_ACT_LEAKY_RELU, 0.01f, false); }
+static void test_block_output_channels_last(void) {
+    block_output(FR_ACT_RELU, 0.0f, true);
+    block_output(FR_ACT_LEAKY_RELU, 0.01f, true);
+}
 
 int main(void) {
     RUN(test_kernel_matches_unpacked);
     RUN(test_bad_arguments);
     RUN(test_block_output_relu);
     RUN(test_block_output_leaky);
+    RUN(test_block_output_channels_last);
     return fr_t_summary();
 }
