@@ -128,7 +128,7 @@ static group_eval eval_group(const fr_profile *p, int i, int j, bool ckpt, int k
 
 /* ---- a layout ---- */
 
-bool simulate(const plan_context *cx, const plan_layout *s, double *peak, double *ms, plan_curve *out) {
+bool fr_plan_simulate(const plan_context *cx, const plan_layout *s, double *peak, double *ms, plan_curve *out) {
     const fr_profile *p = cx->p;
     double held = 0, pk = cx->statics, t = 0;
     double *held_before = malloc(((size_t)s->n_groups + 1) * sizeof *held_before);
@@ -217,7 +217,7 @@ static bool front_insert(front *f, entry x) {
     return true;
 }
 
-bool dynamic_programme(const plan_context *cx, int mode, double budget, plan_layout *best) {
+bool fr_plan_search(const plan_context *cx, int mode, double budget, plan_layout *best) {
     const fr_profile *p = cx->p;
     int n = p->n_units;
     front *F = calloc(OUT_KINDS * ((size_t)n + 1), sizeof *F);
@@ -234,7 +234,7 @@ bool dynamic_programme(const plan_context *cx, int mode, double budget, plan_lay
                         for (int pk = 0; pk < OUT_KINDS; pk++)
                             memo[((((size_t)i * n + (j - 1)) * 2 + c) * FR_PROFILE_STRATEGIES + k) * OUT_KINDS + pk] =
                                 eval_group(p, i, j, c, k, pk, NULL, NULL);
-        ok = front_insert(&F[0 * OUT_KINDS + OUT_KEPT], (entry){.value = mode == MODE_PEAK ? cx->statics : 0,
+        ok = front_insert(&F[0 * OUT_KINDS + OUT_KEPT], (entry){.value = mode == FR_PLAN_LEAST_PEAK ? cx->statics : 0,
                                                                .from_i = -1});
     }
     for (int i = 0; ok && i < n; i++)
@@ -251,7 +251,7 @@ bool dynamic_programme(const plan_context *cx, int mode, double budget, plan_lay
                             double fpk = cx->statics + src.held + g->fwd_peak;
                             double bpk = cx->statics + src.held + cx->grads_after[j] + g->bwd_peak;
                             double v;
-                            if (mode == MODE_TIME) {
+                            if (mode == FR_PLAN_LEAST_TIME) {
                                 if (fpk > budget || bpk > budget)
                                     continue;
                                 v = src.value + g->ms;
@@ -272,8 +272,8 @@ bool dynamic_programme(const plan_context *cx, int mode, double budget, plan_lay
         for (int e = 0; e < F[n * OUT_KINDS + keep].n; e++) {
             const entry *x = &F[n * OUT_KINDS + keep].e[e];
             double end = cx->statics + fmax(x->held, grads_end);
-            double v = mode == MODE_TIME ? x->value : fmax(x->value, end);
-            if (mode == MODE_TIME && end > budget)
+            double v = mode == FR_PLAN_LEAST_TIME ? x->value : fmax(x->value, end);
+            if (mode == FR_PLAN_LEAST_TIME && end > budget)
                 continue;
             if (v < best_v) {
                 best_v = v;
@@ -320,7 +320,7 @@ static int unit_strategy(const fr_profile *p, int u, int k, bool checkpointing) 
     return p->barrier[u] && checkpointing && fr_profile_valid(p, u, inner) ? inner : k;
 }
 
-bool uniform_layout(const fr_profile *p, int k, int seg_k, plan_layout *s) {
+bool fr_plan_uniform_layout(const fr_profile *p, int k, int seg_k, plan_layout *s) {
     int n = p->n_units;
     s->n_groups = 0;
     double *cost = malloc(2 * (size_t)n * sizeof *cost);
@@ -368,7 +368,7 @@ bool uniform_layout(const fr_profile *p, int k, int seg_k, plan_layout *s) {
 
 /* ---- the plan ---- */
 
-plan_context make_context(const fr_profile *p, const fr_plan_options *o, int batch, bool accumulating) {
+plan_context fr_plan_make_context(const fr_profile *p, const fr_plan_options *o, int batch, bool accumulating) {
     plan_context cx = {.p = p, .accumulating = accumulating};
     int n = p->n_units;
     cx.grads_after = calloc((size_t)n + 1, sizeof *cx.grads_after);

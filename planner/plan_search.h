@@ -29,16 +29,16 @@ typedef struct {
 } plan_context;
 
 /* What the layout search minimises */
-enum { MODE_TIME, MODE_PEAK };
+enum { FR_PLAN_LEAST_TIME, FR_PLAN_LEAST_PEAK };
 
-plan_context make_context(const fr_profile *p, const fr_plan_options *o, int batch, bool accumulating);
+plan_context fr_plan_make_context(const fr_profile *p, const fr_plan_options *o, int batch, bool accumulating);
 /* Peak and time of a whole layout, and its curve when asked (out may be NULL). */
-bool simulate(const plan_context *cx, const plan_layout *s, double *peak, double *ms, plan_curve *out);
-/* Chooses a layout: MODE_TIME the least time whose peak is <= budget,
- * MODE_PEAK the least peak. false when none (or out of memory). */
-bool dynamic_programme(const plan_context *cx, int mode, double budget, plan_layout *best);
+bool fr_plan_simulate(const plan_context *cx, const plan_layout *s, double *peak, double *ms, plan_curve *out);
+/* Chooses a layout: FR_PLAN_LEAST_TIME the least time whose peak is <= budget,
+ * FR_PLAN_LEAST_PEAK the least peak. false when none (or out of memory). */
+bool fr_plan_search(const plan_context *cx, int mode, double budget, plan_layout *best);
 /* One strategy k everywhere; seg_k: 0 keeps everything, -1 Chen's split (nn/seg_split.h, as
  * "checkpoint" runs it), > 0 that many steps a segment. false when a unit cannot take k. */
-bool uniform_layout(const fr_profile *p, int k, int seg_k, plan_layout *s);
+bool fr_plan_uniform_layout(const fr_profile *p, int k, int seg_k, plan_layout *s);
 
 #endif

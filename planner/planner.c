@@ -37,12 +37,12 @@ static fr_status leanest(fr_model *m, int64_t micro, const int64_t *shape, const
                          const room *r, int batch, double *peak) {
     const fr_profile *p;
     FR_TRY(profile_at(m, micro, shape, o, r, &p));
-    plan_context cx = make_context(p, o, batch, micro < batch);
+    plan_context cx = fr_plan_make_context(p, o, batch, micro < batch);
     if (!cx.grads_after)
         return fr_error(FR_ERR_OOM, "%s: planner: out of memory", m->name);
     plan_layout best;
     double ms = 0;
-    if (!(dynamic_programme(&cx, MODE_PEAK, 0, &best) && simulate(&cx, &best, peak, &ms, NULL)))
+    if (!(fr_plan_search(&cx, FR_PLAN_LEAST_PEAK, 0, &best) && fr_plan_simulate(&cx, &best, peak, &ms, NULL)))
         *peak = INFINITY;
     free(cx.grads_after);
     return FR_OK;
@@ -67,7 +67,7 @@ static fr_status describe(const plan_context *cx, const plan_layout *s, fr_memor
         }
     plan_curve c = {0};
     double peak, ms;
-    simulate(cx, s, &peak, &ms, &c);
+    fr_plan_simulate(cx, s, &peak, &ms, &c);
     plan->points = c.pts;
     plan->n_points = c.n;
     return FR_OK;
@@ -116,13 +116,13 @@ static fr_status plan_at(fr_model *m, const int64_t *shape, int64_t micro, size_
     int64_t s4[4] = {micro, shape[1], shape[2], shape[3]};
     FR_TRY(profile_at(m, micro, shape, o, r, &p));
     int batch = (int)shape[0];
-    plan_context cx = make_context(p, o, batch, micro < batch);
+    plan_context cx = fr_plan_make_context(p, o, batch, micro < batch);
     if (!cx.grads_after)
         return fr_error(FR_ERR_OOM, "planner: out of memory");
     plan_layout dp, cand, best;
     double peak, ms, best_ms = INFINITY, best_peak = 0;
     plan->dp_ms = plan->chen_ms = -1;
-    if (dynamic_programme(&cx, MODE_TIME, (double)budget, &dp) && simulate(&cx, &dp, &peak, &ms, NULL) &&
+    if (fr_plan_search(&cx, FR_PLAN_LEAST_TIME, (double)budget, &dp) && fr_plan_simulate(&cx, &dp, &peak, &ms, NULL) &&
         peak <= (double)budget) {
         plan->dp_ms = ms;
         plan->dp_peak = peak;
@@ -135,8 +135,8 @@ static fr_status plan_at(fr_model *m, const int64_t *shape, int64_t micro, size_
     int seg_k = (int)lround(sqrt((double)p->n_units));
     for (int kind = 0; kind < 3; kind++)
         for (int k = 0; k < FR_PROFILE_BASE_STRATEGIES; k++) {
-            if (!uniform_layout(p, k, kind == 0 ? 0 : kind == 1 ? -1 : (seg_k > 0 ? seg_k : 1), &cand) ||
-                !simulate(&cx, &cand, &peak, &ms, NULL) || peak > (double)budget)
+            if (!fr_plan_uniform_layout(p, k, kind == 0 ? 0 : kind == 1 ? -1 : (seg_k > 0 ? seg_k : 1), &cand) ||
+                !fr_plan_simulate(&cx, &cand, &peak, &ms, NULL) || peak > (double)budget)
                 continue;
             if (kind == 1 && (plan->chen_ms < 0 || ms < plan->chen_ms)) {
                 plan->chen_ms = ms;
@@ -250,11 +250,11 @@ fr_status fr_plan_memory(fr_model *m, const int64_t *shape, size_t budget, const
     const fr_profile *p;
     FR_TRY(profile_at(m, batch, shape, &o, &r, &p));
     plan->device = p->device;
-    plan_context cx = make_context(p, &o, batch, false);
+    plan_context cx = fr_plan_make_context(p, &o, batch, false);
     if (!cx.grads_after)
         return fr_error(FR_ERR_OOM, "planner: out of memory");
     plan_layout plain;
-    if (!(uniform_layout(p, 0, 0, &plain) && simulate(&cx, &plain, &plan->plain_peak, &plan->plain_ms, NULL)))
+    if (!(fr_plan_uniform_layout(p, 0, 0, &plain) && fr_plan_simulate(&cx, &plain, &plan->plain_peak, &plan->plain_ms, NULL)))
         plan->plain_peak = plan->plain_ms = 0; /* over the budget: not measured */
     free(cx.grads_after);
     double lean;
@@ -343,9 +343,9 @@ fr_status fr_plan_predict(fr_model *m, const fr_memory_plan *plan, const fr_plan
     if (plan->n_units != p->n_units)
         return fr_error(FR_ERR_ARG, "planner: %s: the plan has %d units, the model %d", m->name,
                         plan->n_units, p->n_units);
-    plan_context cx = make_context(p, &plan->options, plan->batch, plan->accum > 1);
+    plan_context cx = fr_plan_make_context(p, &plan->options, plan->batch, plan->accum > 1);
     plan_layout s;
-    bool ok = cx.grads_after && units_layout(p, units, &s) && simulate(&cx, &s, peak, ms, NULL);
+    bool ok = cx.grads_after && units_layout(p, units, &s) && fr_plan_simulate(&cx, &s, peak, ms, NULL);
     free(cx.grads_after);
     return ok ? FR_OK
               : fr_error(FR_ERR_ARG, "planner: %s: the units do not make a layout (a strategy not "

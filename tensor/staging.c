@@ -206,7 +206,6 @@ fr_status fr_stage_run_units(fr_tensor *out, size_t out_unit, bool load_out,
 fr_status fr_stage_reduce_units(fr_device dev, float *total, size_t n_total,
                                 const fr_tensor *const *in, size_t in_unit, int n_in, size_t units,
                                 fr_block_kernel fn, const void *args) {
-    enum { MAX_IN = 4 };
     FR_ASSERT(n_in >= 1 && n_in <= MAX_IN);
     size_t block = fr_stage_block_units(in, n_in, in_unit, units);
     float *part = NULL;
