@@ -117,7 +117,7 @@ typedef struct {
 
 static fr_tensor *copy_make(fr_recipe *self) {
     const fr_tensor *x = ((copy_recipe *)self)->x;
-    fr_tensor *t = fr_empty(fr_device_of(x), x->dtype, x->ndim, x->shape, FR_TAG_TRANSIENT);
+    fr_tensor *t = fr_empty_like(x, FR_TAG_TRANSIENT); /* in x's layout, as the recipes it stands for */
     if (t && fr_copy_(t, x) != FR_OK)
         fr_clear(&t);
     return t;
@@ -436,9 +436,10 @@ static bool same_config(const fr_profile *p, const int64_t *shape, fr_dtype prec
 /* The layout a plan's steps will run in: the model's channels-last mode as
  * it stands for a plan's strategies (m->plan_nchw set by fr_plan_memory
  * for one that may use abn), whatever strategy the model has now. */
-static bool plan_channels_last(const fr_model *m, fr_device dev) {
+static bool plan_channels_last(const fr_model *m, fr_device dev, bool allow_abn) {
     fr_model as_planned = *m;
     as_planned.cfg.strategy = FR_STRATEGY_PLAIN;
+    as_planned.plan_nchw = allow_abn; /* the plan asked about, not the one installed now */
     return fr_model_channels_last(&as_planned, dev, NULL);
 }
 
@@ -447,7 +448,7 @@ fr_status fr_profile_get(fr_model *m, const int64_t *shape, bool allow_abn, bool
     struct fr_model_build *b = m->build;
     fr_device dev = m->params->count ? fr_device_of(m->params->items[0].tensor) : FR_CPU;
     profile_cache *pc = b->profiles;
-    bool cl = plan_channels_last(m, dev);
+    bool cl = plan_channels_last(m, dev, allow_abn);
     for (int i = 0; pc && i < pc->n; i++)
         if (same_config(pc->items[i], shape, m->cfg.precision, dev, allow_abn, allow_compress, cl) &&
             (!cap || pc->items[i]->complete || pc->items[i]->cap == cap->cap)) {

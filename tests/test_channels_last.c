@@ -150,8 +150,8 @@ static double rel_sq_err(const fr_model *m, const fr_t_step *got, const fr_t_ste
  * other layout, so the two runs' rounding noise is independent. `tol`, when
  * >= 0: also every gradient within tol of NCHW's (fr_t_compare_steps; at 8
  * bits a decode into the wrong layout is far outside it). Within the mode:
- * the same seed gives the same step bit for bit at 1, 2 and 3 threads and
- * through a checkpoint's replay. */
+ * the same seed gives the same step bit for bit at 1, 2 and 3 threads
+ * (checkpointed strategies included, replays and all). */
 static void check_compress(const char *name, const char *strategy, double tol) {
     fr_model *m = fr_resnet_create(name, 3, 10, 5);
     fr_tensor *x = fr_t_rand(FR_CPU, 4, FR_SHAPE(4, 3, 16, 16), 9);

@@ -265,10 +265,14 @@ static void test_verified_peak(void) {
  * engine used to hold a kept group's input until the whole group had run
  * (nn/segments.c), 7240 bytes above this prediction at batch 16 and 3.1%
  * at ResNet-56 batch 192. */
-static void test_kept_groups_predicted_exactly(void) {
+/* In both layouts, whatever the CPU's default (fr_cpu_channels_last_default). */
+static void kept_groups_in(fr_layout_mode layout) {
     batch b = make_batch(16, 10, 17);
     fr_model *m = fr_model_create("resnet20", 3, 10, 5);
     CHECK_NOTNULL(m);
+    if (m)
+        m->cfg.layout = layout;
+    bool cl = layout == FR_LAYOUT_CHANNELS_LAST;
     fr_plan_options o = {.allow_compress = true, .max_accum = 1};
     fr_memory_plan plan;
     fr_status st = m ? fr_plan_memory(m, b.x->shape, SIZE_MAX / 2, &o, &plan) : FR_ERR_ARG;
@@ -276,7 +280,7 @@ static void test_kept_groups_predicted_exactly(void) {
     CHECK(st != FR_OK || plan.n_units == 11);
     /* a plan that may use compress runs in the model's own layout (only
      * abn sets plan_nchw, nn/model.h), which its profile measured in */
-    CHECK(!m || fr_model_channels_last(m, FR_CPU, NULL) == fr_cpu_channels_last_default());
+    CHECK(!m || fr_model_channels_last(m, FR_CPU, NULL) == cl);
     /* group starts: 0, 1, 4, 7; strategies per group */
     static const char *const group_strategy[] = {"recompute", "recompute+compress:2", "compress:2",
                                                  "recompute+compress:2"};
@@ -297,14 +301,50 @@ static void test_kept_groups_predicted_exactly(void) {
         fr_memory_plan_free(&plan);
     if (m) {
         fr_plan_remove(m); /* the model's own layout again */
-        CHECK(fr_model_channels_last(m, FR_CPU, NULL) == fr_cpu_channels_last_default());
+        CHECK(fr_model_channels_last(m, FR_CPU, NULL) == cl);
     }
+    fr_model_free(m);
+    batch_free(&b);
+}
+
+static void test_kept_groups_predicted_exactly(void) {
+    kept_groups_in(FR_LAYOUT_NCHW);
+    kept_groups_in(FR_LAYOUT_CHANNELS_LAST);
+}
+
+/* A plan is predicted and applied in its own layout, whichever plan the
+ * model has installed: an abn plan (NCHW) after a plan without abn
+ * (channels last) was profiled in the installed layout, where abn refuses
+ * NHWC input ("not contiguous"). */
+static void test_plan_keeps_its_layout(void) {
+    batch b = make_batch(8, 10, 16);
+    fr_model *m = fr_model_create("resnet20", 3, 10, 5);
+    CHECK_NOTNULL(m);
+    if (!m)
+        return;
+    m->cfg.layout = FR_LAYOUT_CHANNELS_LAST;
+    fr_memory_plan with_abn, without;
+    CHECK_OK(fr_plan_memory(m, b.x->shape, SIZE_MAX / 2, &(fr_plan_options){.allow_abn = true}, &with_abn));
+    CHECK_OK(fr_plan_memory(m, b.x->shape, SIZE_MAX / 2, NULL, &without));
+    CHECK(fr_model_channels_last(m, FR_CPU, NULL)); /* the last plan made: no abn */
+    double peak = 0, ms = 0;
+    CHECK_OK(fr_plan_predict(m, &with_abn, with_abn.units, &peak, &ms));
+    CHECK(peak == with_abn.predicted_peak);
+    fr_plan_remove(m);
+    CHECK_OK(fr_plan_apply(m, &with_abn));
+    CHECK(!fr_model_channels_last(m, FR_CPU, NULL));
+    CHECK_OK(fr_plan_predict(m, &without, without.units, &peak, &ms));
+    CHECK(peak == without.predicted_peak);
+    fr_plan_remove(m);
+    fr_memory_plan_free(&with_abn);
+    fr_memory_plan_free(&without);
     fr_model_free(m);
     batch_free(&b);
 }
 
 int main(void) {
     RUN(test_kept_groups_predicted_exactly);
+    RUN(test_plan_keeps_its_layout);
     RUN(test_verified_peak);
     RUN(test_bad_arguments);
     RUN(test_too_small);
