@@ -439,18 +439,8 @@ static void test_staged_workspace(void) {
 /* relative error of the loss and of all parameter gradients as one vector */
 static void step_errors(const fr_model *m, const fr_t_step *ref, const fr_t_step *got, double *loss,
                         double *grads) {
-    double num = 0, den = 0;
-    for (int i = 0; i < m->params->count; i++) {
-        if (m->params->items[i].kind != FR_PARAMETER || !ref->values[i] || !got->values[i])
-            continue;
-        for (int64_t j = 0; j < fr_numel(m->params->items[i].tensor); j++) {
-            double d = (double)got->values[i][j] - ref->values[i][j];
-            num += d * d;
-            den += (double)ref->values[i][j] * ref->values[i][j];
-        }
-    }
     *loss = fabs((double)got->loss - ref->loss) / fabs((double)ref->loss);
-    *grads = den > 0 ? sqrt(num / den) : INFINITY;
+    *grads = fr_t_grad_rel_error(m, ref, got, "");
 }
 
 /* The loss bounds are the ResNet-20 ones of tests/test_mixed.c (bf16 1e-3,

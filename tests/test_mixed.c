@@ -445,27 +445,6 @@ static fr_tensor *batch(int n, int c, int hw, uint32_t seed, fr_tensor **labels)
     return fr_t_rand(FR_CPU, 4, FR_SHAPE(n, c, hw, hw), seed);
 }
 
-/* sqrt(sum (got - ref)^2 / sum ref^2) over the gradients of the parameters
- * whose names start with `prefix` ("" for all). */
-static double grad_rel_error(const fr_model *m, const fr_t_step *ref, const fr_t_step *got,
-                             const char *prefix) {
-    double num = 0, den = 0;
-    for (int i = 0; i < m->params->count; i++) {
-        if (m->params->items[i].kind != FR_PARAMETER ||
-            strncmp(m->params->items[i].name, prefix, strlen(prefix)) != 0)
-            continue;
-        CHECK(ref->values[i] && got->values[i]);
-        if (!ref->values[i] || !got->values[i])
-            return INFINITY;
-        for (int64_t j = 0; j < fr_numel(m->params->items[i].tensor); j++) {
-            double d = (double)got->values[i][j] - ref->values[i][j];
-            num += d * d;
-            den += (double)ref->values[i][j] * ref->values[i][j];
-        }
-    }
-    return sqrt(num / den);
-}
-
 /* The tolerances: the relative error of the loss; of the output layer's
  * gradients (fc.*); and of all parameter gradients as one vector. At random
  * initialisation the gradients of early layers come out of long chains of
@@ -486,7 +465,7 @@ static const half_tols resnet20_tols[] = {{FR_BF16, 1e-3, 0.02, 0.45}, {FR_F16, 
 static void check_tols(const fr_model *m, const fr_t_step *ref, const fr_t_step *got,
                        const half_tols *t, const char *what) {
     double lerr = isnan(got->loss) ? 0 : fabs(got->loss - ref->loss) / fabs(ref->loss);
-    double fc = grad_rel_error(m, ref, got, "fc."), all = grad_rel_error(m, ref, got, "");
+    double fc = fr_t_grad_rel_error(m, ref, got, "fc."), all = fr_t_grad_rel_error(m, ref, got, "");
     if (!(lerr <= t->loss_tol && fc <= t->fc_tol && all <= t->all_tol)) {
         fprintf(stderr, "    %s %s: loss rel err %.3g (tol %.3g), fc grads %.3g (tol %.3g), "
                         "all grads %.3g (tol %.3g)\n",

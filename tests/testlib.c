@@ -434,6 +434,24 @@ fr_t_step fr_t_model_step(fr_model *m, const char *strategy, float **init, fr_te
     return r;
 }
 
+double fr_t_grad_rel_error(const fr_model *m, const fr_t_step *ref, const fr_t_step *got,
+                           const char *prefix) {
+    double num = 0, den = 0;
+    for (int i = 0; i < m->params->count; i++) {
+        if (m->params->items[i].kind != FR_PARAMETER ||
+            strncmp(m->params->items[i].name, prefix, strlen(prefix)) != 0)
+            continue;
+        if (!ref->values[i] != !got->values[i])
+            return INFINITY;
+        for (int64_t j = 0; ref->values[i] && j < fr_numel(m->params->items[i].tensor); j++) {
+            double d = (double)got->values[i][j] - ref->values[i][j];
+            num += d * d;
+            den += (double)ref->values[i][j] * ref->values[i][j];
+        }
+    }
+    return den > 0 ? sqrt(num / den) : INFINITY;
+}
+
 fr_t_step fr_t_step_capture(const fr_model *m, float loss) {
     fr_t_step r = {.loss = loss, .values = calloc((size_t)m->params->count, sizeof(float *))};
     for (int i = 0; i < m->params->count; i++) {

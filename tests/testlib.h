@@ -216,6 +216,11 @@ fr_t_step fr_t_model_step(fr_model *m, const char *strategy, float **init, fr_te
  * of fr_t_model_step, for a step run by hand); nothing is zeroed. */
 fr_t_step fr_t_step_capture(const fr_model *m, float loss);
 void fr_t_step_free(fr_t_step *r, int n);
+/* All gradients of the parameters whose name starts with `prefix` ("" for
+ * all) as one vector: |got - ref| / |ref|. INFINITY when a parameter has a
+ * gradient in one step and not the other, or ref's are all zero. */
+double fr_t_grad_rel_error(const fr_model *m, const fr_t_step *ref, const fr_t_step *got,
+                           const char *prefix);
 /* got against ref: tol < 0 bit-identical (loss and every value); else
  * |a - b| <= tol * (1 + max |ref|) per tensor and for the loss. Every
  * parameter must have a gradient in both. */
