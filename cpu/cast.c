@@ -21,10 +21,24 @@ static bool cpu_has_f16c(void) {
     return __get_cpuid(1, &a, &b, &c, &d) && (c & (1u << 29));
 }
 
+/* The class in use (cpu/isa.h), FR_CPU_ISA honoured, so that a forced
+ * class runs its own loops: baseline the scalar ones, avx2 eight lanes,
+ * avx512 sixteen (the tests force each). A refused FR_CPU_ISA counts as
+ * baseline here: the scalar loops give the same bits, and the conv calls
+ * report the error. */
+static fr_cpu_isa cast_class(void) {
+    static int cls = -1; /* benign race: every thread computes the same value */
+    if (cls < 0) {
+        fr_cpu_isa isa;
+        cls = fr_cpu_isa_get(&isa) == FR_OK ? (int)isa : (int)FR_ISA_BASELINE;
+    }
+    return (fr_cpu_isa)cls;
+}
+
 static bool cast_simd_usable(void) {
     static int usable = -1; /* benign race: every thread computes the same value */
     if (usable < 0)
-        usable = __builtin_cpu_supports("avx2") && cpu_has_f16c();
+        usable = cast_class() >= FR_ISA_AVX2 && __builtin_cpu_supports("avx2") && cpu_has_f16c();
     return usable;
 }
 #endif
@@ -112,7 +126,8 @@ FR_CAST_TARGET static size_t widen_simd(float *d, const uint16_t *s, size_t n, b
 }
 
 /* The same conversions sixteen lanes at a time, for the avx512 class
- * (cpu/isa.h; FR_CPU_ISA=avx2 or below keeps the eight-lane loops). Every
+ * (cpu/isa.h; FR_CPU_ISA=avx2 keeps the eight-lane loops, baseline the
+ * scalar ones). Every
  * activation of a half step passes through them on its way into and out
  * of the f32 kernels: 2.6e8 widened and 1.1e8 narrowed elements in one
  * bf16 ResNet-20 step at batch 128, 20% of its time (perf, 2026-12-02).
@@ -160,15 +175,16 @@ FR_CAST_TARGET512 static size_t widen_simd512(float *d, const uint16_t *s, size_
 }
 
 /* The class in use is avx512 (FR_CPU_ISA honoured; its error means no). */
-static bool cast_avx512(void) {
-    static int usable = -1; /* benign race: every thread computes the same value */
-    if (usable < 0) {
-        fr_cpu_isa isa;
-        usable = fr_cpu_isa_get(&isa) == FR_OK && isa == FR_ISA_AVX512;
-    }
-    return usable;
-}
+static bool cast_avx512(void) { return cast_class() == FR_ISA_AVX512; }
 #endif
+
+int fr_cpu_cast_lanes(void) {
+#ifdef FR_CAST_SIMD
+    if (cast_simd_usable())
+        return cast_avx512() ? 16 : 8;
+#endif
+    return 1;
+}
 
 static void narrow_chunk(uint16_t *d, const float *s, size_t n, bool f16) {
     size_t i = 0;
@@ -216,7 +232,8 @@ fr_status fr_cpu_cast(void *dst, fr_dtype dst_type, const void *src, fr_dtype sr
         return FR_OK;
     }
     /* The conversions mixed precision runs on every op's operands (tensor/
-     * staging.c) get their own loops: parallel, eight lanes at a time. */
+     * staging.c) get their own loops: parallel, eight or sixteen lanes at
+     * a time (the class's). */
     if (src_type == FR_F32 && (dst_type == FR_F16 || dst_type == FR_BF16)) {
         bool f16 = dst_type == FR_F16;
 #pragma omp parallel for if (n > FR_CAST_PAR_MIN) schedule(static)

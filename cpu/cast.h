@@ -15,4 +15,9 @@
 void fr_cpu_cast_half_run(void *dst, fr_dtype dst_type, const void *src, fr_dtype src_type,
                           size_t n);
 
+/* How many elements the conversions take at a time under the class in use
+ * (FR_CPU_ISA honoured): 16 on avx512, 8 on avx2 (with F16C), 1 below (the
+ * scalar definitions). For the tests, which force each class. */
+int fr_cpu_cast_lanes(void);
+
 #endif

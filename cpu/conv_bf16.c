@@ -10,16 +10,22 @@
  *  - AMX (oneDNN's avx512_core_amx): measured earlier that day on the
  *    Xeon when its features listed AMX, the bf16 3x3 layers ran 2.1-5.9x
  *    faster forward and 1.5-4.0x backward (data) than staged f32 (batch 8;
- *    docs/ARCHITECTURE.md, "CPU convolution and GEMM"; 0.13 ms for 16->16
- *    @32 is about 290 GFLOP/s on one core, beyond AVX512_BF16's dot
- *    products, so those were AMX kernels). The rule runs them.
+ *    docs/ARCHITECTURE.md, "CPU convolution and GEMM"). Those were probably
+ *    AMX kernels, not proven: 0.13 ms for 16->16 @32 is about 290 GFLOP/s
+ *    on one core, which AVX512_BF16's dot products (about 128 FLOP a cycle
+ *    on two FMA ports) could also reach, and the primitive's implementation
+ *    name was not recorded. The rule runs them.
  *  - AVX512_BF16 without AMX (avx512_core_bf16; the same machine later,
  *    AMX no longer listed): through the op, one thread, CPU time, the bf16
- *    kernels took 1.1-1.9x the staged f32 path's time on the ResNet 3x3
- *    layers at batch 8 and 128, all but one (16->32 s2 @32 forward, 0.92x
- *    at batch 128 and 0.95x at 8, within the noise), and a bf16 ResNet-20
- *    step ran 10-25% faster with every layer staged. The rule stages them
- *    all.
+ *    kernels took 0.92-1.96x the staged f32 path's time on the ResNet 3x3
+ *    layers at batch 8 and 128: 16->32 s2 @32 about even (0.92-1.02x,
+ *    forward and backward (data)), every other layer 1.11-1.96x; and a
+ *    bf16 ResNet-20 step ran 10-25% faster with every layer staged. The
+ *    rule stages them all.
+ * So the default follows what oneDNN reports: the same checkpoint resumed
+ * on a host whose AMX listing differs rounds its bf16 convolutions
+ * differently (bf16 kernels against staged f32; docs/MIXED_PRECISION.md),
+ * and the train header's conv line says which (fr_cpu_conv_bf16_describe).
  * FR_CONV_BF16 overrides: "on" runs the bf16 kernels wherever they exist
  * (for a CPU where they measure faster, and for the tests), "off" never,
  * "auto" (or unset) is the rule. Any other value is refused, as FR_CPU_ISA
@@ -82,16 +88,21 @@ bool fr_cpu_conv_bf16_applies(const fr_conv_shape *s, int direction) {
 }
 
 const char *fr_cpu_conv_bf16_describe(void) {
+    /* the variable first: fr_cpu_conv2d_half refuses a bad value on every
+     * CPU, so the line says so on every CPU too */
+    bf16_mode m = mode();
+    if (m == BF16_INVALID)
+        return "refused: FR_CONV_BF16 must be auto, on or off";
     if (!fr_cpu_have_dnnl() || !fr_cpu_isa_has_bf16())
         return "is storage only";
-    switch (mode()) {
+    switch (m) {
     case BF16_ON: return "computes 3x3 forward and backward (data) (FR_CONV_BF16=on)";
     case BF16_OFF: return "is storage only (FR_CONV_BF16=off)";
-    case BF16_INVALID: return "refused: FR_CONV_BF16 must be auto, on or off";
     default:
-        return fr_cpu_conv_bf16_amx() ? "computes 3x3 forward and backward (data) (AMX)"
-                                      : "is storage only (its kernels measured slower than f32 "
-                                        "without AMX, cpu/conv_bf16.c)";
+        /* which path the default took on this host: it differs between
+         * hosts with and without AMX (see the top of this file) */
+        return fr_cpu_conv_bf16_amx() ? "computes 3x3 forward and backward (data) (auto: AMX)"
+                                      : "is storage only, convs staged to f32 (auto: no AMX)";
     }
 }
 

@@ -39,7 +39,8 @@ static const isa_rule rules[FR_ISA_COUNT] = {
      * only, before the groups existed); there im2col's OpenBLAS lost
      * DenseNet's 48->12 backward (data) to the shifted planes 2.5x */
     [FR_ISA_AVX2] = {{64, 16, false}, {64, 16, false}, true, true, false},
-    /* AVX-512 (Intel Xeon with AVX512_BF16/FP16 and AMX): oneDNN's 3x3
+    /* AVX-512 (an Intel Xeon with AVX512_BF16/FP16, which listed AMX when
+     * these rows were measured, 2026-12-01; f32 kernels only): oneDNN's 3x3
      * forward wins at every width (DenseNet's 128..256 -> 12 growth layers
      * 2x faster than the shifted planes), its wide 1x1 forward and wide
      * backward (data) lose to im2col as on AVX2; its weight gradient in
@@ -120,11 +121,20 @@ void fr_cpu_conv_describe(char *buf, size_t size) {
         return;
     }
     const isa_rule *r = &rules[isa];
-    const char *own = isa >= FR_ISA_AVX2 ? "shifted planes/im2col" : "im2col";
+    /* frugal's own kernels as fr_cpu_conv_own_shift picks them: im2col
+     * where the shifted planes do not apply, and for every pass the rule
+     * keeps on im2col (the avx512 class's backward (data) with oneDNN) */
+    const char *own = fr_cpu_conv_own_shift(0, isa) ? "shifted planes/im2col" : "im2col";
     if (!fr_cpu_have_dnnl()) {
         snprintf(buf, size, "cpu %s; conv: %s (no oneDNN)", isa_text, own);
         return;
     }
+    char own_text[96];
+    if (fr_cpu_conv_own_shift(1, isa) == fr_cpu_conv_own_shift(0, isa))
+        snprintf(own_text, sizeof own_text, "%s", own);
+    else
+        snprintf(own_text, sizeof own_text, "%s (backward (data) %s)", own,
+                 fr_cpu_conv_own_shift(1, isa) ? "shifted planes/im2col" : "im2col");
     char fwd[64];
     snprintf(fwd, sizeof fwd, "oneDNN for %sC <= %d, K >= %d", r->fwd.any_3x3 ? "3x3 and " : "",
              r->fwd.max_c, r->fwd.min_k);
@@ -132,6 +142,6 @@ void fr_cpu_conv_describe(char *buf, size_t size) {
              "weight gradient %s%s, else %s; bf16 %s", isa_text, fwd, r->bwd_data.max_c,
              r->bwd_data.min_k, r->weight_3x3_s1 ? "oneDNN in image groups" : r->weight_strided ?
              "oneDNN in image groups for strided 3x3 and 1x1" : own,
-             r->weight_3x3_s1 && r->weight_strided ? " for 3x3 and strided 1x1" : "", own,
+             r->weight_3x3_s1 && r->weight_strided ? " for 3x3 and strided 1x1" : "", own_text,
              fr_cpu_conv_bf16_describe());
 }

@@ -477,7 +477,7 @@ static void print_header(const run *r, const options *o) {
     printf(", %d epochs of %lld steps, %d threads, %s\n", st->epochs,
            (long long)fr_loader_num_batches(r->train_ld), fr_get_num_threads(), device_names[o->device]);
     if (!o->device) { /* the instruction set and the conv kernels it selects (docs/ARCHITECTURE.md) */
-        char isa[320];
+        char isa[512];
         fr_cpu_conv_describe(isa, sizeof isa);
         /* the model's activation layout (nn/model.h, fr_layout_mode) */
         const char *layout;

@@ -109,6 +109,10 @@ enum { MAX_IN = 4 };
 /* Below this many elements the tiles run on the calling thread alone. */
 #define FR_STAGE_TILE_PAR_MIN 32768
 
+/* One tile: its MAX_IN + 1 = 5 buffers of 16 KiB (80 KiB) live on the
+ * calling thread's stack, whichever thread that is (the caller, OpenMP's
+ * workers, the loader's threads); default stacks (8 MiB main, OpenMP's
+ * and glibc's pthread defaults of 2-8 MiB) hold that easily. */
 static fr_status run_tile(fr_tensor *out, bool load_out, const fr_tensor *const *in, int n_in,
                           size_t off, size_t len, fr_block_kernel fn, const void *args) {
     float buf[MAX_IN + 1][FR_STAGE_TILE];

@@ -8,9 +8,10 @@
  *    with remainders and above the parallel threshold; and no workspace
  *    is allocated (the 1 MiB blocks of before were), which says the tiles
  *    really ran.
- *  - The conversions (cpu/cast.c), sixteen lanes on the avx512 class and
- *    eight below it, give the scalar definitions' bits (tensor/dtype.c) on
- *    every f16 and bf16 pattern and on edge and random f32 values.
+ *  - The conversions (cpu/cast.c), sixteen lanes on the avx512 class,
+ *    eight on avx2 and the scalar loops on baseline, give the scalar
+ *    definitions' bits (tensor/dtype.c) on every f16 and bf16 pattern and
+ *    on edge and random f32 values.
  *  - Convolutions: without AMX the rule keeps bf16 3x3 layers on the staged
  *    f32 kernels (cpu/conv_bf16.c: oneDNN's other bf16 kernels measured
  *    slower), so a bf16 conv gives exactly the f32 kernel's result on the
@@ -18,12 +19,14 @@
  *    name.
  *
  * The same checks run in children with FR_CPU_ISA forced to each class
- * below this CPU's (the eight-lane and scalar conversions). */
+ * below this CPU's, and the conversions follow the forced class (scalar
+ * on baseline, eight lanes on avx2), so every path is covered. */
 #include <omp.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "testlib.h"
+#include "cpu/cast.h"
 #include "cpu/conv.h"
 #include "cpu/isa.h"
 #include "tensor/memory.h"
@@ -197,12 +200,30 @@ static void test_conv_default_rule_stages(void) {
     char line[512];
     fr_cpu_conv_describe(line, sizeof line);
     CHECK(strstr(line, "bf16 is storage only") != NULL);
+    /* on a class where the bf16 kernels exist, the line names the default's
+     * choice (it differs between hosts with and without AMX) */
+    if (fr_cpu_isa_has_bf16() && fr_cpu_have_dnnl())
+        CHECK(strstr(line, "bf16 is storage only, convs staged to f32 (auto: no AMX)") != NULL);
     fr_release(x), fr_release(w), fr_release(bx), fr_release(bw), fr_release(fx), fr_release(fw);
     fr_release(y), fr_release(fy);
 }
 
 /* In a child with FR_CONV_BF16=sometimes: a bf16 conv is refused, naming
- * the variable. */
+ * the variable, and the conv line says so, whatever the class (the child
+ * runs on this CPU's and under FR_CPU_ISA=avx2, where bf16 is storage
+ * only). */
+/* The conversions take the class in use's loops: 16 lanes on avx512, 8 on
+ * avx2, the scalar definitions on baseline, FR_CPU_ISA honoured. */
+static void test_lanes_follow_class(void) {
+    fr_cpu_isa isa;
+    CHECK_OK(fr_cpu_isa_get(&isa));
+    int want = isa == FR_ISA_AVX512 ? 16 : isa == FR_ISA_AVX2 ? 8 : 1;
+    if (fr_cpu_cast_lanes() != want)
+        fprintf(stderr, "    class %s: %d lanes, want %d\n", fr_cpu_isa_name(isa),
+                fr_cpu_cast_lanes(), want);
+    CHECK(fr_cpu_cast_lanes() == want);
+}
+
 static void test_child_bad_variable(void) {
     fr_tensor *x = fr_t_rand(FR_CPU, 4, FR_SHAPE(2, 8, 8, 8), 5);
     fr_tensor *w = fr_t_rand(FR_CPU, 4, FR_SHAPE(8, 8, 3, 3), 6);
@@ -210,6 +231,9 @@ static void test_child_bad_variable(void) {
     fr_tensor *y = fr_empty(FR_CPU, FR_BF16, 4, FR_SHAPE(2, 8, 8, 8), FR_TAG_TRANSIENT);
     CHECK_ERR(fr_conv2d_forward(y, bx, bw, NULL, (fr_conv_params){.stride = 1, .pad = 1}), FR_ERR_ARG,
               "FR_CONV_BF16");
+    char line[512];
+    fr_cpu_conv_describe(line, sizeof line);
+    CHECK(strstr(line, "bf16 refused: FR_CONV_BF16") != NULL);
     fr_release(x), fr_release(w), fr_release(bx), fr_release(bw), fr_release(y);
 }
 
@@ -218,7 +242,8 @@ static int run_child(const char *name, const char *value, const char *mode) {
 }
 
 /* Each class below this CPU's, forced: the same bits (eight-lane and
- * scalar conversions). */
+ * scalar conversions; test_lanes_follow_class checks each child took its
+ * class's loops). */
 static void test_forced_classes(void) {
     fr_cpu_isa top = fr_cpu_isa_detected();
     for (int isa = 0; isa < (int)top; isa++) {
@@ -228,11 +253,17 @@ static void test_forced_classes(void) {
         CHECK(rc == 0);
     }
     CHECK(run_child("FR_CONV_BF16", "sometimes", "--child-bad") == 0);
+    if (top >= FR_ISA_AVX2) { /* the children inherit FR_CPU_ISA; this process read it already */
+        setenv("FR_CPU_ISA", "avx2", 1);
+        CHECK(run_child("FR_CONV_BF16", "sometimes", "--child-bad") == 0);
+        unsetenv("FR_CPU_ISA");
+    }
 }
 
 int main(int argc, char **argv) {
     self_path = argv[0];
     if (argc == 2 && strcmp(argv[1], "--child") == 0) {
+        RUN(test_lanes_follow_class);
         RUN(test_conversions);
         RUN(test_elementwise_tiles);
         RUN(test_conv_default_rule_stages);
@@ -244,6 +275,7 @@ int main(int argc, char **argv) {
     }
     unsetenv("FR_CPU_ISA");
     unsetenv("FR_CONV_BF16");
+    RUN(test_lanes_follow_class);
     RUN(test_conversions);
     RUN(test_elementwise_tiles);
     RUN(test_conv_default_rule_stages);
