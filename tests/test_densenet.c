@@ -15,6 +15,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "autograd/checkpoint_stats.h"
 #include "models/densenet.h"
 
 #define TOL 1e-4
@@ -275,8 +276,13 @@ static void test_strategies_equal_plain(void) {
     static const char *const same[] = {"recompute", "checkpoint", "checkpoint:2",
                                        "recompute+checkpoint", "recompute+checkpoint:4"};
     for (size_t i = 0; i < sizeof same / sizeof *same; i++) {
+        long taken = fr_checkpoint_stats_taken();
         fr_t_step r = fr_t_model_step(m, same[i], init, x, labels);
         fr_t_compare_steps(m, &plain, &r, -1, same[i]);
+        /* a checkpoint's replay takes its norms' statistics from the
+         * segment's forward (autograd/checkpoint_stats.h) */
+        taken = fr_checkpoint_stats_taken() - taken;
+        CHECK(strstr(same[i], "checkpoint") ? taken > 0 : taken == 0);
         CHECK(r.peak_saved < plain.peak_saved);
         fr_t_step_free(&r, m->params->count);
     }
