@@ -102,11 +102,12 @@ static fr_tensor *concat_recipe_make(fr_recipe *self) {
     /* The rebuild a holder asked for while another still held the recipe
      * goes to that other one's make: in a memory-efficient dense layer the
      * conv's weight gradient rebuilds BN+ReLU's output from the
-     * concatenation, then BN's backward reads the concatenation itself,
-     * and a second copy of every feature was a quarter of recompute's extra
-     * time (bench/RESULTS.md, issue 24, dn24). The conv frees its rebuilt
-     * input before it makes its input's gradient, so the bytes at the
-     * layer's peak (the concatenation and that gradient) are the same. */
+     * concatenation, then BN's backward reads the concatenation itself:
+     * one copy of every feature instead of two (DenseNet-BC-100's memmove
+     * a third lower under recompute, bench/RESULTS.md, issue 24, dn24).
+     * The price: BN+ReLU's output is no longer rebuilt over the
+     * concatenation, so the conv's output gradient is held beside both
+     * (its recompute peak +3.2%). */
     if (r->memo) {
         fr_tensor *y = r->memo;
         r->memo = NULL;
