@@ -128,29 +128,25 @@ static void same(const result *a, const result *b) {
         CHECK(fr_t_same_bits(a->rstats[i], b->rstats[i]));
 }
 
-/* Both norms of the segment take their statistics in the replay. */
-static void test_replay_takes_the_forward_statistics(void) {
-    fr_tensor *x = fr_t_rand(FR_CPU, 4, FR_SHAPE(N, C, H, H), 7);
-    result plain = run(PLAIN, x), ckpt = run(CHECKPOINT, x);
-    same(&plain, &ckpt);
+/* The step under form f against the plain one on the same input: the same
+ * bits, and the statistics the replays took (plain: none). */
+static void against_plain(form f, uint32_t seed, long want_taken) {
+    fr_tensor *x = fr_t_rand(FR_CPU, 4, FR_SHAPE(N, C, H, H), seed);
+    result plain = run(PLAIN, x), other = run(f, x);
+    same(&plain, &other);
     CHECK(plain.taken == 0);
-    CHECK(ckpt.taken == 2);
+    CHECK(other.taken == want_taken);
     result_free(&plain);
-    result_free(&ckpt);
+    result_free(&other);
     fr_release(x);
 }
 
+/* Both norms of the segment take their statistics in the replay. */
+static void test_replay_takes_the_forward_statistics(void) { against_plain(CHECKPOINT, 7, 2); }
+
 /* The outer replay takes both (norm 1 inside the inner checkpoint's
  * forward, which keeps it again), the inner replay norm 1 once more. */
-static void test_nested_checkpoint(void) {
-    fr_tensor *x = fr_t_rand(FR_CPU, 4, FR_SHAPE(N, C, H, H), 8);
-    result plain = run(PLAIN, x), nested = run(NESTED, x);
-    same(&plain, &nested);
-    CHECK(nested.taken == 3);
-    result_free(&plain);
-    result_free(&nested);
-    fr_release(x);
-}
+static void test_nested_checkpoint(void) { against_plain(NESTED, 8, 3); }
 
 /* Two forwards before one backward each keep their own statistics: the
  * second batch's must not reach the first one's replay. */
