@@ -4,6 +4,7 @@
  * backward one kernel (fr_bn_act_backward). */
 #include <stdlib.h>
 
+#include "checkpoint_stats.h"
 #include "functions.h"
 #include "node.h"
 
@@ -369,9 +370,16 @@ static fr_status compute(fr_tensor *y, fr_tensor *mean, fr_tensor *invstd, fr_te
     fr_status st;
     fr_tensor *centre = mean;
     if (bn->training) {
+        /* a checkpoint's replay takes the statistics its forward kept
+         * (checkpoint_stats.h), the same bits without the pass over x */
         bool update = bn->running_mean && !fr_in_recompute();
-        st = fr_batch_norm_train_stats(mean, invstd, x, update ? bn->running_mean : NULL,
-                                       update ? bn->running_var : NULL, bn->momentum, bn->eps);
+        st = FR_OK;
+        if (!fr_checkpoint_stats_take(bn->gamma, x, mean, invstd))
+            st = fr_batch_norm_train_stats(mean, invstd, x, update ? bn->running_mean : NULL,
+                                           update ? bn->running_var : NULL, bn->momentum,
+                                           bn->eps);
+        if (st == FR_OK)
+            fr_checkpoint_stats_keep(bn->gamma, x, mean, invstd);
     } else {
         FR_TRY(fr_check_defined("bn_act (eval)", "running_mean", bn->running_mean));
         FR_TRY(fr_check_defined("bn_act (eval)", "running_var", bn->running_var));

@@ -6,8 +6,99 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "checkpoint_stats.h"
 #include "functions.h"
 #include "node.h"
+
+/* ---- batch statistics from the forward for the replay (checkpoint_stats.h) ---- */
+
+/* One norm's statistics: C means then C invstds, host floats. Like the
+ * node's other bookkeeping (its ctx, its edges) they live outside the
+ * ledger: 8 bytes a channel, where a tagged tensor per norm would change
+ * the saved bytes the segment planner predicts exactly (nn/segments.c). */
+typedef struct {
+    const fr_tensor *gamma; /* which norm: compared, never read */
+    int64_t channels, numel;
+    float *stats;
+} stats_entry;
+
+typedef struct {
+    stats_entry *items;
+    int count, cap;
+    int next; /* the replay's cursor */
+} stats_log;
+
+/* The log the running checkpoint forward fills and the one a replay reads:
+ * a replay may run a nested checkpoint's forward, which fills its own log
+ * while reading the outer one. */
+static _Thread_local stats_log *recording;
+static _Thread_local stats_log *replaying;
+
+/* Host tensors only: on a GPU, reading the statistics back would wait for
+ * the device, and computing them again there is cheap. */
+static bool loggable(const fr_tensor *x, const fr_tensor *mean, const fr_tensor *invstd) {
+    return x->ndim >= 2 && fr_device_of(x) == FR_CPU && mean->dtype == FR_F32 &&
+           invstd->dtype == FR_F32 && fr_is_contiguous(mean) && fr_is_contiguous(invstd) &&
+           fr_numel(mean) == x->shape[1] && fr_numel(invstd) == x->shape[1];
+}
+
+static _Thread_local long n_taken;
+long fr_checkpoint_stats_taken(void) { return n_taken; }
+
+bool fr_checkpoint_stats_take(const fr_tensor *gamma, const fr_tensor *x, fr_tensor *mean,
+                              fr_tensor *invstd) {
+    stats_log *log = replaying;
+    if (!log || !loggable(x, mean, invstd))
+        return false;
+    /* the next entry of this norm in the forward's order: an entry the
+     * replay does not ask for (a norm it runs another way) is passed over */
+    for (int i = log->next; i < log->count; i++) {
+        const stats_entry *e = &log->items[i];
+        if (e->gamma != gamma || e->channels != x->shape[1] || e->numel != fr_numel(x))
+            continue;
+        log->next = i + 1;
+        size_t c = (size_t)e->channels;
+        memcpy(fr_data_f32(mean), e->stats, c * sizeof(float));
+        memcpy(fr_data_f32(invstd), e->stats + c, c * sizeof(float));
+        n_taken++;
+        return true;
+    }
+    return false;
+}
+
+void fr_checkpoint_stats_keep(const fr_tensor *gamma, const fr_tensor *x, const fr_tensor *mean,
+                              const fr_tensor *invstd) {
+    stats_log *log = recording;
+    if (!log || !loggable(x, mean, invstd))
+        return;
+    size_t c = (size_t)x->shape[1];
+    float *stats = malloc(2 * c * sizeof *stats);
+    if (log->count == log->cap && stats) {
+        int cap = log->cap ? 2 * log->cap : 32;
+        stats_entry *items = realloc(log->items, (size_t)cap * sizeof *items);
+        if (items) {
+            log->items = items;
+            log->cap = cap;
+        }
+    }
+    if (!stats || log->count == log->cap) {
+        free(stats);
+        return;
+    }
+    memcpy(stats, fr_data_f32(mean), c * sizeof *stats);
+    memcpy(stats + c, fr_data_f32(invstd), c * sizeof *stats);
+    log->items[log->count++] = (stats_entry){.gamma = gamma, .channels = x->shape[1],
+                                             .numel = fr_numel(x), .stats = stats};
+}
+
+static void stats_log_free(stats_log *log) {
+    if (!log)
+        return;
+    for (int i = 0; i < log->count; i++)
+        free(log->items[i].stats);
+    free(log->items);
+    free(log);
+}
 
 /* Everything the replay reads is owned here, copied at forward time: the
  * segment's description (fn_ctx, a byte copy), the random state and the
@@ -19,6 +110,7 @@ typedef struct {
     void *fn_ctx;          /* owned copy of ctx_size bytes */
     uint64_t random_state; /* before the forward: the replay draws the same masks */
     fr_dtype autocast;     /* the forward's autocast dtype: the replay computes in it too */
+    stats_log *stats;      /* the forward's batch statistics, for the replay */
 } checkpoint_ctx;
 
 /* Backpropagates the replayed segment. Under a backward restricted to some
@@ -66,11 +158,15 @@ static fr_status checkpoint_backward(fr_node *node, fr_tensor *const *dout, fr_t
         uint64_t now = fr_random_state();
         fr_set_random_state(c->random_state);
         fr_recompute_enter();
+        stats_log *outer = replaying;
+        replaying = c->stats;
+        c->stats->next = 0;
         st = fr_autocast_enter(c->autocast);
         if (st == FR_OK) {
             y = c->fn(c->fn_ctx, leaf);
             fr_autocast_exit();
         }
+        replaying = outer;
         fr_recompute_exit();
         fr_set_random_state(now);
         if (st == FR_OK && !y)
@@ -90,8 +186,10 @@ static fr_status checkpoint_backward(fr_node *node, fr_tensor *const *dout, fr_t
 
 static void checkpoint_ctx_free(void *p) {
     checkpoint_ctx *c = p;
-    if (c)
+    if (c) {
         free(c->fn_ctx);
+        stats_log_free(c->stats);
+    }
     free(c);
 }
 
@@ -109,8 +207,10 @@ fr_tensor *fr_checkpoint(fr_segment_fn fn, const void *fn_ctx, size_t ctx_size, 
     /* the copy is made before the forward, so the forward and the replay
      * read the same description */
     checkpoint_ctx *c = calloc(1, sizeof *c);
-    void *copy = c ? malloc(ctx_size ? ctx_size : 1) : NULL;
+    stats_log *log = c ? calloc(1, sizeof *log) : NULL;
+    void *copy = log ? malloc(ctx_size ? ctx_size : 1) : NULL;
     if (!copy) {
+        free(log);
         free(c);
         fr_error(FR_ERR_OOM, "checkpoint: out of memory");
         return NULL;
@@ -118,10 +218,13 @@ fr_tensor *fr_checkpoint(fr_segment_fn fn, const void *fn_ctx, size_t ctx_size, 
     if (ctx_size)
         memcpy(copy, fn_ctx, ctx_size);
     *c = (checkpoint_ctx){.fn = fn, .fn_ctx = copy, .random_state = fr_random_state(),
-                          .autocast = fr_autocast_dtype()};
+                          .autocast = fr_autocast_dtype(), .stats = log};
+    stats_log *outer = recording;
+    recording = log;
     fr_no_grad_enter();
     fr_tensor *y = fn(copy, x);
     fr_no_grad_exit();
+    recording = outer;
     fr_node *node = y ? fr_node_new("checkpoint", checkpoint_backward, 1, &x, 1) : NULL;
     if (!node) {
         checkpoint_ctx_free(c);

@@ -80,6 +80,7 @@ typedef struct {
     int64_t shape[FR_MAX_DIMS]; /* of the output */
     uint64_t *versions;         /* of each input's storage when recorded */
     fr_recipe **packed;         /* per input: its codes (inputs[i] NULL), or NULL */
+    fr_tensor *memo;            /* the last rebuild, for the next make (see make) */
     fr_tensor *inputs[];
 } concat_recipe;
 
@@ -97,6 +98,20 @@ static fr_tensor *concat_recipe_make(fr_recipe *self) {
                      (unsigned long long)r->versions[i], (unsigned long long)s->version);
             return NULL;
         }
+    }
+    /* The rebuild a holder asked for while another still held the recipe
+     * goes to that other one's make: in a memory-efficient dense layer the
+     * conv's weight gradient rebuilds BN+ReLU's output from the
+     * concatenation, then BN's backward reads the concatenation itself:
+     * one copy of every feature instead of two (DenseNet-BC-100's memmove
+     * a third lower under recompute, bench/RESULTS.md, issue 24, dn24).
+     * The price: BN+ReLU's output is no longer rebuilt over the
+     * concatenation, so the conv's output gradient is held beside both
+     * (its recompute peak +3.2%). */
+    if (r->memo) {
+        fr_tensor *y = r->memo;
+        r->memo = NULL;
+        return y;
     }
     /* compressed inputs are decoded for the concatenation and freed after */
     fr_tensor **in = malloc((size_t)r->count * sizeof *in);
@@ -118,11 +133,14 @@ static fr_tensor *concat_recipe_make(fr_recipe *self) {
     for (int i = 0; i < r->count; i++)
         fr_release(in[i]);
     free(in);
+    if (y && self->refcount > 1)
+        r->memo = fr_retain(y);
     return y;
 }
 
 static void concat_recipe_destroy(fr_recipe *self) {
     concat_recipe *r = (concat_recipe *)self;
+    fr_release(r->memo);
     for (int i = 0; i < r->count; i++) {
         if (r->packed[i])
             fr_recipe_release(r->packed[i]);

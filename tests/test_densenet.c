@@ -15,6 +15,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "autograd/checkpoint_stats.h"
 #include "models/densenet.h"
 
 #define TOL 1e-4
@@ -258,6 +259,41 @@ static void test_recomputable_concat_detects_inplace_misuse(void) {
     op_case_free(&k);
 }
 
+/* A concatenation's recipe made while another holder still keeps it (the
+ * conv's rebuilt input in a dense layer, then BN's backward): the second
+ * make takes the first one's tensor instead of copying every feature again
+ * (fn_concat.c); with one holder left, each make is a copy of its own. */
+static void test_concat_recipe_rebuilds_once_for_two_holders(void) {
+    fr_tensor *f[2] = {fr_t_rand(FR_CPU, 4, FR_SHAPE(NB, 3, HW, HW), 1),
+                       fr_t_rand(FR_CPU, 4, FR_SHAPE(NB, 2, HW, HW), 2)};
+    fr_set_requires_grad(f[0], true);
+    fr_set_requires_grad(f[1], true);
+    fr_tensor *cat = fr_concat_recomputable(f, 2);
+    CHECK(cat && cat->recipe);
+    if (!cat || !cat->recipe) {
+        fr_release(cat);
+        fr_release(f[0]);
+        fr_release(f[1]);
+        return;
+    }
+    fr_recipe *r = fr_recipe_retain(cat->recipe); /* two holders: cat and this test */
+    fr_tensor *a = r->make(r), *b = r->make(r);
+    CHECK(a && a == b);
+    CHECK(a && fr_t_same_bits(a, cat));
+    fr_release(a);
+    fr_release(b);
+    fr_recipe_release(r); /* cat alone */
+    fr_tensor *c = r->make(r), *d = r->make(r);
+    CHECK(c && d && c != d);
+    CHECK(c && d && fr_t_same_bits(c, cat) && fr_t_same_bits(d, cat));
+    fr_release(c);
+    fr_release(d);
+    fr_release(cat);
+    fr_tape_clear();
+    fr_release(f[0]);
+    fr_release(f[1]);
+}
+
 /* ---- whole models: every strategy against plain, and the ledger ---- */
 
 /* Batch 8, 16x16: every strategy gives plain's loss, gradients and running
@@ -275,8 +311,13 @@ static void test_strategies_equal_plain(void) {
     static const char *const same[] = {"recompute", "checkpoint", "checkpoint:2",
                                        "recompute+checkpoint", "recompute+checkpoint:4"};
     for (size_t i = 0; i < sizeof same / sizeof *same; i++) {
+        long taken = fr_checkpoint_stats_taken();
         fr_t_step r = fr_t_model_step(m, same[i], init, x, labels);
         fr_t_compare_steps(m, &plain, &r, -1, same[i]);
+        /* a checkpoint's replay takes its norms' statistics from the
+         * segment's forward (autograd/checkpoint_stats.h) */
+        taken = fr_checkpoint_stats_taken() - taken;
+        CHECK(strstr(same[i], "checkpoint") ? taken > 0 : taken == 0);
         CHECK(r.peak_saved < plain.peak_saved);
         fr_t_step_free(&r, m->params->count);
     }
@@ -357,6 +398,7 @@ int main(void) {
     RUN(test_densenet40_matches_pytorch);
     RUN(test_recomputable_concat_bn_relu_equals_plain);
     RUN(test_recomputable_concat_detects_inplace_misuse);
+    RUN(test_concat_recipe_rebuilds_once_for_two_holders);
     RUN(test_strategies_equal_plain);
     RUN(test_saved_bytes_linear_vs_quadratic);
     return TEST_SUMMARY();
