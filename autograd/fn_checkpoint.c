@@ -25,7 +25,8 @@ typedef struct {
 typedef struct {
     stats_entry *items;
     int count, cap;
-    int next; /* the replay's cursor */
+    int next;    /* the replay's cursor */
+    bool broken; /* nothing is taken: an entry was lost, or the replay's input is not the forward's */
 } stats_log;
 
 /* The log the running checkpoint forward fills and the one a replay reads:
@@ -48,7 +49,10 @@ long fr_checkpoint_stats_taken(void) { return n_taken; }
 bool fr_checkpoint_stats_take(const fr_tensor *gamma, const fr_tensor *x, fr_tensor *mean,
                               fr_tensor *invstd) {
     stats_log *log = replaying;
-    if (!log || !loggable(x, mean, invstd))
+    /* synchronised BN sums across processes in the replay as before: a
+     * process whose log broke (out of memory) alone would skip a collective
+     * the others run */
+    if (!log || log->broken || fr_batch_norm_synced() || !loggable(x, mean, invstd))
         return false;
     /* the next entry of this norm in the forward's order: an entry the
      * replay does not ask for (a norm it runs another way) is passed over */
@@ -56,6 +60,12 @@ bool fr_checkpoint_stats_take(const fr_tensor *gamma, const fr_tensor *x, fr_ten
         const stats_entry *e = &log->items[i];
         if (e->gamma != gamma || e->channels != x->shape[1] || e->numel != fr_numel(x))
             continue;
+        /* a norm the segment runs twice: which call an entry belongs to
+         * is not certain when the replay passes one over, so such a norm
+         * computes its statistics again */
+        for (int j = 0; j < log->count; j++)
+            if (j != i && log->items[j].gamma == gamma)
+                return false;
         log->next = i + 1;
         size_t c = (size_t)e->channels;
         memcpy(fr_data_f32(mean), e->stats, c * sizeof(float));
@@ -81,8 +91,9 @@ void fr_checkpoint_stats_keep(const fr_tensor *gamma, const fr_tensor *x, const 
             log->cap = cap;
         }
     }
-    if (!stats || log->count == log->cap) {
+    if (!stats || log->count == log->cap) { /* a lost entry would shift the ones after it */
         free(stats);
+        log->broken = true;
         return;
     }
     memcpy(stats, fr_data_f32(mean), c * sizeof *stats);
@@ -232,10 +243,15 @@ fr_tensor *fr_checkpoint(fr_segment_fn fn, const void *fn_ctx, size_t ctx_size, 
         return NULL;
     }
     fr_node_set_ctx(node, c, checkpoint_ctx_free);
-    if (fr_node_save_activation(node, x, false) < 0) {
+    int slot = fr_node_save_activation(node, x, false);
+    if (slot < 0) {
         fr_release(y);
         return NULL;
     }
+    /* x kept as compressed codes (compress:B): the replay runs on their
+     * decoding, whose statistics are not the forward's */
+    if (node->saved[slot].recipe)
+        log->broken = true;
     fr_node_set_output(node, 0, y);
     return y;
 }
