@@ -509,7 +509,11 @@ static fr_model *make(const char *name) {
 }
 
 /* compress:8 against plain, one step of a model of every built-in family:
- * loss within 1e-3, every gradient within 5% of its tensor's largest */
+ * loss within 1e-3, every gradient within 5% of its tensor's largest. With
+ * recompute too, all gradients as one vector within 3% of plain's, as
+ * compress:8 alone is: the fused BN+ReLU keeps its mask as bits rather than
+ * rebuilding it from decoded codes (autograd/fn_bn_act.c), which had given
+ * 0.18 on ResNet-20 and 0.26 on DenseNet-BC-40. */
 static void test_models_close_to_plain(void) {
     const char *names[] = {"resnet8", "preresnet11", "densenet-bc-40"};
     for (size_t i = 0; i < 3; i++) {
@@ -524,8 +528,12 @@ static void test_models_close_to_plain(void) {
         fr_t_step got = fr_t_model_step(m, "compress:8", init, x, labels);
         CHECK_CLOSE(got.loss, ref.loss, 1e-3);
         fr_t_compare_steps(m, &ref, &got, 0.05, names[i]);
-        printf("    %s: saved %zu -> %zu bytes at compress:8\n", names[i], ref.peak_saved,
-               got.peak_saved);
+        fr_t_step rc = fr_t_model_step(m, "recompute+compress:8", init, x, labels);
+        double e = fr_t_grad_rel_error(m, &ref, &got, ""), erc = fr_t_grad_rel_error(m, &ref, &rc, "");
+        printf("    %s: saved %zu -> %zu bytes at compress:8; gradient error %.4f, with recompute %.4f\n",
+               names[i], ref.peak_saved, got.peak_saved, e, erc);
+        CHECK(e < 0.03 && erc < 0.03);
+        fr_t_step_free(&rc, m->params->count);
         CHECK(got.peak_saved * 3 < ref.peak_saved);
         fr_t_step_free(&ref, m->params->count);
         fr_t_step_free(&got, m->params->count);
