@@ -90,6 +90,9 @@ static fr_status eligible(const fr_tensor *t, bool *yes) {
     return FR_OK;
 }
 
+static _Thread_local size_t sign_bytes_packed;
+size_t fr_sign_bytes_packed(void) { return sign_bytes_packed; }
+
 static fr_recipe *pack(fr_tensor *t, int bits) {
     size_t n = (size_t)fr_numel(t);
     int64_t bytes = (int64_t)(bits == 1 ? fr_sign_nbytes(n) : fr_compress_nbytes(bits, n));
@@ -114,6 +117,8 @@ static fr_recipe *pack(fr_tensor *t, int bits) {
         packed_destroy(&r->base);
         return NULL;
     }
+    if (bits == 1)
+        sign_bytes_packed += (size_t)bytes;
     return &r->base;
 }
 
@@ -144,6 +149,20 @@ int fr_node_save_activation(fr_node *node, fr_tensor *t, bool use_recipe) {
     if (fr_compressed_of(t, &r) != FR_OK)
         return -1;
     return r ? fr_node_save_recipe(node, r) : fr_node_save_held(node, t);
+}
+
+bool fr_compress_would_pack(const fr_tensor *t) {
+    bool yes;
+    return t->dtype == FR_F32 && eligible(t, &yes) == FR_OK && yes;
+}
+
+fr_status fr_sign_mask_of(fr_tensor *t, fr_recipe **out) {
+    *out = NULL;
+    bool yes;
+    FR_TRY(eligible(t, &yes));
+    if (yes && !(*out = pack(t, 1)))
+        return fr_last_status();
+    return FR_OK;
 }
 
 int fr_node_save_sign(fr_node *node, fr_tensor *t) {

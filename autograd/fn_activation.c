@@ -11,6 +11,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 
+#include "checkpoint_log.h"
 #include "functions.h"
 #include "node.h"
 
@@ -44,11 +45,13 @@ static fr_status act_backward(fr_node *node, fr_tensor *const *dout, fr_tensor *
 }
 
 /* Saves what the gradient reads: x, or the output y; only its sign for
- * ReLU and leaky ReLU (one bit under compress:B). */
+ * ReLU and leaky ReLU (one bit under compress:B). Called without a node
+ * too: a checkpointed forward keeps a sign-only activation's mask for its
+ * replay (checkpoint_log.h). */
 static int save_for_grad(fr_node *node, fr_act a, fr_tensor *s) {
     if (fr_act_needs_input(a) || (a != FR_ACT_RELU && a != FR_ACT_LEAKY_RELU))
-        return fr_node_save_activation(node, s, true);
-    return fr_node_save_sign(node, s);
+        return node ? fr_node_save_activation(node, s, true) : 0;
+    return fr_node_keep_sign(node, s);
 }
 
 /* Makes a node for op on x, or sets *node to NULL when nothing records. */
@@ -76,7 +79,7 @@ static fr_tensor *act(const char *op, fr_tensor *x, fr_act a, float p) {
     fr_tensor *y = fr_empty_like(x, FR_TAG_TRANSIENT);
     fr_node *node = NULL;
     if (!y || fr_act_forward(y, x, a, p) != FR_OK || act_node(op, x, a, p, &node) != FR_OK ||
-        (node && save_for_grad(node, a, fr_act_needs_input(a) ? x : y) < 0)) {
+        save_for_grad(node, a, fr_act_needs_input(a) ? x : y) < 0) {
         fr_release(y);
         return NULL;
     }
@@ -114,11 +117,10 @@ static fr_tensor *act_(const char *op, const char *name, fr_tensor *x, fr_act a,
     if (fr_act_forward(x, x, a, p) != FR_OK)
         return NULL; /* the node stays on the tape; nothing refers to it */
     fr_bump_version(x, op);
-    if (node) {
-        if (save_for_grad(node, a, x) < 0)
-            return NULL;
+    if (save_for_grad(node, a, x) < 0)
+        return NULL;
+    if (node)
         fr_node_set_output(node, 0, x);
-    }
     return fr_retain(x);
 }
 

@@ -4,7 +4,7 @@
  * backward one kernel (fr_bn_act_backward). */
 #include <stdlib.h>
 
-#include "checkpoint_stats.h"
+#include "checkpoint_log.h"
 #include "functions.h"
 #include "node.h"
 
@@ -371,7 +371,7 @@ static fr_status compute(fr_tensor *y, fr_tensor *mean, fr_tensor *invstd, fr_te
     fr_tensor *centre = mean;
     if (bn->training) {
         /* a checkpoint's replay takes the statistics its forward kept
-         * (checkpoint_stats.h), the same bits without the pass over x */
+         * (checkpoint_log.h), the same bits without the pass over x */
         bool update = bn->running_mean && !fr_in_recompute();
         st = FR_OK;
         if (!fr_checkpoint_stats_take(bn->gamma, x, mean, invstd))
@@ -453,6 +453,12 @@ fr_tensor *fr_bn_act(fr_tensor *x, fr_tensor *residual, const fr_bn_state *bn, f
     }
     if (st == FR_OK && abn)
         fr_bump_version(x, "inplace_abn");
+    /* where a recording run would keep the mask (below), an unrecorded one
+     * hands it to a checkpoint's replay (checkpoint_log.h) */
+    if (st == FR_OK && !node && !abn && sign_act(act) &&
+        (residual || mode == FR_BNACT_KEEP || fr_compress_bits() > 0) &&
+        fr_node_keep_sign(NULL, y) < 0)
+        st = fr_last_status();
     if (st == FR_OK && node) {
         bool ok;
         if (abn) {
@@ -476,7 +482,7 @@ fr_tensor *fr_bn_act(fr_tensor *x, fr_tensor *residual, const fr_bn_state *bn, f
                 /* a block output: kept by the next block anyway, so its mask
                  * costs nothing (KEEP: kept whatever follows) */
                 bool sign = sign_act(act);
-                ok = (c->i_y = sign  ? fr_node_save_sign(node, y)
+                ok = (c->i_y = sign  ? fr_node_keep_sign(node, y)
                                : pre ? fr_node_save_activation(node, pre, true)
                                      : fr_node_save_activation(node, y, false)) >= 0;
             } else if (ok) {
@@ -489,7 +495,7 @@ fr_tensor *fr_bn_act(fr_tensor *x, fr_tensor *residual, const fr_bn_state *bn, f
                  * alone 0.006). So the mask is kept too, as bits (1/32 of y),
                  * packed before y takes its recipe. */
                 if (sign_act(act) && fr_compress_bits() > 0)
-                    ok = (c->i_y = fr_node_save_sign(node, y)) >= 0;
+                    ok = (c->i_y = fr_node_keep_sign(node, y)) >= 0;
                 fr_recipe *r = ok ? bnact_recipe_new(x, via_recipe, mean, invstd, bn, act, slope) : NULL;
                 ok = r != NULL;
                 if (ok)

@@ -6,11 +6,11 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "checkpoint_stats.h"
+#include "checkpoint_log.h"
 #include "functions.h"
 #include "node.h"
 
-/* ---- batch statistics from the forward for the replay (checkpoint_stats.h) ---- */
+/* ---- what the forward hands to the replay (checkpoint_log.h) ---- */
 
 /* One norm's statistics: C means then C invstds, host floats. Like the
  * node's other bookkeeping (its ctx, its edges) they live outside the
@@ -22,11 +22,24 @@ typedef struct {
     float *stats;
 } stats_entry;
 
+/* One sign-only activation's mask: NULL where compression did not apply to
+ * its output (the replay makes its own there too) */
+typedef struct {
+    fr_recipe *mask;
+    int64_t numel;
+    bool channels_last;
+} mask_entry;
+
 typedef struct {
     stats_entry *items;
     int count, cap;
     int next;    /* the replay's cursor */
     bool broken; /* nothing is taken: an entry was lost, or the replay's input is not the forward's */
+    /* masks: kept only when the segment's input is kept as codes */
+    mask_entry *masks;
+    int n_masks, cap_masks, next_mask;
+    bool masks_on;     /* the forward keeps them, the replay takes them */
+    bool masks_broken; /* the replay met an op its forward did not run: none taken from there */
 } stats_log;
 
 /* The log the running checkpoint forward fills and the one a replay reads:
@@ -102,12 +115,95 @@ void fr_checkpoint_stats_keep(const fr_tensor *gamma, const fr_tensor *x, const 
                                              .numel = fr_numel(x), .stats = stats};
 }
 
+/* ---- masks ---- */
+
+static _Thread_local long n_masks_taken;
+long fr_checkpoint_masks_taken(void) { return n_masks_taken; }
+
+static void masks_free(stats_log *log) {
+    for (int i = 0; i < log->n_masks; i++)
+        fr_recipe_release(log->masks[i].mask);
+    free(log->masks);
+    log->masks = NULL;
+    log->n_masks = log->cap_masks = log->next_mask = 0;
+}
+
+/* The replay's next mask, a new reference handed over (the log lets go of
+ * it, so each mask is freed with the replayed node that saves it), or NULL:
+ * none for this op. */
+static fr_recipe *mask_take(stats_log *log, const fr_tensor *y) {
+    if (log->next_mask >= log->n_masks) {
+        log->masks_broken = true;
+        return NULL;
+    }
+    mask_entry *e = &log->masks[log->next_mask];
+    if (e->numel != fr_numel(y) || e->channels_last != fr_is_channels_last(y)) {
+        log->masks_broken = true;
+        return NULL;
+    }
+    log->next_mask++;
+    fr_recipe *m = e->mask;
+    e->mask = NULL;
+    n_masks_taken += m != NULL;
+    return m;
+}
+
+/* Appends a mask (the caller's reference, NULL allowed); false out of memory. */
+static bool mask_append(stats_log *log, fr_recipe *m, const fr_tensor *y) {
+    if (log->n_masks == log->cap_masks) {
+        int cap = log->cap_masks ? 2 * log->cap_masks : 32;
+        mask_entry *grown = realloc(log->masks, (size_t)cap * sizeof *grown);
+        if (!grown) {
+            fr_recipe_release(m);
+            return false;
+        }
+        log->masks = grown;
+        log->cap_masks = cap;
+    }
+    log->masks[log->n_masks++] =
+        (mask_entry){.mask = m, .numel = fr_numel(y), .channels_last = fr_is_channels_last(y)};
+    return true;
+}
+
+int fr_node_keep_sign(fr_node *node, fr_tensor *y) {
+    stats_log *rep = replaying, *rec = recording;
+    fr_recipe *m = NULL;
+    bool taken = false;
+    if (rep && rep->masks_on && !rep->masks_broken) {
+        m = mask_take(rep, y);
+        taken = !rep->masks_broken;
+    }
+    /* a checkpointed forward keeps the mask its replay will use: the one
+     * taken from an outer replay (a nested checkpoint's forward runs inside
+     * it), else y's own */
+    if (rec && rec->masks_on) {
+        fr_recipe *k = NULL;
+        if (taken)
+            k = m ? fr_recipe_retain(m) : NULL;
+        else if (fr_sign_mask_of(y, &k) != FR_OK) {
+            fr_recipe_release(m);
+            return -1;
+        }
+        if (!mask_append(rec, k, y)) {
+            fr_recipe_release(m);
+            fr_error(FR_ERR_OOM, "checkpoint: out of memory keeping a ReLU mask");
+            return -1;
+        }
+    }
+    if (!node) {
+        fr_recipe_release(m);
+        return 0;
+    }
+    return m ? fr_node_save_recipe(node, m) : fr_node_save_sign(node, y);
+}
+
 static void stats_log_free(stats_log *log) {
     if (!log)
         return;
     for (int i = 0; i < log->count; i++)
         free(log->items[i].stats);
     free(log->items);
+    masks_free(log);
     free(log);
 }
 
@@ -172,6 +268,7 @@ static fr_status checkpoint_backward(fr_node *node, fr_tensor *const *dout, fr_t
         stats_log *outer = replaying;
         replaying = c->stats;
         c->stats->next = 0;
+        c->stats->next_mask = 0;
         st = fr_autocast_enter(c->autocast);
         if (st == FR_OK) {
             y = c->fn(c->fn_ctx, leaf);
@@ -230,6 +327,9 @@ fr_tensor *fr_checkpoint(fr_segment_fn fn, const void *fn_ctx, size_t ctx_size, 
         memcpy(copy, fn_ctx, ctx_size);
     *c = (checkpoint_ctx){.fn = fn, .fn_ctx = copy, .random_state = fr_random_state(),
                           .autocast = fr_autocast_dtype(), .stats = log};
+    /* masks only where the input will be kept as codes: on an exact input
+     * the replay's masks are the forward's */
+    log->masks_on = fr_compress_would_pack(x);
     stats_log *outer = recording;
     recording = log;
     fr_no_grad_enter();
@@ -252,6 +352,10 @@ fr_tensor *fr_checkpoint(fr_segment_fn fn, const void *fn_ctx, size_t ctx_size, 
      * decoding, whose statistics are not the forward's */
     if (node->saved[slot].recipe)
         log->broken = true;
+    else {
+        masks_free(log);
+        log->masks_on = false;
+    }
     fr_node_set_output(node, 0, y);
     return y;
 }

@@ -110,6 +110,15 @@ int fr_node_save_activation(fr_node *node, fr_tensor *t, bool use_recipe);
  * (the output of ReLU or leaky ReLU): one bit per element when compression
  * is on and applies (unpacked as 1 or 0), else as fr_node_save. */
 int fr_node_save_sign(fr_node *node, fr_tensor *t);
+/* Whether fr_node_save_activation would keep t as codes now (compression
+ * on, t an f32 activation it applies to). */
+bool fr_compress_would_pack(const fr_tensor *t);
+/* A sign mask of t as fr_node_save_sign keeps it under compression (a new
+ * reference in *out; NULL when compression is off or does not apply). */
+fr_status fr_sign_mask_of(fr_tensor *t, fr_recipe **out);
+/* Bytes of sign masks packed on this thread so far (what a checkpointed
+ * step's forward keeps for its replay: nn/segments.c measures it). */
+size_t fr_sign_bytes_packed(void);
 /* When saved entry i is a sign mask kept as bits (fr_node_save_sign under
  * compression) packed from a tensor whose storage order dy shares (both
  * contiguous or both channels last), a new reference to its u8 bits

@@ -24,14 +24,28 @@ static double held_by(const fr_seg_costs *c, int a, bool ckpt) {
     return c->held ? 0 : c->input[a];
 }
 
+/* Bytes of the masks a checkpointed segment over [a, b) keeps for its
+ * replay: only where its input is kept as codes (an activation under
+ * compress; a data batch is held as it is and its replay is exact). */
+static double masks_by(const fr_seg_costs *c, int a, int b, bool ckpt) {
+    double bytes = 0;
+    if (ckpt && c->masks && c->held && c->input[a] > 0)
+        for (int j = a; j < b; j++)
+            bytes += c->masks[j];
+    return bytes;
+}
+
 /* The peak of held + kept + (with_flight) the full-width tensors in flight:
  * fr_seg_peak, or without them fr_seg_saved. */
 static double peak_of(const fr_seg_costs *c, const int *seg_len, int n_seg, bool with_flight) {
-    double held = 0, peak = 0;
+    double held = 0, peak = 0, masks_before = 0;
     for (int s = 0, a = 0; s < n_seg && a < c->n; a += seg_len[s], s++) {
         int b = a + seg_len[s] < c->n ? a + seg_len[s] : c->n;
         bool ckpt = !(c->last_as_is && b == c->n);
-        held += held_by(c, a, ckpt);
+        /* the masks of the segments before this one are held while it
+         * replays; its own are then the replayed steps' (in cost) */
+        held += held_by(c, a, ckpt) + masks_before;
+        masks_before = masks_by(c, a, b, ckpt);
         /* backward through step j of segment s (after its replay): every
          * segment input so far, what steps a..j keep (a step's input is
          * kept by it unless it starts the segment, where the checkpoint
@@ -51,7 +65,7 @@ static double peak_of(const fr_seg_costs *c, const int *seg_len, int n_seg, bool
                 peak = held + kept + flight;
         }
     }
-    return peak > held ? peak : held;
+    return peak > held + masks_before ? peak : held + masks_before;
 }
 
 double fr_seg_peak(const fr_seg_costs *c, const int *seg_len, int n_seg) {
@@ -63,7 +77,7 @@ double fr_seg_forward_saved(const fr_seg_costs *c, const int *seg_len, int n_seg
     for (int s = 0, a = 0; s < n_seg && a < c->n; a += seg_len[s], s++) {
         int b = a + seg_len[s] < c->n ? a + seg_len[s] : c->n;
         bool ckpt = !(c->last_as_is && b == c->n);
-        bytes += held_by(c, a, ckpt);
+        bytes += held_by(c, a, ckpt) + masks_by(c, a, b, ckpt);
         for (int j = a; j < b && !ckpt; j++)
             bytes += c->cost[j] + (j > a ? at(c->input_kept, j) - at(c->input_shared, j) : 0);
     }

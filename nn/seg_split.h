@@ -63,11 +63,16 @@ size_t fr_seg_elem_bytes(void);
  *            compressed): inside a segment step i shares them, so they
  *            leave cost[i]; at a segment's start the replay's input is a
  *            fresh tensor that step i packs again. NULL: none;
+ *  masks[i]: bytes of the ReLU masks (bits) step i keeps for backward,
+ *            cost[i] counts them: a checkpoint whose input is kept as
+ *            codes keeps them from its forward to its replay as well
+ *            (autograd/checkpoint_log.h), which then saves them rather
+ *            than its own. NULL: none;
  *  last_as_is: the last segment runs without a checkpoint (the root chain,
  *            nn/segments.c): its input is held by its first step, not by a
  *            checkpoint, and it is not replayed. */
 typedef struct {
-    const double *cost, *input, *input_kept, *backward, *held, *input_shared;
+    const double *cost, *input, *input_kept, *backward, *held, *input_shared, *masks;
     int n;
     bool last_as_is;
 } fr_seg_costs;

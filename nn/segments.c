@@ -226,7 +226,8 @@ static fr_status measure_backward(fr_params *ps, fr_tensor *y, fr_tensor *leaf, 
 }
 
 static fr_status measure(fr_module *seq, fr_tensor *x, const fr_run *run, double *cost, double *input,
-                         double *input_kept, double *backward, double *held, double *shared) {
+                         double *input_kept, double *backward, double *held, double *shared,
+                         double *masks) {
     int n = n_steps(seq);
     fr_device dev = fr_device_of(x);
     uint64_t random_state = fr_random_state();
@@ -244,7 +245,7 @@ static fr_status measure(fr_module *seq, fr_tensor *x, const fr_run *run, double
         held[s] = input[s] > 0 && run->strategy.compress
                       ? (double)fr_compress_nbytes(run->strategy.compress, (size_t)fr_numel(cur))
                       : input[s];
-        cost[s] = input_kept[s] = backward[s] = shared[s] = 0;
+        cost[s] = input_kept[s] = backward[s] = shared[s] = masks[s] = 0;
         fr_tensor *next = NULL;
         if (is_barrier(seq, s)) {
             fr_no_grad_enter();
@@ -257,9 +258,14 @@ static fr_status measure(fr_module *seq, fr_tensor *x, const fr_run *run, double
                 fr_set_requires_grad(leaf, true);
                 fr_storage_mark_saved(leaf->storage);
                 size_t before = fr_mem_current(dev, FR_TAG_SAVED);
+                size_t signs = fr_sign_bytes_packed();
                 fr_tensor *y = segment_forward(&trial, leaf);
                 size_t after = fr_mem_current(dev, FR_TAG_SAVED);
                 cost[s] = after > before ? (double)(after - before) : 0;
+                /* its ReLU masks as bits: under compress:B a checkpoint
+                 * whose input is kept as codes keeps them for the replay
+                 * too (autograd/checkpoint_log.h) */
+                masks[s] = (double)(fr_sign_bytes_packed() - signs);
                 /* marked once above: a second mark is the step's own */
                 if (leaf->storage->saved_count > 1)
                     input_kept[s] = input[s];
@@ -311,12 +317,13 @@ static fr_seg_costs costs_of(const fr_module *seq, const fr_run *run, const doub
                              int end) {
     int n = n_steps(seq);
     const double *input = cost + n, *input_kept = cost + 2 * n, *backward = cost + 3 * n,
-                 *held = cost + 4 * n, *shared = cost + 5 * n;
+                 *held = cost + 4 * n, *shared = cost + 5 * n, *masks = cost + 6 * n;
     /* the root chain's last segment runs as it is (make_layout) */
     return (fr_seg_costs){.cost = cost + s, .input = input + s, .input_kept = input_kept + s,
                           .backward = backward + s,
                           .held = run->strategy.compress ? held + s : NULL,
-                          .input_shared = shared + s, .n = end - s,
+                          .input_shared = shared + s,
+                          .masks = run->strategy.compress ? masks + s : NULL, .n = end - s,
                           .last_as_is = seq->kind == FR_MODULE_CHAIN && end == n};
 }
 
@@ -326,11 +333,11 @@ fr_status fr_seq_estimate(fr_module *seq, fr_tensor *x, const fr_run *run, const
     for (int s = 0; s < n; s++)
         if (is_barrier(seq, s))
             return fr_error(FR_ERR_ARG, "%s: estimate: step %d is a dense module", run->model, s);
-    double *cost = calloc(6 * (size_t)n + 1, sizeof *cost);
+    double *cost = calloc(7 * (size_t)n + 1, sizeof *cost);
     if (!cost)
         return fr_error(FR_ERR_OOM, "%s: out of memory estimating checkpoint segments", run->model);
     fr_status st = measure(seq, x, run, cost, cost + n, cost + 2 * n, cost + 3 * n, cost + 4 * n,
-                           cost + 5 * n);
+                           cost + 5 * n, cost + 6 * n);
     if (st == FR_OK) {
         fr_seg_costs c = costs_of(seq, run, cost, 0, n);
         *forward_saved = fr_seg_forward_saved(&c, seg_len, n_seg);
@@ -347,7 +354,7 @@ static fr_status make_layout(fr_module *seq, fr_tensor *x, const fr_run *run) {
     fr_seg_layout *p = &seq->layout;
     fr_seg_layout_free(p);
     int n = n_steps(seq);
-    double *cost = calloc(6 * (size_t)n + 1, sizeof *cost);
+    double *cost = calloc(7 * (size_t)n + 1, sizeof *cost);
     int *len = malloc(((size_t)n + 1) * sizeof *len);
     p->group_len = malloc(((size_t)n + 1) * sizeof *p->group_len);
     p->group_ckpt = malloc(((size_t)n + 1) * sizeof *p->group_ckpt);
@@ -358,7 +365,7 @@ static fr_status make_layout(fr_module *seq, fr_tensor *x, const fr_run *run) {
     int k = run->strategy.checkpoint;
     if (st == FR_OK && k < 0)
         st = measure(seq, x, run, cost, cost + n, cost + 2 * n, cost + 3 * n, cost + 4 * n,
-                     cost + 5 * n);
+                     cost + 5 * n, cost + 6 * n);
     for (int s = 0; s < n && st == FR_OK;) {
         if (is_barrier(seq, s)) {
             p->group_len[p->n_groups] = 1;

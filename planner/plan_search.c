@@ -11,6 +11,7 @@
 #include <string.h>
 
 #include "../nn/seg_split.h"
+#include "../tensor/shapes.h"
 
 /* ---- one group ---- */
 
@@ -69,12 +70,19 @@ static group_eval eval_group(const fr_profile *p, int i, int j, bool ckpt, int k
 #define HELD_BEFORE(u) ((u) == i ? (ckpt || prev == OUT_KEPT) : C((u) - 1)->out_saved)
     const fr_unit_cost *last = C(j - 1);
     double L = prev == OUT_KEPT ? 0 : C(i)->in_b, pk = L;
+    /* a checkpoint keeps an activation input under compress:B as codes
+     * (the input itself goes when the chain moves on), and its steps' ReLU
+     * masks for the replay (autograd/checkpoint_log.h) */
+    int bits = p->strategies[k].compress;
+    bool packed = ckpt && bits && C(i)->in_b > 0, masks = packed;
+    double codes = packed ? (double)fr_compress_nbytes(bits, (size_t)(C(i)->in_b / 4)) : 0;
     for (int u = i; u < j; u++) {
         const fr_unit_cost *c = C(u);
         double start = L;
-        if (ckpt) { /* under no_grad: nothing but the group's input stays */
-            pk = fmax(pk, L + c->ng_peak);
-            L += c->ng_delta - (u > i ? c->in_b : 0);
+        if (ckpt) { /* under no_grad: nothing but the group's input (and the masks) stays */
+            double mk = masks ? c->masks : 0;
+            pk = fmax(pk, L + c->ng_peak + mk);
+            L += c->ng_delta + mk - (u > i ? c->in_b : 0);
             g.ms += c->ng_ms;
         } else {
             pk = fmax(pk, L + c->fwd_peak);
@@ -83,6 +91,10 @@ static group_eval eval_group(const fr_profile *p, int i, int j, bool ckpt, int k
         }
         emit_phase(fwd, ckpt ? c->ng_ms : c->fwd_ms, start, ckpt ? c->ng_peak : c->fwd_peak, L);
     }
+    if (packed) { /* packed after the segment ran, beside its input */
+        pk = fmax(pk, L + codes);
+        L += codes - (prev == OUT_KEPT ? 0 : C(i)->in_b);
+    }
     g.fwd_peak = pk;
     g.out = ckpt ? OUT_GONE : last->out_saved ? OUT_KEPT : last->out_recipe ? OUT_RECIPE : OUT_GONE;
     g.held = L - (g.out == OUT_KEPT ? 0 : last->out_b);
@@ -90,11 +102,15 @@ static group_eval eval_group(const fr_profile *p, int i, int j, bool ckpt, int k
     L = g.held + last->out_b;
     double bk = L;
     if (ckpt) { /* the replay: forward with grad from the held input */
+        L += packed ? C(i)->in_b : 0; /* decoded from its codes */
+        bk = fmax(bk, L);
         for (int u = i; u < j; u++) {
             const fr_unit_cost *c = C(u);
             double start = L;
+            /* the masks it packed are the forward's, held already */
             bk = fmax(bk, L + c->fwd_peak);
-            L += c->fwd_delta - (!c->in_saved && !HELD_BEFORE(u) ? c->in_b : 0);
+            L += c->fwd_delta - (masks ? c->masks : 0) -
+                 (!c->in_saved && !HELD_BEFORE(u) ? c->in_b : 0);
             g.ms += c->fwd_ms + c->bwd_ms;
             emit_phase(bwd, c->fwd_ms, start, c->fwd_peak, L);
         }

@@ -175,7 +175,9 @@ static fr_status trial(fr_model *m, fr_module *root, int s, fr_tensor *x, bool r
     if (st == FR_OK) {
         size_t saved0 = fr_mem_current(dev, FR_TAG_SAVED);
         double t0 = level(dev);
+        size_t signs = fr_sign_bytes_packed();
         st = timed_forward(root, s, leaf, run, dev, &y, &c->fwd_peak, &c->fwd_ms);
+        c->masks = (double)(fr_sign_bytes_packed() - signs);
         if (st == FR_OK) {
             c->in_saved = x->storage->saved_count > 0;
             c->out_saved = y->storage->saved_count > 0;

@@ -39,6 +39,10 @@ typedef struct {
                            * trial's input holds past backward (a real step's input
                            * does not, unless the step before keeps it held):
                            * left out of bwd_delta */
+    double masks;         /* bytes of the ReLU masks (bits) its forward with grad packed:
+                           * a checkpoint whose input is kept as codes keeps them from
+                           * its forward to its replay, which saves them rather than
+                           * packing its own (autograd/checkpoint_log.h) */
 } fr_unit_cost;
 
 typedef struct {

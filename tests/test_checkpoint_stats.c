@@ -1,6 +1,6 @@
 /* test_checkpoint_stats.c: a checkpointed segment's replay takes each fused
  * BN's batch statistics from the segment's first forward
- * (autograd/checkpoint_stats.h) instead of computing them again, and the
+ * (autograd/checkpoint_log.h) instead of computing them again, and the
  * step is bit for bit the one without checkpointing: outputs, every
  * gradient and the running statistics (updated once). Also when one
  * checkpoint runs inside another's segment, whose replay then runs the
@@ -9,7 +9,7 @@
  * Tolerance: none; same bits (the same kernels on the same values). */
 #include "testlib.h"
 
-#include "autograd/checkpoint_stats.h"
+#include "autograd/checkpoint_log.h"
 
 enum { N = 4, C = 6, H = 8 };
 

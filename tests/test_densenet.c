@@ -15,7 +15,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "autograd/checkpoint_stats.h"
+#include "autograd/checkpoint_log.h"
 #include "models/densenet.h"
 
 #define TOL 1e-4
@@ -315,7 +315,7 @@ static void test_strategies_equal_plain(void) {
         fr_t_step r = fr_t_model_step(m, same[i], init, x, labels);
         fr_t_compare_steps(m, &plain, &r, -1, same[i]);
         /* a checkpoint's replay takes its norms' statistics from the
-         * segment's forward (autograd/checkpoint_stats.h) */
+         * segment's forward (autograd/checkpoint_log.h) */
         taken = fr_checkpoint_stats_taken() - taken;
         CHECK(strstr(same[i], "checkpoint") ? taken > 0 : taken == 0);
         CHECK(r.peak_saved < plain.peak_saved);

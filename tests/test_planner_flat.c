@@ -105,6 +105,18 @@ static void test_layouts_predicted_exactly(void) {
         {"recompute+compress:2", "CKkk"}, {"recompute+compress:2", "KkCK"},
         {"recompute+compress:8", "Kkkk"}, {"recompute+compress:8", "KKKK"},
         {"recompute+compress:8", "CKkk"},
+        /* a checkpoint over an activation under compress keeps its codes
+         * (the input itself goes) and its ReLU masks from forward to
+         * replay (autograd/checkpoint_log.h), and its replay decodes them:
+         * before eval_group counted those, compress:2 KCKk was predicted
+         * 1.00% short, compress:8 KCCK 3.39% short and KkCK 2.77% over.
+         * Not here: a group of two or more recompute steps checkpointed
+         * (recompute KCcK is predicted 5.7% short, recompute+compress:8
+         * 1.6%: about one activation of the group's last step that the
+         * replay holds in its backward and no trial measures; not yet
+         * found which) */
+        {"compress:2", "KCKk"}, {"compress:8", "KkCK"}, {"compress:8", "KCCK"},
+        {"recompute+compress:8", "KCKk"}, {"compress:2", "KCcK"}, {"compress:8", "KCcK"},
     };
     for (size_t k = 0; st == FR_OK && plan.n_units == 4 && k < sizeof cases / sizeof *cases; k++) {
         fr_strategy s;

@@ -1,0 +1,180 @@
+/* test_checkpoint_masks.c: under compress:B a checkpointed segment whose
+ * input is kept as codes replays on their decoding; its ReLU masks are the
+ * ones its forward kept (autograd/checkpoint_log.h), not rebuilt from the
+ * decoded values, where every element near zero could flip. Segments of
+ * sign-only activations and exact ops (scaling, adding a constant) then
+ * give plain's input gradient bit for bit at compress:2, the coarsest
+ * codes, also when a checkpoint runs inside another's segment; the ledger
+ * holds exactly the codes and the masks between forward and backward.
+ *
+ * Tolerance: none (the masks are exact; everything else in the segments
+ * is exact arithmetic on them). */
+#include "testlib.h"
+
+#include "autograd/checkpoint_log.h"
+
+enum { N = 2, C = 3, H = 10 };
+
+static fr_tensor *shift; /* a constant (-0.25 everywhere) added inside a segment */
+static bool use_sigmoid; /* the replay of test_replay_of_other_ops runs another op */
+
+/* relu(3 * leaky_relu(x, 0.1)): two masks */
+static fr_tensor *two_masks(void *ctx, fr_tensor *x) {
+    (void)ctx;
+    if (use_sigmoid)
+        return fr_sigmoid(x);
+    fr_tensor *h = fr_leaky_relu(x, 0.1f);
+    h = h ? fr_chain(h, fr_scale(h, 3.0f)) : NULL;
+    return h ? fr_chain(h, fr_relu(h)) : NULL;
+}
+
+/* relu(x + shift): one mask */
+static fr_tensor *inner(void *ctx, fr_tensor *x) {
+    (void)ctx;
+    fr_tensor *h = fr_add(x, shift);
+    return h ? fr_chain(h, fr_relu(h)) : NULL;
+}
+
+/* inner(relu(x)), the inner part checkpointed when *ctx */
+static fr_tensor *outer(void *ctx, fr_tensor *x) {
+    bool nested = *(const bool *)ctx;
+    fr_tensor *h = fr_relu(x);
+    if (!h)
+        return NULL;
+    return fr_chain(h, nested ? fr_checkpoint(inner, NULL, 0, h) : inner(NULL, h));
+}
+
+/* x's gradient from sum(fn(2 x)) (2 x: a computed tensor, which
+ * compression takes), checkpointed under compress:bits when bits > 0;
+ * *taken: masks the replays took. */
+static fr_tensor *input_grad(fr_segment_fn fn, const void *ctx, size_t size, int bits,
+                             fr_tensor *x0, long *taken) {
+    fr_tensor *x = fr_detach(x0);
+    fr_set_requires_grad(x, true);
+    fr_tensor *in = fr_scale(x, 2.0f);
+    int previous = 0;
+    CHECK_OK(fr_compress_enter(bits, &previous));
+    long before = fr_checkpoint_masks_taken();
+    fr_tensor *y = !in ? NULL : bits ? fr_checkpoint(fn, ctx, size, in) : fn((void *)ctx, in);
+    fr_release(in);
+    CHECK_NOTNULL(y);
+    fr_tensor *loss = y ? fr_sum(y) : NULL;
+    if (loss)
+        CHECK_OK(fr_backward(loss));
+    fr_compress_restore(previous);
+    *taken = fr_checkpoint_masks_taken() - before;
+    fr_tensor *dx = fr_retain(x->grad);
+    fr_release(loss);
+    fr_release(y);
+    fr_release(x);
+    return dx;
+}
+
+/* values spread over [-2, 2) with many close to zero, where a 2-bit code's
+ * step (a quarter of a group's range) flips a rebuilt mask */
+static fr_tensor *near_zero(uint32_t seed) {
+    fr_tensor *x = fr_t_rand(FR_CPU, 4, FR_SHAPE(N, C, H, H), seed);
+    float *v = fr_data_f32(x);
+    for (int64_t i = 0; i < fr_numel(x); i++)
+        v[i] = (i % 3) ? v[i] * 0.01f : v[i];
+    return x;
+}
+
+static void test_replay_uses_the_forward_masks(void) {
+    fr_tensor *x = near_zero(3);
+    long taken;
+    fr_tensor *plain = input_grad(two_masks, NULL, 0, 0, x, &taken);
+    CHECK(taken == 0);
+    for (int b = 8; b >= 2; b /= 2) {
+        fr_tensor *got = input_grad(two_masks, NULL, 0, b, x, &taken);
+        CHECK(plain && got && fr_t_same_bits(plain, got));
+        CHECK(taken == 2);
+        fr_release(got);
+    }
+    fr_release(plain);
+    fr_release(x);
+}
+
+/* The outer replay takes relu(x)'s mask and inner's, which the inner
+ * checkpoint's forward (run inside that replay) keeps for its own replay:
+ * three taken in all, and plain's gradient. */
+static void test_nested_checkpoint(void) {
+    fr_tensor *x = near_zero(4);
+    shift = fr_zeros(FR_CPU, FR_F32, 4, FR_SHAPE(N, C, H, H), FR_TAG_DATA);
+    for (int64_t i = 0; i < fr_numel(shift); i++)
+        fr_data_f32(shift)[i] = -0.25f;
+    bool flat = false, nested = true;
+    long taken;
+    fr_tensor *plain = input_grad(outer, &flat, sizeof flat, 0, x, &taken);
+    fr_tensor *got = input_grad(outer, &nested, sizeof nested, 2, x, &taken);
+    CHECK(plain && got && fr_t_same_bits(plain, got));
+    CHECK(taken == 3);
+    fr_release(got);
+    fr_release(plain);
+    fr_release(shift);
+    shift = NULL;
+    fr_release(x);
+}
+
+/* Between forward and backward the saved tag holds the input's codes and
+ * one bit per element of each mask, exactly; after backward, nothing. */
+static void test_ledger_holds_codes_and_masks(void) {
+    fr_tensor *x0 = near_zero(5);
+    fr_tensor *x = fr_detach(x0);
+    fr_set_requires_grad(x, true);
+    fr_tensor *in = fr_scale(x, 2.0f);
+    size_t n = (size_t)fr_numel(x0), base = fr_mem_current(FR_CPU, FR_TAG_SAVED);
+    int previous = 0;
+    CHECK_OK(fr_compress_enter(4, &previous));
+    fr_tensor *y = in ? fr_checkpoint(two_masks, NULL, 0, in) : NULL;
+    fr_compress_restore(previous);
+    fr_release(in);
+    CHECK_NOTNULL(y);
+    size_t held = fr_mem_current(FR_CPU, FR_TAG_SAVED) - base;
+    CHECK(held == fr_compress_nbytes(4, n) + 2 * fr_sign_nbytes(n));
+    fr_tensor *loss = y ? fr_sum(y) : NULL;
+    if (loss)
+        CHECK_OK(fr_backward(loss));
+    fr_release(loss);
+    fr_release(y);
+    CHECK(fr_mem_current(FR_CPU, FR_TAG_SAVED) == base);
+    fr_release(x);
+    fr_release(x0);
+}
+
+/* A replay that runs other ops than its forward (here a segment function
+ * that changed between them) takes no mask: nothing is handed to an op it
+ * was not made for, and the unused masks go with the checkpoint. */
+static void test_replay_of_other_ops(void) {
+    fr_tensor *x = near_zero(6);
+    size_t base = fr_mem_current(FR_CPU, FR_TAG_SAVED);
+    fr_tensor *xd = fr_detach(x);
+    fr_set_requires_grad(xd, true);
+    fr_tensor *in = fr_scale(xd, 2.0f);
+    int previous = 0;
+    CHECK_OK(fr_compress_enter(2, &previous));
+    fr_tensor *y = in ? fr_checkpoint(two_masks, NULL, 0, in) : NULL;
+    fr_compress_restore(previous);
+    fr_release(in);
+    fr_tensor *loss = y ? fr_sum(y) : NULL;
+    long before = fr_checkpoint_masks_taken();
+    use_sigmoid = true;
+    if (loss)
+        CHECK_OK(fr_backward(loss));
+    use_sigmoid = false;
+    CHECK(fr_checkpoint_masks_taken() == before);
+    CHECK(xd->grad != NULL);
+    fr_release(loss);
+    fr_release(y);
+    CHECK(fr_mem_current(FR_CPU, FR_TAG_SAVED) == base);
+    fr_release(xd);
+    fr_release(x);
+}
+
+int main(void) {
+    RUN(test_replay_uses_the_forward_masks);
+    RUN(test_nested_checkpoint);
+    RUN(test_ledger_holds_codes_and_masks);
+    RUN(test_replay_of_other_ops);
+    return TEST_SUMMARY();
+}
