@@ -54,8 +54,12 @@ void fr_checkpoint_stats_keep(const fr_tensor *gamma, const fr_tensor *x, const 
  * its forward's masks, where it saves the forward's mask of this op; in a
  * checkpointed forward that keeps masks, it keeps y's. Returns the saved
  * entry's index (0 without a node), or -1 with the error set (out of
- * memory). A replay whose op does not match its forward's (another size or
- * layout) saves its own masks from there on, as without the log. */
+ * memory). A replay whose op does not match its forward's (another shape or
+ * layout) saves its own masks from there on, as without the log. The
+ * replay runs under its forward's compress:B (fn_checkpoint.c), so the
+ * ops that keep a mask only under compression meet theirs; under
+ * retain_graph a replay shares each mask with its node, so that a second
+ * backward takes it again. */
 int fr_node_keep_sign(fr_node *node, fr_tensor *y);
 
 /* How many statistics replays on this thread have taken so far, and how

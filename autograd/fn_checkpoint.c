@@ -26,7 +26,8 @@ typedef struct {
  * its output (the replay makes its own there too) */
 typedef struct {
     fr_recipe *mask;
-    int64_t numel;
+    int ndim;
+    int64_t shape[FR_MAX_DIMS];
     bool channels_last;
 } mask_entry;
 
@@ -40,6 +41,8 @@ typedef struct {
     int n_masks, cap_masks, next_mask;
     bool masks_on;     /* the forward keeps them, the replay takes them */
     bool masks_broken; /* the replay met an op its forward did not run: none taken from there */
+    bool masks_shared; /* the graph is retained: a replay shares each mask with its node
+                        * (a second backward replays again), else hands it over */
 } stats_log;
 
 /* The log the running checkpoint forward fills and the one a replay reads:
@@ -132,18 +135,18 @@ static void masks_free(stats_log *log) {
  * it, so each mask is freed with the replayed node that saves it), or NULL:
  * none for this op. */
 static fr_recipe *mask_take(stats_log *log, const fr_tensor *y) {
-    if (log->next_mask >= log->n_masks) {
-        log->masks_broken = true;
-        return NULL;
-    }
-    mask_entry *e = &log->masks[log->next_mask];
-    if (e->numel != fr_numel(y) || e->channels_last != fr_is_channels_last(y)) {
+    mask_entry *e = log->next_mask < log->n_masks ? &log->masks[log->next_mask] : NULL;
+    if (!e || e->ndim != y->ndim || e->channels_last != fr_is_channels_last(y) ||
+        memcmp(e->shape, y->shape, (size_t)y->ndim * sizeof *y->shape)) {
         log->masks_broken = true;
         return NULL;
     }
     log->next_mask++;
     fr_recipe *m = e->mask;
-    e->mask = NULL;
+    if (log->masks_shared)
+        fr_recipe_retain(m);
+    else
+        e->mask = NULL;
     n_masks_taken += m != NULL;
     return m;
 }
@@ -160,8 +163,9 @@ static bool mask_append(stats_log *log, fr_recipe *m, const fr_tensor *y) {
         log->masks = grown;
         log->cap_masks = cap;
     }
-    log->masks[log->n_masks++] =
-        (mask_entry){.mask = m, .numel = fr_numel(y), .channels_last = fr_is_channels_last(y)};
+    mask_entry *e = &log->masks[log->n_masks++];
+    *e = (mask_entry){.mask = m, .ndim = y->ndim, .channels_last = fr_is_channels_last(y)};
+    memcpy(e->shape, y->shape, (size_t)y->ndim * sizeof *y->shape);
     return true;
 }
 
@@ -217,6 +221,8 @@ typedef struct {
     void *fn_ctx;          /* owned copy of ctx_size bytes */
     uint64_t random_state; /* before the forward: the replay draws the same masks */
     fr_dtype autocast;     /* the forward's autocast dtype: the replay computes in it too */
+    int compress;          /* the forward's compress:B (0: off): the replay's ops save as
+                            * its forward's would have, and its masks meet the same ops */
     stats_log *stats;      /* the forward's batch statistics, for the replay */
 } checkpoint_ctx;
 
@@ -269,11 +275,16 @@ static fr_status checkpoint_backward(fr_node *node, fr_tensor *const *dout, fr_t
         replaying = c->stats;
         c->stats->next = 0;
         c->stats->next_mask = 0;
-        st = fr_autocast_enter(c->autocast);
-        if (st == FR_OK) {
+        c->stats->masks_broken = false;
+        const fr_backward_options *running = fr_backward_running();
+        c->stats->masks_shared = running && running->retain_graph;
+        int compress = 0;
+        st = fr_compress_enter(c->compress, &compress);
+        if (st == FR_OK && (st = fr_autocast_enter(c->autocast)) == FR_OK) {
             y = c->fn(c->fn_ctx, leaf);
             fr_autocast_exit();
         }
+        fr_compress_restore(compress);
         replaying = outer;
         fr_recompute_exit();
         fr_set_random_state(now);
@@ -326,7 +337,8 @@ fr_tensor *fr_checkpoint(fr_segment_fn fn, const void *fn_ctx, size_t ctx_size, 
     if (ctx_size)
         memcpy(copy, fn_ctx, ctx_size);
     *c = (checkpoint_ctx){.fn = fn, .fn_ctx = copy, .random_state = fr_random_state(),
-                          .autocast = fr_autocast_dtype(), .stats = log};
+                          .autocast = fr_autocast_dtype(), .compress = fr_compress_bits(),
+                          .stats = log};
     /* masks only where the input will be kept as codes: on an exact input
      * the replay's masks are the forward's */
     log->masks_on = fr_compress_would_pack(x);

@@ -171,10 +171,85 @@ static void test_replay_of_other_ops(void) {
     fr_release(x);
 }
 
+/* retain_graph: a second backward replays the segment again and takes the
+ * same masks (the first replay shared them with its nodes rather than
+ * handing them over): both give plain's gradient. */
+static void test_retained_graph_replays_twice(void) {
+    fr_tensor *x0 = near_zero(7);
+    long taken;
+    fr_tensor *plain = input_grad(two_masks, NULL, 0, 0, x0, &taken);
+    fr_tensor *x = fr_detach(x0);
+    fr_set_requires_grad(x, true);
+    fr_tensor *in = fr_scale(x, 2.0f);
+    int previous = 0;
+    CHECK_OK(fr_compress_enter(2, &previous));
+    fr_tensor *y = in ? fr_checkpoint(two_masks, NULL, 0, in) : NULL;
+    fr_compress_restore(previous);
+    fr_release(in);
+    fr_tensor *loss = y ? fr_sum(y) : NULL;
+    CHECK_NOTNULL(loss);
+    for (int pass = 0; loss && pass < 2; pass++) {
+        long before = fr_checkpoint_masks_taken();
+        CHECK_OK(fr_backward_with_options(loss, NULL,
+                                          &(fr_backward_options){.retain_graph = pass == 0}));
+        CHECK(fr_checkpoint_masks_taken() - before == 2);
+        CHECK(plain && x->grad && fr_t_same_bits(plain, x->grad));
+        fr_release(x->grad);
+        x->grad = NULL;
+    }
+    fr_release(loss);
+    fr_release(y);
+    fr_release(x);
+    fr_release(plain);
+    fr_release(x0);
+}
+
+/* the fused BN + ReLU in RECOMPUTE mode keeps its mask only under compress,
+ * then a ReLU of the same shape: the replay runs under its forward's
+ * compress:B whatever is in force when backward runs, so it meets both
+ * masks in order (without the forward's bits the fused op kept none in the
+ * replay and the ReLU took the fused op's mask) */
+static fr_tensor *gamma_, *beta_;
+static fr_tensor *bn_then_relu(void *ctx, fr_tensor *x) {
+    (void)ctx;
+    fr_bn_state bn = {.gamma = gamma_, .beta = beta_, .eps = 1e-5f, .training = true};
+    fr_tensor *h = fr_bn_act(x, NULL, &bn, FR_ACT_RELU, 0.0f, FR_BNACT_RECOMPUTE);
+    h = h ? fr_chain(h, fr_scale(h, -1.0f)) : NULL;
+    return h ? fr_chain(h, fr_relu(h)) : NULL;
+}
+
+static void test_replay_runs_under_the_forward_bits(void) {
+    gamma_ = fr_t_rand(FR_CPU, 1, FR_SHAPE(C), 8);
+    beta_ = fr_t_rand(FR_CPU, 1, FR_SHAPE(C), 9);
+    fr_tensor *x0 = near_zero(10);
+    fr_tensor *x = fr_detach(x0);
+    fr_set_requires_grad(x, true);
+    fr_tensor *in = fr_scale(x, 2.0f);
+    int previous = 0;
+    CHECK_OK(fr_compress_enter(8, &previous));
+    fr_tensor *y = in ? fr_checkpoint(bn_then_relu, NULL, 0, in) : NULL;
+    fr_compress_restore(previous);
+    fr_release(in);
+    fr_tensor *loss = y ? fr_sum(y) : NULL;
+    long before = fr_checkpoint_masks_taken();
+    if (loss)
+        CHECK_OK(fr_backward(loss));
+    CHECK(fr_checkpoint_masks_taken() - before == 2);
+    CHECK(x->grad != NULL);
+    fr_release(loss);
+    fr_release(y);
+    fr_release(x);
+    fr_release(x0);
+    fr_release(gamma_);
+    fr_release(beta_);
+}
+
 int main(void) {
     RUN(test_replay_uses_the_forward_masks);
     RUN(test_nested_checkpoint);
     RUN(test_ledger_holds_codes_and_masks);
     RUN(test_replay_of_other_ops);
+    RUN(test_retained_graph_replays_twice);
+    RUN(test_replay_runs_under_the_forward_bits);
     return TEST_SUMMARY();
 }
