@@ -76,12 +76,16 @@ fr_status fr_cpu_conv_dnnl_bf16(void *out, const void *in0, const void *in1, con
                                 int direction, bool *ran);
 /* The rule for bf16 compute (cpu/conv_bf16.c): whether a pass of s on bf16
  * operands runs in bf16 on this CPU and class (AVX512_BF16 and the avx512
- * class in use, a oneDNN build, and oneDNN's AMX kernels or
+ * class in use, a oneDNN build, and fr_cpu_conv_bf16_default or
  * FR_CONV_BF16=on). */
 bool fr_cpu_conv_bf16_applies(const fr_conv_shape *s, int direction);
 /* Whether oneDNN's bf16 kernels on this CPU are its AMX ones (with the
- * FR_CPU_ISA cap): the rule's default computes in bf16 only there. */
+ * FR_CPU_ISA cap). */
 bool fr_cpu_conv_bf16_amx(void);
+/* Whether the rule's default computes 3x3 layers in bf16 on this CPU: AMX,
+ * or AVX512_BF16 on an AMD Zen 4 (where they measured faster than staged
+ * f32; cpu/conv_bf16.c). */
+bool fr_cpu_conv_bf16_default(void);
 /* What the rule does on this machine, for fr_cpu_conv_describe's line. */
 const char *fr_cpu_conv_bf16_describe(void);
 

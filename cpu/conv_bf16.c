@@ -22,10 +22,17 @@
  *    forward and backward (data)), every other layer 1.11-1.96x; and a
  *    bf16 ResNet-20 step ran 10-25% faster with every layer staged. The
  *    rule stages them all.
- * So the default follows what oneDNN reports: the same checkpoint resumed
- * on a host whose AMX listing differs rounds its bf16 convolutions
- * differently (bf16 kernels against staged f32; docs/MIXED_PRECISION.md),
- * and the train header's conv line says which (fr_cpu_conv_bf16_describe).
+ *  - AVX512_BF16 on an AMD EPYC of family 19h (Zen 4; no AMX, oneDNN's
+ *    same avx512_core_bf16 kernels): the same layers through the op took
+ *    0.41-0.65x the staged path's time, forward and backward (data), at
+ *    batch 8 and 64, and a ResNet-56 bf16 run 0.91x f32's CPU time against
+ *    1.16x staged (bench/RESULTS.md, 2026-12-02, eleventh session). The
+ *    rule runs them. Other AMD families were not measured: staged.
+ * So the default follows the CPU (oneDNN's AMX listing, the AMD family):
+ * the same checkpoint resumed on a host of another kind rounds its bf16
+ * convolutions differently (bf16 kernels against staged f32;
+ * docs/MIXED_PRECISION.md), and the train header's conv line says which
+ * (fr_cpu_conv_bf16_describe).
  * FR_CONV_BF16 overrides: "on" runs the bf16 kernels wherever they exist
  * (for a CPU where they measure faster, and for the tests), "off" never,
  * "auto" (or unset) is the rule. Any other value is refused, as FR_CPU_ISA
@@ -81,9 +88,13 @@ bool fr_cpu_conv_bf16_amx(void) {
 bool fr_cpu_conv_bf16_amx(void) { return false; }
 #endif
 
+bool fr_cpu_conv_bf16_default(void) {
+    return fr_cpu_conv_bf16_amx() || (fr_cpu_isa_has_bf16() && fr_cpu_features_detected()->amd_zen4);
+}
+
 bool fr_cpu_conv_bf16_applies(const fr_conv_shape *s, int direction) {
     bf16_mode m = mode();
-    return (m == BF16_ON || (m == BF16_AUTO && fr_cpu_conv_bf16_amx())) &&
+    return (m == BF16_ON || (m == BF16_AUTO && fr_cpu_conv_bf16_default())) &&
            kernel_exists(s, direction);
 }
 
@@ -100,9 +111,11 @@ const char *fr_cpu_conv_bf16_describe(void) {
     case BF16_OFF: return "is storage only (FR_CONV_BF16=off)";
     default:
         /* which path the default took on this host: it differs between
-         * hosts with and without AMX (see the top of this file) */
-        return fr_cpu_conv_bf16_amx() ? "computes 3x3 forward and backward (data) (auto: AMX)"
-                                      : "is storage only, convs staged to f32 (auto: no AMX)";
+         * kinds of CPU (see the top of this file) */
+        return fr_cpu_conv_bf16_amx()     ? "computes 3x3 forward and backward (data) (auto: AMX)"
+               : fr_cpu_conv_bf16_default() ? "computes 3x3 forward and backward (data) (auto: AMD Zen 4)"
+                                            : "is storage only, convs staged to f32 (auto: neither AMX "
+                                              "nor AMD Zen 4)";
     }
 }
 

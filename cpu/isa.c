@@ -57,6 +57,13 @@ static void detect_features(void) {
         features.avx512_fp16 = features.avx512f && (d & (1u << 23));
         features.amx = tiles && (d & (1u << 24)) && (d & (1u << 22)); /* AMX-TILE, AMX-BF16 */
     }
+    /* the family: base 0xf plus the extended family (CPUID leaf 1) */
+    if (__builtin_cpu_is("amd") && __get_cpuid(1, &a, &b, &c, &d)) {
+        unsigned family = (a >> 8) & 0xf;
+        if (family == 0xf)
+            family += (a >> 20) & 0xff;
+        features.amd_zen4 = family == 0x19 && features.avx512f;
+    }
 }
 #else
 static void detect_features(void) {}
@@ -121,8 +128,8 @@ void fr_cpu_isa_describe(char *buf, size_t size) {
         return;
     }
     const fr_cpu_features *f = &features;
-    snprintf(buf, size, "%s%s%s%s%s%s%s", names[chosen], forced ? " (forced by FR_CPU_ISA, cpu " : "",
+    snprintf(buf, size, "%s%s%s%s%s%s%s%s", names[chosen], forced ? " (forced by FR_CPU_ISA, cpu " : "",
              forced ? names[detected] : "", forced ? ")" : "",
              f->avx512_bf16 ? " +avx512_bf16" : "", f->avx512_fp16 ? " +avx512_fp16" : "",
-             f->amx ? " +amx" : "");
+             f->amx ? " +amx" : "", f->amd_zen4 ? ", AMD Zen 4" : "");
 }

@@ -22,6 +22,10 @@ typedef enum {
 /* What CPUID reports, whatever FR_CPU_ISA says. */
 typedef struct {
     bool avx2, fma, avx512f, avx512bw, avx512vl, avx512dq, avx512cd, avx512_bf16, avx512_fp16, amx;
+    /* not an instruction set: an AMD CPU of family 19h with AVX-512 (Zen 4),
+     * where oneDNN's bf16 kernels measured faster than staged f32 and an
+     * Intel Xeon's without AMX slower (cpu/conv_bf16.c) */
+    bool amd_zen4;
 } fr_cpu_features;
 
 const fr_cpu_features *fr_cpu_features_detected(void);

@@ -12,11 +12,13 @@
  *    eight on avx2 and the scalar loops on baseline, give the scalar
  *    definitions' bits (tensor/dtype.c) on every f16 and bf16 pattern and
  *    on edge and random f32 values.
- *  - Convolutions: without AMX the rule keeps bf16 3x3 layers on the staged
- *    f32 kernels (cpu/conv_bf16.c: oneDNN's other bf16 kernels measured
- *    slower), so a bf16 conv gives exactly the f32 kernel's result on the
- *    widened operands; FR_CONV_BF16 with a bad value is refused with its
- *    name.
+ *  - Convolutions: on CPUs with neither AMX nor AMD Zen 4 the rule keeps
+ *    bf16 3x3 layers on the staged f32 kernels (cpu/conv_bf16.c: oneDNN's
+ *    bf16 kernels measured slower on a Xeon without AMX), so a bf16 conv
+ *    gives exactly the f32 kernel's result on the widened operands; on
+ *    the others the rule computes in bf16 and FR_CONV_BF16=off stages
+ *    (checked in a child); FR_CONV_BF16 with a bad value is refused with
+ *    its name.
  *
  * The same checks run in children with FR_CPU_ISA forced to each class
  * below this CPU's, and the conversions follow the forced class (scalar
@@ -174,14 +176,14 @@ static void test_conversions(void) {
     }
 }
 
-/* A 3x3 layer in bf16 under the default rule without AMX: declined, so the op's result
+static int run_child(const char *name, const char *value, const char *mode);
+
+/* A 3x3 layer in bf16 where the rule stages: declined, so the op's result
  * is the f32 kernel's on the widened operands, rounded once (one staged
- * block: the tensors are small). */
-static void test_conv_default_rule_stages(void) {
+ * block: the tensors are small); the conv line contains `why`. */
+static void conv_stages(const char *why) {
     fr_conv_shape s = {.n = 4, .c = 16, .h = 16, .w = 16, .k = 16, .r = 3, .s = 3, .oh = 16, .ow = 16,
                        .stride = 1, .pad = 1};
-    if (fr_cpu_conv_bf16_amx())
-        SKIP("oneDNN has AMX bf16 kernels here: the rule computes 3x3 layers in bf16");
     CHECK(!fr_cpu_conv_bf16_applies(&s, 0));
     CHECK(!fr_cpu_conv_bf16_applies(&s, 1));
     fr_tensor *x = fr_t_rand(FR_CPU, 4, FR_SHAPE(4, 16, 16, 16), 3);
@@ -200,13 +202,32 @@ static void test_conv_default_rule_stages(void) {
     char line[512];
     fr_cpu_conv_describe(line, sizeof line);
     CHECK(strstr(line, "bf16 is storage only") != NULL);
-    /* on a class where the bf16 kernels exist, the line names the default's
-     * choice (it differs between hosts with and without AMX) */
+    /* on a class where the bf16 kernels exist, the line names the choice */
     if (fr_cpu_isa_has_bf16() && fr_cpu_have_dnnl())
-        CHECK(strstr(line, "bf16 is storage only, convs staged to f32 (auto: no AMX)") != NULL);
+        CHECK(strstr(line, why) != NULL);
     fr_release(x), fr_release(w), fr_release(bx), fr_release(bw), fr_release(fx), fr_release(fw);
     fr_release(y), fr_release(fy);
 }
+
+/* The default rule: where it computes 3x3 layers in bf16 (AMX, or AMD Zen
+ * 4) they apply and the conv line says why, and FR_CONV_BF16=off stages
+ * them (in a child: the variable is read once); elsewhere it stages. */
+static void test_conv_default_rule(void) {
+    fr_conv_shape s = {.n = 4, .c = 16, .h = 16, .w = 16, .k = 16, .r = 3, .s = 3, .oh = 16, .ow = 16,
+                       .stride = 1, .pad = 1};
+    if (!fr_cpu_conv_bf16_default()) {
+        conv_stages("bf16 is storage only, convs staged to f32 (auto: neither AMX nor AMD Zen 4)");
+        return;
+    }
+    char line[512];
+    fr_cpu_conv_describe(line, sizeof line);
+    CHECK(fr_cpu_conv_bf16_applies(&s, 0) && fr_cpu_conv_bf16_applies(&s, 1));
+    CHECK(strstr(line, fr_cpu_conv_bf16_amx() ? "(auto: AMX)" : "(auto: AMD Zen 4)") != NULL);
+    CHECK(fr_cpu_conv_bf16_amx() || fr_cpu_features_detected()->amd_zen4);
+    CHECK(run_child("FR_CONV_BF16", "off", "--child-staged") == 0);
+}
+
+static void test_conv_off_stages(void) { conv_stages("bf16 is storage only (FR_CONV_BF16=off)"); }
 
 /* In a child with FR_CONV_BF16=sometimes: a bf16 conv is refused, naming
  * the variable, and the conv line says so, whatever the class (the child
@@ -266,7 +287,11 @@ int main(int argc, char **argv) {
         RUN(test_lanes_follow_class);
         RUN(test_conversions);
         RUN(test_elementwise_tiles);
-        RUN(test_conv_default_rule_stages);
+        RUN(test_conv_default_rule);
+        return TEST_SUMMARY();
+    }
+    if (argc == 2 && strcmp(argv[1], "--child-staged") == 0) {
+        RUN(test_conv_off_stages);
         return TEST_SUMMARY();
     }
     if (argc == 2 && strcmp(argv[1], "--child-bad") == 0) {
@@ -278,7 +303,7 @@ int main(int argc, char **argv) {
     RUN(test_lanes_follow_class);
     RUN(test_conversions);
     RUN(test_elementwise_tiles);
-    RUN(test_conv_default_rule_stages);
+    RUN(test_conv_default_rule);
     RUN(test_forced_classes);
     return TEST_SUMMARY();
 }

@@ -254,8 +254,8 @@ int main(int argc, char **argv) {
     }
     if (getenv("FR_CPU_ISA"))
         unsetenv("FR_CPU_ISA");
-    /* the bf16 kernels measured slower than f32 here, so the rule leaves
-     * them off unless asked (cpu/conv_bf16.c); these tests ask */
+    /* on most CPUs the rule leaves the bf16 kernels off unless asked
+     * (cpu/conv_bf16.c); these tests ask */
     setenv("FR_CONV_BF16", "on", 1);
     RUN(test_rule);
     RUN(test_matches_f32);
