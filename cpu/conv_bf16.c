@@ -26,14 +26,18 @@
  *    same avx512_core_bf16 kernels): the same layers through the op took
  *    0.41-0.65x the staged path's time, forward and backward (data), at
  *    batch 8 and 64, and a ResNet-56 bf16 run 0.91x f32's CPU time against
- *    1.16x staged (bench/RESULTS.md, 2026-12-02, eleventh session). The
- *    rule runs them. Other AMD families were not measured: staged.
+ *    1.16x staged (bench/RESULTS.md, 2026-12-02, eleventh session); the
+ *    1x1 layers of the MobileNet example, ResNet's strided shortcuts and
+ *    DenseNet's bottlenecks 0.37-0.96x. The rule runs both there (3x3
+ *    only with AMX, where 1x1 was mixed). Other AMD families were not
+ *    measured: staged.
  * So the default follows the CPU (oneDNN's AMX listing, the AMD family):
  * the same checkpoint resumed on a host of another kind rounds its bf16
  * convolutions differently (bf16 kernels against staged f32;
  * docs/MIXED_PRECISION.md), and the train header's conv line says which
  * (fr_cpu_conv_bf16_describe).
  * FR_CONV_BF16 overrides: "on" runs the bf16 kernels wherever they exist
+ * (3x3 and 1x1)
  * (for a CPU where they measure faster, and for the tests), "off" never,
  * "auto" (or unset) is the rule. Any other value is refused, as FR_CPU_ISA
  * is (cpu/isa.h). It is read once per process and the rule depends on the
@@ -71,12 +75,15 @@ static bf16_mode mode(void) {
     return (bf16_mode)m;
 }
 
-/* Where oneDNN has a bf16 kernel that frugal runs: 3x3, forward and
- * backward (data). */
+/* Where oneDNN has a bf16 kernel that frugal runs: 3x3 and 1x1 (dense,
+ * undilated), forward and backward (data). */
 static bool kernel_exists(const fr_conv_shape *s, int direction) {
     return fr_cpu_have_dnnl() && fr_cpu_isa_has_bf16() && (direction == 0 || direction == 1) &&
-           s->r == 3 && s->s == 3 && fr_conv_groups(s) == 1 && fr_conv_dilation(s) == 1;
+           ((s->r == 3 && s->s == 3) || (s->r == 1 && s->s == 1)) && fr_conv_groups(s) == 1 &&
+           fr_conv_dilation(s) == 1;
 }
+
+static bool zen4(void) { return fr_cpu_isa_has_bf16() && fr_cpu_features_detected()->amd_zen4; }
 
 #ifdef FR_HAVE_DNNL
 bool fr_cpu_conv_bf16_amx(void) {
@@ -88,14 +95,16 @@ bool fr_cpu_conv_bf16_amx(void) {
 bool fr_cpu_conv_bf16_amx(void) { return false; }
 #endif
 
-bool fr_cpu_conv_bf16_default(void) {
-    return fr_cpu_conv_bf16_amx() || (fr_cpu_isa_has_bf16() && fr_cpu_features_detected()->amd_zen4);
-}
+bool fr_cpu_conv_bf16_default(void) { return fr_cpu_conv_bf16_amx() || zen4(); }
 
 bool fr_cpu_conv_bf16_applies(const fr_conv_shape *s, int direction) {
     bf16_mode m = mode();
-    return (m == BF16_ON || (m == BF16_AUTO && fr_cpu_conv_bf16_default())) &&
-           kernel_exists(s, direction);
+    if (m != BF16_ON && m != BF16_AUTO)
+        return false;
+    if (!kernel_exists(s, direction))
+        return false;
+    /* the default: 1x1 layers only on Zen 4 (mixed against staging with AMX) */
+    return m == BF16_ON || zen4() || (fr_cpu_conv_bf16_amx() && s->r == 3);
 }
 
 const char *fr_cpu_conv_bf16_describe(void) {
@@ -107,13 +116,13 @@ const char *fr_cpu_conv_bf16_describe(void) {
     if (!fr_cpu_have_dnnl() || !fr_cpu_isa_has_bf16())
         return "is storage only";
     switch (m) {
-    case BF16_ON: return "computes 3x3 forward and backward (data) (FR_CONV_BF16=on)";
+    case BF16_ON: return "computes 3x3 and 1x1 forward and backward (data) (FR_CONV_BF16=on)";
     case BF16_OFF: return "is storage only (FR_CONV_BF16=off)";
     default:
         /* which path the default took on this host: it differs between
          * kinds of CPU (see the top of this file) */
         return fr_cpu_conv_bf16_amx()     ? "computes 3x3 forward and backward (data) (auto: AMX)"
-               : fr_cpu_conv_bf16_default() ? "computes 3x3 forward and backward (data) (auto: AMD Zen 4)"
+               : fr_cpu_conv_bf16_default() ? "computes 3x3 and 1x1 forward and backward (data) (auto: AMD Zen 4)"
                                             : "is storage only, convs staged to f32 (auto: neither AMX "
                                               "nor AMD Zen 4)";
     }

@@ -1,11 +1,12 @@
 /* test_conv_bf16.c: convolutions computed in bf16 on CPUs with AVX512_BF16
  * (cpu/conv_bf16.c, kernels.def conv2d_half). On bf16 operands the forward
- * and backward (data) passes of 3x3 layers run oneDNN's bf16 kernels; the
+ * and backward (data) passes of 3x3 and 1x1 layers run oneDNN's bf16 kernels (FR_CONV_BF16=on); the
  * result must match the f32 reference on the same (bf16-exact) values
  * within bf16's rounding of the output (2^-8 relative, plus 1e-5 of the
  * tensor's scale for the f32 sums' order); it must not depend on the batch
  * an image is in nor on the thread count; the shapes the rule leaves out
- * (1x1), f16 and the weight gradient decline and are staged to f32; and
+ * (5x5 and other sizes, grouped, dilated), f16 and the weight gradient
+ * decline and are staged to f32; and
  * with FR_CPU_ISA below avx512 (a child process) every call declines and
  * the staged result comes out. The bf16 checks skip on CPUs without
  * AVX512_BF16 or in a build without oneDNN, where the rule must say no. */
@@ -24,7 +25,8 @@ typedef struct {
 } conv_case;
 
 /* ResNet's 3x3 layers at each width and stride, DenseNet's growth layer, an
- * odd size with no padding, and 1x1 layers (left to f32 by the rule). */
+ * odd size with no padding, and 1x1 layers (a strided shortcut, a
+ * bottleneck). */
 static const conv_case cases[] = {
     {4, 16, 32, 16, 3, 1, 1}, {4, 16, 32, 32, 3, 2, 1}, {4, 64, 8, 64, 3, 1, 1},
     {3, 48, 16, 12, 3, 1, 1}, {2, 5, 13, 7, 3, 2, 0},   {4, 32, 16, 64, 1, 2, 0},
@@ -110,7 +112,7 @@ static bool machine_has_bf16(void) {
     return fr_cpu_have_dnnl() && fr_cpu_isa_has_bf16();
 }
 
-/* The rule: 3x3 forward and backward (data) only, and only where the CPU
+/* The rule under FR_CONV_BF16=on: 3x3 and 1x1 forward and backward (data) only, and only where the CPU
  * has the instructions and the build has oneDNN. */
 static void test_rule(void) {
     bool bf = machine_has_bf16();
@@ -128,8 +130,12 @@ static void test_rule(void) {
     sg = s3;
     sg.dilation = 2;
     CHECK(!fr_cpu_conv_bf16_applies(&sg, 0));
-    CHECK(!fr_cpu_conv_bf16_applies(&s1, 0));
-    CHECK(!fr_cpu_conv_bf16_applies(&s1, 1));
+    CHECK(fr_cpu_conv_bf16_applies(&s1, 0) == bf);
+    CHECK(fr_cpu_conv_bf16_applies(&s1, 1) == bf);
+    fr_conv_shape s5 = s3; /* other sizes were not measured: f32 */
+    s5.r = s5.s = 5;
+    s5.pad = 2;
+    CHECK(!fr_cpu_conv_bf16_applies(&s5, 0));
 }
 
 /* Every case against the f32 reference; where the rule says bf16, the
@@ -148,7 +154,7 @@ static void test_matches_f32(void) {
         /* dw is f32, staged: the f32 path's 1e-5 */
         CHECK(fr_t_scaled_diff(dw, rdw) < 1e-5);
         bool applies = fr_cpu_conv_bf16_applies(&o.s, 0);
-        CHECK(applies == (cc->r == 3));
+        CHECK(applies);
         fr_tensor *y2 = fr_empty_like(y, FR_TAG_TRANSIENT);
         bool done = false;
         CHECK_OK(fr_cpu_conv2d_half(fr_data(y2), fr_data(o.x), fr_data(o.w), FR_BF16, 0, &o.s, &done));
