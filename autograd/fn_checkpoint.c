@@ -290,6 +290,13 @@ static fr_status checkpoint_backward(fr_node *node, fr_tensor *const *dout, fr_t
         fr_set_random_state(now);
         if (st == FR_OK && !y)
             st = fr_last_status();
+        /* nobody saves the replay's output (the segment's output outside
+         * is the forward's tensor), so a recipe on it (recompute) would
+         * only hold what it reads, such as the last norm's input, through
+         * the whole replay's backward: a recompute segment of two steps
+         * peaked one activation above the planner's exact prediction */
+        if (st == FR_OK)
+            fr_set_recipe(y, NULL);
         /* nothing in it takes a gradient (no parameters, an input that
          * wants none): nothing to do */
         if (st == FR_OK && (y->requires_grad || y->grad_fn))

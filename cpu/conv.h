@@ -70,8 +70,9 @@ void fr_cpu_conv_describe(char *buf, size_t size);
 
 /* A forward (direction 0) or backward (data) (1) pass on bf16 buffers
  * (x, w, y or dy, w, dx), on oneDNN's bf16 kernels with f32 accumulation,
- * whole batch; *ran false (nothing written) without oneDNN or without a
- * oneDNN kernel for the shape. cpu/conv_bf16.c decides when to call it. */
+ * in chunks of images under the workspace cap (conv_chunk.h); *ran false
+ * (nothing written) without oneDNN or without a oneDNN kernel for the
+ * shape. cpu/conv_bf16.c decides when to call it. */
 fr_status fr_cpu_conv_dnnl_bf16(void *out, const void *in0, const void *in1, const fr_conv_shape *s,
                                 int direction, bool *ran);
 /* The rule for bf16 compute (cpu/conv_bf16.c): whether a pass of s on bf16
@@ -82,9 +83,9 @@ bool fr_cpu_conv_bf16_applies(const fr_conv_shape *s, int direction);
 /* Whether oneDNN's bf16 kernels on this CPU are its AMX ones (with the
  * FR_CPU_ISA cap). */
 bool fr_cpu_conv_bf16_amx(void);
-/* Whether the rule's default computes 3x3 layers in bf16 on this CPU: AMX,
- * or AVX512_BF16 on an AMD Zen 4 (where they measured faster than staged
- * f32; cpu/conv_bf16.c). */
+/* Whether the rule's default computes in bf16 on this CPU: 3x3 layers with
+ * AMX, 3x3 and 1x1 layers with AVX512_BF16 on an AMD Zen 4 (where they
+ * measured faster than staged f32; cpu/conv_bf16.c). */
 bool fr_cpu_conv_bf16_default(void);
 /* What the rule does on this machine, for fr_cpu_conv_describe's line. */
 const char *fr_cpu_conv_bf16_describe(void);

@@ -83,7 +83,9 @@ static bool kernel_exists(const fr_conv_shape *s, int direction) {
            fr_conv_dilation(s) == 1;
 }
 
-static bool zen4(void) { return fr_cpu_isa_has_bf16() && fr_cpu_features_detected()->amd_zen4; }
+static bool zen4(void) {
+    return fr_cpu_have_dnnl() && fr_cpu_isa_has_bf16() && fr_cpu_features_detected()->amd_zen4;
+}
 
 #ifdef FR_HAVE_DNNL
 bool fr_cpu_conv_bf16_amx(void) {

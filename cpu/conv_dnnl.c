@@ -232,8 +232,29 @@ static fr_status run_plan(const fr_dnnl_plan *p, int dir, const conv_args *a) {
     return fr_dnnl_plan_run(p, (void *[]){a->out, (void *)a->in0, (void *)a->in1}, what[dir]);
 }
 
+/* The bf16 pass and its workspace, for fr_cpu_conv_in_chunks (conv_chunk.h) */
+static fr_status bf16_ws(const fr_conv_shape *s, int dir, size_t *bytes) {
+    fr_status failed;
+    const fr_dnnl_plan *p = plan_typed(s, dir, LAYOUT_BLOCKED, fr_dnnl_threads(), dnnl_bf16, &failed);
+    *bytes = p ? p->ws_bytes : 0;
+    return failed;
+}
+
+static fr_status bf16_pass(const fr_conv_shape *s, int dir, void *out, const void *in0,
+                           const void *in1) {
+    fr_status failed;
+    const fr_dnnl_plan *p = plan_typed(s, dir, LAYOUT_BLOCKED, fr_dnnl_threads(), dnnl_bf16, &failed);
+    if (failed != FR_OK)
+        return failed;
+    if (!p) /* the whole batch's plan existed (fr_cpu_conv_dnnl_bf16) */
+        return fr_error(FR_ERR_ARG, "conv2d: no bf16 kernel for a chunk of %d images", s->n);
+    return run_plan(p, dir, &(conv_args){out, in0, in1});
+}
+
 /* conv.h: a forward or backward (data) pass on bf16 buffers, oneDNN in its
- * preferred layout on the whole batch (f32 accumulation inside). */
+ * preferred layout (f32 accumulation inside), in chunks of images under the
+ * workspace cap as the f32 passes (an image's bits do not depend on its
+ * chunk: tests/test_conv_bf16.c). */
 fr_status fr_cpu_conv_dnnl_bf16(void *out, const void *in0, const void *in1, const fr_conv_shape *s,
                                 int direction, bool *ran) {
     fr_status failed;
@@ -245,7 +266,7 @@ fr_status fr_cpu_conv_dnnl_bf16(void *out, const void *in0, const void *in1, con
     if (failed != FR_OK || !p)
         return failed;
     *ran = true;
-    return run_plan(p, direction, &(conv_args){out, in0, in1});
+    return fr_cpu_conv_in_chunks(s, direction, 2, out, in0, in1, bf16_ws, bf16_pass);
 }
 
 /* Products per weight that one oneDNN weight-gradient call sums in one

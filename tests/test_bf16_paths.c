@@ -223,6 +223,11 @@ static void test_conv_default_rule(void) {
     fr_cpu_conv_describe(line, sizeof line);
     CHECK(fr_cpu_conv_bf16_applies(&s, 0) && fr_cpu_conv_bf16_applies(&s, 1));
     CHECK(strstr(line, fr_cpu_conv_bf16_amx() ? "(auto: AMX)" : "(auto: AMD Zen 4)") != NULL);
+    /* 1x1 layers: in bf16 on Zen 4, staged with AMX (mixed there) */
+    fr_conv_shape s1 = s;
+    s1.r = s1.s = 1;
+    s1.pad = 0;
+    CHECK(fr_cpu_conv_bf16_applies(&s1, 0) == !fr_cpu_conv_bf16_amx());
     CHECK(fr_cpu_conv_bf16_amx() || fr_cpu_features_detected()->amd_zen4);
     CHECK(run_child("FR_CONV_BF16", "off", "--child-staged") == 0);
 }

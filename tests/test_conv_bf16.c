@@ -16,8 +16,10 @@
 
 #include "testlib.h"
 #include "cpu/conv.h"
+#include "cpu/conv_chunk.h"
 #include "cpu/isa.h"
 #include "tensor/kernels.h"
+#include "tensor/memory.h"
 #include "tensor/ops.h"
 
 typedef struct {
@@ -179,7 +181,8 @@ static void test_batch_and_threads(void) {
     if (!machine_has_bf16())
         SKIP("no AVX512_BF16 (or no oneDNN)");
     static const conv_case convs[] = {{6, 16, 32, 16, 3, 1, 1}, {6, 32, 16, 64, 3, 2, 1},
-                                      {6, 48, 8, 12, 3, 1, 1}};
+                                      {6, 48, 8, 12, 3, 1, 1},   {6, 256, 8, 128, 1, 1, 0},
+                                      {6, 32, 16, 64, 1, 2, 0}};
     int team = omp_get_max_threads();
     for (size_t i = 0; i < sizeof convs / sizeof *convs; i++) {
         const conv_case *cc = &convs[i];
@@ -236,6 +239,38 @@ static void test_child_declines(void) {
     }
 }
 
+/* Under a workspace cap that lets one image through at a time, the bf16
+ * passes run in chunks (cpu/conv_chunk.h) and give the whole batch's bits. */
+static void test_chunks_same_bits(void) {
+    if (!machine_has_bf16())
+        SKIP("no AVX512_BF16 (or no oneDNN)");
+    static const conv_case convs[] = {{5, 16, 32, 16, 3, 1, 1}, {5, 256, 8, 128, 1, 1, 0}};
+    size_t cap = fr_cpu_conv_workspace_cap();
+    for (size_t i = 0; i < sizeof convs / sizeof *convs; i++) {
+        operands o = make(&convs[i], 90 + (uint32_t)i);
+        fr_tensor *y, *dx, *dw, *yc, *dxc, *dwc;
+        run_ops(&o, &y, &dx, &dw);
+        /* the forward's workspace alone, whole batch against chunks: the
+         * chunks took less, so they ran */
+        size_t ws[2];
+        fr_tensor *scratch = fr_empty_like(y, FR_TAG_TRANSIENT);
+        for (int c = 0; c < 2; c++) {
+            fr_cpu_conv_set_workspace_cap(c ? 1 : cap);
+            fr_mem_reset_peak();
+            size_t base = fr_mem_current(FR_CPU, FR_TAG_WORKSPACE);
+            CHECK_OK(fr_conv2d_forward(scratch, o.x, o.w, NULL, o.p));
+            ws[c] = fr_mem_peak(FR_CPU, FR_TAG_WORKSPACE) - base;
+        }
+        fr_release(scratch);
+        CHECK(ws[1] < ws[0]);
+        run_ops(&o, &yc, &dxc, &dwc);
+        fr_cpu_conv_set_workspace_cap(cap);
+        CHECK(fr_t_same_bits(y, yc) && fr_t_same_bits(dx, dxc));
+        fr_release(y), fr_release(dx), fr_release(dw), fr_release(yc), fr_release(dxc), fr_release(dwc);
+        drop(&o);
+    }
+}
+
 static int run_child(const char *value) {
     return fr_t_run_self(self_path, "FR_CPU_ISA", value,
                          (char *const[]){(char *)self_path, "--child", NULL});
@@ -266,6 +301,7 @@ int main(int argc, char **argv) {
     RUN(test_rule);
     RUN(test_matches_f32);
     RUN(test_batch_and_threads);
+    RUN(test_chunks_same_bits);
     RUN(test_capped_classes_fall_back);
     return TEST_SUMMARY();
 }
