@@ -44,28 +44,42 @@ static fr_tensor *outer(void *ctx, fr_tensor *x) {
     return fr_chain(h, nested ? fr_checkpoint(inner, NULL, 0, h) : inner(NULL, h));
 }
 
-/* x's gradient from sum(fn(2 x)) (2 x: a computed tensor, which
- * compression takes), checkpointed under compress:bits when bits > 0;
- * *taken: masks the replays took. */
-static fr_tensor *input_grad(fr_segment_fn fn, const void *ctx, size_t size, int bits,
-                             fr_tensor *x0, long *taken) {
+/* sum(fn(2 x)) for a new leaf x (*leaf) of x0's values (2 x: a computed
+ * tensor, which compression takes), fn checkpointed under compress:bits
+ * when bits > 0 (entered for the forward only: the replay runs under its
+ * forward's bits). */
+static fr_tensor *forward_loss(fr_segment_fn fn, const void *ctx, size_t size, int bits,
+                               fr_tensor *x0, fr_tensor **leaf) {
     fr_tensor *x = fr_detach(x0);
     fr_set_requires_grad(x, true);
     fr_tensor *in = fr_scale(x, 2.0f);
     int previous = 0;
     CHECK_OK(fr_compress_enter(bits, &previous));
-    long before = fr_checkpoint_masks_taken();
     fr_tensor *y = !in ? NULL : bits ? fr_checkpoint(fn, ctx, size, in) : fn((void *)ctx, in);
+    fr_compress_restore(previous);
     fr_release(in);
     CHECK_NOTNULL(y);
     fr_tensor *loss = y ? fr_sum(y) : NULL;
+    fr_release(y);
+    *leaf = x;
+    return loss;
+}
+
+/* Backward from loss: how many masks the replays took. */
+static long backward_taking(fr_tensor *loss, bool retain) {
+    long before = fr_checkpoint_masks_taken();
     if (loss)
-        CHECK_OK(fr_backward(loss));
-    fr_compress_restore(previous);
-    *taken = fr_checkpoint_masks_taken() - before;
+        CHECK_OK(fr_backward_with_options(loss, NULL, &(fr_backward_options){.retain_graph = retain}));
+    return fr_checkpoint_masks_taken() - before;
+}
+
+/* x's gradient from forward_loss; *taken: masks the replays took. */
+static fr_tensor *input_grad(fr_segment_fn fn, const void *ctx, size_t size, int bits,
+                             fr_tensor *x0, long *taken) {
+    fr_tensor *x, *loss = forward_loss(fn, ctx, size, bits, x0, &x);
+    *taken = backward_taking(loss, false);
     fr_tensor *dx = fr_retain(x->grad);
     fr_release(loss);
-    fr_release(y);
     fr_release(x);
     return dx;
 }
@@ -119,24 +133,13 @@ static void test_nested_checkpoint(void) {
 /* Between forward and backward the saved tag holds the input's codes and
  * one bit per element of each mask, exactly; after backward, nothing. */
 static void test_ledger_holds_codes_and_masks(void) {
-    fr_tensor *x0 = near_zero(5);
-    fr_tensor *x = fr_detach(x0);
-    fr_set_requires_grad(x, true);
-    fr_tensor *in = fr_scale(x, 2.0f);
+    fr_tensor *x0 = near_zero(5), *x;
     size_t n = (size_t)fr_numel(x0), base = fr_mem_current(FR_CPU, FR_TAG_SAVED);
-    int previous = 0;
-    CHECK_OK(fr_compress_enter(4, &previous));
-    fr_tensor *y = in ? fr_checkpoint(two_masks, NULL, 0, in) : NULL;
-    fr_compress_restore(previous);
-    fr_release(in);
-    CHECK_NOTNULL(y);
+    fr_tensor *loss = forward_loss(two_masks, NULL, 0, 4, x0, &x);
     size_t held = fr_mem_current(FR_CPU, FR_TAG_SAVED) - base;
     CHECK(held == fr_compress_nbytes(4, n) + 2 * fr_sign_nbytes(n));
-    fr_tensor *loss = y ? fr_sum(y) : NULL;
-    if (loss)
-        CHECK_OK(fr_backward(loss));
+    CHECK(backward_taking(loss, false) == 2);
     fr_release(loss);
-    fr_release(y);
     CHECK(fr_mem_current(FR_CPU, FR_TAG_SAVED) == base);
     fr_release(x);
     fr_release(x0);
@@ -146,59 +149,35 @@ static void test_ledger_holds_codes_and_masks(void) {
  * that changed between them) takes no mask: nothing is handed to an op it
  * was not made for, and the unused masks go with the checkpoint. */
 static void test_replay_of_other_ops(void) {
-    fr_tensor *x = near_zero(6);
+    fr_tensor *x0 = near_zero(6), *x;
     size_t base = fr_mem_current(FR_CPU, FR_TAG_SAVED);
-    fr_tensor *xd = fr_detach(x);
-    fr_set_requires_grad(xd, true);
-    fr_tensor *in = fr_scale(xd, 2.0f);
-    int previous = 0;
-    CHECK_OK(fr_compress_enter(2, &previous));
-    fr_tensor *y = in ? fr_checkpoint(two_masks, NULL, 0, in) : NULL;
-    fr_compress_restore(previous);
-    fr_release(in);
-    fr_tensor *loss = y ? fr_sum(y) : NULL;
-    long before = fr_checkpoint_masks_taken();
+    fr_tensor *loss = forward_loss(two_masks, NULL, 0, 2, x0, &x);
     use_sigmoid = true;
-    if (loss)
-        CHECK_OK(fr_backward(loss));
+    CHECK(backward_taking(loss, false) == 0);
     use_sigmoid = false;
-    CHECK(fr_checkpoint_masks_taken() == before);
-    CHECK(xd->grad != NULL);
+    CHECK(x->grad != NULL);
     fr_release(loss);
-    fr_release(y);
     CHECK(fr_mem_current(FR_CPU, FR_TAG_SAVED) == base);
-    fr_release(xd);
     fr_release(x);
+    fr_release(x0);
 }
 
 /* retain_graph: a second backward replays the segment again and takes the
  * same masks (the first replay shared them with its nodes rather than
  * handing them over): both give plain's gradient. */
 static void test_retained_graph_replays_twice(void) {
-    fr_tensor *x0 = near_zero(7);
+    fr_tensor *x0 = near_zero(7), *x;
     long taken;
     fr_tensor *plain = input_grad(two_masks, NULL, 0, 0, x0, &taken);
-    fr_tensor *x = fr_detach(x0);
-    fr_set_requires_grad(x, true);
-    fr_tensor *in = fr_scale(x, 2.0f);
-    int previous = 0;
-    CHECK_OK(fr_compress_enter(2, &previous));
-    fr_tensor *y = in ? fr_checkpoint(two_masks, NULL, 0, in) : NULL;
-    fr_compress_restore(previous);
-    fr_release(in);
-    fr_tensor *loss = y ? fr_sum(y) : NULL;
+    fr_tensor *loss = forward_loss(two_masks, NULL, 0, 2, x0, &x);
     CHECK_NOTNULL(loss);
     for (int pass = 0; loss && pass < 2; pass++) {
-        long before = fr_checkpoint_masks_taken();
-        CHECK_OK(fr_backward_with_options(loss, NULL,
-                                          &(fr_backward_options){.retain_graph = pass == 0}));
-        CHECK(fr_checkpoint_masks_taken() - before == 2);
+        CHECK(backward_taking(loss, pass == 0) == 2);
         CHECK(plain && x->grad && fr_t_same_bits(plain, x->grad));
         fr_release(x->grad);
         x->grad = NULL;
     }
     fr_release(loss);
-    fr_release(y);
     fr_release(x);
     fr_release(plain);
     fr_release(x0);
@@ -221,23 +200,11 @@ static fr_tensor *bn_then_relu(void *ctx, fr_tensor *x) {
 static void test_replay_runs_under_the_forward_bits(void) {
     gamma_ = fr_t_rand(FR_CPU, 1, FR_SHAPE(C), 8);
     beta_ = fr_t_rand(FR_CPU, 1, FR_SHAPE(C), 9);
-    fr_tensor *x0 = near_zero(10);
-    fr_tensor *x = fr_detach(x0);
-    fr_set_requires_grad(x, true);
-    fr_tensor *in = fr_scale(x, 2.0f);
-    int previous = 0;
-    CHECK_OK(fr_compress_enter(8, &previous));
-    fr_tensor *y = in ? fr_checkpoint(bn_then_relu, NULL, 0, in) : NULL;
-    fr_compress_restore(previous);
-    fr_release(in);
-    fr_tensor *loss = y ? fr_sum(y) : NULL;
-    long before = fr_checkpoint_masks_taken();
-    if (loss)
-        CHECK_OK(fr_backward(loss));
-    CHECK(fr_checkpoint_masks_taken() - before == 2);
+    fr_tensor *x0 = near_zero(10), *x;
+    fr_tensor *loss = forward_loss(bn_then_relu, NULL, 0, 8, x0, &x);
+    CHECK(backward_taking(loss, false) == 2);
     CHECK(x->grad != NULL);
     fr_release(loss);
-    fr_release(y);
     fr_release(x);
     fr_release(x0);
     fr_release(gamma_);
