@@ -15,6 +15,9 @@ typedef struct {
     bool has_residual;
     /* indices of saved tensors (-1: not saved) */
     int i_x, i_y, i_mean, i_invstd, i_gamma, i_beta, i_residual, i_gamma_eff;
+    /* InPlace-ABN under compress:B: the codes of its pre-activation z
+     * (i_y is then y's sign as bits) */
+    int i_z;
 } bnact_ctx;
 
 static fr_tensor *channels_like(const fr_tensor *gamma) {
@@ -103,6 +106,45 @@ static fr_recipe *bnact_recipe_new(fr_tensor *x, bool via_recipe, fr_tensor *mea
 }
 
 /* ---- backward ---- */
+
+/* ---- InPlace-ABN's output under compress:B, rebuilt as act(z) from the
+ * codes of its pre-activation z: the op after it (a conv) saves this
+ * recipe, so z's codes serve both (as y's did) ---- */
+
+typedef struct {
+    fr_recipe base;
+    fr_recipe *z; /* z's codes (autograd/compressed.c) */
+    fr_act act;
+    float slope;
+} abn_out_recipe;
+
+static fr_tensor *abn_out_make(fr_recipe *self) {
+    abn_out_recipe *r = (abn_out_recipe *)self;
+    fr_tensor *y = r->z->make(r->z); /* a decoded tensor of its own: act in place */
+    if (y && fr_act_forward(y, y, r->act, r->slope) != FR_OK)
+        fr_clear(&y);
+    return y;
+}
+
+static void abn_out_destroy(fr_recipe *self) {
+    abn_out_recipe *r = (abn_out_recipe *)self;
+    fr_recipe_release(r->z);
+    free(r);
+}
+
+static fr_recipe *abn_out_new(fr_recipe *z, fr_act act, float slope) {
+    abn_out_recipe *r = calloc(1, sizeof *r);
+    if (!r) {
+        fr_error(FR_ERR_OOM, "inplace_abn: out of memory");
+        return NULL;
+    }
+    r->base = (fr_recipe){.refcount = 1, .op = "inplace_abn", .make = abn_out_make,
+                          .destroy = abn_out_destroy};
+    r->z = fr_recipe_retain(z);
+    r->act = act;
+    r->slope = slope;
+    return &r->base;
+}
 
 static fr_status unpack_all(fr_node *node, const int *idx, fr_tensor **out, int n) {
     for (int i = 0; i < n; i++) {
@@ -224,24 +266,29 @@ static fr_status recompute_backward(fr_node *node, const bnact_ctx *c, fr_tensor
 }
 
 static fr_status abn_backward(fr_node *node, const bnact_ctx *c, fr_tensor *dy, fr_tensor **din) {
-    enum { Y, INVSTD, GAMMA, BETA, GEFF, RES, NT };
-    int idx[NT] = {c->i_y, c->i_invstd, c->i_gamma, c->i_beta, c->i_gamma_eff, c->i_residual};
+    enum { Y, INVSTD, GAMMA, BETA, GEFF, RES, Z, NT };
+    int idx[NT] = {c->i_y,         c->i_invstd,   c->i_gamma, c->i_beta,
+                   c->i_gamma_eff, c->i_residual, c->i_z};
     fr_tensor *t[NT];
     FR_TRY(unpack_all(node, idx, t, NT));
     bool want_dz = c->has_residual && fr_node_needs_grad(node, 3);
     fr_tensor *dz = want_dz ? fr_empty_like(dy, FR_TAG_TRANSIENT) : NULL;
-    fr_tensor *xhat = fr_empty_like(t[Y], FR_TAG_TRANSIENT);
+    /* from z (compress): x-hat inverts the identity, and y is the
+     * activation's mask as 1 and 0, all the backward reads of it (its sign) */
+    bool from_z = t[Z] != NULL;
+    fr_tensor *xhat = fr_empty_like(from_z ? t[Z] : t[Y], FR_TAG_TRANSIENT);
     fr_tensor *zero = channels_like(t[GAMMA]), *one = channels_like(t[GAMMA]);
     fr_tensor *scale = channels_like(t[GAMMA]), *dgeff = channels_like(t[GAMMA]);
     fr_tensor *dbeta = channels_like(t[GAMMA]), *dgamma = channels_like(t[GAMMA]);
-    fr_tensor *dx = fr_node_needs_grad(node, 0) ? fr_empty_like(t[Y], FR_TAG_TRANSIENT) : NULL;
+    fr_tensor *dx = fr_node_needs_grad(node, 0) ? fr_empty_like(xhat, FR_TAG_TRANSIENT) : NULL;
     fr_status st = (dz || !want_dz) && xhat && zero && one && scale && dgeff && dbeta && dgamma &&
                            (dx || !fr_node_needs_grad(node, 0))
                        ? FR_OK
                        : fr_last_status();
     float slope = c->act == FR_ACT_LEAKY_RELU ? c->slope : 1.0f;
     if (st == FR_OK)
-        st = fr_abn_invert_out(xhat, t[Y], t[GEFF], t[BETA], t[RES], slope);
+        st = fr_abn_invert_out(xhat, from_z ? t[Z] : t[Y], t[GEFF], t[BETA], t[RES],
+                               from_z ? 1.0f : slope);
     /* BN backward written in terms of xhat: with mean 0, invstd 1 and the
      * scale gamma_eff * invstd, the standard kernel gives exactly
      * dx = gamma_eff * invstd / M * (M dz - sum dz - xhat sum(dz xhat)),
@@ -429,7 +476,7 @@ fr_tensor *fr_bn_act(fr_tensor *x, fr_tensor *residual, const fr_bn_state *bn, f
             *c = (bnact_ctx){.act = act, .slope = slope, .mode = mode,
                              .has_residual = residual != NULL, .i_x = -1, .i_y = -1,
                              .i_mean = -1, .i_invstd = -1, .i_gamma = -1, .i_beta = -1,
-                             .i_residual = -1, .i_gamma_eff = -1};
+                             .i_residual = -1, .i_gamma_eff = -1, .i_z = -1};
             fr_node_set_ctx(node, c, NULL);
         }
     }
@@ -455,13 +502,41 @@ fr_tensor *fr_bn_act(fr_tensor *x, fr_tensor *residual, const fr_bn_state *bn, f
         fr_bump_version(x, "inplace_abn");
     /* where a recording run would keep the mask (below), an unrecorded one
      * hands it to a checkpoint's replay (checkpoint_log.h) */
-    if (st == FR_OK && !node && !abn && sign_act(act) &&
-        (residual || mode == FR_BNACT_KEEP || fr_compress_bits() > 0) &&
+    bool abn_codes = abn && fr_compress_bits() > 0 && fr_compress_would_pack(y);
+    if (st == FR_OK && !node && sign_act(act) &&
+        (abn ? abn_codes : residual || mode == FR_BNACT_KEEP || fr_compress_bits() > 0) &&
         fr_node_keep_sign(NULL, y) < 0)
         st = fr_last_status();
     if (st == FR_OK && node) {
         bool ok;
-        if (abn) {
+        if (abn_codes) {
+            /* Under compress:B, y's codes would be inverted in backward, and
+             * leaky ReLU's inverse multiplies a negative value's error by
+             * 1/slope (100 at 0.01): one step's gradients came out 1.1-1.3x
+             * their own size off abn's at any B (ResNet-20). So the codes
+             * are of the pre-activation z = act^-1(y), whose error x-hat
+             * inherits unamplified; the mask is y's sign as bits; y carries
+             * the recipe act(z), which the next op saves, so one set of
+             * codes serves both as before. */
+            fr_tensor *z = fr_empty_like(y, FR_TAG_TRANSIENT);
+            fr_recipe *zc = NULL, *out = NULL;
+            ok = z && fr_act_forward(z, y, FR_ACT_LEAKY_RELU,
+                                     act == FR_ACT_LEAKY_RELU ? 1.0f / slope : 1.0f) == FR_OK &&
+                 fr_compressed_of(z, &zc) == FR_OK && zc &&
+                 (out = abn_out_new(zc, act, slope)) != NULL &&
+                 (c->i_z = fr_node_save_recipe(node, fr_recipe_retain(zc))) >= 0 &&
+                 (!sign_act(act) || (c->i_y = fr_node_keep_sign(node, y)) >= 0) &&
+                 (c->i_invstd = fr_node_save(node, invstd)) >= 0 &&
+                 (c->i_gamma = fr_node_save(node, bn->gamma)) >= 0 &&
+                 (c->i_beta = fr_node_save(node, bn->beta)) >= 0 &&
+                 (c->i_gamma_eff = fr_node_save(node, gamma_eff)) >= 0 &&
+                 (!residual || (c->i_residual = fr_node_save_activation(node, residual, true)) >= 0);
+            if (ok)
+                fr_set_recipe(y, fr_recipe_retain(out));
+            fr_recipe_release(out);
+            fr_recipe_release(zc);
+            fr_release(z);
+        } else if (abn) {
             ok = (c->i_y = fr_node_save_activation(node, y, false)) >= 0 &&
                  (c->i_invstd = fr_node_save(node, invstd)) >= 0 &&
                  (c->i_gamma = fr_node_save(node, bn->gamma)) >= 0 &&

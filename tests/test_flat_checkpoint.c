@@ -240,7 +240,8 @@ static void test_estimate_matches_ledger(void) {
     static const char *const strategies[] = {"abn+checkpoint:1+compress:2",
                                              "abn+checkpoint:1+compress:4",
                                              "checkpoint:1+compress:8", "abn+compress:2",
-                                             "compress:4"};
+                                             "compress:4", "recompute+compress:4",
+                                             "abn+compress:8"};
     fr_model *m = fr_resnet_create("resnet8", 3, 10, 7);
     CHECK_NOTNULL(m);
     if (!m)
