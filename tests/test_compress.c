@@ -656,8 +656,9 @@ static void test_gradients_unbiased(void) {
 }
 
 /* with every other strategy: runs, keeps fewer bytes than without
- * compression, and the same seed gives the same step bit for bit
- * (checkpoint replays draw the forward's codes) */
+ * compression, at 8 bits stays within 5% of its gradients, and the same
+ * seed gives the same step bit for bit (checkpoint replays draw the
+ * forward's codes) */
 static void test_combinations(void) {
     const char *others[] = {"plain",      "checkpoint:1",   "recompute",
                             "abn",        "checkpoint:2",   "abn+checkpoint",
@@ -684,8 +685,13 @@ static void test_combinations(void) {
                 fr_t_compare_steps(m, &a, &again, -1, text);
                 CHECK(isfinite(a.loss) && fabsf(a.loss - base.loss) < 0.05f);
                 CHECK(a.peak_saved < base.peak_saved);
-                printf("    %s %-36s peak saved %8zu (without: %8zu)\n", models[mi], text,
-                       a.peak_saved, base.peak_saved);
+                /* at 8 bits, the gradients within 5% of the same strategy
+                 * without compression (abn's had been 130% off) */
+                double e = fr_t_grad_rel_error(m, &base, &a, "");
+                if (BITS[b] == 8)
+                    CHECK(e < 0.05);
+                printf("    %s %-36s peak saved %8zu (without: %8zu), gradient error %.4f\n",
+                       models[mi], text, a.peak_saved, base.peak_saved, e);
                 fr_t_step_free(&a, m->params->count);
                 fr_t_step_free(&again, m->params->count);
             }
