@@ -438,6 +438,30 @@ static fr_status compute(fr_tensor *y, fr_tensor *mean, fr_tensor *invstd, fr_te
     return st;
 }
 
+/* InPlace-ABN's output y under compress:B, kept for backward. Its own
+ * codes would be inverted there, and leaky ReLU's inverse multiplies a
+ * negative value's error by 1/slope (100 at 0.01): one step's gradients
+ * came out 1.1-1.3x their own size off abn's at any B (ResNet-20). So the
+ * codes are of the pre-activation z = act^-1(y), whose error x-hat inherits
+ * unamplified; the mask is y's sign as bits; y carries the recipe act(z),
+ * which the next op saves, so one set of codes serves both as before. */
+static bool abn_keep_codes(fr_node *node, bnact_ctx *c, fr_tensor *y, fr_act act, float slope) {
+    fr_tensor *z = fr_empty_like(y, FR_TAG_TRANSIENT);
+    fr_recipe *zc = NULL, *out = NULL;
+    bool ok = z &&
+              fr_act_forward(z, y, FR_ACT_LEAKY_RELU,
+                             act == FR_ACT_LEAKY_RELU ? 1.0f / slope : 1.0f) == FR_OK &&
+              fr_compressed_of(z, &zc) == FR_OK && zc && (out = abn_out_new(zc, act, slope)) != NULL &&
+              (c->i_z = fr_node_save_recipe(node, fr_recipe_retain(zc))) >= 0 &&
+              (!sign_act(act) || (c->i_y = fr_node_keep_sign(node, y)) >= 0);
+    if (ok)
+        fr_set_recipe(y, fr_recipe_retain(out));
+    fr_recipe_release(out);
+    fr_recipe_release(zc);
+    fr_release(z);
+    return ok;
+}
+
 fr_tensor *fr_bn_act(fr_tensor *x, fr_tensor *residual, const fr_bn_state *bn, fr_act act,
                      float slope, fr_bnact_mode mode) {
     fr_tensor *in[4] = {x, bn ? bn->gamma : NULL, bn ? bn->beta : NULL, residual};
@@ -509,35 +533,9 @@ fr_tensor *fr_bn_act(fr_tensor *x, fr_tensor *residual, const fr_bn_state *bn, f
         st = fr_last_status();
     if (st == FR_OK && node) {
         bool ok;
-        if (abn_codes) {
-            /* Under compress:B, y's codes would be inverted in backward, and
-             * leaky ReLU's inverse multiplies a negative value's error by
-             * 1/slope (100 at 0.01): one step's gradients came out 1.1-1.3x
-             * their own size off abn's at any B (ResNet-20). So the codes
-             * are of the pre-activation z = act^-1(y), whose error x-hat
-             * inherits unamplified; the mask is y's sign as bits; y carries
-             * the recipe act(z), which the next op saves, so one set of
-             * codes serves both as before. */
-            fr_tensor *z = fr_empty_like(y, FR_TAG_TRANSIENT);
-            fr_recipe *zc = NULL, *out = NULL;
-            ok = z && fr_act_forward(z, y, FR_ACT_LEAKY_RELU,
-                                     act == FR_ACT_LEAKY_RELU ? 1.0f / slope : 1.0f) == FR_OK &&
-                 fr_compressed_of(z, &zc) == FR_OK && zc &&
-                 (out = abn_out_new(zc, act, slope)) != NULL &&
-                 (c->i_z = fr_node_save_recipe(node, fr_recipe_retain(zc))) >= 0 &&
-                 (!sign_act(act) || (c->i_y = fr_node_keep_sign(node, y)) >= 0) &&
-                 (c->i_invstd = fr_node_save(node, invstd)) >= 0 &&
-                 (c->i_gamma = fr_node_save(node, bn->gamma)) >= 0 &&
-                 (c->i_beta = fr_node_save(node, bn->beta)) >= 0 &&
-                 (c->i_gamma_eff = fr_node_save(node, gamma_eff)) >= 0 &&
-                 (!residual || (c->i_residual = fr_node_save_activation(node, residual, true)) >= 0);
-            if (ok)
-                fr_set_recipe(y, fr_recipe_retain(out));
-            fr_recipe_release(out);
-            fr_recipe_release(zc);
-            fr_release(z);
-        } else if (abn) {
-            ok = (c->i_y = fr_node_save_activation(node, y, false)) >= 0 &&
+        if (abn) {
+            ok = (abn_codes ? abn_keep_codes(node, c, y, act, slope)
+                            : (c->i_y = fr_node_save_activation(node, y, false)) >= 0) &&
                  (c->i_invstd = fr_node_save(node, invstd)) >= 0 &&
                  (c->i_gamma = fr_node_save(node, bn->gamma)) >= 0 &&
                  (c->i_beta = fr_node_save(node, bn->beta)) >= 0 &&

@@ -43,13 +43,13 @@ typedef struct {
     bool masks_broken; /* the replay met an op its forward did not run: none taken from there */
     bool masks_shared; /* the graph is retained: a replay shares each mask with its node
                         * (a second backward replays again), else hands it over */
-} stats_log;
+} replay_log;
 
 /* The log the running checkpoint forward fills and the one a replay reads:
  * a replay may run a nested checkpoint's forward, which fills its own log
  * while reading the outer one. */
-static _Thread_local stats_log *recording;
-static _Thread_local stats_log *replaying;
+static _Thread_local replay_log *recording;
+static _Thread_local replay_log *replaying;
 
 /* Host tensors only: on a GPU, reading the statistics back would wait for
  * the device, and computing them again there is cheap. */
@@ -64,7 +64,7 @@ long fr_checkpoint_stats_taken(void) { return n_taken; }
 
 bool fr_checkpoint_stats_take(const fr_tensor *gamma, const fr_tensor *x, fr_tensor *mean,
                               fr_tensor *invstd) {
-    stats_log *log = replaying;
+    replay_log *log = replaying;
     /* synchronised BN sums across processes in the replay as before: a
      * process whose log broke (out of memory) alone would skip a collective
      * the others run */
@@ -94,7 +94,7 @@ bool fr_checkpoint_stats_take(const fr_tensor *gamma, const fr_tensor *x, fr_ten
 
 void fr_checkpoint_stats_keep(const fr_tensor *gamma, const fr_tensor *x, const fr_tensor *mean,
                               const fr_tensor *invstd) {
-    stats_log *log = recording;
+    replay_log *log = recording;
     if (!log || !loggable(x, mean, invstd))
         return;
     size_t c = (size_t)x->shape[1];
@@ -123,7 +123,7 @@ void fr_checkpoint_stats_keep(const fr_tensor *gamma, const fr_tensor *x, const 
 static _Thread_local long n_masks_taken;
 long fr_checkpoint_masks_taken(void) { return n_masks_taken; }
 
-static void masks_free(stats_log *log) {
+static void masks_free(replay_log *log) {
     for (int i = 0; i < log->n_masks; i++)
         fr_recipe_release(log->masks[i].mask);
     free(log->masks);
@@ -134,7 +134,7 @@ static void masks_free(stats_log *log) {
 /* The replay's next mask, a new reference handed over (the log lets go of
  * it, so each mask is freed with the replayed node that saves it), or NULL:
  * none for this op. */
-static fr_recipe *mask_take(stats_log *log, const fr_tensor *y) {
+static fr_recipe *mask_take(replay_log *log, const fr_tensor *y) {
     mask_entry *e = log->next_mask < log->n_masks ? &log->masks[log->next_mask] : NULL;
     if (!e || e->ndim != y->ndim || e->channels_last != fr_is_channels_last(y) ||
         memcmp(e->shape, y->shape, (size_t)y->ndim * sizeof *y->shape)) {
@@ -152,7 +152,7 @@ static fr_recipe *mask_take(stats_log *log, const fr_tensor *y) {
 }
 
 /* Appends a mask (the caller's reference, NULL allowed); false out of memory. */
-static bool mask_append(stats_log *log, fr_recipe *m, const fr_tensor *y) {
+static bool mask_append(replay_log *log, fr_recipe *m, const fr_tensor *y) {
     if (log->n_masks == log->cap_masks) {
         int cap = log->cap_masks ? 2 * log->cap_masks : 32;
         mask_entry *grown = realloc(log->masks, (size_t)cap * sizeof *grown);
@@ -170,7 +170,7 @@ static bool mask_append(stats_log *log, fr_recipe *m, const fr_tensor *y) {
 }
 
 int fr_node_keep_sign(fr_node *node, fr_tensor *y) {
-    stats_log *rep = replaying, *rec = recording;
+    replay_log *rep = replaying, *rec = recording;
     fr_recipe *m = NULL;
     bool taken = false;
     if (rep && rep->masks_on && !rep->masks_broken) {
@@ -201,7 +201,7 @@ int fr_node_keep_sign(fr_node *node, fr_tensor *y) {
     return m ? fr_node_save_recipe(node, m) : fr_node_save_sign(node, y);
 }
 
-static void stats_log_free(stats_log *log) {
+static void replay_log_free(replay_log *log) {
     if (!log)
         return;
     for (int i = 0; i < log->count; i++)
@@ -223,7 +223,7 @@ typedef struct {
     fr_dtype autocast;     /* the forward's autocast dtype: the replay computes in it too */
     int compress;          /* the forward's compress:B (0: off): the replay's ops save as
                             * its forward's would have, and its masks meet the same ops */
-    stats_log *stats;      /* the forward's batch statistics, for the replay */
+    replay_log *log;        /* the forward's batch statistics and masks, for the replay */
 } checkpoint_ctx;
 
 /* Backpropagates the replayed segment. Under a backward restricted to some
@@ -271,13 +271,13 @@ static fr_status checkpoint_backward(fr_node *node, fr_tensor *const *dout, fr_t
         uint64_t now = fr_random_state();
         fr_set_random_state(c->random_state);
         fr_recompute_enter();
-        stats_log *outer = replaying;
-        replaying = c->stats;
-        c->stats->next = 0;
-        c->stats->next_mask = 0;
-        c->stats->masks_broken = false;
+        replay_log *outer = replaying;
+        replaying = c->log;
+        c->log->next = 0;
+        c->log->next_mask = 0;
+        c->log->masks_broken = false;
         const fr_backward_options *running = fr_backward_running();
-        c->stats->masks_shared = running && running->retain_graph;
+        c->log->masks_shared = running && running->retain_graph;
         int compress = 0;
         st = fr_compress_enter(c->compress, &compress);
         if (st == FR_OK && (st = fr_autocast_enter(c->autocast)) == FR_OK) {
@@ -314,7 +314,7 @@ static void checkpoint_ctx_free(void *p) {
     checkpoint_ctx *c = p;
     if (c) {
         free(c->fn_ctx);
-        stats_log_free(c->stats);
+        replay_log_free(c->log);
     }
     free(c);
 }
@@ -333,7 +333,7 @@ fr_tensor *fr_checkpoint(fr_segment_fn fn, const void *fn_ctx, size_t ctx_size, 
     /* the copy is made before the forward, so the forward and the replay
      * read the same description */
     checkpoint_ctx *c = calloc(1, sizeof *c);
-    stats_log *log = c ? calloc(1, sizeof *log) : NULL;
+    replay_log *log = c ? calloc(1, sizeof *log) : NULL;
     void *copy = log ? malloc(ctx_size ? ctx_size : 1) : NULL;
     if (!copy) {
         free(log);
@@ -345,11 +345,11 @@ fr_tensor *fr_checkpoint(fr_segment_fn fn, const void *fn_ctx, size_t ctx_size, 
         memcpy(copy, fn_ctx, ctx_size);
     *c = (checkpoint_ctx){.fn = fn, .fn_ctx = copy, .random_state = fr_random_state(),
                           .autocast = fr_autocast_dtype(), .compress = fr_compress_bits(),
-                          .stats = log};
+                          .log = log};
     /* masks only where the input will be kept as codes: on an exact input
      * the replay's masks are the forward's */
     log->masks_on = fr_compress_would_pack(x);
-    stats_log *outer = recording;
+    replay_log *outer = recording;
     recording = log;
     fr_no_grad_enter();
     fr_tensor *y = fn(copy, x);

@@ -232,10 +232,15 @@ static fr_status run_plan(const fr_dnnl_plan *p, int dir, const conv_args *a) {
     return fr_dnnl_plan_run(p, (void *[]){a->out, (void *)a->in0, (void *)a->in1}, what[dir]);
 }
 
+/* The bf16 plan of a data pass (blocked layout, the team's threads) */
+static const fr_dnnl_plan *bf16_plan(const fr_conv_shape *s, int dir, fr_status *failed) {
+    return plan_typed(s, dir, LAYOUT_BLOCKED, fr_dnnl_threads(), dnnl_bf16, failed);
+}
+
 /* The bf16 pass and its workspace, for fr_cpu_conv_in_chunks (conv_chunk.h) */
 static fr_status bf16_ws(const fr_conv_shape *s, int dir, size_t *bytes) {
     fr_status failed;
-    const fr_dnnl_plan *p = plan_typed(s, dir, LAYOUT_BLOCKED, fr_dnnl_threads(), dnnl_bf16, &failed);
+    const fr_dnnl_plan *p = bf16_plan(s, dir, &failed);
     *bytes = p ? p->ws_bytes : 0;
     return failed;
 }
@@ -243,7 +248,7 @@ static fr_status bf16_ws(const fr_conv_shape *s, int dir, size_t *bytes) {
 static fr_status bf16_pass(const fr_conv_shape *s, int dir, void *out, const void *in0,
                            const void *in1) {
     fr_status failed;
-    const fr_dnnl_plan *p = plan_typed(s, dir, LAYOUT_BLOCKED, fr_dnnl_threads(), dnnl_bf16, &failed);
+    const fr_dnnl_plan *p = bf16_plan(s, dir, &failed);
     if (failed != FR_OK)
         return failed;
     if (!p) /* the whole batch's plan existed (fr_cpu_conv_dnnl_bf16) */
@@ -261,8 +266,7 @@ fr_status fr_cpu_conv_dnnl_bf16(void *out, const void *in0, const void *in1, con
     *ran = false;
     if (direction != DIR_FWD && direction != DIR_BWD_DATA)
         return fr_error(FR_ERR_ARG, "conv2d: bf16 compute has no weight-gradient pass");
-    const fr_dnnl_plan *p =
-        plan_typed(s, direction, LAYOUT_BLOCKED, fr_dnnl_threads(), dnnl_bf16, &failed);
+    const fr_dnnl_plan *p = bf16_plan(s, direction, &failed);
     if (failed != FR_OK || !p)
         return failed;
     *ran = true;

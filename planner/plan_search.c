@@ -74,13 +74,13 @@ static group_eval eval_group(const fr_profile *p, int i, int j, bool ckpt, int k
      * (the input itself goes when the chain moves on), and its steps' ReLU
      * masks for the replay (autograd/checkpoint_log.h) */
     int bits = p->strategies[k].compress;
-    bool packed = ckpt && bits && C(i)->in_b > 0, masks = packed;
+    bool packed = ckpt && bits && C(i)->in_b > 0;
     double codes = packed ? (double)fr_compress_nbytes(bits, (size_t)(C(i)->in_b / 4)) : 0;
     for (int u = i; u < j; u++) {
         const fr_unit_cost *c = C(u);
         double start = L;
         if (ckpt) { /* under no_grad: nothing but the group's input (and the masks) stays */
-            double mk = masks ? c->masks : 0;
+            double mk = packed ? c->masks : 0;
             pk = fmax(pk, L + c->ng_peak + mk);
             L += c->ng_delta + mk - (u > i ? c->in_b : 0);
             g.ms += c->ng_ms;
@@ -109,7 +109,7 @@ static group_eval eval_group(const fr_profile *p, int i, int j, bool ckpt, int k
             double start = L;
             /* the masks it packed are the forward's, held already */
             bk = fmax(bk, L + c->fwd_peak);
-            L += c->fwd_delta - (masks ? c->masks : 0) -
+            L += c->fwd_delta - (packed ? c->masks : 0) -
                  (!c->in_saved && !HELD_BEFORE(u) ? c->in_b : 0);
             g.ms += c->fwd_ms + c->bwd_ms;
             emit_phase(bwd, c->fwd_ms, start, c->fwd_peak, L);
