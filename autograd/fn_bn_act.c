@@ -369,9 +369,9 @@ fr_tensor *fr_abn_scale(fr_tensor *gamma, float eps) {
 static fr_status check_args(fr_tensor *x, fr_tensor *residual, const fr_bn_state *bn, fr_act act,
                             float slope, fr_bnact_mode mode, bool recording) {
     const char *op = "bn_act";
-    /* channels last (a model's mode, nn/model.h): the ops take it, except
-     * under InPlace-ABN, which the mode does not cover */
-    bool cl = mode != FR_BNACT_INPLACE_ABN && fr_is_channels_last(x);
+    /* channels last (a model's mode, nn/model.h): the ops take it under
+     * every mode, InPlace-ABN's inversion included (fr_abn_invert_out) */
+    bool cl = fr_is_channels_last(x);
     if (!cl)
         FR_TRY(fr_check_floatc(op, "x", x));
     if (!bn)

@@ -1,6 +1,7 @@
 /* cpu/layout.h: channels-last (NHWC) activations on the CPU: the
  * transposes between NCHW and NHWC, and batch norm + activation on
- * channels-last buffers (cpu/layout.c). An NHWC activation is PyTorch's
+ * channels-last buffers (cpu/layout.c), and InPlace-ABN's inversion
+ * (cpu/abn.c, beside its NCHW kernel). An NHWC activation is PyTorch's
  * channels_last: element (i, ch, y, x) of an (N, C, H, W) tensor at
  * ((i * H + y) * W + x) * C + ch. Internal to cpu/; the convolution's
  * channels-last entry is in conv.h (docs/ARCHITECTURE.md, "CPU
@@ -31,5 +32,11 @@ fr_status fr_cpu_bn_act_backward_nhwc(float *dx, float *dz, float *dgamma, float
                                       const float *dy, const float *act_out, const float *x,
                                       const float *mean, const float *invstd, const float *gamma,
                                       const float *beta, fr_act act, float slope, size_t px, int c);
+
+/* InPlace-ABN's x-hat from its output on channels-last buffers: kernels.def's
+ * abn_invert (cpu/abn.c) element by element, the same bits. */
+fr_status fr_cpu_abn_invert_nhwc(float *xhat, const float *y, const float *gamma_eff,
+                                 const float *beta, const float *residual, float slope, size_t px,
+                                 int c);
 
 #endif

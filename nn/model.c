@@ -132,7 +132,6 @@ fr_status fr_precision_parse(const char *text, fr_dtype *out) {
 bool fr_model_channels_last(const fr_model *m, fr_device dev, const char **why) {
     const char *unused;
     why = why ? why : &unused;
-    const fr_strategy *s = &m->cfg.strategy;
     /* what the mode covers (model.h); the rest runs NCHW, never an error */
     if (m->cfg.layout == FR_LAYOUT_NCHW)
         *why = "NCHW (asked)";
@@ -142,10 +141,6 @@ bool fr_model_channels_last(const fr_model *m, fr_device dev, const char **why) 
         *why = "NCHW (precision)";
     else if (dev != FR_CPU)
         *why = "NCHW (device)";
-    else if (s->abn || s->abn_reference)
-        *why = "NCHW (strategy)";
-    else if (m->plan_nchw)
-        *why = "NCHW (a memory plan that may use abn)";
     else if (fr_batch_norm_synced())
         *why = "NCHW (synchronised batch norm)";
     else if (m->cfg.layout == FR_LAYOUT_AUTO && !fr_cpu_channels_last_default())

@@ -154,20 +154,12 @@ struct fr_model {
     /* Set by a create function whose model's convolutions and norms all
      * take channels last (models/resnet.c): fr_model_cfg.layout applies. */
     bool channels_last_capable;
-    /* Set by fr_plan_memory and fr_plan_apply for a plan that may give
-     * blocks abn (planner/planner.h), cleared by fr_plan_remove:
-     * those groups run NCHW, and a run that switched layout between groups
-     * would hold copies the planner's per-step profile never saw, so the
-     * whole model runs NCHW then. fr_plan_memory leaves it set, even when
-     * it fails, so that what runs between planning and fr_plan_apply (train's
-     * sizing of the evaluation batch) measures the layout the plan will run. */
-    bool plan_nchw;
 };
 
 /* Whether a forward of m on an input on device `dev` would run channels
  * last under m->cfg (see fr_layout_mode; synchronised batch norm, which this
  * thread may have switched on for data parallelism, runs NCHW), and a short
- * reason either way for a log line ("channels last", "NCHW (strategy)"),
+ * reason either way for a log line ("channels last", "NCHW (precision)"),
  * when why is given. */
 bool fr_model_channels_last(const fr_model *m, fr_device dev, const char **why);
 

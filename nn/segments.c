@@ -442,17 +442,6 @@ static fr_tensor *run_segmented(fr_module *seq, fr_tensor *x, const fr_run *run)
         fr_run group_run = *run;
         if (p->group_strategy)
             group_run.strategy = p->group_strategy[g];
-        const fr_strategy *gs = &group_run.strategy;
-        if (run->channels_last && (gs->abn || gs->abn_reference)) {
-            /* a group the channels-last mode does not cover (abn) runs NCHW
-             * (model.h, fr_layout_mode). A guard: fr_plan_apply's layouts with
-             * such groups set plan_nchw, so the whole run is NCHW already;
-             * compress runs in either layout (autograd/compressed.c) */
-            group_run.channels_last = false;
-            out = fr_chain(out, fr_to_nchw(out));
-            if (!out)
-                break;
-        }
         if (!p->group_ckpt[g]) {
             /* a chain's group step by step, so each step's input goes once
              * the step is done (unless a node keeps it), as the planner

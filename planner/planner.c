@@ -229,7 +229,6 @@ fr_status fr_plan_memory(fr_model *m, const int64_t *shape, size_t budget, const
     *plan = (fr_memory_plan){0};
     FR_TRY(check_model(m, shape));
     fr_plan_options o = opts ? *opts : (fr_plan_options){0};
-    m->plan_nchw = o.allow_abn; /* profiled as it will run (nn/model.h) */
     int batch = (int)shape[0];
     if (o.max_accum < 1 || o.max_accum > batch)
         o.max_accum = batch;
@@ -385,13 +384,10 @@ fr_status fr_plan_apply(fr_model *m, const fr_memory_plan *plan) {
     sp->training = true;
     sp->valid = true;
     m->cfg.strategy = plan->base;
-    m->plan_nchw = plan->options.allow_abn;
     return FR_OK;
 }
 
 void fr_plan_remove(fr_model *m) {
     if (m && m->build && m->build->root)
         fr_seg_layout_free(&m->build->root->installed);
-    if (m)
-        m->plan_nchw = false;
 }

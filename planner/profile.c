@@ -12,10 +12,9 @@
  * limit is lowered for the trials and put back after: a trial stopped by it
  * leaves its strategy invalid for that step, and a step whose input cannot
  * be made leaves every later step invalid. The steps run in the layout the
- * plan will run in (the model's channels-last mode, unless a plan that may
- * use abn turns it off: nn/model.h, plan_nchw): profiled NCHW, a
- * channels-last ResNet-20 b16 under mixed compress groups measured 13%
- * below its prediction (tests/test_planner.c). */
+ * plan will run in (the model's channels-last mode, which every strategy
+ * takes): profiled NCHW, a channels-last ResNet-20 b16 under mixed compress
+ * groups measured 13% below its prediction (tests/test_planner.c). */
 #include "../nn/module_impl.h"
 #include "profile.h"
 
@@ -435,22 +434,13 @@ static bool same_config(const fr_profile *p, const int64_t *shape, fr_dtype prec
            p->channels_last == channels_last;
 }
 
-/* The layout a plan's steps will run in: the model's channels-last mode as
- * it stands for a plan's strategies (m->plan_nchw set by fr_plan_memory
- * for one that may use abn), whatever strategy the model has now. */
-static bool plan_channels_last(const fr_model *m, fr_device dev, bool allow_abn) {
-    fr_model as_planned = *m;
-    as_planned.cfg.strategy = FR_STRATEGY_PLAIN;
-    as_planned.plan_nchw = allow_abn; /* the plan asked about, not the one installed now */
-    return fr_model_channels_last(&as_planned, dev, NULL);
-}
 
 fr_status fr_profile_get(fr_model *m, const int64_t *shape, bool allow_abn, bool allow_compress,
                          const fr_profile_cap *cap, const fr_profile **out) {
     struct fr_model_build *b = m->build;
     fr_device dev = m->params->count ? fr_device_of(m->params->items[0].tensor) : FR_CPU;
     profile_cache *pc = b->profiles;
-    bool cl = plan_channels_last(m, dev, allow_abn);
+    bool cl = fr_model_channels_last(m, dev, NULL); /* every strategy runs in it */
     for (int i = 0; pc && i < pc->n; i++)
         if (same_config(pc->items[i], shape, m->cfg.precision, dev, allow_abn, allow_compress, cl) &&
             (!cap || pc->items[i]->complete || pc->items[i]->cap == cap->cap)) {

@@ -5,6 +5,7 @@
 
 #include "ops.h"
 #include "staging.h"
+#include "../cpu/layout.h"
 
 static fr_status check_channels(const char *op, const char *a_name, const fr_tensor *a,
                                 const char *b_name, const fr_tensor *b) {
@@ -45,31 +46,55 @@ static fr_status invert_block(fr_device dev, float *xhat, const float *const *in
                           (int)count, a->c, a->hw);
 }
 
+/* Channels-last operands (a model's channels-last mode, nn/model.h): f32
+ * on the CPU, every one in that layout. */
+static fr_status check_nhwc(const char *op, const char *name, const fr_tensor *t) {
+    if (!fr_is_channels_last(t))
+        return fr_error(FR_ERR_ARG, "%s: %s is not channels last as y is (one layout for all)", op,
+                        name);
+    if (fr_device_of(t) != FR_CPU)
+        return fr_error(FR_ERR_ARG, "%s: a channels-last %s is taken on the CPU only", op, name);
+    return FR_OK;
+}
+
 fr_status fr_abn_invert_out(fr_tensor *xhat, const fr_tensor *y, const fr_tensor *gamma_eff,
                             const fr_tensor *beta, const fr_tensor *residual, float slope) {
     const char *op = "abn_invert";
     char buf[96];
-    FR_TRY(fr_check_floatc(op, "y", y));
+    bool nhwc = fr_is_channels_last(y);
+    if (nhwc) {
+        FR_TRY(check_nhwc(op, "y", y));
+        FR_TRY(check_nhwc(op, "xhat", xhat));
+        if (residual)
+            FR_TRY(check_nhwc(op, "residual", residual));
+    } else
+        FR_TRY(fr_check_floatc(op, "y", y));
     if (y->ndim != 2 && y->ndim != 4)
         return fr_error(FR_ERR_SHAPE, "%s: y has shape %s, expected (N, C, H, W) or (N, C)", op,
                         fr_shape_str(y, buf, sizeof buf));
     int64_t hw = y->ndim == 4 ? y->shape[2] * y->shape[3] : 1;
     if (y->shape[0] * y->shape[1] > INT_MAX || hw > INT_MAX)
         return fr_error(FR_ERR_SHAPE, "%s: y %s is too large", op, fr_shape_str(y, buf, sizeof buf));
-    FR_TRY(fr_check_floatc(op, "xhat", xhat));
+    if (!nhwc)
+        FR_TRY(fr_check_floatc(op, "xhat", xhat));
     FR_TRY(fr_check_same_shape(op, "xhat", xhat, "y", y));
     FR_TRY(fr_check_same_device(op, "xhat", xhat, "y", y));
     FR_TRY(check_channels(op, "beta", beta, "gamma_eff", gamma_eff));
     FR_TRY(fr_check_shape(op, "gamma_eff", gamma_eff, 1, FR_SHAPE(y->shape[1])));
     FR_TRY(fr_check_same_device(op, "gamma_eff", gamma_eff, "y", y));
     if (residual) {
-        FR_TRY(fr_check_floatc(op, "residual", residual));
+        if (!nhwc)
+            FR_TRY(fr_check_floatc(op, "residual", residual));
         FR_TRY(fr_check_same_shape(op, "residual", residual, "y", y));
         FR_TRY(fr_check_same_device(op, "residual", residual, "y", y));
     }
     if (!(slope > 0.0f))
         return fr_error(FR_ERR_ARG, "%s: slope must be > 0 to invert the activation, got %g", op,
                         (double)slope);
+    if (nhwc)
+        return fr_cpu_abn_invert_nhwc(fr_data_f32(xhat), fr_data_f32(y), fr_data_f32(gamma_eff),
+                                      fr_data_f32(beta), residual ? fr_data_f32(residual) : NULL,
+                                      slope, (size_t)y->shape[0] * (size_t)hw, (int)y->shape[1]);
     invert_args a = {fr_data_f32(gamma_eff), fr_data_f32(beta), slope, (int)y->shape[1], (int)hw};
     return fr_stage_run_units(xhat, (size_t)y->shape[1] * (size_t)hw, false,
                               (const fr_tensor *[]){y, residual}, NULL, residual ? 2 : 1,
