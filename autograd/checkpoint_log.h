@@ -62,6 +62,20 @@ void fr_checkpoint_stats_keep(const fr_tensor *gamma, const fr_tensor *x, const 
  * backward takes it again. */
 int fr_node_keep_sign(fr_node *node, fr_tensor *y);
 
+/* This thread's logs set aside and put back, around a trial that measures
+ * steps of a model (nn/segments.c's split, planner/profile.c): such a
+ * trial may run inside a user's checkpointed forward or replay (a model's
+ * split is made on its first recorded forward, which inside a user's
+ * checkpoint is the replay), and its ops must neither take the replay's
+ * masks and statistics, which its own ops then miss (they rebuilt the
+ * masks from the decoded input: other gradients), nor add entries to the
+ * forward's log. */
+typedef struct {
+    void *recording, *replaying;
+} fr_checkpoint_logs;
+fr_checkpoint_logs fr_checkpoint_logs_suspend(void);
+void fr_checkpoint_logs_resume(fr_checkpoint_logs logs);
+
 /* How many statistics replays on this thread have taken so far, and how
  * many masks (tests). */
 long fr_checkpoint_stats_taken(void);

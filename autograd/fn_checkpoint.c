@@ -59,6 +59,17 @@ static bool loggable(const fr_tensor *x, const fr_tensor *mean, const fr_tensor 
            fr_numel(mean) == x->shape[1] && fr_numel(invstd) == x->shape[1];
 }
 
+fr_checkpoint_logs fr_checkpoint_logs_suspend(void) {
+    fr_checkpoint_logs logs = {recording, replaying};
+    recording = replaying = NULL;
+    return logs;
+}
+
+void fr_checkpoint_logs_resume(fr_checkpoint_logs logs) {
+    recording = logs.recording;
+    replaying = logs.replaying;
+}
+
 static _Thread_local long n_taken;
 long fr_checkpoint_stats_taken(void) { return n_taken; }
 

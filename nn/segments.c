@@ -5,6 +5,7 @@
  * A segment is described by value (which sequence, which steps, the run
  * context) and fr_checkpoint keeps a copy, so its replay in backward runs
  * exactly what its forward ran, whatever runs in between. */
+#include "../autograd/checkpoint_log.h"
 #include "../autograd/node.h"
 #include "module_impl.h"
 
@@ -236,6 +237,7 @@ static fr_status measure(fr_module *seq, fr_tensor *x, const fr_run *run, double
     fr_status st = FR_OK;
     fr_tensor *cur = fr_retain(x);
     bool cur_packed = false; /* the previous step saved its output compressed */
+    fr_checkpoint_logs logs = fr_checkpoint_logs_suspend(); /* checkpoint_log.h */
     fr_recompute_enter();
     for (int s = 0; s < n && st == FR_OK; s++) {
         trial.first = s;
@@ -293,6 +295,7 @@ static fr_status measure(fr_module *seq, fr_tensor *x, const fr_run *run, double
             st = fr_last_status();
     }
     fr_recompute_exit();
+    fr_checkpoint_logs_resume(logs);
     fr_set_random_state(random_state);
     fr_release(cur);
     return st;

@@ -15,6 +15,7 @@
  * plan will run in (the model's channels-last mode, which every strategy
  * takes): profiled NCHW, a channels-last ResNet-20 b16 under mixed compress
  * groups measured 13% below its prediction (tests/test_planner.c). */
+#include "../autograd/checkpoint_log.h"
 #include "../nn/module_impl.h"
 #include "profile.h"
 
@@ -419,9 +420,11 @@ static fr_status preserving(fr_model *m, fr_status (*fn)(fr_model *, void *, con
                             void *p, const fr_profile_cap *cap) {
     fr_trial_stash stash;
     FR_TRY(fr_trial_stash_take(m, &stash));
+    fr_checkpoint_logs logs = fr_checkpoint_logs_suspend(); /* checkpoint_log.h */
     fr_recompute_enter();
     fr_status st = fn(m, p, cap);
     fr_recompute_exit();
+    fr_checkpoint_logs_resume(logs);
     fr_trial_stash_put_back(m, &stash);
     fr_mem_reset_peak();
     return st;

@@ -12,6 +12,7 @@
 #include "testlib.h"
 
 #include "autograd/checkpoint_log.h"
+#include "models/resnet.h"
 
 enum { N = 2, C = 3, H = 10 };
 
@@ -211,6 +212,41 @@ static void test_replay_runs_under_the_forward_bits(void) {
     fr_release(beta_);
 }
 
+/* a built-in model's forward, its checkpoint strategy's split made on
+ * the first recorded forward: inside a user's checkpoint that is the
+ * replay (the first forward runs unrecorded) */
+static fr_tensor *model_segment(void *ctx, fr_tensor *x) {
+    fr_model *m = *(fr_model **)ctx;
+    return fr_model_forward(m, x, true);
+}
+
+/* The split's trial (nn/segments.c, measure) runs its steps' ops inside the
+ * user's replay. With the logs left in place they took the replay's masks,
+ * the replay's own ops found none left and rebuilt theirs from the decoded
+ * input: other gradients than a replay without the trial (the split made
+ * already), and fewer masks taken. The trial runs with the logs set aside
+ * (fr_checkpoint_logs_suspend): the same bits and the same count. */
+static void test_split_trial_inside_a_replay(void) {
+    fr_model *m = fr_resnet_create("resnet8", 3, 10, 5);
+    CHECK_OK(fr_strategy_parse("checkpoint+compress:8", &m->cfg.strategy));
+    fr_tensor *x = fr_t_rand(FR_CPU, 4, FR_SHAPE(2, 3, 8, 8), 6);
+    long taken_first, taken_again;
+    fr_manual_seed(11);
+    fr_tensor *first = input_grad(model_segment, &m, sizeof m, 8, x, &taken_first);
+    fr_params_zero_grad(m->params);
+    fr_manual_seed(11);
+    fr_tensor *again = input_grad(model_segment, &m, sizeof m, 8, x, &taken_again);
+    fr_params_zero_grad(m->params);
+    CHECK(first && again && fr_t_same_bits(first, again));
+    CHECK(taken_first > 0 && taken_first == taken_again);
+    printf("    masks taken: %ld with the split's trial in the replay, %ld without\n", taken_first,
+           taken_again);
+    fr_release(first);
+    fr_release(again);
+    fr_release(x);
+    fr_model_free(m);
+}
+
 int main(void) {
     RUN(test_replay_uses_the_forward_masks);
     RUN(test_nested_checkpoint);
@@ -218,5 +254,6 @@ int main(void) {
     RUN(test_replay_of_other_ops);
     RUN(test_retained_graph_replays_twice);
     RUN(test_replay_runs_under_the_forward_bits);
+    RUN(test_split_trial_inside_a_replay);
     return TEST_SUMMARY();
 }
