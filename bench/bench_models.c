@@ -330,10 +330,10 @@ static fr_status run_model(const model_case *c, fr_device dev, int warmup, int s
     printf("%s\t%s\t%s (%lld parameters), batch %d, %dx%dx%d, %d classes, %s, SGD momentum 0.9\n",
            gpu ? "GS" : "MS", c->name, tr.model->name, (long long)fr_params_count(tr.model->params),
            batch, in_channels, size, size, CLASSES, gpu ? "CUDA, f32" : "CPU");
-    if (!gpu) { /* the activation layout of plain f32 (nn/model.h: abn runs NCHW) */
+    if (!gpu) { /* the activation layout of f32 under every strategy (nn/model.h) */
         const char *layout;
         fr_model_channels_last(tr.model, FR_CPU, &layout);
-        printf("# %s: %s: activations %s under plain, recompute, checkpoint and compress\n", who,
+        printf("# %s: %s: activations %s under every strategy\n", who,
                c->name, layout);
     }
     char all[512];

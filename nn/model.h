@@ -74,8 +74,9 @@ bool fr_strategy_equal(fr_strategy a, fr_strategy b);
  * input, convolutions and batch norms (with their activation and residual
  * sum) keep channels last between them, and every other layer (pooling,
  * linear, user layers) gets an NCHW copy, so the model's output, the loss
- * and user code see NCHW only. It covers f32 on the CPU under plain,
- * recompute, checkpoint and compress (and their combinations) for a model
+ * and user code see NCHW only. It covers f32 on the CPU under every
+ * strategy (plain, recompute, checkpoint, compress, abn, abn_reference and
+ * their combinations) for a model
  * that says it can take it (the built-in ResNets); anything else runs NCHW, with the
  * same results within round-off. AUTO: on where fr_model_channels_last's
  * rule says it measured faster (the avx512 class with oneDNN). */

@@ -49,9 +49,12 @@ static fr_status invert_block(fr_device dev, float *xhat, const float *const *in
 /* Channels-last operands (a model's channels-last mode, nn/model.h): f32
  * on the CPU, every one in that layout. */
 static fr_status check_nhwc(const char *op, const char *name, const fr_tensor *t) {
+    /* FR_ERR_SHAPE, as the batch-norm ops' layout checks: the planner takes
+     * FR_ERR_ARG from an abn trial as "this step cannot take abn" and would
+     * hide a layout mix-up behind a plan without it */
     if (!fr_is_channels_last(t))
-        return fr_error(FR_ERR_ARG, "%s: %s is not channels last as y is (one layout for all)", op,
-                        name);
+        return fr_error(FR_ERR_SHAPE, "%s: %s is not channels last as y is (one layout for all)",
+                        op, name);
     if (fr_device_of(t) != FR_CPU)
         return fr_error(FR_ERR_ARG, "%s: a channels-last %s is taken on the CPU only", op, name);
     return FR_OK;

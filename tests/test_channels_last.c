@@ -10,6 +10,7 @@
  * does InPlace-ABN: against abn run NCHW. */
 #include "testlib.h"
 
+#include <math.h>
 #include <omp.h>
 #include <stdlib.h>
 #include <string.h>
@@ -134,7 +135,9 @@ static void test_resnet20(void) { check_model("resnet20", 4, 16); }
  * FR_COMPRESS_GROUP consecutive elements of storage, other elements in the
  * other layout, so the two runs' rounding noise is independent. `tol`, when
  * >= 0: also every gradient within tol of NCHW's (fr_t_compare_steps; at 8
- * bits a decode into the wrong layout is far outside it). Within the mode:
+ * bits a decode into the wrong layout is far outside it). The reference
+ * is plain, or abn for a strategy with abn (which changes the function:
+ * against plain its own difference would swamp compression's). Within the mode:
  * the same seed gives the same step bit for bit at 1, 2 and 3 threads
  * (checkpointed strategies included, replays and all). */
 static void check_compress(const char *name, const char *strategy, double tol) {
@@ -148,7 +151,8 @@ static void check_compress(const char *name, const char *strategy, double tol) {
     CHECK_OK(fr_strategy_parse(strategy, &m->cfg.strategy));
     fr_t_snapshot_restore(m, init);
     CHECK(!ran_channels_last(m, x));
-    fr_t_step plain = fr_t_model_step(m, "plain", init, x, labels);
+    fr_t_step plain = fr_t_model_step(m, strstr(strategy, "abn") ? "abn" : "plain", init, x,
+                                      labels);
     fr_manual_seed(3);
     fr_t_step ref = fr_t_model_step(m, strategy, init, x, labels);
 
@@ -167,9 +171,10 @@ static void check_compress(const char *name, const char *strategy, double tol) {
     CHECK(cl.saved_forward == ref.saved_forward);
     CHECK(cl.peak_saved == ref.peak_saved);
     CHECK(cl.peak_saved * 3 < plain.peak_saved);
-    printf("    %s %s: gradients' rel. sq. error against plain %.2e channels last, %.2e NCHW; "
-           "saved %zu bytes in both (plain %zu)\n", name, strategy, e_cl, e_nchw, cl.peak_saved,
-           plain.peak_saved);
+    const char *ref_name = strstr(strategy, "abn") ? "abn" : "plain";
+    printf("    %s %s: gradients' rel. sq. error against %s %.2e channels last, %.2e NCHW; "
+           "saved %zu bytes in both (%s %zu)\n", name, strategy, ref_name, e_cl, e_nchw,
+           cl.peak_saved, ref_name, plain.peak_saved);
     CHECK(fr_mem_current(FR_CPU, FR_TAG_TRANSIENT) == 0);
     CHECK(fr_mem_current(FR_CPU, FR_TAG_SAVED) == 0);
 
@@ -217,6 +222,51 @@ static void check_abn(const char *name, const char *strategy) {
     fr_release(x);
     fr_release(labels);
     fr_model_free(m);
+}
+
+/* The op: fr_abn_invert_out on channels-last tensors gives the NCHW
+ * kernel's bits (the same formula element by element) at 1, 2 and 3
+ * threads, with and without a residual, at shapes past the kernel's
+ * parallel threshold and with odd channel counts; a tensor of the other
+ * layout is refused with a shape error. */
+static void test_abn_invert_op(void) {
+    static const int64_t shapes[][4] = {{8, 64, 32, 32}, {4, 3, 32, 32}, {2, 4099, 2, 3}};
+    int threads = omp_get_max_threads();
+    for (size_t s = 0; s < sizeof shapes / sizeof *shapes; s++) {
+        const int64_t *sh = shapes[s];
+        fr_tensor *y = fr_t_rand(FR_CPU, 4, sh, 20 + (uint32_t)s);
+        fr_tensor *res = fr_t_rand(FR_CPU, 4, sh, 30 + (uint32_t)s);
+        fr_tensor *geff = fr_t_rand(FR_CPU, 1, FR_SHAPE(sh[1]), 40);
+        fr_tensor *beta = fr_t_rand(FR_CPU, 1, FR_SHAPE(sh[1]), 41);
+        for (int64_t c = 0; c < sh[1]; c++)
+            fr_data_f32(geff)[c] = fabsf(fr_data_f32(geff)[c]) + 0.5f;
+        fr_tensor *y_cl = fr_layout_copy(y, true), *res_cl = fr_layout_copy(res, true);
+        CHECK(fr_is_channels_last(y_cl) && fr_is_channels_last(res_cl));
+        for (int r = 0; r < 2; r++) {
+            fr_tensor *want = fr_empty_like(y, FR_TAG_TRANSIENT);
+            CHECK_OK(fr_abn_invert_out(want, y, geff, beta, r ? res : NULL, 0.01f));
+            for (int t = 1; t <= 3; t++) {
+                omp_set_num_threads(t);
+                fr_tensor *got = fr_empty_like(y_cl, FR_TAG_TRANSIENT);
+                CHECK_OK(fr_abn_invert_out(got, y_cl, geff, beta, r ? res_cl : NULL, 0.01f));
+                fr_tensor *back = fr_layout_copy(got, false);
+                CHECK(back && fr_t_same_bits(want, back));
+                fr_release(back);
+                fr_release(got);
+            }
+            omp_set_num_threads(threads);
+            fr_release(want);
+        }
+        fr_tensor *xh = fr_empty_like(y_cl, FR_TAG_TRANSIENT);
+        CHECK_ERR(fr_abn_invert_out(xh, y_cl, geff, beta, res, 0.01f), FR_ERR_SHAPE, "residual");
+        fr_tensor *xh_nchw = fr_empty_like(y, FR_TAG_TRANSIENT);
+        CHECK_ERR(fr_abn_invert_out(xh_nchw, y_cl, geff, beta, NULL, 0.01f), FR_ERR_SHAPE, "xhat");
+        fr_release(xh_nchw);
+        fr_release(xh);
+        fr_tensor *objs[] = {y, res, geff, beta, y_cl, res_cl};
+        for (size_t i = 0; i < sizeof objs / sizeof *objs; i++)
+            fr_release(objs[i]);
+    }
 }
 
 static void test_abn(void) {
@@ -350,6 +400,7 @@ int main(void) {
     RUN(test_preresnet11);
     RUN(test_compress);
     RUN(test_abn);
+    RUN(test_abn_invert_op);
     RUN(test_eval);
     RUN(test_uncovered_run_nchw);
     RUN(test_ops_refuse_or_keep);

@@ -7,6 +7,7 @@
  * (planner_budgets.h). */
 #include "planner_budgets.h"
 #include "cpu/conv.h"
+#include "planner/profile.h"
 
 /* Parameter gradients and BN running statistics of one step of `m`. */
 static float *step_result(fr_model *m, const batch *b, int accum, size_t *count) {
@@ -327,13 +328,17 @@ static void test_plan_keeps_its_layout(void) {
     fr_memory_plan with_abn, without;
     CHECK_OK(fr_plan_memory(m, b.x->shape, SIZE_MAX / 2, &(fr_plan_options){.allow_abn = true}, &with_abn));
     CHECK_OK(fr_plan_memory(m, b.x->shape, SIZE_MAX / 2, NULL, &without));
-    CHECK(fr_model_channels_last(m, FR_CPU, NULL)); /* the last plan made: no abn */
+    /* both profiles ran channels last, the plan with abn's included */
+    const fr_profile *prof = NULL;
+    CHECK_OK(fr_profile_get(m, b.x->shape, true, false, NULL, &prof));
+    CHECK(prof && prof->channels_last);
+    CHECK_OK(fr_profile_get(m, b.x->shape, false, false, NULL, &prof));
+    CHECK(prof && prof->channels_last);
     double peak = 0, ms = 0;
     CHECK_OK(fr_plan_predict(m, &with_abn, with_abn.units, &peak, &ms));
     CHECK(peak == with_abn.predicted_peak);
     fr_plan_remove(m);
     CHECK_OK(fr_plan_apply(m, &with_abn));
-    CHECK(fr_model_channels_last(m, FR_CPU, NULL));
     CHECK_OK(fr_plan_predict(m, &without, without.units, &peak, &ms));
     CHECK(peak == without.predicted_peak);
     fr_plan_remove(m);
