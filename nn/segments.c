@@ -111,7 +111,9 @@ static fr_tensor *join(fr_tensor *const *f, int n, bool recomputable) {
 
 /* Children [first, first + count) over x: returns x and every new feature
  * joined (recomputable when `recomputable`). Each child reads the join of
- * the features so far, a recipe under recompute (Pleiss et al. 2017). */
+ * the features so far, a recipe under recompute (Pleiss et al. 2017) and
+ * under compress:B, where the norm that saves it keeps the recipe over
+ * its features' codes (fn_bn_act.c), not codes of the whole join. */
 static fr_tensor *run_dense(fr_module *d, int first, int count, fr_tensor *x, const fr_run *run,
                             bool recomputable) {
     fr_tensor **f = calloc((size_t)count + 1, sizeof *f);
@@ -122,7 +124,7 @@ static fr_tensor *run_dense(fr_module *d, int first, int count, fr_tensor *x, co
     int n = 0;
     f[n++] = fr_retain(x);
     for (int i = first; i < first + count; i++) {
-        fr_tensor *in = join(f, n, run->strategy.recompute);
+        fr_tensor *in = join(f, n, run->strategy.recompute || run->strategy.compress > 0);
         fr_tensor *y = fr_forward(d->children[i], in, run);
         fr_release(in);
         if (!y)

@@ -12,6 +12,7 @@
 #include "testlib.h"
 
 #include "autograd/checkpoint_log.h"
+#include "autograd/node.h"
 #include "cpu/compress.h"
 #include "tensor/kernels.h"
 #include "models/densenet.h"
@@ -510,6 +511,72 @@ static fr_model *make(const char *name) {
     return fr_model_create(name, 3, 10, 1);
 }
 
+/* The fused norms on the tape behind t (a bounded walk): how many there
+ * are, and how many keep their input as a concatenation's recipe. */
+static void count_norm_inputs(const fr_tensor *t, int *norms, int *as_concat) {
+    enum { MAX = 4096 };
+    fr_node **todo = malloc(MAX * sizeof *todo);
+    int n = 0, done = 0;
+    *norms = *as_concat = 0;
+    if (t->grad_fn)
+        todo[n++] = t->grad_fn;
+    while (done < n) {
+        fr_node *node = todo[done++];
+        if (!strcmp(node->op, "bn_act")) {
+            ++*norms;
+            bool concat = false;
+            for (int i = 0; i < node->n_saved; i++)
+                concat |= node->saved[i].recipe && !strcmp(node->saved[i].recipe->op, "concat");
+            *as_concat += concat;
+        }
+        for (int i = 0; i < node->n_inputs && n < MAX; i++) {
+            fr_node *p = node->inputs[i].kind == FR_EDGE_NODE ? node->inputs[i].node : NULL;
+            bool seen = false;
+            for (int j = 0; p && j < n && !seen; j++)
+                seen = todo[j] == p;
+            if (p && !seen)
+                todo[n++] = p;
+        }
+    }
+    free(todo);
+}
+
+/* A dense block under compress:B: each layer's norm keeps its input, the
+ * concatenation of the features so far, as the recipe over the features'
+ * codes (each packed once), not as codes of the whole concatenation packed
+ * again by every layer (nn/segments.c, autograd/fn_bn_act.c); plain keeps
+ * the concatenations themselves. */
+static void test_dense_join_kept_as_recipe(void) {
+    fr_model *m = make("densenet-bc-40");
+    CHECK_NOTNULL(m);
+    if (!m)
+        return;
+    fr_tensor *labels, *x = batch(2, 8, 12, &labels);
+    const char *strategies[] = {"plain", "compress:8"};
+    for (int s = 0; s < 2; s++) {
+        CHECK_OK(fr_strategy_parse(strategies[s], &m->cfg.strategy));
+        fr_tensor *logits = fr_model_forward(m, x, true);
+        CHECK_NOTNULL(logits);
+        int norms = 0, as_concat = 0;
+        if (logits)
+            count_norm_inputs(logits, &norms, &as_concat);
+        printf("    %s: %d of %d fused norms keep a concatenation's recipe\n", strategies[s],
+               as_concat, norms);
+        CHECK(norms > 0);
+        /* DenseNet-BC-40: 3 blocks of 6 layers, 2 norms each, 2
+         * transitions and the last norm (39); every layer's first norm
+         * reads a join but each block's first layer's (one tensor): 15 */
+        CHECK(norms == 39);
+        CHECK(as_concat == (s == 0 ? 0 : 15));
+        fr_release(logits);
+        fr_tape_clear();
+    }
+    CHECK(fr_mem_current(FR_CPU, FR_TAG_SAVED) == 0);
+    fr_release(x);
+    fr_release(labels);
+    fr_model_free(m);
+}
+
 /* compress:8 against plain, one step of a model of every built-in family:
  * loss within 1e-3, every gradient within 5% of its tensor's largest. With
  * recompute too, all gradients as one vector within 3% of plain's, as
@@ -789,5 +856,6 @@ int main(void) {
     RUN(test_planner_compresses);
     RUN(test_gradients_unbiased);
     RUN(test_combinations);
+    RUN(test_dense_join_kept_as_recipe);
     return TEST_SUMMARY();
 }
