@@ -22,35 +22,16 @@
 #include "nn/build.h"
 #include "planner/planner.h"
 
-/* Whether the tape behind t holds a node named op (a bounded walk). */
-static bool tape_has(const fr_tensor *t, const char *op) {
-    enum { MAX = 4096 };
-    fr_node **todo = malloc(MAX * sizeof *todo);
-    int n = 0, done = 0;
-    bool found = false;
-    if (t->grad_fn)
-        todo[n++] = t->grad_fn;
-    while (done < n && !found) {
-        fr_node *node = todo[done++];
-        found = !strcmp(node->op, op);
-        for (int i = 0; i < node->n_inputs && n < MAX; i++) {
-            fr_node *p = node->inputs[i].kind == FR_EDGE_NODE ? node->inputs[i].node : NULL;
-            bool seen = false;
-            for (int j = 0; p && j < n && !seen; j++)
-                seen = todo[j] == p;
-            if (p && !seen)
-                todo[n++] = p;
-        }
-    }
-    free(todo);
-    return found;
+static bool named_to_nchw(const fr_node *node, void *ctx) {
+    (void)ctx;
+    return !strcmp(node->op, "to_nchw");
 }
 
 /* Whether a training forward of m on x runs channels last, by the tape. */
 static bool ran_channels_last(fr_model *m, fr_tensor *x) {
     fr_tensor *logits = fr_model_forward(m, x, true);
     CHECK_NOTNULL(logits);
-    bool cl = logits && tape_has(logits, "to_nchw");
+    bool cl = logits && fr_t_tape_any(logits, named_to_nchw, NULL);
     fr_release(logits);
     fr_tape_clear();
     return cl;
@@ -124,6 +105,39 @@ static void check_model(const char *name, int batch, int size) {
 
 static void test_resnet20(void) { check_model("resnet20", 4, 16); }
 
+/* What check_compress and check_abn run on: a ResNet of `name` (seed 5),
+ * 4 images of 16x16, their labels and the initial weights. */
+typedef struct {
+    fr_model *m;
+    fr_tensor *x, *labels;
+    float **init;
+} fixture;
+
+static fixture fixture_new(const char *name) {
+    fixture f = {.m = fr_resnet_create(name, 3, 10, 5)};
+    int32_t lab[4] = {1, 7, 3, 0};
+    f.x = fr_t_rand(FR_CPU, 4, FR_SHAPE(4, 3, 16, 16), 9);
+    f.labels = fr_from_host(FR_CPU, FR_I32, 1, FR_SHAPE(4), FR_TAG_DATA, lab);
+    f.init = fr_t_snapshot_save(f.m);
+    return f;
+}
+
+static void fixture_free(fixture *f) {
+    fr_t_snapshot_free(f->m, f->init);
+    fr_release(f->x);
+    fr_release(f->labels);
+    fr_model_free(f->m);
+}
+
+/* f's model in `layout` under `strategy` from the initial weights, the mode
+ * checked by the tape (it really runs, or really does not) */
+static void enter_layout(fixture *f, fr_layout_mode layout, const char *strategy) {
+    f->m->cfg.layout = layout;
+    CHECK_OK(fr_strategy_parse(strategy, &f->m->cfg.strategy));
+    fr_t_snapshot_restore(f->m, f->init);
+    CHECK(ran_channels_last(f->m, f->x) == (layout == FR_LAYOUT_CHANNELS_LAST));
+}
+
 /* compress:B inside the mode (autograd/compressed.c packs the NHWC storage
  * as it lies and decodes into channels last again). The mode really ran
  * (the tape's to_nchw). Against compress:B run NCHW from the same weights
@@ -141,27 +155,17 @@ static void test_resnet20(void) { check_model("resnet20", 4, 16); }
  * the same seed gives the same step bit for bit at 1, 2 and 3 threads
  * (checkpointed strategies included, replays and all). */
 static void check_compress(const char *name, const char *strategy, double tol) {
-    fr_model *m = fr_resnet_create(name, 3, 10, 5);
-    fr_tensor *x = fr_t_rand(FR_CPU, 4, FR_SHAPE(4, 3, 16, 16), 9);
-    int32_t lab[4] = {1, 7, 3, 0};
-    fr_tensor *labels = fr_from_host(FR_CPU, FR_I32, 1, FR_SHAPE(4), FR_TAG_DATA, lab);
-    float **init = fr_t_snapshot_save(m);
-
-    m->cfg.layout = FR_LAYOUT_NCHW;
-    CHECK_OK(fr_strategy_parse(strategy, &m->cfg.strategy));
-    fr_t_snapshot_restore(m, init);
-    CHECK(!ran_channels_last(m, x));
-    fr_t_step plain = fr_t_model_step(m, strstr(strategy, "abn") ? "abn" : "plain", init, x,
-                                      labels);
+    fixture f = fixture_new(name);
+    fr_model *m = f.m;
+    const char *ref_name = strstr(strategy, "abn") ? "abn" : "plain";
+    enter_layout(&f, FR_LAYOUT_NCHW, strategy);
+    fr_t_step plain = fr_t_model_step(m, ref_name, f.init, f.x, f.labels);
     fr_manual_seed(3);
-    fr_t_step ref = fr_t_model_step(m, strategy, init, x, labels);
+    fr_t_step ref = fr_t_model_step(m, strategy, f.init, f.x, f.labels);
 
-    m->cfg.layout = FR_LAYOUT_CHANNELS_LAST;
-    CHECK_OK(fr_strategy_parse(strategy, &m->cfg.strategy));
-    fr_t_snapshot_restore(m, init);
-    CHECK(ran_channels_last(m, x));
+    enter_layout(&f, FR_LAYOUT_CHANNELS_LAST, strategy);
     fr_manual_seed(3);
-    fr_t_step cl = fr_t_model_step(m, strategy, init, x, labels);
+    fr_t_step cl = fr_t_model_step(m, strategy, f.init, f.x, f.labels);
     CHECK_CLOSE(cl.loss, ref.loss, 1e-5);
     if (tol >= 0)
         fr_t_compare_steps(m, &ref, &cl, tol, strategy);
@@ -171,22 +175,18 @@ static void check_compress(const char *name, const char *strategy, double tol) {
     CHECK(cl.saved_forward == ref.saved_forward);
     CHECK(cl.peak_saved == ref.peak_saved);
     CHECK(cl.peak_saved * 3 < plain.peak_saved);
-    const char *ref_name = strstr(strategy, "abn") ? "abn" : "plain";
     printf("    %s %s: gradients' rel. sq. error against %s %.2e channels last, %.2e NCHW; "
            "saved %zu bytes in both (%s %zu)\n", name, strategy, ref_name, e_cl, e_nchw,
            cl.peak_saved, ref_name, plain.peak_saved);
     CHECK(fr_mem_current(FR_CPU, FR_TAG_TRANSIENT) == 0);
     CHECK(fr_mem_current(FR_CPU, FR_TAG_SAVED) == 0);
 
-    same_bits_any_team(m, strategy, init, x, labels, &cl);
+    same_bits_any_team(m, strategy, f.init, f.x, f.labels, &cl);
 
     fr_t_step_free(&ref, m->params->count);
     fr_t_step_free(&plain, m->params->count);
     fr_t_step_free(&cl, m->params->count);
-    fr_t_snapshot_free(m, init);
-    fr_release(x);
-    fr_release(labels);
-    fr_model_free(m);
+    fixture_free(&f);
 }
 
 /* InPlace-ABN in the mode (fr_abn_invert_out's channels-last kernel, the
@@ -195,33 +195,21 @@ static void check_compress(const char *name, const char *strategy, double tol) {
  * cpu/layout.h), the same saved bytes, and within the mode the bits do not
  * depend on the thread count. abn+compress:4 as compress:B is held above. */
 static void check_abn(const char *name, const char *strategy) {
-    fr_model *m = fr_resnet_create(name, 3, 10, 5);
-    fr_tensor *x = fr_t_rand(FR_CPU, 4, FR_SHAPE(4, 3, 16, 16), 9);
-    int32_t lab[4] = {1, 7, 3, 0};
-    fr_tensor *labels = fr_from_host(FR_CPU, FR_I32, 1, FR_SHAPE(4), FR_TAG_DATA, lab);
-    float **init = fr_t_snapshot_save(m);
-    m->cfg.layout = FR_LAYOUT_NCHW;
-    CHECK_OK(fr_strategy_parse(strategy, &m->cfg.strategy));
-    fr_t_snapshot_restore(m, init);
-    CHECK(!ran_channels_last(m, x));
-    fr_t_step ref = fr_t_model_step(m, strategy, init, x, labels);
-    m->cfg.layout = FR_LAYOUT_CHANNELS_LAST;
-    CHECK_OK(fr_strategy_parse(strategy, &m->cfg.strategy));
-    fr_t_snapshot_restore(m, init);
-    CHECK(ran_channels_last(m, x));
-    fr_t_step cl = fr_t_model_step(m, strategy, init, x, labels);
+    fixture f = fixture_new(name);
+    fr_model *m = f.m;
+    enter_layout(&f, FR_LAYOUT_NCHW, strategy);
+    fr_t_step ref = fr_t_model_step(m, strategy, f.init, f.x, f.labels);
+    enter_layout(&f, FR_LAYOUT_CHANNELS_LAST, strategy);
+    fr_t_step cl = fr_t_model_step(m, strategy, f.init, f.x, f.labels);
     fr_t_compare_steps(m, &ref, &cl, 1e-5, strategy);
     CHECK(cl.saved_forward == ref.saved_forward);
     CHECK(cl.peak_saved <= ref.peak_saved);
     CHECK(fr_mem_current(FR_CPU, FR_TAG_TRANSIENT) == 0);
     CHECK(fr_mem_current(FR_CPU, FR_TAG_SAVED) == 0);
-    same_bits_any_team(m, strategy, init, x, labels, &cl);
+    same_bits_any_team(m, strategy, f.init, f.x, f.labels, &cl);
     fr_t_step_free(&ref, m->params->count);
     fr_t_step_free(&cl, m->params->count);
-    fr_t_snapshot_free(m, init);
-    fr_release(x);
-    fr_release(labels);
-    fr_model_free(m);
+    fixture_free(&f);
 }
 
 /* The op: fr_abn_invert_out on channels-last tensors gives the NCHW

@@ -511,34 +511,22 @@ static fr_model *make(const char *name) {
     return fr_model_create(name, 3, 10, 1);
 }
 
-/* The fused norms on the tape behind t (a bounded walk): how many there
- * are, and how many keep their input as a concatenation's recipe. */
-static void count_norm_inputs(const fr_tensor *t, int *norms, int *as_concat) {
-    enum { MAX = 4096 };
-    fr_node **todo = malloc(MAX * sizeof *todo);
-    int n = 0, done = 0;
-    *norms = *as_concat = 0;
-    if (t->grad_fn)
-        todo[n++] = t->grad_fn;
-    while (done < n) {
-        fr_node *node = todo[done++];
-        if (!strcmp(node->op, "bn_act")) {
-            ++*norms;
-            bool concat = false;
-            for (int i = 0; i < node->n_saved; i++)
-                concat |= node->saved[i].recipe && !strcmp(node->saved[i].recipe->op, "concat");
-            *as_concat += concat;
-        }
-        for (int i = 0; i < node->n_inputs && n < MAX; i++) {
-            fr_node *p = node->inputs[i].kind == FR_EDGE_NODE ? node->inputs[i].node : NULL;
-            bool seen = false;
-            for (int j = 0; p && j < n && !seen; j++)
-                seen = todo[j] == p;
-            if (p && !seen)
-                todo[n++] = p;
-        }
-    }
-    free(todo);
+/* Counts the fused norms on a tape, and those that keep their input as a
+ * concatenation's recipe (fr_t_tape_any's visitor). */
+typedef struct {
+    int norms, as_concat;
+} norm_count;
+
+static bool count_norm(const fr_node *node, void *ctx) {
+    norm_count *c = ctx;
+    if (strcmp(node->op, "bn_act"))
+        return false;
+    c->norms++;
+    bool concat = false;
+    for (int i = 0; i < node->n_saved; i++)
+        concat |= node->saved[i].recipe && !strcmp(node->saved[i].recipe->op, "concat");
+    c->as_concat += concat;
+    return false;
 }
 
 /* A dense block under compress:B: each layer's norm keeps its input, the
@@ -557,9 +545,10 @@ static void test_dense_join_kept_as_recipe(void) {
         CHECK_OK(fr_strategy_parse(strategies[s], &m->cfg.strategy));
         fr_tensor *logits = fr_model_forward(m, x, true);
         CHECK_NOTNULL(logits);
-        int norms = 0, as_concat = 0;
+        norm_count c = {0};
         if (logits)
-            count_norm_inputs(logits, &norms, &as_concat);
+            fr_t_tape_any(logits, count_norm, &c);
+        int norms = c.norms, as_concat = c.as_concat;
         printf("    %s: %d of %d fused norms keep a concatenation's recipe\n", strategies[s],
                as_concat, norms);
         CHECK(norms > 0);

@@ -1,6 +1,8 @@
 /* testlib.c: see testlib.h. */
 #include "testlib.h"
 
+#include "autograd/node.h"
+
 #include <ftw.h>
 #include <libgen.h>
 #include <stdlib.h>
@@ -400,6 +402,29 @@ void fr_t_snapshot_free(const fr_model *m, float **snap) {
     for (int i = 0; i < m->params->count; i++)
         free(snap[i]);
     free(snap);
+}
+
+bool fr_t_tape_any(const fr_tensor *t, bool (*visit)(const fr_node *node, void *ctx), void *ctx) {
+    enum { MAX = 4096 };
+    fr_node **todo = malloc(MAX * sizeof *todo);
+    int n = 0, done = 0;
+    bool found = false;
+    if (todo && t && t->grad_fn)
+        todo[n++] = t->grad_fn;
+    while (done < n && !found) {
+        fr_node *node = todo[done++];
+        found = visit(node, ctx);
+        for (int i = 0; i < node->n_inputs && n < MAX; i++) {
+            fr_node *p = node->inputs[i].kind == FR_EDGE_NODE ? node->inputs[i].node : NULL;
+            bool seen = false;
+            for (int j = 0; p && j < n && !seen; j++)
+                seen = todo[j] == p;
+            if (p && !seen)
+                todo[n++] = p;
+        }
+    }
+    free(todo);
+    return found;
 }
 
 fr_t_step fr_t_model_step(fr_model *m, const char *strategy, float **init, fr_tensor *x,

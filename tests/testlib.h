@@ -206,6 +206,11 @@ typedef struct {
     size_t peak_total;        /* all bytes over the step, above its start */
 } fr_t_step;
 
+/* Visits each node of the tape behind t once (a bounded walk, 4096 nodes),
+ * in breadth-first order from t's grad_fn, until visit returns true;
+ * returns whether it did. */
+bool fr_t_tape_any(const fr_tensor *t, bool (*visit)(const fr_node *node, void *ctx), void *ctx);
+
 /* Runs one step under `strategy` (fr_strategy_parse's text), from the
  * weights in `init` (fr_t_snapshot_save's, restored first) or, if NULL, as they
  * are; gradients are copied out, then zeroed. The loss is fr_model_loss's:
