@@ -143,8 +143,8 @@ fr_status fr_compressed_of(fr_tensor *t, fr_recipe **out) {
 
 int fr_node_save_activation(fr_node *node, fr_tensor *t, bool use_recipe) {
     FR_ASSERT(t);
-    if (use_recipe && t->recipe)
-        return fr_node_save_recipe(node, fr_recipe_retain(t->recipe));
+    if (use_recipe && fr_live_recipe(t))
+        return fr_node_save_recipe(node, fr_recipe_retain(fr_live_recipe(t)));
     fr_recipe *r;
     if (fr_compressed_of(t, &r) != FR_OK)
         return -1;
@@ -167,7 +167,7 @@ fr_status fr_sign_mask_of(fr_tensor *t, fr_recipe **out) {
 
 int fr_node_save_sign(fr_node *node, fr_tensor *t) {
     FR_ASSERT(t);
-    if (t->recipe)
+    if (fr_live_recipe(t))
         return fr_node_save(node, t);
     bool yes;
     if (eligible(t, &yes) != FR_OK)

@@ -342,8 +342,9 @@ static int saved_slot(fr_node *node) {
 
 int fr_node_save(fr_node *node, fr_tensor *t) {
     FR_ASSERT(t);
-    if (t->recipe)
-        return fr_node_save_recipe(node, fr_recipe_retain(t->recipe));
+    fr_recipe *r = fr_live_recipe(t);
+    if (r)
+        return fr_node_save_recipe(node, fr_recipe_retain(r));
     return fr_node_save_held(node, t);
 }
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# bench/compress_accuracy.sh: ResNet-20 on Fashion-MNIST under f32 plain and
+# bench/compress_accuracy.sh: ResNet-20 (MODEL) on Fashion-MNIST under f32 plain and
 # compress:8, compress:4, compress:2, same seed, data and recipe (docs/TRAINING.md:
 # AdamW lr 0.002 wd 0.05, cosine, batch 128, no augmentation). Defaults are a
 # SHORTENED run (TRAIN images, EPOCHS epochs); the issue's target is
@@ -7,16 +7,17 @@
 # each on THREADS threads (results do not depend on the thread count). Prints
 # each strategy's test accuracy after every epoch, then the final one.
 #   bench/compress_accuracy.sh [BUILD_DIR]
-#   (TRAIN, TEST, EPOCHS, BATCH, JOBS, THREADS, STRATEGIES override)
+#   (MODEL, TRAIN, TEST, EPOCHS, BATCH, JOBS, THREADS, STRATEGIES override;
+#   issue 23's DenseNet run: MODEL=densenet-bc-100 BATCH=64)
 set -euo pipefail
 build=${1:-build}
 train=${TRAIN:-12800} test=${TEST:-2000} epochs=${EPOCHS:-1} batch=${BATCH:-128}
-jobs=${JOBS:-1} threads=${THREADS:-2}
+jobs=${JOBS:-1} threads=${THREADS:-2} model=${MODEL:-resnet20}
 strategies=${STRATEGIES:-plain compress:8 compress:4 compress:2}
 logs=$(mktemp -d)
 trap 'rm -rf "$logs"' EXIT
 run() {
-    "$build/examples/train" --model resnet20 --strategy "$1" --epochs "$epochs" \
+    "$build/examples/train" --model "$model" --strategy "$1" --epochs "$epochs" \
         --batch "$batch" --limit-train "$train" --limit-test "$test" --seed 1 \
         --optimizer adamw --lr 0.002 --wd 0.05 --schedule cosine --threads "$threads" \
         >"$logs/${1//:/_}.log" 2>&1

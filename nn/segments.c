@@ -281,7 +281,7 @@ static fr_status measure(fr_module *seq, fr_tensor *x, const fr_run *run, double
                 /* or carries a recipe (recompute, InPlace-ABN under
                  * compress) whose codes the next step's first op saves
                  * rather than packing its input again */
-                cur_packed = y && (y->packed || y->recipe);
+                cur_packed = y && (y->packed || fr_live_recipe(y));
                 next = y ? fr_detach(y) : NULL;
                 if (y && st == FR_OK)
                     st = measure_backward(seq->model->params, y, leaf, dev, &backward[s]);

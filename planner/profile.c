@@ -181,7 +181,7 @@ static fr_status trial(fr_model *m, fr_module *root, int s, fr_tensor *x, bool r
         if (st == FR_OK) {
             c->in_saved = x->storage->saved_count > 0;
             c->out_saved = y->storage->saved_count > 0;
-            c->out_recipe = y->recipe != NULL;
+            c->out_recipe = fr_live_recipe(y) != NULL;
             c->out_b = (double)y->storage->nbytes;
             c->saved = (double)fr_mem_current(dev, FR_TAG_SAVED) - (double)saved0 -
                        (c->in_saved ? c->in_b : 0);

@@ -508,11 +508,17 @@ void fr_recipe_release(fr_recipe *r) {
 void fr_set_recipe(fr_tensor *t, fr_recipe *r) {
     fr_recipe_release(t->recipe);
     t->recipe = r;
+    t->recipe_version = t->storage->version;
+}
+
+fr_recipe *fr_live_recipe(const fr_tensor *t) {
+    return t->recipe && t->recipe_version == t->storage->version ? t->recipe : NULL;
 }
 
 void fr_bump_version(fr_tensor *t, const char *op) {
     t->storage->version++;
     t->storage->last_writer = op;
+    fr_set_recipe(t, NULL);
 }
 
 /* ---- argument checks ---- */

@@ -69,7 +69,10 @@ typedef struct fr_tensor {
     struct fr_node *grad_fn;       /* producer on the tape, valid while a node */
     uint64_t grad_fn_gen;          /*   with this sequence number is on it */
     int grad_fn_out;               /* which output of grad_fn */
-    fr_recipe *recipe;             /* owned; set when the values can be recomputed */
+    fr_recipe *recipe;             /* owned; set when the values can be recomputed; valid
+                                      while the storage is at recipe_version (read it
+                                      through fr_live_recipe) */
+    uint64_t recipe_version;
     fr_recipe *packed;             /* owned; the compressed copy the tape made of these
                                       values (autograd/compressed.c), so two ops saving
                                       one tensor share one copy; valid while the storage
@@ -135,10 +138,17 @@ fr_status fr_read_f32(const fr_tensor *t, float *host, size_t n);
 float fr_item(const fr_tensor *t);
 fr_status fr_fill_(fr_tensor *t, float value);
 
-/* Attaches a recipe (takes the caller's reference; replaces any earlier one). */
+/* Attaches a recipe (takes the caller's reference; replaces any earlier
+ * one) for t's values as they are now (its storage's version). */
 void fr_set_recipe(fr_tensor *t, fr_recipe *r);
+/* t's recipe while t's storage is at the version it was attached at, else
+ * NULL: an inplace write since (through t or a view sharing its storage)
+ * changed the values the recipe rebuilds, and a tensor saved through it
+ * would come back as it was before the write. */
+fr_recipe *fr_live_recipe(const fr_tensor *t);
 
-/* Records an inplace write by `op` (see the version-counter note above). */
+/* Records an inplace write by `op` (see the version-counter note above);
+ * t's recipe no longer describes it and is dropped. */
 void fr_bump_version(fr_tensor *t, const char *op);
 
 /* The tape marks storages it holds for backward; transient activations count

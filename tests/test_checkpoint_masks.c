@@ -222,10 +222,12 @@ static fr_tensor *model_segment(void *ctx, fr_tensor *x) {
 
 /* The split's trial (nn/segments.c, measure) runs its steps' ops inside the
  * user's replay. With the logs left in place they took the replay's masks,
- * the replay's own ops found none left and rebuilt theirs from the decoded
- * input: other gradients than a replay without the trial (the split made
- * already), and fewer masks taken. The trial runs with the logs set aside
- * (fr_checkpoint_logs_suspend): the same bits and the same count. */
+ * and the replay's own ops, finding them gone, rebuilt theirs from the
+ * decoded input: other gradients than a replay without the trial (the
+ * split made already). The trial runs with the logs set aside
+ * (fr_checkpoint_logs_suspend): the same bits. (The count of masks taken is
+ * 7 either way, with or without the fix: it shows that masks were taken,
+ * not whose.) */
 static void test_split_trial_inside_a_replay(void) {
     fr_model *m = fr_resnet_create("resnet8", 3, 10, 5);
     CHECK_OK(fr_strategy_parse("checkpoint+compress:8", &m->cfg.strategy));
