@@ -67,6 +67,31 @@ static fr_tensor *packed_make(fr_recipe *self) {
     return y;
 }
 
+/* r as codes of a contiguous tensor of >= 2 dimensions, else NULL */
+static const packed_recipe *codes_of(const fr_recipe *r) {
+    const packed_recipe *p = r && r->make == packed_make ? (const packed_recipe *)r : NULL;
+    return p && p->bits > 1 && !p->channels_last && p->ndim >= 2 ? p : NULL;
+}
+
+int64_t fr_compressed_dim1(const fr_recipe *r, fr_device *dev) {
+    const packed_recipe *p = codes_of(r);
+    *dev = p ? p->device : FR_CPU;
+    return p ? p->shape[1] : 0;
+}
+
+fr_status fr_compressed_decode_into(const fr_recipe *r, fr_tensor *dst) {
+    const packed_recipe *p = codes_of(r);
+    if (!p)
+        return fr_error(FR_ERR_ARG, "compress: decode into a tensor: not codes of a contiguous tensor");
+    int64_t n = 1;
+    for (int i = 0; i < p->ndim; i++)
+        n *= p->shape[i];
+    if (dst->dtype != FR_F32 || !fr_is_contiguous(dst) || fr_numel(dst) != n ||
+        fr_device_of(dst) != p->device)
+        return fr_error(FR_ERR_ARG, "compress: decode into a tensor of another size, type or device");
+    return fr_compress_unpack_out(dst, p->packed, p->bits);
+}
+
 static void packed_destroy(fr_recipe *self) {
     packed_recipe *r = (packed_recipe *)self;
     fr_release(r->packed);

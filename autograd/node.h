@@ -128,6 +128,14 @@ fr_tensor *fr_node_sign_bits(fr_node *node, int i, const fr_tensor *dy);
 /* The compressed copy of t (a new reference) in *out, or NULL when
  * compression is off or does not apply to t. */
 fr_status fr_compressed_of(fr_tensor *t, fr_recipe **out);
+/* Dimension 1 of the tensor that r holds as codes (and in *dev its
+ * device), when r is such a copy (fr_compressed_of's, not a sign mask) of a
+ * contiguous tensor of at least 2 dimensions; else 0. With it, fr_compressed_decode_into decodes r into
+ * dst (contiguous f32 on r's device, the packed tensor's element count, any
+ * shape): FR_ERR_ARG when r is not such a copy or dst does not match. For
+ * a rebuild that decodes into part of its own output (fn_concat.c). */
+int64_t fr_compressed_dim1(const fr_recipe *r, fr_device *dev);
+fr_status fr_compressed_decode_into(const fr_recipe *r, fr_tensor *dst);
 /* A new reference to saved tensor i (recomputed for a recipe), or NULL with
  * FR_ERR_VERSION when a held tensor was written inplace after saving. */
 fr_tensor *fr_node_unpack(fr_node *node, int i);

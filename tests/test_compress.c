@@ -581,6 +581,54 @@ static void test_dense_join_kept_as_recipe(void) {
  * before the add. Against the exact gradients (no compression, a plain
  * concatenation): 0.009-0.010 relative error as codes either way; through
  * the stale recipe it had been 0.90, with no error raised. */
+/* A concatenation's rebuild under compress:8 (fn_concat.c): the first
+ * input decoded into the output's own buffer and moved into place image by
+ * image, the others decoded one at a time: the bits of the concatenation
+ * of each input's own decoding, at 1 and 3 images (the move is a no-op at
+ * 1), with a held input among them; and the bytes in use while it runs stay
+ * below the concatenation plus the second input's decoding (the first one's
+ * decoding beside the output had held it twice). */
+static void test_concat_rebuild_in_place(void) {
+    for (int64_t n = 1; n <= 3; n += 2) {
+        fr_tensor *f[3] = {fr_t_rand(FR_CPU, 4, FR_SHAPE(n, 40, 8, 8), 21),
+                           fr_t_rand(FR_CPU, 4, FR_SHAPE(n, 3, 8, 8), 22),
+                           fr_t_rand(FR_CPU, 4, FR_SHAPE(n, 2, 8, 8), 23)};
+        fr_tensor *h[3];
+        for (int i = 0; i < 3; i++) {
+            fr_set_requires_grad(f[i], i < 2); /* a recorded concatenation carries the recipe */
+            h[i] = i < 2 ? fr_scale(f[i], 2.0f) : fr_retain(f[i]); /* f[2]: a leaf, held */
+        }
+        int previous = 0;
+        CHECK_OK(fr_compress_enter(8, &previous));
+        fr_tensor *cat = fr_concat_recomputable(h, 3);
+        fr_compress_restore(previous);
+        fr_recipe *r = cat ? fr_live_recipe(cat) : NULL;
+        CHECK_NOTNULL(r);
+        fr_tensor *dec[3];
+        for (int i = 0; i < 3; i++)
+            dec[i] = i < 2 && h[i]->packed ? h[i]->packed->make(h[i]->packed) : fr_retain(h[i]);
+        CHECK(h[0]->packed && h[1]->packed && !h[2]->packed);
+        fr_tensor *want = fr_concat(dec, 3);
+        for (int i = 0; i < 3; i++)
+            fr_release(dec[i]);
+        size_t base = fr_mem_total_current(FR_CPU);
+        fr_mem_reset_peak();
+        fr_tensor *got = r ? r->make(r) : NULL;
+        size_t held = fr_mem_total_peak(FR_CPU) - base;
+        CHECK(got && want && fr_t_same_bits(want, got));
+        size_t out = (size_t)fr_numel(want) * sizeof(float), second = (size_t)n * 3 * 64 * 4;
+        CHECK(held <= out + second + 4096);
+        fr_release(got);
+        fr_release(want);
+        fr_release(cat);
+        for (int i = 0; i < 3; i++) {
+            fr_release(h[i]);
+            fr_release(f[i]);
+        }
+        fr_tape_clear();
+    }
+}
+
 static double inputs_grad_error(int bits, bool recomputable, fr_tensor **want) {
     fr_tensor *g = fr_t_rand(FR_CPU, 1, FR_SHAPE(5), 3), *b = fr_t_rand(FR_CPU, 1, FR_SHAPE(5), 4);
     fr_tensor *shift = fr_t_rand(FR_CPU, 4, FR_SHAPE(4, 5, 6, 6), 5);
@@ -915,5 +963,6 @@ int main(void) {
     RUN(test_combinations);
     RUN(test_dense_join_kept_as_recipe);
     RUN(test_inplace_write_drops_the_recipe);
+    RUN(test_concat_rebuild_in_place);
     return TEST_SUMMARY();
 }
