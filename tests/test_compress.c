@@ -562,25 +562,18 @@ static void test_dense_join_kept_as_recipe(void) {
         fr_release(logits);
         fr_tape_clear();
     }
-    /* the bytes: a quarter of plain's is what 8-bit codes of everything
-     * plain keeps would take; with codes of each layer's whole
-     * concatenation this forward kept 0.291 of plain's, now 0.246 */
+    /* the bytes: with codes of each layer's whole concatenation this
+     * forward kept 0.291 of plain's, now 0.246 (a quarter is what 8-bit
+     * codes of everything plain keeps would take) */
     printf("    saved after the forward: %zu bytes plain, %zu compress:8 (%.3f)\n", saved[0],
            saved[1], (double)saved[1] / (double)saved[0]);
-    CHECK(saved[1] * 4 < saved[0]);
+    CHECK(saved[1] * 100 < saved[0] * 27);
     CHECK(fr_mem_current(FR_CPU, FR_TAG_SAVED) == 0);
     fr_release(x);
     fr_release(labels);
     fr_model_free(m);
 }
 
-/* An inplace write drops the recipe of the tensor it writes
- * (fr_bump_version; fr_live_recipe): a norm that saves a recomputable
- * concatenation after `cat += shift` keeps the current values (their
- * codes under compress:8), not the recipe, which rebuilds the values from
- * before the add. Against the exact gradients (no compression, a plain
- * concatenation): 0.009-0.010 relative error as codes either way; through
- * the stale recipe it had been 0.90, with no error raised. */
 /* A concatenation's rebuild under compress:8 (fn_concat.c): the first
  * input decoded into the output's own buffer and moved into place image by
  * image, the others decoded one at a time: the bits of the concatenation
@@ -589,10 +582,14 @@ static void test_dense_join_kept_as_recipe(void) {
  * below the concatenation plus the second input's decoding (the first one's
  * decoding beside the output had held it twice). */
 static void test_concat_rebuild_in_place(void) {
-    for (int64_t n = 1; n <= 3; n += 2) {
-        fr_tensor *f[3] = {fr_t_rand(FR_CPU, 4, FR_SHAPE(n, 40, 8, 8), 21),
-                           fr_t_rand(FR_CPU, 4, FR_SHAPE(n, 3, 8, 8), 22),
-                           fr_t_rand(FR_CPU, 4, FR_SHAPE(n, 2, 8, 8), 23)};
+    /* (N, C, 8, 8) at N = 1 and 3, and (N, C) at N = 3 (one element an
+     * image's channel: the move's blocks are a row each) */
+    for (int k = 0; k < 3; k++) {
+        int64_t n = k == 0 ? 1 : 3, hw = k == 2 ? 1 : 8;
+        int nd = k == 2 ? 2 : 4;
+        fr_tensor *f[3] = {fr_t_rand(FR_CPU, nd, FR_SHAPE(n, 40, hw, hw), 21),
+                           fr_t_rand(FR_CPU, nd, FR_SHAPE(n, 3, hw, hw), 22),
+                           fr_t_rand(FR_CPU, nd, FR_SHAPE(n, 2, hw, hw), 23)};
         fr_tensor *h[3];
         for (int i = 0; i < 3; i++) {
             fr_set_requires_grad(f[i], i < 2); /* a recorded concatenation carries the recipe */
@@ -616,7 +613,8 @@ static void test_concat_rebuild_in_place(void) {
         fr_tensor *got = r ? r->make(r) : NULL;
         size_t held = fr_mem_total_peak(FR_CPU) - base;
         CHECK(got && want && fr_t_same_bits(want, got));
-        size_t out = (size_t)fr_numel(want) * sizeof(float), second = (size_t)n * 3 * 64 * 4;
+        size_t out = (size_t)fr_numel(want) * sizeof(float),
+               second = (size_t)(n * 3 * hw * hw) * sizeof(float);
         CHECK(held <= out + second + 4096);
         fr_release(got);
         fr_release(want);
@@ -629,6 +627,13 @@ static void test_concat_rebuild_in_place(void) {
     }
 }
 
+/* An inplace write drops the recipe of the tensor it writes
+ * (fr_bump_version; fr_live_recipe): a norm that saves a recomputable
+ * concatenation after `cat += shift` keeps the current values (their
+ * codes under compress:8), not the recipe, which rebuilds the values from
+ * before the add. Against the exact gradients (no compression, a plain
+ * concatenation): 0.009-0.010 relative error as codes either way; through
+ * the stale recipe it had been 0.90, with no error raised. */
 static double inputs_grad_error(int bits, bool recomputable, fr_tensor **want) {
     fr_tensor *g = fr_t_rand(FR_CPU, 1, FR_SHAPE(5), 3), *b = fr_t_rand(FR_CPU, 1, FR_SHAPE(5), 4);
     fr_tensor *shift = fr_t_rand(FR_CPU, 4, FR_SHAPE(4, 5, 6, 6), 5);
@@ -672,6 +677,23 @@ static double inputs_grad_error(int bits, bool recomputable, fr_tensor **want) {
 }
 
 static void test_inplace_write_drops_the_recipe(void) {
+    /* through a view: the write bumps the storage, so cat's recipe (still
+     * attached) is stale by its version */
+    {
+        fr_tensor *f[2] = {fr_t_rand(FR_CPU, 4, FR_SHAPE(2, 2, 3, 3), 8),
+                           fr_t_rand(FR_CPU, 4, FR_SHAPE(2, 1, 3, 3), 9)};
+        fr_set_requires_grad(f[0], true);
+        fr_tensor *cat = fr_concat_recomputable(f, 2);
+        CHECK(cat && fr_live_recipe(cat));
+        fr_tensor *view = cat ? fr_narrow(cat, 0, 0, 1) : NULL;
+        CHECK_OK(view ? fr_fill_(view, 0.5f) : FR_ERR_ARG);
+        CHECK(cat && cat->recipe && !fr_live_recipe(cat));
+        fr_release(view);
+        fr_release(cat);
+        fr_release(f[0]);
+        fr_release(f[1]);
+        fr_tape_clear();
+    }
     fr_tensor *exact[2] = {NULL, NULL};
     CHECK(inputs_grad_error(0, false, exact) == 0);
     double codes = inputs_grad_error(8, false, exact), via = inputs_grad_error(8, true, exact);
