@@ -168,8 +168,9 @@ fr_status fr_compressed_of(fr_tensor *t, fr_recipe **out) {
 
 int fr_node_save_activation(fr_node *node, fr_tensor *t, bool use_recipe) {
     FR_ASSERT(t);
-    if (use_recipe && fr_live_recipe(t))
-        return fr_node_save_recipe(node, fr_recipe_retain(fr_live_recipe(t)));
+    fr_recipe *live = use_recipe ? fr_live_recipe(t) : NULL;
+    if (live)
+        return fr_node_save_recipe(node, fr_recipe_retain(live));
     fr_recipe *r;
     if (fr_compressed_of(t, &r) != FR_OK)
         return -1;

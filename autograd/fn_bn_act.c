@@ -88,8 +88,9 @@ static fr_recipe *bnact_recipe_new(fr_tensor *x, bool via_recipe, fr_tensor *mea
     r->base = (fr_recipe){.refcount = 1, .op = "bn_act", .make = bnact_recipe_make,
                           .destroy = bnact_recipe_destroy};
     /* under compress:B, x's compressed copy (the one the node saved) */
-    if (via_recipe && fr_live_recipe(x))
-        r->x_recipe = fr_recipe_retain(fr_live_recipe(x));
+    fr_recipe *live = via_recipe ? fr_live_recipe(x) : NULL;
+    if (live)
+        r->x_recipe = fr_recipe_retain(live);
     else if (fr_compressed_of(x, &r->x_recipe) != FR_OK) {
         free(r);
         return NULL;

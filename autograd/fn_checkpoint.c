@@ -234,7 +234,7 @@ typedef struct {
     fr_dtype autocast;     /* the forward's autocast dtype: the replay computes in it too */
     int compress;          /* the forward's compress:B (0: off): the replay's ops save as
                             * its forward's would have, and its masks meet the same ops */
-    replay_log *log;        /* the forward's batch statistics and masks, for the replay */
+    replay_log *log;       /* the forward's batch statistics and masks, for the replay */
 } checkpoint_ctx;
 
 /* Backpropagates the replayed segment. Under a backward restricted to some

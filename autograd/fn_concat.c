@@ -133,20 +133,18 @@ static fr_tensor *concat_rebuild(const concat_recipe *r) {
     bool any_packed = false;
     for (int i = 0; i < r->count; i++)
         any_packed |= !r->inputs[i];
-    const fr_tensor *first = r->inputs[0];
     fr_tensor *y = NULL;
     if (!any_packed) {
+        const fr_tensor *first = r->inputs[0];
         y = fr_empty(fr_device_of(first), first->dtype, r->ndim, r->shape, FR_TAG_TRANSIENT);
         if (y && fr_concat_forward(y, r->inputs, r->count) != FR_OK)
             fr_clear(&y);
         return y;
     }
-    int64_t c0 = 0;
-    int i = 0;
+    int64_t c0 = 0; /* the channels placed so far */
     if (!r->inputs[0] && first_in_place(r, &y, &c0) != FR_OK)
         return NULL;
-    i = c0 > 0;
-    for (; i < r->count; i++) {
+    for (int i = c0 > 0 ? 1 : 0; i < r->count; i++) {
         fr_tensor *t = r->inputs[i] ? fr_retain(r->inputs[i]) : r->packed[i]->make(r->packed[i]);
         if (t && !y)
             y = fr_empty(fr_device_of(t), t->dtype, r->ndim, r->shape, FR_TAG_TRANSIENT);

@@ -437,7 +437,6 @@ static bool same_config(const fr_profile *p, const int64_t *shape, fr_dtype prec
            p->channels_last == channels_last;
 }
 
-
 fr_status fr_profile_get(fr_model *m, const int64_t *shape, bool allow_abn, bool allow_compress,
                          const fr_profile_cap *cap, const fr_profile **out) {
     struct fr_model_build *b = m->build;

@@ -46,9 +46,11 @@ static fr_status invert_block(fr_device dev, float *xhat, const float *const *in
                           (int)count, a->c, a->hw);
 }
 
-/* Channels-last operands (a model's channels-last mode, nn/model.h): f32
- * on the CPU, every one in that layout. */
-static fr_status check_nhwc(const char *op, const char *name, const fr_tensor *t) {
+/* An operand in y's layout: contiguous, or (a model's channels-last mode,
+ * nn/model.h) channels last, f32 on the CPU, as every operand then is. */
+static fr_status check_layout(const char *op, const char *name, const fr_tensor *t, bool nhwc) {
+    if (!nhwc)
+        return fr_check_floatc(op, name, t);
     /* FR_ERR_SHAPE, as the batch-norm ops' layout checks: the planner takes
      * FR_ERR_ARG from an abn trial as "this step cannot take abn" and would
      * hide a layout mix-up behind a plan without it */
@@ -65,29 +67,22 @@ fr_status fr_abn_invert_out(fr_tensor *xhat, const fr_tensor *y, const fr_tensor
     const char *op = "abn_invert";
     char buf[96];
     bool nhwc = fr_is_channels_last(y);
-    if (nhwc) {
-        FR_TRY(check_nhwc(op, "y", y));
-        FR_TRY(check_nhwc(op, "xhat", xhat));
-        if (residual)
-            FR_TRY(check_nhwc(op, "residual", residual));
-    } else
-        FR_TRY(fr_check_floatc(op, "y", y));
+    FR_TRY(check_layout(op, "y", y, nhwc));
+    FR_TRY(check_layout(op, "xhat", xhat, nhwc));
+    if (residual)
+        FR_TRY(check_layout(op, "residual", residual, nhwc));
     if (y->ndim != 2 && y->ndim != 4)
         return fr_error(FR_ERR_SHAPE, "%s: y has shape %s, expected (N, C, H, W) or (N, C)", op,
                         fr_shape_str(y, buf, sizeof buf));
     int64_t hw = y->ndim == 4 ? y->shape[2] * y->shape[3] : 1;
     if (y->shape[0] * y->shape[1] > INT_MAX || hw > INT_MAX)
         return fr_error(FR_ERR_SHAPE, "%s: y %s is too large", op, fr_shape_str(y, buf, sizeof buf));
-    if (!nhwc)
-        FR_TRY(fr_check_floatc(op, "xhat", xhat));
     FR_TRY(fr_check_same_shape(op, "xhat", xhat, "y", y));
     FR_TRY(fr_check_same_device(op, "xhat", xhat, "y", y));
     FR_TRY(check_channels(op, "beta", beta, "gamma_eff", gamma_eff));
     FR_TRY(fr_check_shape(op, "gamma_eff", gamma_eff, 1, FR_SHAPE(y->shape[1])));
     FR_TRY(fr_check_same_device(op, "gamma_eff", gamma_eff, "y", y));
     if (residual) {
-        if (!nhwc)
-            FR_TRY(fr_check_floatc(op, "residual", residual));
         FR_TRY(fr_check_same_shape(op, "residual", residual, "y", y));
         FR_TRY(fr_check_same_device(op, "residual", residual, "y", y));
     }
