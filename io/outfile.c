@@ -340,6 +340,29 @@ static long lock_holder(int fd) {
     return pid > 0 ? pid : 0;
 }
 
+/* Why the file open at fd is not one a lock holder left (what it is), or
+ * NULL: a lock is a regular file of one name holding nothing or a PID and a
+ * newline (what fr_outfile_lock_take writes; a run that died leaves that
+ * behind, and the next takes it over). Anything else at "<path>.lock" is a
+ * user's file, which taking the lock would truncate and then remove. */
+static const char *not_a_lock(int fd) {
+    struct stat sb;
+    if (fstat(fd, &sb) != 0 || !S_ISREG(sb.st_mode))
+        return "not a regular file";
+    if (sb.st_nlink > 1)
+        return "a file with other names (hard links)";
+    char buf[32];
+    if (sb.st_size >= (off_t)sizeof buf)
+        return "a file of other contents";
+    ssize_t n = pread(fd, buf, sizeof buf, 0);
+    if (n < 0 || n != sb.st_size)
+        return "a file that cannot be read";
+    for (ssize_t i = 0; i < n; i++)
+        if (!(buf[i] >= '0' && buf[i] <= '9') && !(buf[i] == '\n' && i == n - 1))
+            return "a file of other contents";
+    return NULL;
+}
+
 fr_status fr_outfile_lock_take(const char *flag, const char *path, fr_outfile_lock **out) {
     *out = NULL;
     bool exists;
@@ -361,10 +384,23 @@ fr_status fr_outfile_lock_take(const char *flag, const char *path, fr_outfile_lo
      * must still be the one at the name, else it was removed between our
      * open and our lock, and we try again on the new one. */
     for (int attempt = 0;; attempt++) {
-        int fd = open(lp, O_RDWR | O_CREAT | O_CLOEXEC, 0666);
-        if (fd < 0) {
-            fr_status st = fr_error(FR_ERR_IO, "%s %s: cannot create the lock file %s: %s", flag, path, lp,
-                                    strerror(errno));
+        /* never through a link: the file is truncated, written and at
+         * the end removed, which followed a planted link to any file */
+        int fd = open(lp, O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0666);
+        const char *foreign = fd < 0 ? NULL : not_a_lock(fd);
+        if (fd < 0 || foreign) {
+            fr_status st = foreign
+                               ? fr_error(FR_ERR_ARG, "%s %s: %s exists and is %s, not a lock this "
+                                          "program left; it is not touched (remove it or choose "
+                                          "another path)", flag, path, lp, foreign)
+                           : errno == ELOOP
+                               ? fr_error(FR_ERR_ARG, "%s %s: the lock file %s is a symbolic link, "
+                                          "which is never followed (remove it or choose another "
+                                          "path)", flag, path, lp)
+                               : fr_error(FR_ERR_IO, "%s %s: cannot create the lock file %s: %s",
+                                          flag, path, lp, strerror(errno));
+            if (fd >= 0)
+                close(fd);
             free(lp);
             free(l);
             return st;

@@ -168,6 +168,25 @@ fr_status fr_cli_bad_flag(const char *prog, const char *arg, bool known) {
     return fr_error(FR_ERR_ARG, "%s needs a value (see %s --help)", arg, prog);
 }
 
+fr_status fr_cli_strategy_precision(const char *text, fr_strategy s, fr_dtype precision) {
+    if (s.compress && precision != FR_F32)
+        return fr_error(FR_ERR_ARG, "--strategy %s cannot be combined with --precision %s: "
+                        "compress:B packs f32 activations only (train in f32, or without "
+                        "compress)", text, fr_dtype_name(precision));
+    return FR_OK;
+}
+
+int fr_cli_exit(const char *prog, int rc) {
+    errno = 0;
+    bool failed = fflush(stdout) != 0 || ferror(stdout);
+    if (failed && rc == 0) {
+        fprintf(stderr, "%s: cannot write the results to standard output: %s\n", prog,
+                errno ? strerror(errno) : "a write failed");
+        return 1;
+    }
+    return rc;
+}
+
 void fr_cli_apply_limits(int64_t threads, size_t memory_limit) {
     if (threads > 0)
         fr_set_num_threads((int)threads);
@@ -225,10 +244,16 @@ fr_status fr_data_spec_parse(const char *text, fr_data_spec *out) {
     out->channels = 0;
     for (char *comma; (comma = strrchr(body, ','));) {
         int64_t v;
-        if (!strncmp(comma, ",classes=", 9)) {
+        /* the suffixes are read right to left: one given twice would
+         * silently keep its leftmost value */
+        bool classes = !strncmp(comma, ",classes=", 9), channels = !strncmp(comma, ",channels=", 10);
+        if ((classes && out->num_classes) || (channels && out->channels))
+            return fr_error(FR_ERR_ARG, "--data %s: %s= is given twice", text,
+                            classes ? "classes" : "channels");
+        if (classes) {
             FR_TRY(fr_cli_int("--data ...,classes=", comma + 9, 1, 256, &v));
             out->num_classes = (int)v;
-        } else if (!strncmp(comma, ",channels=", 10)) {
+        } else if (channels) {
             FR_TRY(fr_cli_int("--data ...,channels=", comma + 10, 1, 3, &v));
             if (v == 2)
                 return fr_error(FR_ERR_ARG, "--data %s: channels must be 1 or 3", text);
@@ -261,20 +286,33 @@ fr_status fr_data_spec_parse(const char *text, fr_data_spec *out) {
                     forms);
 }
 
-static bool is_file(const char *path) {
+/* Whether path is a regular file; *err: errno of a stat that failed other
+ * than for a missing name (a folder it may not search), else kept. */
+static bool is_file(const char *path, int *err) {
     struct stat sb;
-    return stat(path, &sb) == 0 && S_ISREG(sb.st_mode);
+    if (stat(path, &sb) == 0)
+        return S_ISREG(sb.st_mode);
+    if (errno != ENOENT && errno != ENOTDIR)
+        *err = errno;
+    return false;
 }
 
-/* DIR/<base>.gz or DIR/<base> into buf; false (with an error) if neither. */
+/* DIR/<base>.gz or DIR/<base> into buf; false (with an error) if neither:
+ * "no such file" only when neither name exists, else why they could not
+ * be seen (a folder without search permission had read as missing). */
 static bool find_idx(char *buf, size_t len, const char *dir, const char *base, const char *what) {
+    int err = 0;
     snprintf(buf, len, "%s/%s.gz", dir, base);
-    if (is_file(buf))
+    if (is_file(buf, &err))
         return true;
     snprintf(buf, len, "%s/%s", dir, base);
-    if (is_file(buf))
+    if (is_file(buf, &err))
         return true;
-    fr_error(FR_ERR_IO, "%s: no %s or %s.gz in %s", what, base, base, dir);
+    if (err)
+        fr_error(FR_ERR_IO, "%s: cannot look for %s or %s.gz in %s: %s", what, base, base, dir,
+                 strerror(err));
+    else
+        fr_error(FR_ERR_IO, "%s: no %s or %s.gz in %s", what, base, base, dir);
     return false;
 }
 
@@ -324,6 +362,15 @@ fr_dataset *fr_data_open(const fr_data_spec *spec, bool train, int64_t limit) {
     default:
         fr_error(FR_ERR_ARG, "data: unknown kind %d", (int)spec->kind);
         break;
+    }
+    /* a split of no images is refused here, where the file is known: it
+     * trained nothing or "validated" to a loss and accuracy of 0 */
+    if (ds && ds->n == 0) {
+        bool idx = spec->kind == FR_DATA_FASHION_MNIST || spec->kind == FR_DATA_MNIST;
+        fr_error(FR_ERR_FORMAT, "%s: the %s split %s holds no images", what,
+                 train ? "training" : "test", idx ? images : spec->dir);
+        fr_dataset_free(ds);
+        return NULL;
     }
     return take_first(ds, limit);
 }

@@ -29,6 +29,10 @@ fr_status fr_cli_precision(const char *flag, const char *text, fr_dtype *out);
 fr_status fr_cli_size(const char *flag, const char *text, size_t *out);
 /* A memory strategy (fr_strategy_parse), the error naming the flag. */
 fr_status fr_cli_strategy(const char *flag, const char *text, fr_strategy *out);
+/* FR_ERR_ARG naming both flags when --strategy `text` (parsed: s) cannot
+ * run in `precision`: compress:B packs f32 activations only. Checked with
+ * the other flags, before any data is read. */
+fr_status fr_cli_strategy_precision(const char *text, fr_strategy s, fr_dtype precision);
 
 /* The flags a program has read so far, to refuse a flag given twice (the
  * last one would silently win) and two flags that contradict each other. */
@@ -49,6 +53,11 @@ fr_status fr_cli_conflict(const fr_cli_seen *s, const char *a, const char *b, co
  * any kernel: threads > 0 is the CPU team (fr_set_num_threads), and every
  * device's ledger is capped at memory_limit bytes (0: no cap). */
 void fr_cli_apply_limits(int64_t threads, size_t memory_limit);
+/* A program's exit status once its output is written: rc, or 1 (with a
+ * message on stderr naming `prog`) when rc is 0 but standard output could
+ * not be written (a full disk, a closed pipe): results that never arrived
+ * are not a success. */
+int fr_cli_exit(const char *prog, int rc);
 
 /* ---- train --memory-budget (train_budget.c) ---- */
 /* The largest batch (at most the training set's images) whose training

@@ -26,6 +26,7 @@
 #include <errno.h>
 #include <limits.h>
 #include <math.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -488,6 +489,19 @@ static int parse_args(int argc, char **argv, options *o) {
             return -1;
         }
     }
+    /* Each flag is range-checked alone; their product, the batch's bytes,
+     * could still wrap a size_t (--size 1073741824 wrapped to 0 and the fill
+     * wrote past a malloc(0)). */
+    size_t bytes = sizeof(float);
+    if (__builtin_mul_overflow(bytes, (size_t)o->batch, &bytes) ||
+        __builtin_mul_overflow(bytes, (size_t)o->in_channels, &bytes) ||
+        __builtin_mul_overflow(bytes, (size_t)o->size, &bytes) ||
+        __builtin_mul_overflow(bytes, (size_t)o->size, &bytes) || bytes > (size_t)PTRDIFF_MAX) {
+        fprintf(stderr, "memreport: a batch of --batch %d x --in-channels %d x --size %d x %d "
+                "floats does not fit in the address space\n", o->batch, o->in_channels, o->size,
+                o->size);
+        return -1;
+    }
     /* before any step is measured: memreport reads no file to protect */
     if (o->svg && fr_outfile_check("--svg", o->svg, NULL, 0) != FR_OK) {
         fprintf(stderr, "memreport: %s\n", fr_last_error());
@@ -574,7 +588,13 @@ static fr_status will_it_fit(const options *o, trainer *tr, const row *rows, int
     return FR_OK;
 }
 
+static int memreport_main(int argc, char **argv);
+
 int fr_memreport_main(int argc, char **argv) {
+    return fr_cli_exit("memreport", memreport_main(argc, argv));
+}
+
+static int memreport_main(int argc, char **argv) {
     options o;
     static row rows[MAX_ROWS + 1]; /* + the planner's */
     int n_rows;

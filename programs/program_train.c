@@ -251,6 +251,8 @@ static fr_status parse_args(int argc, char **argv, const char *model, options *o
     /* every flag error before any data is read or any step is taken */
     if (!o->resume)
         FR_TRY(fr_cli_model_check("--model", o->model));
+    if (o->strategy && o->precision_given)
+        FR_TRY(fr_cli_strategy_precision(o->strategy, o->strat, o->precision));
     /* the checkpoint may replace the one resumed from: no input to protect */
     if (o->save)
         FR_TRY(fr_outfile_check(o->save == o->resume ? "--resume" : "--save", o->save, NULL, 0));
@@ -434,6 +436,15 @@ static fr_status setup(const options *o, run *r) {
             return fr_error(FR_ERR_FORMAT, "--resume %s: epoch %lld, batch %lld, step %lld do not fit "
                             "%lld steps per epoch of --data %s", o->resume, (long long)st->epoch,
                             (long long)st->batch, (long long)st->step, (long long)per_epoch, st->data);
+        /* the schedule was made for this run's steps (below): a cosine of
+         * another length ran the rest of the run at another rate (at
+         * eta_min, 0, past its end), silently */
+        int64_t steps = per_epoch * st->epochs;
+        if (st->schedule.kind == FR_SCHED_COSINE && st->schedule.total_steps != steps)
+            return fr_error(FR_ERR_FORMAT, "--resume %s: schedule.total_steps is %lld, but the run "
+                            "has %lld steps (%lld epochs of %lld): the file does not describe this "
+                            "run", o->resume, (long long)st->schedule.total_steps, (long long)steps,
+                            (long long)st->epochs, (long long)per_epoch);
         return FR_OK;
     }
 
@@ -731,7 +742,13 @@ int fr_train_main(int argc, char **argv) {
     return fr_train_main_model(argc, argv, "resnet20");
 }
 
+static int train_main(int argc, char **argv, const char *model);
+
 int fr_train_main_model(int argc, char **argv, const char *model) {
+    return fr_cli_exit("train", train_main(argc, argv, model));
+}
+
+static int train_main(int argc, char **argv, const char *model) {
     if (fr_cli_wants_help(argc, argv)) {
         usage(stdout, model);
         return 0;

@@ -105,6 +105,8 @@ static fr_status parse_args(int argc, char **argv, options *o) {
         return fr_error(FR_ERR_ARG, "--checkpoint PATH is required (see validate --help)");
     if (o->model)
         FR_TRY(fr_cli_model_check("--model", o->model));
+    if (o->strategy && o->precision_given)
+        FR_TRY(fr_cli_strategy_precision(o->strategy, o->strat, o->precision));
     if (o->data) {
         fr_data_spec spec;
         FR_TRY(fr_data_spec_parse(o->data, &spec));
@@ -333,7 +335,13 @@ static fr_status validate(run *r, const options *o) {
     return o->save_logits ? save_logits(r, o) : FR_OK;
 }
 
+static int validate_main(int argc, char **argv);
+
 int fr_validate_main(int argc, char **argv) {
+    return fr_cli_exit("validate", validate_main(argc, argv));
+}
+
+static int validate_main(int argc, char **argv) {
     if (fr_cli_wants_help(argc, argv)) {
         usage(stdout);
         return 0;

@@ -9,9 +9,11 @@
  *    PNG files; a grey first file no longer decides the channels of the split,
  *    and an explicit count converts every file;
  *  - missing data folders say that the folder is missing. */
+#include <errno.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 #include <zlib.h>
 
@@ -237,6 +239,11 @@ static void test_folder_channels_and_names(void) {
     snprintf(text, sizeof text, "mnist:%s,classes=26", dir);
     CHECK_OK(fr_data_spec_parse(text, &spec));
     CHECK(spec.kind == FR_DATA_MNIST && spec.num_classes == 26 && !strcmp(spec.dir, dir));
+    /* a suffix given twice: refused (its leftmost value had won silently) */
+    snprintf(text, sizeof text, "mnist:%s,classes=12,classes=10", dir);
+    CHECK_ERR(fr_data_spec_parse(text, &spec), FR_ERR_ARG, "classes= is given twice");
+    snprintf(text, sizeof text, "folder:%s,channels=1,channels=3", dir);
+    CHECK_ERR(fr_data_spec_parse(text, &spec), FR_ERR_ARG, "channels= is given twice");
     /* a truncated file among good ones: named */
     size_t n;
     uint8_t *b = read_bytes(at(p, "set/b/0.bmp"), &n);
@@ -274,12 +281,47 @@ static void test_missing_folders(void) {
     remove(p);
 }
 
+/* A data folder this user may not search: its files are there, and the
+ * error says why they cannot be seen, not that they are missing. As root
+ * (who searches any folder) the look-up runs in a child as nobody. */
+static void test_unsearchable_folder(void) {
+    char p[700], q[760];
+    at(p, "locked");
+    CHECK(mkdir(p, 0755) == 0 || errno == EEXIST);
+    snprintf(q, sizeof q, "%s/train-images-idx3-ubyte", p);
+    CHECK(write_bytes(q, "x", 1));
+    CHECK(chmod(dir, 0755) == 0 && chmod(p, 0) == 0);
+    pid_t child = fork();
+    if (child == 0) {
+        if (geteuid() == 0 && (setgid(65534) != 0 || setuid(65534) != 0))
+            _exit(2);
+        fr_data_spec spec;
+        char text[800];
+        snprintf(text, sizeof text, "mnist:%s", p);
+        if (fr_data_spec_parse(text, &spec) != FR_OK)
+            _exit(3);
+        fr_dataset *ds = fr_data_open(&spec, true, 0);
+        bool named = !ds && strstr(fr_last_error(), "cannot look for") &&
+                     strstr(fr_last_error(), strerror(EACCES));
+        if (!named)
+            fprintf(stderr, "    got: %s\n", ds ? "a dataset" : fr_last_error());
+        _exit(named ? 0 : 1);
+    }
+    int status = -1;
+    CHECK(child > 0 && waitpid(child, &status, 0) == child);
+    CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+    CHECK(chmod(p, 0755) == 0 && chmod(dir, 0700) == 0);
+    remove(q);
+    rmdir(p);
+}
+
 int main(void) {
     snprintf(dir, sizeof dir, "%s", fr_t_make_tmpdir("databad"));
     RUN(test_idx_label_out_of_range);
     RUN(test_corrupt_images_are_errors);
     RUN(test_folder_channels_and_names);
     RUN(test_missing_folders);
+    RUN(test_unsearchable_folder);
     fr_t_remove_tmpdir(dir);
     return TEST_SUMMARY();
 }

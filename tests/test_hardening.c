@@ -364,6 +364,14 @@ static void test_programs_flag_errors_first(void) {
     fr_t_example_fails("validate", args, "--strategy", "magic");
     snprintf(args, sizeof args, "--checkpoint x --model resnet7 --data cifar10:%s", missing);
     fr_t_example_fails("validate", args, "--model resnet7", NULL);
+    /* a strategy the precision cannot run (it failed at the first step,
+     * or after validate's whole test pass) */
+    snprintf(args, sizeof args, "--precision bf16 --strategy compress --data cifar10:%s", missing);
+    fr_t_example_fails("train", args, "--strategy compress cannot be combined with --precision bf16",
+                       NULL);
+    snprintf(args, sizeof args, "--checkpoint x --precision f16 --strategy compress:4 --data "
+             "cifar10:%s", missing);
+    fr_t_example_fails("validate", args, "--precision f16", "f32 activations only");
     fr_t_example_fails("memreport", "--strategies magic", "--strategies", "magic");
     fr_t_example_fails("memreport", "--memory-limit 0", "--memory-limit", NULL);
     fr_t_remove_tmpdir(dir);
@@ -393,6 +401,12 @@ static void test_programs_fifo_and_labels(void) {
     CHECK(rc == 0 && strstr(out, "256 classes"));
     if (rc != 0)
         fprintf(stderr, "%s\n", out);
+    /* a test split of no images: refused naming its file, never "test
+     * loss 0.0000 acc 0.00% (0 images)" */
+    write_idx_set(dir, "train", 32, -1);
+    write_idx_set(dir, "t10k", 0, -1);
+    snprintf(args, sizeof args, "--model resnet8 --data mnist:%s --batch 8 --epochs 1 --threads 1", dir);
+    fr_t_example_fails("train", args, "t10k-images-idx3-ubyte holds no images", "test split");
     fr_t_remove_tmpdir(dir);
 }
 

@@ -200,6 +200,43 @@ static void test_lock(void) {
     fr_t_remove_tmpdir(dir);
 }
 
+/* What sits at "<path>.lock" and is not a lock a run left: a link, a
+ * user's file, a second name of one: refused, untouched, not removed. A
+ * dead run's lock (a PID) or an empty file is taken over. */
+static void test_lock_never_takes_a_foreign_file(void) {
+    const char *dir = fr_t_make_tmpdir("lockforeign");
+    char path[600], lockfile[700], victim[600], text[64] = {0};
+    at(path, sizeof path, dir, "run.safetensors");
+    at(victim, sizeof victim, dir, "victim.txt");
+    snprintf(lockfile, sizeof lockfile, "%s.lock", path);
+    fr_outfile_lock *l = NULL;
+    CHECK(fr_t_write_file(victim, "important data\n", 15));
+    CHECK(symlink(victim, lockfile) == 0);
+    CHECK_ERR(fr_outfile_lock_take("--save", path, &l), FR_ERR_ARG, "symbolic link");
+    CHECK(l == NULL && strstr(fr_last_error(), lockfile));
+    CHECK(unlink(lockfile) == 0);
+    CHECK(link(victim, lockfile) == 0);
+    CHECK_ERR(fr_outfile_lock_take("--save", path, &l), FR_ERR_ARG, "hard links");
+    CHECK(unlink(lockfile) == 0);
+    CHECK(fr_t_write_file(lockfile, "keep me\n", 8));
+    CHECK_ERR(fr_outfile_lock_take("--save", path, &l), FR_ERR_ARG, "not a lock this program left");
+    FILE *f = fopen(lockfile, "r");
+    CHECK(f && fread(text, 1, sizeof text - 1, f) == 8 && !strcmp(text, "keep me\n"));
+    if (f)
+        fclose(f);
+    f = fopen(victim, "r");
+    memset(text, 0, sizeof text);
+    CHECK(f && fread(text, 1, sizeof text - 1, f) == 15 && !strcmp(text, "important data\n"));
+    if (f)
+        fclose(f);
+    /* a dead run's lock: its PID and a newline */
+    CHECK(fr_t_write_file(lockfile, "999999\n", 7));
+    CHECK_OK(fr_outfile_lock_take("--save", path, &l));
+    fr_outfile_unlock(l);
+    CHECK(access(lockfile, F_OK) != 0);
+    fr_t_remove_tmpdir(dir);
+}
+
 /* ---- the programs ---- */
 
 static bool have_fashion_mnist(void) {
@@ -263,6 +300,13 @@ static void test_other_outputs(void) {
     fr_t_example_fails("memreport", args, "--svg /dev/full", "a device");
     snprintf(args, sizeof args, "--model resnet8 --batch 2 --size 8 --strategies plain --svg %s", fifo);
     fr_t_example_fails("memreport", args, "--svg", "a FIFO");
+    /* the table itself written to a full device: a failure, not exit 0
+     * (stderr goes there too, so the status is what is checked) */
+    static char out[4096];
+    CHECK(fr_t_run_example("", "memreport", "--model resnet8 --batch 2 --size 8 --strategies plain "
+                           "> /dev/full", out, sizeof out) == 1);
+    if (fr_t_have_example("validate"))
+        CHECK(fr_t_run_example("", "validate", "--help > /dev/full", out, sizeof out) == 1);
     if (fr_t_have_example("gan")) {
         snprintf(args, sizeof args, "--steps 1 --out %s", fifo);
         fr_t_example_fails("gan", args, "--out", "a FIFO");
@@ -309,6 +353,7 @@ int main(void) {
     RUN(test_atomic_replace);
     RUN(test_failed_write_leaves_nothing);
     RUN(test_lock);
+    RUN(test_lock_never_takes_a_foreign_file);
     RUN(test_validate_outputs);
     RUN(test_other_outputs);
     RUN(test_train_lock);

@@ -588,8 +588,10 @@ static bool same_tensors(const char *a_path, const char *b_path) {
 /* A copy of the training checkpoint `from` recorded as trained in
  * `precision` with the given scaler state (made here, not trained: the
  * programs' handling of the amp fields does not need half-precision ops). */
+/* from's run written to `to` in `precision`, with the scaler state ss and,
+ * where total_steps > 0, a cosine schedule of that many steps. */
 static void write_precision_copy(const char *from, const char *to, fr_dtype precision,
-                                 fr_loss_scaler_state ss) {
+                                 fr_loss_scaler_state ss, int64_t total_steps) {
     fr_state_info info;
     CHECK_OK(fr_state_read_info(from, &info));
     fr_model *m = fr_cli_model_create(info.model, info.in_channels, info.num_classes, 0);
@@ -598,6 +600,8 @@ static void write_precision_copy(const char *from, const char *to, fr_dtype prec
     fr_train_state st;
     CHECK_OK(fr_state_load(from, m, opt, NULL, &st));
     m->cfg.precision = precision;
+    if (total_steps > 0)
+        st.schedule.total_steps = total_steps;
     fr_loss_scaler sc;
     CHECK_OK(fr_loss_scaler_init(&sc, precision));
     CHECK_OK(fr_loss_scaler_set_state(&sc, ss));
@@ -701,15 +705,27 @@ static void test_programs(void) {
     char f16[600];
     snprintf(f16, sizeof f16, "%s/f16.safetensors", dir);
     write_precision_copy(whole, f16, FR_F16,
-                         (fr_loss_scaler_state){.scale = 1024.0f, .growth_tracker = 5, .skipped = 3});
+                         (fr_loss_scaler_state){.scale = 1024.0f, .growth_tracker = 5, .skipped = 3}, 0);
     snprintf(args, sizeof args, "--resume %s --data mnist:%s --threads 1", f16, dir);
     expect_output("train", args, 0, "strategy plain, precision f16");
     expect_output("train", args, 0, "precision f16 (loss scale 1024, 3 steps skipped)");
     snprintf(args, sizeof args, "--resume %s --data mnist:%s --precision bf16", f16, dir);
     expect_output("train", args, 1, "--precision bf16: the run in");
     expect_output("train", args, 1, "f16.safetensors was trained in f16");
-    if (memreport_built())
+    /* a cosine of another length than the run's steps: refused, where the
+     * rest of the run went at another rate (eta_min past its end) */
+    char short_cosine[600];
+    snprintf(short_cosine, sizeof short_cosine, "%s/short.safetensors", dir);
+    write_precision_copy(whole, short_cosine, FR_F32, (fr_loss_scaler_state){.scale = 1.0f}, 3);
+    snprintf(args, sizeof args, "--resume %s --data mnist:%s --threads 1", short_cosine, dir);
+    expect_output("train", args, 1, "schedule.total_steps is 3, but the run has");
+    if (memreport_built()) {
         expect_output("memreport", "--precision f8", 1, "--precision: \"f8\" is not a precision");
+        /* each flag in range, their product past the address space (it
+         * wrapped to a malloc(0) and a crash) */
+        expect_output("memreport", "--model resnet20 --in-channels 4 --size 1073741824", 1,
+                      "--size 1073741824 x 1073741824 floats does not fit");
+    }
     fr_t_remove_tmpdir(dir);
 }
 
