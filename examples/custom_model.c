@@ -23,9 +23,9 @@ typedef struct {
 static fr_tensor *res_forward(fr_module *self, fr_tensor *x, const fr_run *run) {
     res_block *b = fr_block_state(self);
     fr_tensor *y = fr_forward(b->conv1, x, run);
-    y = fr_chain(y, fr_forward(b->bn1, y, run));
-    y = fr_chain(y, fr_forward(b->conv2, y, run));
-    return fr_chain(y, fr_norm_add(b->bn2, y, x, run));
+    y = fr_forward_take(b->bn1, y, run);
+    y = fr_forward_take(b->conv2, y, run);
+    return fr_norm_add_take(b->bn2, y, x, run);
 }
 
 static void res_block_new(fr_module *parent, const char *name, int width) {

@@ -26,9 +26,9 @@ typedef struct {
  * over H and W as in torchvision's SqueezeExcitation */
 static fr_tensor *squeeze_excite(inv_block *b, fr_tensor *x, const fr_run *run) {
     fr_tensor *s = fr_mean_dims(x, 2, (int[]){2, 3}, false);   // (N, C)
-    s = fr_chain(s, fr_forward(b->fc1, s, run));
+    s = fr_forward_take(b->fc1, s, run);
     s = fr_chain(s, fr_relu(s));
-    s = fr_chain(s, fr_forward(b->fc2, s, run));
+    s = fr_forward_take(b->fc2, s, run);
     s = fr_chain(s, fr_activation(s, FR_ACT_HARDSIGMOID, 0.0f));
     s = fr_chain(s, s ? fr_reshape(s, 4, FR_SHAPE(x->shape[0], x->shape[1], 1, 1)) : NULL);
     return fr_chain(s, s ? fr_mul(x, s) : NULL);
@@ -37,14 +37,14 @@ static fr_tensor *squeeze_excite(inv_block *b, fr_tensor *x, const fr_run *run) 
 static fr_tensor *inv_forward(fr_module *self, fr_tensor *x, const fr_run *run) {
     inv_block *b = fr_block_state(self);
     fr_tensor *y = fr_forward(b->expand, x, run);
-    y = fr_chain(y, fr_forward(b->bn1, y, run));
-    y = fr_chain(y, fr_forward(b->conv, y, run));
-    y = fr_chain(y, fr_forward(b->bn2, y, run));
+    y = fr_forward_take(b->bn1, y, run);
+    y = fr_forward_take(b->conv, y, run);
+    y = fr_forward_take(b->bn2, y, run);
     y = fr_chain(y, y ? squeeze_excite(b, y, run) : NULL);
-    y = fr_chain(y, fr_forward(b->project, y, run));
+    y = fr_forward_take(b->project, y, run);
     if (b->residual)
-        return fr_chain(y, fr_norm_add(b->bn3, y, x, run));
-    return fr_chain(y, fr_forward(b->bn3, y, run));
+        return fr_norm_add_take(b->bn3, y, x, run);
+    return fr_forward_take(b->bn3, y, run);
 }
 
 static void inv_block_new(fr_module *parent, const char *name, int in, int out, int expand,

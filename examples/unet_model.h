@@ -90,7 +90,7 @@ static fr_tensor *unet_add_noise(fr_tensor *x, bool training) {
 static fr_tensor *unet_seq(fr_module *const *mods, int count, fr_tensor *x, const fr_run *run) {
     fr_tensor *y = fr_retain(x);
     for (int i = 0; i < count && y; i++)
-        y = fr_chain(y, fr_forward(mods[i], y, run));
+        y = fr_forward_take(mods[i], y, run);
     return y;
 }
 

@@ -20,10 +20,10 @@ typedef struct {
 static fr_tensor *basic_forward(fr_module *self, fr_tensor *x, const fr_run *run) {
     basic_block *b = fr_block_state(self);
     fr_tensor *y = fr_forward(b->conv1, x, run);
-    y = fr_chain(y, fr_forward(b->bn1, y, run));
-    y = fr_chain(y, fr_forward(b->conv2, y, run));
+    y = fr_forward_take(b->bn1, y, run);
+    y = fr_forward_take(b->conv2, y, run);
     fr_tensor *s = b->shortcut ? fr_forward(b->shortcut, x, run) : fr_retain(x);
-    y = fr_chain(y, fr_norm_add(b->bn2, y, s, run));
+    y = fr_norm_add_take(b->bn2, y, s, run);
     fr_release(s);
     return y;
 }
@@ -56,12 +56,12 @@ static fr_tensor *bottleneck_forward(fr_module *self, fr_tensor *x, const fr_run
     /* The projection sees the pre-activated input, the identity the raw one. */
     fr_tensor *act = fr_forward(b->bn1, x, run);
     fr_tensor *s = b->shortcut ? fr_forward(b->shortcut, act, run) : fr_retain(x);
-    fr_tensor *y = fr_chain(act, fr_forward(b->conv1, act, run));
-    y = fr_chain(y, fr_forward(b->bn2, y, run));
-    y = fr_chain(y, fr_forward(b->conv2, y, run));
-    y = fr_chain(y, fr_forward(b->bn3, y, run));
-    y = fr_chain(y, fr_forward(b->conv3, y, run));
-    y = fr_chain(y, fr_residual_add(y, s, run));
+    fr_tensor *y = fr_forward_take(b->conv1, act, run);
+    y = fr_forward_take(b->bn2, y, run);
+    y = fr_forward_take(b->conv2, y, run);
+    y = fr_forward_take(b->bn3, y, run);
+    y = fr_forward_take(b->conv3, y, run);
+    y = fr_residual_add_take(y, s, run);
     fr_release(s);
     return y;
 }

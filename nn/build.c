@@ -486,15 +486,9 @@ static fr_tensor *forward_kind(fr_module *m, fr_tensor *x, const fr_run *run) {
     }
 }
 
-fr_tensor *fr_forward(fr_module *m, fr_tensor *x, const fr_run *run) {
-    if (!x) {
-        fr_error_null(m && m->name[0] ? m->name : "forward", "x");
-        return NULL;
-    }
-    if (!m || !run) {
-        fr_error(FR_ERR_ARG, "forward: module or run is NULL");
-        return NULL;
-    }
+/* m's forward on x under the run's compress bits; x as the caller passes
+ * it (held by the caller alone when taken). */
+static fr_tensor *forward_module(fr_module *m, fr_tensor *x, const fr_run *run) {
     /* compress:B applies to what this module's ops save (a planner gives
      * blocks different bits: each module enters its own run's) */
     int outer;
@@ -505,15 +499,71 @@ fr_tensor *fr_forward(fr_module *m, fr_tensor *x, const fr_run *run) {
     return y;
 }
 
-fr_tensor *fr_norm_add(fr_module *norm, fr_tensor *x, fr_tensor *residual, const fr_run *run) {
-    if (!x || !residual)
-        return NULL;
-    if (!norm || !run || norm->kind != FR_MODULE_LAYER ||
-        ((const fr_layer *)norm->state)->kind != FR_LAYER_NORM) {
-        fr_error(FR_ERR_ARG, "norm_add: %s is not a norm layer", norm ? norm->name : "(null)");
-        return NULL;
+static bool forward_args(const fr_module *m, const fr_tensor *x, const fr_run *run) {
+    if (!x) {
+        fr_error_null(m && m->name[0] ? m->name : "forward", "x");
+        return false;
     }
-    return fr_norm_apply(norm, x, residual, run);
+    if (!m || !run) {
+        fr_error(FR_ERR_ARG, "forward: module or run is NULL");
+        return false;
+    }
+    return true;
+}
+
+/* Borrowed x: held here for the call, so no layer takes it for a tensor
+ * nobody else holds and writes over it (nn/norm.c's in-place activation,
+ * residual add and abn): the caller may read x again. */
+fr_tensor *fr_forward(fr_module *m, fr_tensor *x, const fr_run *run) {
+    if (!forward_args(m, x, run))
+        return NULL;
+    fr_retain(x);
+    fr_tensor *y = forward_module(m, x, run);
+    fr_release(x);
+    return y;
+}
+
+fr_tensor *fr_forward_take(fr_module *m, fr_tensor *x, const fr_run *run) {
+    fr_tensor *y = forward_args(m, x, run) ? forward_module(m, x, run) : NULL;
+    fr_release(x);
+    return y;
+}
+
+static bool is_norm(const fr_module *norm) {
+    if (norm && norm->kind == FR_MODULE_LAYER &&
+        ((const fr_layer *)norm->state)->kind == FR_LAYER_NORM)
+        return true;
+    fr_error(FR_ERR_ARG, "norm_add: %s is not a norm layer", norm ? norm->name : "(null)");
+    return false;
+}
+
+static bool norm_add_args(const fr_module *norm, const fr_tensor *x, const fr_tensor *residual,
+                          const fr_run *run) {
+    if (!x || !residual) {
+        fr_error_null(norm && norm->name[0] ? norm->name : "norm_add", x ? "residual" : "x");
+        return false;
+    }
+    if (!run) {
+        fr_error(FR_ERR_ARG, "norm_add: run is NULL");
+        return false;
+    }
+    return is_norm(norm);
+}
+
+fr_tensor *fr_norm_add(fr_module *norm, fr_tensor *x, fr_tensor *residual, const fr_run *run) {
+    if (!norm_add_args(norm, x, residual, run))
+        return NULL;
+    fr_retain(x); /* borrowed: never written over (fr_forward) */
+    fr_tensor *y = fr_norm_apply(norm, x, residual, run);
+    fr_release(x);
+    return y;
+}
+
+fr_tensor *fr_norm_add_take(fr_module *norm, fr_tensor *x, fr_tensor *residual, const fr_run *run) {
+    fr_tensor *y = norm_add_args(norm, x, residual, run) ? fr_norm_apply(norm, x, residual, run)
+                                                         : NULL;
+    fr_release(x);
+    return y;
 }
 
 fr_module_kind fr_module_kind_of(const fr_module *m) { return m->kind; }

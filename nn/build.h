@@ -47,7 +47,8 @@
  * A strategy the model cannot honour is refused with FR_ERR_ARG naming the
  * model and the strategy: abn where a norm layer's input is still read
  * elsewhere (the input of a block, which the engine holds for the block's
- * whole forward, or a tensor another layer keeps), checkpoint on a model
+ * whole forward, a tensor another layer keeps, or one passed borrowed, as
+ * fr_forward and fr_norm_add pass it), checkpoint on a model
  * with nothing to cut (one step at the root, no dense module of two), any
  * strategy on a model without norm layers (checkpoint excepted). A forward
  * written by hand is a block (the root's only child, if it is the whole
@@ -60,7 +61,7 @@
  * take their input borrowed and return a NEW reference; a NULL input gives
  * NULL under the one NULL convention of every function (fr_error_null in
  * tensor/fr_base.h: the pending first error is kept, so
- * `y = fr_chain(y, fr_forward(l, y, run))` reports what failed first); any
+ * `y = fr_forward_take(l, y, run)` reports what failed first); any
  * other failure returns NULL with fr_last_error() set. Module pointers stay valid until the model is freed, which must not
  * happen between a forward and its backward. */
 #ifndef FR_BUILD_H
@@ -205,13 +206,25 @@ fr_module *fr_global_avg_pool_new(fr_module *parent, const char *name);
 fr_module *fr_flatten_new(fr_module *parent, const char *name);
 fr_module *fr_dropout_new(fr_module *parent, const char *name, float p);
 
-/* ---- running modules (in a block's forward) ---- */
+/* ---- running modules (in a block's forward) ----
+ * Each comes in two forms. The plain one borrows its input: the caller may
+ * read it again, so nothing writes over it. The _take form takes the
+ * caller's reference (released even on failure), so a strategy may write
+ * the output over the input where nothing else holds it: the in-place
+ * activation and residual add of recompute, and abn, which refuses a
+ * borrowed norm input. `y = fr_forward_take(l, y, run)` is
+ * `y = fr_chain(y, fr_forward(l, y, run))` with that permission; a block
+ * that reads a tensor again after a layer must pass it borrowed. */
 fr_tensor *fr_forward(fr_module *m, fr_tensor *x, const fr_run *run);
+fr_tensor *fr_forward_take(fr_module *m, fr_tensor *x, const fr_run *run);
 /* A norm layer with a residual: act(bn(x) + residual), fused where the
- * strategy asks. */
+ * strategy asks (x borrowed or taken as above; residual borrowed). */
 fr_tensor *fr_norm_add(fr_module *norm, fr_tensor *x, fr_tensor *residual, const fr_run *run);
-/* y + shortcut, written into y under recompute when nothing else holds y. */
+fr_tensor *fr_norm_add_take(fr_module *norm, fr_tensor *x, fr_tensor *residual, const fr_run *run);
+/* y + shortcut; the _take form writes it into y under recompute when
+ * nothing else holds y. */
 fr_tensor *fr_residual_add(fr_tensor *y, fr_tensor *shortcut, const fr_run *run);
+fr_tensor *fr_residual_add_take(fr_tensor *y, fr_tensor *shortcut, const fr_run *run);
 
 /* ---- introspection ---- */
 fr_module_kind fr_module_kind_of(const fr_module *m);

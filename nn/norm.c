@@ -32,7 +32,8 @@ fr_tensor *fr_act_layer_apply(const fr_module *m, fr_tensor *x, const fr_run *ru
         fr_error_null(m->name, "x");
         return NULL;
     }
-    /* in place only over a tensor nobody else holds or saved */
+    /* in place only over a tensor nobody else holds or saved: taken by
+     * fr_forward_take (fr_forward holds a borrowed one for the call) */
     if (in_place(run) && !fr_act_needs_input(l->act) && exclusive(x))
         return fr_activation_(x, l->act, l->slope);
     return fr_activation(x, l->act, l->slope);
@@ -73,7 +74,7 @@ static fr_tensor *group_norm_apply(const fr_module *m, fr_tensor *x, fr_tensor *
                                  recompute);
     fr_tensor *y = fr_group_norm_act(x, gn->weight, gn->bias, gn->groups, gn->eps, FR_ACT_IDENTITY,
                                      0.0f, false);
-    y = fr_chain(y, fr_residual_add(y, residual, run));
+    y = fr_residual_add_take(y, residual, run);
     return act_consume(y, l->act, l->slope, run);
 }
 
@@ -112,8 +113,9 @@ fr_tensor *fr_norm_apply(const fr_module *m, fr_tensor *x, fr_tensor *residual, 
          * abn_reference too: it stands for the abn function. */
         fr_error(FR_ERR_ARG, "%s: strategy %s cannot apply: %s would write over its input, which "
                  "cannot be overwritten in place: it is still read elsewhere (a block's input, "
-                 "or a tensor another layer keeps); use recompute instead", run->model,
-                 st->abn ? "abn" : "abn_reference", m->name);
+                 "a tensor another layer keeps, or one a block passed borrowed: a block that "
+                 "does not read it again passes it with fr_forward_take or fr_norm_add_take); "
+                 "use recompute instead", run->model, st->abn ? "abn" : "abn_reference", m->name);
         return NULL;
     }
     /* The fused op where the strategy asks for it: ABN always (it defines
@@ -159,13 +161,17 @@ fr_tensor *fr_norm_apply(const fr_module *m, fr_tensor *x, fr_tensor *residual, 
     }
     fr_tensor *y = plain_bn(bn, x, run);
     if (residual)
-        y = fr_chain(y, fr_residual_add(y, residual, run));
+        y = fr_residual_add_take(y, residual, run);
     return act_consume(y, act, l->slope, run);
 }
 
-fr_tensor *fr_residual_add(fr_tensor *y, fr_tensor *shortcut, const fr_run *run) {
-    if (!y || !shortcut)
+/* y + shortcut; in place when y is taken and nobody else holds it (an
+ * op's fresh output: conv and BN save their inputs, not their outputs). */
+static fr_tensor *residual_add(fr_tensor *y, fr_tensor *shortcut, const fr_run *run, bool taken) {
+    if (!y || !shortcut) {
+        fr_error_null("residual_add", y ? "shortcut" : "y");
         return NULL;
+    }
     if (fr_is_channels_last(y) != fr_is_channels_last(shortcut)) {
         /* a channels-last model's sum of two layouts (one side from a conv
          * fr_conv2d_channels_last ran NCHW): in NCHW (model.h) */
@@ -175,9 +181,18 @@ fr_tensor *fr_residual_add(fr_tensor *y, fr_tensor *shortcut, const fr_run *run)
         fr_release(b);
         return sum;
     }
-    /* in place only over a tensor nobody else holds (an op's fresh output:
-     * conv and BN save their inputs, not their outputs) */
-    if (in_place(run) && exclusive(y))
+    if (taken && in_place(run) && exclusive(y))
         return fr_add_(y, shortcut);
     return fr_add(y, shortcut);
+}
+
+/* Borrowed y: the caller may read it again, so it is never written over. */
+fr_tensor *fr_residual_add(fr_tensor *y, fr_tensor *shortcut, const fr_run *run) {
+    return residual_add(y, shortcut, run, false);
+}
+
+fr_tensor *fr_residual_add_take(fr_tensor *y, fr_tensor *shortcut, const fr_run *run) {
+    fr_tensor *sum = residual_add(y, shortcut, run, true);
+    fr_release(y);
+    return sum;
 }

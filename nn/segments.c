@@ -95,7 +95,7 @@ static fr_tensor *run_chain(fr_module *c, int first, int count, fr_tensor *x, co
     fr_tensor *out = fr_retain(x);
     for (int s = first; s < first + count && out; s++)
         for (int i = c->step_first[s]; i < c->step_first[s] + c->step_len[s] && out; i++)
-            out = fr_chain(out, fr_forward(c->items[i], out, run));
+            out = fr_forward_take(c->items[i], out, run);
     return out;
 }
 

@@ -552,8 +552,8 @@ typedef struct {
 static fr_tensor *bad_block_forward(fr_module *self, fr_tensor *x, const fr_run *run) {
     bad_block *b = fr_block_state(self);
     fr_tensor *s = fr_sum_dims(x, 1, (int[]){5}, false); /* x has 2 dims */
-    s = fr_chain(s, fr_forward(b->fc, s, run));
-    return fr_chain(s, fr_forward(b->proj, s, run));
+    s = fr_forward_take(b->fc, s, run);
+    return fr_forward_take(b->proj, s, run);
 }
 
 static void test_failure_in_model_block_leads(void) {

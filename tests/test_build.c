@@ -22,10 +22,10 @@ typedef struct {
 static fr_tensor *res_forward(fr_module *self, fr_tensor *x, const fr_run *run) {
     res_block *b = fr_block_state(self);
     fr_tensor *y = fr_forward(b->conv1, x, run);
-    y = fr_chain(y, fr_forward(b->bn1, y, run));
-    y = fr_chain(y, fr_forward(b->conv2, y, run));
+    y = fr_forward_take(b->bn1, y, run);
+    y = fr_forward_take(b->conv2, y, run);
     fr_tensor *s = b->proj ? fr_forward(b->proj, x, run) : fr_retain(x);
-    y = fr_chain(y, fr_norm_add(b->bn2, y, s, run));
+    y = fr_norm_add_take(b->bn2, y, s, run);
     fr_release(s);
     return y;
 }
@@ -151,6 +151,101 @@ static void check_strategies(bool dense) {
 static void test_custom_model_every_strategy_equals_plain(void) { check_strategies(false); }
 static void test_custom_dense_model_every_strategy_equals_plain(void) { check_strategies(true); }
 
+/* ---- a block that reads a tensor again after passing it to a layer ---- */
+
+typedef struct {
+    fr_module *conv, *act, *bn, *conv2, *bn2;
+} reread_block;
+
+/* relu(y) + y, then (bn2(conv2(...)) + y), then with y passed borrowed to
+ * a norm and read again as the residual: under recompute the act layer and
+ * the residual add wrote over y, and abn over bn's input, because nothing
+ * but the block held it (the block's reference looked exclusive) */
+static fr_tensor *reread_forward(fr_module *self, fr_tensor *x, const fr_run *run) {
+    reread_block *b = fr_block_state(self);
+    fr_tensor *y = fr_forward(b->conv, x, run);
+    fr_tensor *a = fr_forward(b->act, y, run);
+    fr_tensor *s = fr_residual_add(a, y, run);
+    fr_release(a);
+    fr_tensor *t = fr_residual_add(y, s, run); /* y borrowed: y + s, y kept */
+    fr_release(s);
+    fr_tensor *n = fr_forward(b->bn, t, run);
+    n = fr_forward_take(b->conv2, n, run);
+    fr_tensor *out = fr_norm_add(b->bn2, t, n, run); /* t borrowed */
+    fr_release(n);
+    fr_tensor *sum = fr_residual_add_take(out, t, run);
+    fr_release(t);
+    fr_release(y);
+    return sum;
+}
+
+static fr_model *reread_create(void) {
+    fr_model *m = fr_model_new("reread", 3, 3, 1);
+    fr_module *net = fr_model_root(m);
+    fr_conv2d_new(net, "stem", (fr_conv2d_opts){.in = 3, .out = 4});
+    fr_norm_new(net, "stem_bn", (fr_norm_opts){.channels = 4, .act = FR_ACT_RELU});
+    fr_module *blk = fr_block_new(net, "blk", reread_forward, sizeof(reread_block));
+    reread_block *b = fr_block_state(blk);
+    if (b) {
+        b->conv = fr_conv2d_new(blk, "conv", (fr_conv2d_opts){.in = 4, .out = 4});
+        b->act = fr_act_new(blk, "act", (fr_act_opts){.act = FR_ACT_RELU});
+        b->bn = fr_norm_new(blk, "bn", (fr_norm_opts){.channels = 4, .act = FR_ACT_RELU});
+        b->conv2 = fr_conv2d_new(blk, "conv2", (fr_conv2d_opts){.in = 4, .out = 4});
+        b->bn2 = fr_norm_new(blk, "bn2", (fr_norm_opts){.channels = 4, .act = FR_ACT_RELU});
+    }
+    fr_global_avg_pool_new(net, "gap");
+    fr_linear_new(net, "fc", (fr_linear_opts){.in = 4, .out = 3});
+    return fr_model_finish(m);
+}
+
+static void test_borrowed_inputs_are_never_written_over(void) {
+    fr_model *m = reread_create();
+    CHECK_NOTNULL(m);
+    if (!m)
+        return;
+    fr_tensor *x = fr_t_rand(FR_CPU, 4, FR_SHAPE(2, 3, 6, 6), 5);
+    int32_t lab[2] = {0, 2};
+    fr_tensor *labels = fr_from_host(FR_CPU, FR_I32, 1, FR_SHAPE(2), FR_TAG_DATA, lab);
+    float **init = fr_t_snapshot_save(m);
+    /* recompute was 0.49-1.03 off plain's gradients here, silently */
+    static const char *const exact[] = {"recompute", "checkpoint:1", "recompute+checkpoint"};
+    fr_t_check_strategies(m, init, x, labels, "plain", exact, 3, -1, 5);
+    /* eval: no tape, the in-place paths run too */
+    float out[2][3];
+    for (int i = 0; i < 2; i++) {
+        fr_t_snapshot_restore(m, init);
+        CHECK_OK(fr_strategy_parse(i ? "recompute" : "plain", &m->cfg.strategy));
+        fr_no_grad_enter();
+        fr_tensor *o = fr_model_forward(m, x, false);
+        fr_no_grad_exit();
+        CHECK_NOTNULL(o);
+        if (o)
+            memcpy(out[i], fr_data_f32(o), sizeof out[i]);
+        fr_release(o);
+    }
+    CHECK(!memcmp(out[0], out[1], sizeof out[0]));
+    /* abn would write over bn's input, which the block reads again */
+    fr_t_snapshot_restore(m, init);
+    CHECK_OK(fr_strategy_parse("abn", &m->cfg.strategy));
+    CHECK_ERR(fr_t_status_of(fr_model_forward(m, x, true)), FR_ERR_ARG,
+              "strategy abn cannot apply: blk.bn would write over its input");
+    fr_tape_clear();
+    fr_clear_error();
+    /* the NULL convention of the residual add: with no error pending, the
+     * NULL is itself the error (it returned NULL and left none) */
+    fr_run run = {.training = true};
+    CHECK(fr_residual_add(x, NULL, &run) == NULL);
+    CHECK_ERR(fr_last_status(), FR_ERR_ARG, "residual_add");
+    fr_clear_error();
+    CHECK(fr_norm_add(fr_module_child(fr_model_root(m), 1), x, NULL, &run) == NULL);
+    CHECK_ERR(fr_last_status(), FR_ERR_ARG, "residual");
+    fr_clear_error();
+    fr_t_snapshot_free(m, init);
+    fr_release(x);
+    fr_release(labels);
+    fr_model_free(m);
+}
+
 /* ---- refusals ---- */
 
 static void test_strategies_a_model_cannot_honour_are_refused(void) {
@@ -256,6 +351,7 @@ int main(int argc, char **argv) {
     RUN(test_first_construction_error_wins);
     RUN(test_custom_model_every_strategy_equals_plain);
     RUN(test_custom_dense_model_every_strategy_equals_plain);
+    RUN(test_borrowed_inputs_are_never_written_over);
     RUN(test_strategies_a_model_cannot_honour_are_refused);
     RUN(test_registry);
     RUN(test_custom_model_example_checkpoint_saves);

@@ -116,9 +116,9 @@ typedef struct {
 static fr_tensor *gn_block_forward(fr_module *self, fr_tensor *x, const fr_run *run) {
     gn_block *b = fr_block_state(self);
     fr_tensor *y = fr_forward(b->conv1, x, run);
-    y = fr_chain(y, fr_forward(b->n1, y, run));
-    y = fr_chain(y, fr_forward(b->conv2, y, run));
-    return fr_chain(y, fr_norm_add(b->n2, y, x, run));
+    y = fr_forward_take(b->n1, y, run);
+    y = fr_forward_take(b->conv2, y, run);
+    return fr_norm_add_take(b->n2, y, x, run);
 }
 
 static fr_model *gn_model(void) {

@@ -20,7 +20,7 @@ typedef struct {
 static fr_tensor *tiny_block_forward(fr_module *self, fr_tensor *x, const fr_run *run) {
     tiny_block *b = fr_block_state(self);
     fr_tensor *y = fr_forward(b->conv, x, run);
-    return fr_chain(y, fr_norm_add(b->bn, y, x, run));
+    return fr_norm_add_take(b->bn, y, x, run);
 }
 
 static fr_model *tiny_create(const char *name, int in_channels, int num_classes, uint64_t seed) {

@@ -23,12 +23,12 @@ typedef struct {
 static fr_tensor *small_cnn_forward(fr_module *self, fr_tensor *x, const fr_run *run) {
     small_cnn *n = fr_block_state(self);
     fr_tensor *h = fr_forward(n->conv1, x, run);
-    h = fr_chain(h, fr_forward(n->bn1, h, run));
-    h = fr_chain(h, fr_forward(n->pool, h, run));
-    h = fr_chain(h, fr_forward(n->conv2, h, run));
-    h = fr_chain(h, fr_forward(n->bn2, h, run));
-    h = fr_chain(h, fr_forward(n->gap, h, run));
-    return fr_chain(h, fr_forward(n->fc, h, run));
+    h = fr_forward_take(n->bn1, h, run);
+    h = fr_forward_take(n->pool, h, run);
+    h = fr_forward_take(n->conv2, h, run);
+    h = fr_forward_take(n->bn2, h, run);
+    h = fr_forward_take(n->gap, h, run);
+    return fr_forward_take(n->fc, h, run);
 }
 
 static fr_model *small_cnn_new(int in_channels, int classes, uint64_t seed) {
