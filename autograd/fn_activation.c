@@ -100,15 +100,8 @@ static fr_tensor *act_(const char *op, const char *name, fr_tensor *x, fr_act a,
                  op, name);
         return NULL;
     }
-    /* A leaf that wants a gradient has no producer the write could be
-     * recorded against, and its old values would be lost. */
-    if (fr_grad_enabled() && x->requires_grad && !fr_has_grad_fn(x)) {
-        fr_error(FR_ERR_ARG,
-                 "%s: in-place %s on a leaf that requires grad; use the out-of-place %s, or "
-                 "run under no_grad",
-                 op, name, name);
+    if (fr_check_inplace(op, x) != FR_OK)
         return NULL;
-    }
     /* The node is made before the write: its edge must point at x's current
      * producer, which the write is about to replace. */
     fr_node *node;

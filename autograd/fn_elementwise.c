@@ -7,13 +7,9 @@
 /* A transient tensor shaped like `like`, or NULL. */
 static fr_tensor *new_like(const fr_tensor *like) { return fr_empty_like(like, FR_TAG_TRANSIENT); }
 
-/* Refuses an inplace write that would corrupt autograd: a leaf that wants a
- * gradient has no producer to rebase onto. */
+/* Refuses an inplace write that would corrupt autograd (fr_check_inplace). */
 static fr_status check_inplace_target(const char *op, const fr_tensor *x) {
-    FR_TRY(fr_check_defined(op, "input", x));
-    if (fr_grad_enabled() && x->requires_grad && !fr_has_grad_fn(x))
-        return fr_error(FR_ERR_ARG, "%s: in-place write on a leaf that requires grad", op);
-    return FR_OK;
+    return fr_check_inplace(op, x);
 }
 
 /* Shapes that differ go to the broadcasting ops (fn_broadcast.c). */

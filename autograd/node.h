@@ -160,6 +160,9 @@ fr_status fr_record_unary_grad(const char *op, fr_unary_grad_fn grad, fr_tensor 
  * other tensor or view holds it. A backward that adds into a producer's
  * gradient itself (fn_concat.c) asks the same question. */
 bool fr_grad_held_alone(const fr_tensor *g);
+/* FR_OK when an op named `op` may write over x while the tape records
+ * (autograd/tape.c says when it may not), else FR_ERR_ARG naming op. */
+fr_status fr_check_inplace(const char *op, const fr_tensor *x);
 
 #ifdef __cplusplus
 }

@@ -436,6 +436,27 @@ void fr_tape_pop(void) {
  * whose bytes are shared is replaced by a fresh sum rather than written. */
 bool fr_grad_held_alone(const fr_tensor *g) { return g->refcount == 1 && g->storage->refcount == 1; }
 
+/* Two writes autograd cannot follow: over a leaf that wants a gradient (no
+ * producer to record the write against; its old values would be lost), and
+ * over bytes another tensor shares (a view, a reshape, or the base of one):
+ * the write is recorded against x alone, so the other tensor's values change
+ * under a graph that does not know it, and its gradient came out wrong
+ * silently (sum(y) after scaling a reshape of y in place: half of it). */
+fr_status fr_check_inplace(const char *op, const fr_tensor *x) {
+    FR_TRY(fr_check_defined(op, "input", x));
+    if (!fr_grad_enabled() || !x->requires_grad)
+        return FR_OK;
+    if (!fr_has_grad_fn(x))
+        return fr_error(FR_ERR_ARG, "%s: in-place write on a leaf that requires grad; use the "
+                        "out-of-place op, or run under no_grad", op);
+    if (x->storage->refcount > 1)
+        return fr_error(FR_ERR_ARG, "%s: in-place write on a tensor whose bytes another tensor "
+                        "shares (a view or reshape of it, or the tensor it views); autograd "
+                        "would record the write against one of them only: use the out-of-place "
+                        "op", op);
+    return FR_OK;
+}
+
 static fr_status accumulate(fr_tensor **slot, fr_tensor *g) {
     if (!*slot) {
         *slot = g;

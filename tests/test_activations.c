@@ -502,9 +502,9 @@ static void test_inplace_refuses_leaf_that_requires_grad(void) {
     fr_tensor *a = fr_t_rand(FR_CPU, 2, FR_SHAPE(3, 4), 4);
     fr_set_requires_grad(a, true);
     uint64_t v = a->storage->version;
-    CHECK_ERR(fr_t_status_of(fr_relu_(a)), FR_ERR_ARG, "in-place relu on a leaf that requires grad");
+    CHECK_ERR(fr_t_status_of(fr_relu_(a)), FR_ERR_ARG, "relu_: in-place write on a leaf that requires grad");
     CHECK_ERR(fr_t_status_of(fr_leaky_relu_(a, 0.1f)), FR_ERR_ARG,
-              "in-place leaky_relu on a leaf that requires grad");
+              "leaky_relu_: in-place write on a leaf that requires grad");
     CHECK(a->storage->version == v); /* refused before writing */
     CHECK(fr_tape_size() == 0);
     /* under no_grad the write is allowed (initialising a parameter) */

@@ -160,6 +160,34 @@ static void test_inplace_on_leaf_is_refused(void) {
     fr_release(w);
 }
 
+/* An in-place write through a view (or into the base of one) while
+ * recording: refused. It had been recorded against the written tensor only,
+ * and sum(y) after scaling a reshape of y by 2 gave dL/dw 3 instead of 6. */
+static void test_inplace_through_a_view_is_refused(void) {
+    fr_tensor *w = fr_t_rand(FR_CPU, 2, FR_SHAPE(2, 2), 12);
+    fr_set_requires_grad(w, true);
+    fr_tensor *y = fr_scale(w, 3.0f);
+    fr_tensor *r = fr_reshape(y, 1, FR_SHAPE(4));
+    CHECK_NOTNULL(r);
+    uint64_t v = y->storage->version;
+    CHECK_ERR(fr_t_status_of(fr_scale_(r, 2.0f)), FR_ERR_ARG, "another tensor shares");
+    CHECK_ERR(fr_t_status_of(fr_relu_(y)), FR_ERR_ARG, "another tensor shares");
+    CHECK_ERR(fr_t_status_of(fr_add_(y, y)), FR_ERR_ARG, "another tensor shares");
+    CHECK(y->storage->version == v); /* refused before writing */
+    fr_release(r);
+    /* alone again: the write is recorded, and the gradient is 6 */
+    fr_tensor *same = fr_scale_(y, 2.0f);
+    CHECK(same == y);
+    fr_release(same);
+    fr_tensor *loss = fr_sum(y);
+    CHECK_OK(fr_backward(loss));
+    CHECK(w->grad && fr_data_f32(w->grad)[0] == 6.0f);
+    fr_release(loss);
+    fr_release(y);
+    fr_release(w);
+    fr_tape_clear();
+}
+
 static void test_graph_errors(void) {
     fr_tensor *w = fr_t_rand(FR_CPU, 1, FR_SHAPE(4), 12);
     fr_set_requires_grad(w, true);
@@ -311,6 +339,7 @@ int main(void) {
     RUN(test_gradients_accumulate_across_backwards);
     RUN(test_version_check_names_both_ops);
     RUN(test_inplace_on_leaf_is_refused);
+    RUN(test_inplace_through_a_view_is_refused);
     RUN(test_graph_errors);
     RUN(test_recipe_saved_tensor_is_recomputed);
     RUN(test_conv_chain_no_grad_vs_grad);
