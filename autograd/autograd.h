@@ -69,12 +69,25 @@ fr_dtype fr_autocast_dtype(void);
 /* The random stream of random ops (dropout): each call draws one 64-bit seed
  * from this per-thread generator, and the op's mask is a function of that
  * seed. Checkpointing records the state before a segment and restores it
- * for the replay, so the replay draws the same masks. */
+ * for the replay, so the replay draws the same masks. fr_manual_seed seeds
+ * this stream and compression's below (each from the seed, unrelated to
+ * each other), so a seeded run repeats, compressed rounding included. */
 void fr_manual_seed(uint64_t seed);
 uint64_t fr_random_state(void);
 void fr_set_random_state(uint64_t state);
 /* Draws the next seed (advances the state). */
 uint64_t fr_random_next_seed(void);
+
+/* Compression's rounding stream (compress:B, autograd/compressed.c): one
+ * seed per packed tensor, from a per-thread generator of its own, so that
+ * compressing never moves the stream above and a model with dropout keeps
+ * plain's masks and loss. A checkpoint draws one seed from it for its
+ * replay, which runs on a stream of that seed (autograd/fn_checkpoint.c).
+ * Saved and put back beside fr_random_state by whatever must leave a step
+ * unchanged (the planner's trials). */
+uint64_t fr_compress_random_state(void);
+void fr_set_compress_random_state(uint64_t state);
+uint64_t fr_compress_next_seed(void);
 
 /* ---- leaves ---- */
 /* Marks a leaf as wanting a gradient (parameters). */

@@ -20,8 +20,8 @@
  * forward keeps every sign-only activation's mask as bits (1/32 of its
  * output, under the ledger's `saved` tag) in the order it ran them, and
  * the replay's activations save those instead of their own. Internal: the
- * activations (fn_activation.c) and the fused BN + activation
- * (fn_bn_act.c) call these. */
+ * activations (fn_activation.c), the fused BN + activation (fn_bn_act.c)
+ * and the fused group norm + activation (fn_norm.c) call these. */
 #ifndef FR_CHECKPOINT_LOG_H
 #define FR_CHECKPOINT_LOG_H
 
@@ -47,7 +47,8 @@ void fr_checkpoint_stats_keep(const fr_tensor *gamma, const fr_tensor *x, const 
                               const fr_tensor *invstd);
 
 /* The one call of every op whose backward reads only its output's sign
- * (ReLU, leaky ReLU, the fused BN + ReLU), made once per forward after y
+ * (ReLU, leaky ReLU, the fused BN + ReLU, the fused group norm + ReLU
+ * under compress:B), made once per forward after y
  * is computed, whether or not it records a node (node NULL: none), so that
  * a replay meets its masks in its forward's order. Saves y's sign for
  * node's backward as fr_node_save_sign does, except in a replay that has

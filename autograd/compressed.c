@@ -13,9 +13,14 @@
  * forward reference.
  *
  * The rounding's random stream is keyed by one seed per packed tensor, drawn
- * from the random-op generator (fr_random_next_seed), and the element index:
- * a checkpointed segment's replay restores that generator and so draws the
- * same codes, and no code depends on the thread count.
+ * from compression's own generator (fr_compress_next_seed), and the element
+ * index, so no code depends on the thread count. Not from the random-op
+ * generator dropout draws from (fr_random_next_seed): each packed tensor
+ * would move it, and the dropout masks after it would differ from plain's
+ * (another forward and loss), and from those of a checkpoint's replay,
+ * which packs where its no-grad forward did not (a gradient of another
+ * function than the one whose loss was reported; docs/ARCHITECTURE.md,
+ * "Saved tensors: held, recipe or compressed").
  *
  * The codes are over the tensor's dense storage as it lies: a channels-last
  * activation (a model's channels-last mode, nn/model.h) is packed in its
@@ -137,7 +142,7 @@ static fr_recipe *pack(fr_tensor *t, int bits) {
     fr_status st = !r->packed          ? fr_last_status()
                    : bits == 1         ? fr_sign_pack_out(r->packed, t)
                                        : fr_compress_pack_out(r->packed, t, bits,
-                                                              fr_random_next_seed());
+                                                              fr_compress_next_seed());
     if (st != FR_OK) {
         packed_destroy(&r->base);
         return NULL;

@@ -223,18 +223,20 @@ static void replay_log_free(replay_log *log) {
 }
 
 /* Everything the replay reads is owned here, copied at forward time: the
- * segment's description (fn_ctx, a byte copy), the random state and the
- * autocast dtype. Nothing is borrowed from the model but its layers, so a
- * forward run between this one and its backward (an eval pass, another
- * model, a changed strategy, a failed forward) cannot change the replay. */
+ * segment's description (fn_ctx, a byte copy), the random state, the
+ * replay's compression seed and the autocast dtype. Nothing is borrowed
+ * from the model but its layers, so a forward run between this one and its
+ * backward (an eval pass, another model, a changed strategy, a failed
+ * forward) cannot change the replay. */
 typedef struct {
     fr_segment_fn fn;
-    void *fn_ctx;          /* owned copy of ctx_size bytes */
-    uint64_t random_state; /* before the forward: the replay draws the same masks */
-    fr_dtype autocast;     /* the forward's autocast dtype: the replay computes in it too */
-    int compress;          /* the forward's compress:B (0: off): the replay's ops save as
-                            * its forward's would have, and its masks meet the same ops */
-    replay_log *log;       /* the forward's batch statistics and masks, for the replay */
+    void *fn_ctx;           /* owned copy of ctx_size bytes */
+    uint64_t random_state;  /* before the forward: the replay draws the same masks */
+    uint64_t compress_seed; /* the replay's rounding stream (autograd.h): fr_checkpoint */
+    fr_dtype autocast;      /* the forward's autocast dtype: the replay computes in it too */
+    int compress;           /* the forward's compress:B (0: off): the replay's ops save as
+                             * its forward's would have, and its masks meet the same ops */
+    replay_log *log;        /* the forward's batch statistics and masks, for the replay */
 } checkpoint_ctx;
 
 /* Backpropagates the replayed segment. Under a backward restricted to some
@@ -279,8 +281,9 @@ static fr_status checkpoint_backward(fr_node *node, fr_tensor *const *dout, fr_t
          * in leaf->grad; the segment's parameters are leaves already. */
         if (want_dx)
             fr_set_requires_grad(leaf, true);
-        uint64_t now = fr_random_state();
+        uint64_t now = fr_random_state(), now_compress = fr_compress_random_state();
         fr_set_random_state(c->random_state);
+        fr_set_compress_random_state(c->compress_seed);
         fr_recompute_enter();
         replay_log *outer = replaying;
         replaying = c->log;
@@ -299,6 +302,7 @@ static fr_status checkpoint_backward(fr_node *node, fr_tensor *const *dout, fr_t
         replaying = outer;
         fr_recompute_exit();
         fr_set_random_state(now);
+        fr_set_compress_random_state(now_compress);
         if (st == FR_OK && !y)
             st = fr_last_status();
         /* nobody saves the replay's output (the segment's output outside
@@ -354,7 +358,15 @@ fr_tensor *fr_checkpoint(fr_segment_fn fn, const void *fn_ctx, size_t ctx_size, 
     }
     if (ctx_size)
         memcpy(copy, fn_ctx, ctx_size);
+    /* The replay packs what its no-grad forward did not, from compression's
+     * own stream (autograd.h), so dropout's stream, restored, gives it the
+     * forward's masks. It packs from a stream of a seed drawn here: the
+     * same codes at every replay (a second backward under retain_graph
+     * gives the same gradients), reproducible under fr_manual_seed, and
+     * unrelated to the codes packed after the segment (restoring the
+     * state itself would have the replay repeat those). */
     *c = (checkpoint_ctx){.fn = fn, .fn_ctx = copy, .random_state = fr_random_state(),
+                          .compress_seed = fr_compress_next_seed(),
                           .autocast = fr_autocast_dtype(), .compress = fr_compress_bits(),
                           .log = log};
     /* masks only where the input will be kept as codes: on an exact input

@@ -69,18 +69,37 @@ static fr_node *find_node(uint64_t seq) {
 static bool node_alive(const fr_node *n, uint64_t seq) { return n && find_node(seq) == n; }
 
 static _Thread_local uint64_t random_state = 0x853C49E6748FEA9Bull;
-void fr_manual_seed(uint64_t seed) { random_state = seed; }
+/* Compression's rounding stream (autograd.h): its own state, so packing a
+ * saved tensor never moves the one dropout draws from (docs/ARCHITECTURE.md,
+ * "Saved tensors: held, recipe or compressed"). */
+static _Thread_local uint64_t compress_random_state = 0xDA942042E4DD58B5ull;
+
+/* The compression stream's start for a seed: the seed through the
+ * finaliser, so the two streams of one seed are unrelated rather than
+ * equal (equal states would hand compression dropout's seeds). */
+static uint64_t compress_state_of(uint64_t seed) { return fr_rng_mix(seed ^ 0x5851F42D4C957F2Dull); }
+
+void fr_manual_seed(uint64_t seed) {
+    random_state = seed;
+    compress_random_state = compress_state_of(seed);
+}
 uint64_t fr_random_state(void) { return random_state; }
 void fr_set_random_state(uint64_t state) { random_state = state; }
-uint64_t fr_random_next_seed(void) {
-    /* SplitMix64 (tensor/rng.h): a counter through a finaliser, so
-     * consecutive seeds are unrelated and the state is one integer to save
-     * and restore. */
-    fr_rng r = {random_state};
+
+/* SplitMix64 (tensor/rng.h): a counter through a finaliser, so consecutive
+ * seeds are unrelated and a state is one integer to save and restore. */
+static uint64_t next_seed(uint64_t *state) {
+    fr_rng r = {*state};
     uint64_t z = fr_rng_next(&r);
-    random_state = r.state;
+    *state = r.state;
     return z;
 }
+
+uint64_t fr_random_next_seed(void) { return next_seed(&random_state); }
+
+uint64_t fr_compress_random_state(void) { return compress_random_state; }
+void fr_set_compress_random_state(uint64_t state) { compress_random_state = state; }
+uint64_t fr_compress_next_seed(void) { return next_seed(&compress_random_state); }
 
 static _Thread_local int recompute_depth;
 void fr_recompute_enter(void) { recompute_depth++; }

@@ -233,7 +233,7 @@ static fr_status measure(fr_module *seq, fr_tensor *x, const fr_run *run, double
                          double *masks) {
     int n = n_steps(seq);
     fr_device dev = fr_device_of(x);
-    uint64_t random_state = fr_random_state();
+    uint64_t random_state = fr_random_state(), compress_state = fr_compress_random_state();
     segment trial = {.seq = seq, .count = 1, .run = *run};
     trial.run.in_segment = true;
     fr_status st = FR_OK;
@@ -299,6 +299,7 @@ static fr_status measure(fr_module *seq, fr_tensor *x, const fr_run *run, double
     fr_recompute_exit();
     fr_checkpoint_logs_resume(logs);
     fr_set_random_state(random_state);
+    fr_set_compress_random_state(compress_state);
     fr_release(cur);
     return st;
 }

@@ -402,6 +402,7 @@ fr_status fr_trial_stash_take(fr_model *m, fr_trial_stash *s) {
         m->params->items[i].tensor->grad = NULL;
     }
     s->random_state = fr_random_state();
+    s->compress_random_state = fr_compress_random_state();
     return FR_OK;
 }
 
@@ -409,6 +410,7 @@ void fr_trial_stash_put_back(fr_model *m, fr_trial_stash *s) {
     if (!s->grads)
         return;
     fr_set_random_state(s->random_state);
+    fr_set_compress_random_state(s->compress_random_state);
     fr_params_zero_grad(m->params);
     for (int i = 0; i < m->params->count; i++)
         m->params->items[i].tensor->grad = s->grads[i];

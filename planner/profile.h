@@ -127,16 +127,17 @@ fr_status fr_profile_whole_step(fr_model *m, const fr_memory_plan *plan, const f
 
 /* What any trial step must give back to the caller (the profile's trials
  * here, fr_fit's in fit.c): the parameters' gradients, set aside (a trial
- * makes and frees its own), and the random stream. */
+ * makes and frees its own), and the random streams (dropout's and
+ * compression's, autograd.h). */
 typedef struct {
     fr_tensor **grads;     /* (params->count) */
-    uint64_t random_state;
+    uint64_t random_state, compress_random_state;
 } fr_trial_stash;
 
 /* Sets the gradients aside (every .grad is NULL after) and saves the
- * random stream; FR_ERR_OOM (nothing set aside) when the host is out of memory. */
+ * random streams; FR_ERR_OOM (nothing set aside) when the host is out of memory. */
 fr_status fr_trial_stash_take(fr_model *m, fr_trial_stash *s);
-/* Frees the trials' gradients and puts the caller's and the random stream
+/* Frees the trials' gradients and puts the caller's and the random streams
  * back; nothing when the take failed. */
 void fr_trial_stash_put_back(fr_model *m, fr_trial_stash *s);
 

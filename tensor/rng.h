@@ -2,10 +2,10 @@
  * 64-bit state advanced by a fixed odd constant (the golden ratio) and mixed
  * by two xor-shift-multiply rounds; every seed gives a full-period stream.
  * Its users: weight initialisation (fr_rng, nn/init.h), the tape's seed
- * stream for dropout (autograd/tape.c), dropout's counter-based mask, the
- * same on CPU and GPU (tensor/kernels.h), and the seeding of data/'s
- * shuffles and augmentation (data/rng.h). Header-only, so the CUDA kernels
- * share it. */
+ * streams for dropout and for compression's rounding (autograd/tape.c),
+ * dropout's counter-based mask, the same on CPU and GPU (tensor/kernels.h),
+ * and the seeding of data/'s shuffles and augmentation (data/rng.h).
+ * Header-only, so the CUDA kernels share it. */
 #ifndef FR_RNG_H
 #define FR_RNG_H
 

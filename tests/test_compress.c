@@ -898,6 +898,132 @@ static void test_combinations(void) {
     }
 }
 
+/* conv, BN + ReLU, dropout, conv, BN + ReLU, pooled to a linear layer:
+ * the model of test_dropout_keeps_plain_forward */
+static fr_model *dropout_model(void) {
+    fr_model *m = fr_model_new("compress-dropout", 3, 10, 1);
+    fr_module *net = fr_model_root(m);
+    fr_conv2d_new(net, "c0", (fr_conv2d_opts){.in = 3, .out = 8});
+    fr_norm_new(net, "n0", (fr_norm_opts){.channels = 8, .act = FR_ACT_RELU});
+    fr_dropout_new(net, "drop", 0.3f);
+    fr_conv2d_new(net, "c1", (fr_conv2d_opts){.in = 8, .out = 8});
+    fr_norm_new(net, "n1", (fr_norm_opts){.channels = 8, .act = FR_ACT_RELU});
+    fr_global_avg_pool_new(net, "gap");
+    fr_linear_new(net, "fc", (fr_linear_opts){.in = 8, .out = 10});
+    return fr_model_finish(m);
+}
+
+/* Compression draws its rounding from a stream of its own (autograd.h), so
+ * with dropout (p 0.3) compress:8's forward is plain's: the same loss bit
+ * for bit, the dropout stream left where plain leaves it. A
+ * checkpoint:1+compress:8 replay then draws its forward's dropout masks:
+ * its gradients within 5% of plain's, as compress:8's (on the one stream,
+ * its replay packed where the no-grad forward had not and drew other masks:
+ * 0.69 off, and compress:8's loss was another function's). A seeded step
+ * repeats bit for bit; an unseeded second step rounds anew. */
+static void test_dropout_keeps_plain_forward(void) {
+    fr_model *m = dropout_model();
+    CHECK_NOTNULL(m);
+    if (!m)
+        return;
+    fr_tensor *labels, *x = batch(4, 10, 5, &labels);
+    float **init = fr_t_snapshot_save(m);
+    const char *names[] = {"plain", "compress:8", "checkpoint:1+compress:8"};
+    fr_t_step r[3], again[3];
+    uint64_t after[3];
+    for (int i = 0; i < 3; i++) {
+        fr_manual_seed(7);
+        r[i] = fr_t_model_step(m, names[i], init, x, labels);
+        after[i] = fr_random_state();
+        fr_manual_seed(7);
+        again[i] = fr_t_model_step(m, names[i], init, x, labels);
+        fr_t_compare_steps(m, &r[i], &again[i], -1, names[i]);
+    }
+    for (int i = 1; i < 3; i++) {
+        CHECK(r[i].loss == r[0].loss);
+        CHECK(after[i] == after[0]);
+        double e = fr_t_grad_rel_error(m, &r[0], &r[i], "");
+        printf("    dropout 0.3, %-24s loss %.7f (plain %.7f), gradient error %.4f\n", names[i],
+               (double)r[i].loss, (double)r[0].loss, e);
+        CHECK(e < 0.05);
+    }
+    /* the next step, unseeded, rounds with other seeds */
+    fr_manual_seed(7);
+    fr_t_step first = fr_t_model_step(m, "compress:8", init, x, labels);
+    fr_t_step second = fr_t_model_step(m, "compress:8", init, x, labels);
+    CHECK(fr_t_grad_rel_error(m, &first, &second, "") > 0);
+    fr_t_step_free(&first, m->params->count);
+    fr_t_step_free(&second, m->params->count);
+    for (int i = 0; i < 3; i++) {
+        fr_t_step_free(&r[i], m->params->count);
+        fr_t_step_free(&again[i], m->params->count);
+    }
+    fr_t_snapshot_free(m, init);
+    fr_release(x);
+    fr_release(labels);
+    fr_model_free(m);
+}
+
+/* six convs, each followed by a fused norm + activation of this kind */
+static fr_model *norm_act_model(fr_norm_kind kind, fr_act act) {
+    fr_model *m = fr_model_new("compress-norm-act", 3, 10, 1);
+    fr_module *net = fr_model_root(m);
+    for (int i = 0; i < 6; i++) {
+        char c[4] = {'c', (char)('0' + i), 0}, n[4] = {'n', (char)('0' + i), 0};
+        fr_conv2d_new(net, c, (fr_conv2d_opts){.in = i ? 16 : 3, .out = 16});
+        fr_norm_new(net, n, (fr_norm_opts){.channels = 16, .act = act, .kind = kind,
+                                           .groups = kind == FR_NORM_GROUP ? 4 : 0});
+    }
+    fr_global_avg_pool_new(net, "gap");
+    fr_linear_new(net, "fc", (fr_linear_opts){.in = 16, .out = 10});
+    return fr_model_finish(m);
+}
+
+/* The fused group, instance and layer norm + ReLU or leaky ReLU keeps its
+ * masks for a checkpoint's replay as BN + ReLU does (autograd/fn_norm.c):
+ * checkpoint:1+compress:B's gradients within 2x compress:B's error against
+ * plain (rebuilt from the decoded input, GroupNorm(4) + ReLU's were 27x at
+ * compress:8: 0.060 against 0.0022), and the replay takes its forward's
+ * masks. */
+static void test_group_norm_masks_from_forward(void) {
+    const fr_norm_kind kinds[] = {FR_NORM_GROUP, FR_NORM_INSTANCE, FR_NORM_LAYER, FR_NORM_GROUP};
+    const fr_act acts[] = {FR_ACT_RELU, FR_ACT_RELU, FR_ACT_RELU, FR_ACT_LEAKY_RELU};
+    const char *names[] = {"GroupNorm(4)+ReLU", "InstanceNorm+ReLU", "LayerNorm+ReLU",
+                           "GroupNorm(4)+LeakyReLU"};
+    for (int k = 0; k < 4; k++) {
+        fr_model *m = norm_act_model(kinds[k], acts[k]);
+        CHECK_NOTNULL(m);
+        if (!m)
+            continue;
+        fr_tensor *labels, *x = batch(4, 12, 5, &labels);
+        float **init = fr_t_snapshot_save(m);
+        fr_manual_seed(3);
+        fr_t_step ref = fr_t_model_step(m, "plain", init, x, labels);
+        for (int b = 0; b < 2; b++) {
+            char alone[32], ck[48];
+            snprintf(alone, sizeof alone, "compress:%d", BITS[b]);
+            snprintf(ck, sizeof ck, "checkpoint:1+compress:%d", BITS[b]);
+            fr_t_step a = fr_t_model_step(m, alone, init, x, labels);
+            long taken = fr_checkpoint_masks_taken();
+            fr_t_step c = fr_t_model_step(m, ck, init, x, labels);
+            taken = fr_checkpoint_masks_taken() - taken;
+            double ea = fr_t_grad_rel_error(m, &ref, &a, ""), ec = fr_t_grad_rel_error(m, &ref, &c, "");
+            printf("    %-22s %-24s gradient error %.4f (%s alone %.4f; %ld masks from the "
+                   "forward)\n", names[k], ck, ec, alone, ea, taken);
+            CHECK(ec < 2 * ea);
+            CHECK(taken > 0);
+            CHECK(c.loss == ref.loss);
+            fr_t_step_free(&a, m->params->count);
+            fr_t_step_free(&c, m->params->count);
+        }
+        fr_t_step_free(&ref, m->params->count);
+        fr_t_snapshot_free(m, init);
+        fr_release(x);
+        fr_release(labels);
+        fr_model_free(m);
+    }
+}
+
 /* a budget below the leanest schedule without compression (at the whole
  * batch) is refused, and met with --allow-compress by compressing blocks;
  * the step then runs within it on the ledger */
@@ -983,6 +1109,8 @@ int main(void) {
     RUN(test_planner_compresses);
     RUN(test_gradients_unbiased);
     RUN(test_combinations);
+    RUN(test_dropout_keeps_plain_forward);
+    RUN(test_group_norm_masks_from_forward);
     RUN(test_dense_join_kept_as_recipe);
     RUN(test_inplace_write_drops_the_recipe);
     RUN(test_concat_rebuild_in_place);
