@@ -63,6 +63,26 @@ void fr_checkpoint_stats_keep(const fr_tensor *gamma, const fr_tensor *x, const 
  * backward takes it again. */
 int fr_node_keep_sign(fr_node *node, fr_tensor *y);
 
+/* What the segment reads. The replay reads every parameter, buffer and
+ * constant the forward read, so the checkpoint node keeps each one's
+ * storage version, as a plain node does for what it saves, and its
+ * backward refuses with FR_ERR_VERSION (naming the tensor and its last
+ * writer) when one was written inplace since. fr_should_record reports
+ * each op's inputs under no_grad; in a checkpointed segment's forward those
+ * it did not make (its birth mark, tensor.h) and that belong to no graph
+ * are noted, its own input excepted (the node saves it). A norm that reads
+ * its running statistics (eval mode) reports them too; in training mode it
+ * writes them, once, and the replay (recompute mode) neither reads nor
+ * writes them. */
+void fr_checkpoint_note_reads(int n, fr_tensor *const *inputs);
+
+/* Every op that records a node checks each input (fr_node_new): one made
+ * inside a checkpointed segment's no-grad forward, other than that
+ * segment's output (the node rebinds it and clears its mark), has no
+ * graph, and a gradient into it would be lost. FR_ERR_GRAPH naming op and
+ * input i; FR_OK for any other tensor or NULL. */
+fr_status fr_checkpoint_check_input(const char *op, int i, const fr_tensor *t);
+
 /* This thread's logs set aside and put back, around a trial that measures
  * steps of a model (nn/segments.c's split, planner/profile.c): such a
  * trial may run inside a user's checkpointed forward or replay (a model's
@@ -72,7 +92,8 @@ int fr_node_keep_sign(fr_node *node, fr_tensor *y);
  * masks from the decoded input: other gradients), nor add entries to the
  * forward's log. */
 typedef struct {
-    void *recording, *replaying;
+    void *recording, *replaying, *watching;
+    uint64_t mark;
 } fr_checkpoint_logs;
 fr_checkpoint_logs fr_checkpoint_logs_suspend(void);
 void fr_checkpoint_logs_resume(fr_checkpoint_logs logs);

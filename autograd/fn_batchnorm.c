@@ -8,6 +8,7 @@
  * running variance, gamma, and x only when gamma wants a gradient. */
 #include <stdlib.h>
 
+#include "checkpoint_log.h"
 #include "functions.h"
 #include "node.h"
 
@@ -153,6 +154,9 @@ fr_tensor *fr_batch_norm(fr_tensor *x, fr_tensor *gamma, fr_tensor *beta, fr_ten
                                         update ? running_mean : NULL, update ? running_var : NULL,
                                         momentum, eps);
     } else if (st == FR_OK) {
+        /* read here, so a checkpoint's replay reads them again */
+        fr_tensor *stats[2] = {running_mean, running_var};
+        fr_checkpoint_note_reads(2, stats);
         st = fr_batch_norm_eval_forward(y, x, gamma, beta, running_mean, running_var, eps);
         /* the same kernel on the same variance: the scale y was made with */
         if (st == FR_OK && record)

@@ -431,6 +431,9 @@ static fr_status compute(fr_tensor *y, fr_tensor *mean, fr_tensor *invstd, fr_te
     } else {
         FR_TRY(fr_check_defined("bn_act (eval)", "running_mean", bn->running_mean));
         FR_TRY(fr_check_defined("bn_act (eval)", "running_var", bn->running_var));
+        /* read here, so a checkpoint's replay reads them again */
+        fr_tensor *stats[2] = {bn->running_mean, bn->running_var};
+        fr_checkpoint_note_reads(2, stats);
         st = fr_batch_norm_invstd(invstd, bn->running_var, bn->eps);
         centre = bn->running_mean;
     }

@@ -3,6 +3,7 @@
  * none of its activations are kept; only its input is saved. In backward the
  * segment is run again with grad on, on a tape of its own, and backpropagated
  * at once; parameters inside it receive their gradients as leaves do. */
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -51,6 +52,113 @@ typedef struct {
 static _Thread_local replay_log *recording;
 static _Thread_local replay_log *replaying;
 
+/* ---- what the segment read: versions (checkpoint_log.h) ---- */
+
+/* A tensor the segment's forward read that it did not make (a parameter, a
+ * buffer, a constant), at the storage version it had then. The replay reads
+ * it again, so a write between the forward and the backward would give
+ * gradients of another function than the one the forward computed. */
+typedef struct {
+    fr_tensor *t; /* a reference */
+    uint64_t version;
+} read_entry;
+
+typedef struct {
+    uint64_t mark;               /* the birth mark of what this forward makes */
+    const fr_storage *input;     /* the segment's input: its node checks it itself */
+    read_entry *items;
+    int count, cap;
+    bool oom;                    /* an entry was lost: the forward fails */
+} read_log;
+
+static _Thread_local read_log *watching;
+static _Atomic uint64_t marks_made;
+
+static void read_log_free(read_log *r) {
+    if (!r)
+        return;
+    for (int i = 0; i < r->count; i++)
+        fr_release(r->items[i].t);
+    free(r->items);
+    free(r);
+}
+
+static void note_read(read_log *r, fr_tensor *t) {
+    /* made by this forward (an activation) or by a graph with grad (it
+     * comes in through the segment's input or is another defect: see
+     * fr_checkpoint_check_input) */
+    if (t->made_in == r->mark || t->storage == r->input || fr_has_grad_fn(t))
+        return;
+    for (int i = 0; i < r->count; i++)
+        if (r->items[i].t->storage == t->storage)
+            return;
+    if (r->count == r->cap) {
+        int cap = r->cap ? 2 * r->cap : 16;
+        read_entry *grown = realloc(r->items, (size_t)cap * sizeof *grown);
+        if (!grown) {
+            r->oom = true;
+            return;
+        }
+        r->items = grown;
+        r->cap = cap;
+    }
+    r->items[r->count++] = (read_entry){.t = fr_retain(t), .version = t->storage->version};
+}
+
+void fr_checkpoint_note_reads(int n, fr_tensor *const *inputs) {
+    read_log *r = watching;
+    if (!r)
+        return;
+    for (int i = 0; i < n; i++)
+        if (inputs[i])
+            note_read(r, inputs[i]);
+}
+
+/* t as an error names it: its registry name (nn/params.c sets it), else
+ * its dtype and shape. */
+static void describe(const fr_tensor *t, char *buf, size_t size) {
+    if (t->name) {
+        snprintf(buf, size, "%s", t->name);
+        return;
+    }
+    int k = snprintf(buf, size, "a tensor (%s, shape [", fr_dtype_name(t->dtype));
+    for (int d = 0; d < t->ndim && k < (int)size - 24; d++)
+        k += snprintf(buf + k, size - (size_t)k, d ? ", %lld" : "%lld", (long long)t->shape[d]);
+    snprintf(buf + k, size - (size_t)k, "])");
+}
+
+/* What the replay would read differently: the first tensor the forward
+ * read that an inplace write changed since. */
+static fr_status reads_check(const read_log *r) {
+    for (int i = 0; r && i < r->count; i++) {
+        const fr_storage *st = r->items[i].t->storage;
+        if (st->version == r->items[i].version)
+            continue;
+        char what[160];
+        describe(r->items[i].t, what, sizeof what);
+        return fr_error(FR_ERR_VERSION,
+                        "backward of checkpoint: %s, which its segment read in the forward, was "
+                        "modified inplace by %s (read at version %llu, now version %llu), so the "
+                        "replay would compute another function; use the out-of-place op, or "
+                        "clone before writing",
+                        what, st->last_writer ? st->last_writer : "an inplace op",
+                        (unsigned long long)r->items[i].version, (unsigned long long)st->version);
+    }
+    return FR_OK;
+}
+
+fr_status fr_checkpoint_check_input(const char *op, int i, const fr_tensor *t) {
+    if (!t || !t->made_in)
+        return FR_OK;
+    return fr_error(FR_ERR_GRAPH,
+                    "%s: input %d was made inside a checkpointed segment's forward (strategy "
+                    "checkpoint runs it without grad) and is read outside that segment, where "
+                    "its gradient would be lost; keep the blocks that make and read it in one "
+                    "segment (checkpoint:k over both), do not checkpoint this model, or "
+                    "fr_detach it if it is meant as a constant",
+                    op, i);
+}
+
 /* Host tensors only: on a GPU, reading the statistics back would wait for
  * the device, and computing them again there is cheap. */
 static bool loggable(const fr_tensor *x, const fr_tensor *mean, const fr_tensor *invstd) {
@@ -60,14 +168,17 @@ static bool loggable(const fr_tensor *x, const fr_tensor *mean, const fr_tensor 
 }
 
 fr_checkpoint_logs fr_checkpoint_logs_suspend(void) {
-    fr_checkpoint_logs logs = {recording, replaying};
+    fr_checkpoint_logs logs = {recording, replaying, watching, fr_set_birth_mark(0)};
     recording = replaying = NULL;
+    watching = NULL;
     return logs;
 }
 
 void fr_checkpoint_logs_resume(fr_checkpoint_logs logs) {
     recording = logs.recording;
     replaying = logs.replaying;
+    watching = logs.watching;
+    fr_set_birth_mark(logs.mark);
 }
 
 static _Thread_local long n_taken;
@@ -237,6 +348,7 @@ typedef struct {
     int compress;           /* the forward's compress:B (0: off): the replay's ops save as
                              * its forward's would have, and its masks meet the same ops */
     replay_log *log;        /* the forward's batch statistics and masks, for the replay */
+    read_log *reads;        /* what the forward read and did not make, at its versions */
 } checkpoint_ctx;
 
 /* Backpropagates the replayed segment. Under a backward restricted to some
@@ -268,6 +380,10 @@ static fr_status checkpoint_backward(fr_node *node, fr_tensor *const *dout, fr_t
      * reads (at ResNet-56 batch 640, 7.5 MiB and a workspace at the step's
      * peak: bench/RESULTS.md, issue 23) */
     bool want_dx = fr_node_needs_grad(node, 0);
+    /* the parameters and buffers the replay reads are those the forward
+     * read, as the ones a plain node saves are (docs/ARCHITECTURE.md,
+     * "Strategies") */
+    FR_TRY(reads_check(c->reads));
     fr_tensor *x = fr_node_unpack(node, 0);
     if (!x)
         return fr_last_status();
@@ -303,21 +419,27 @@ static fr_status checkpoint_backward(fr_node *node, fr_tensor *const *dout, fr_t
         fr_recompute_exit();
         fr_set_random_state(now);
         fr_set_compress_random_state(now_compress);
-        if (st == FR_OK && !y)
-            st = fr_last_status();
+        if (st == FR_OK && !y && (st = fr_last_status()) == FR_OK)
+            st = fr_error(FR_ERR_ARG, "backward of checkpoint: the segment's replay produced no "
+                                      "output (its function returned NULL without an error)");
         /* nobody saves the replay's output (the segment's output outside
          * is the forward's tensor), so a recipe on it (recompute) would
          * only hold what it reads, such as the last norm's input, through
          * the whole replay's backward: a recompute segment of two steps
          * peaked one activation above the planner's exact prediction */
-        if (st == FR_OK)
+        if (st == FR_OK && y != leaf)
             fr_set_recipe(y, NULL);
-        /* nothing in it takes a gradient (no parameters, an input that
-         * wants none): nothing to do */
-        if (st == FR_OK && (y->requires_grad || y->grad_fn))
+        /* an identity segment (a block that returns its input): the
+         * gradient passes through, as without the checkpoint; nothing in it
+         * takes a gradient (no parameters, an input that wants none):
+         * nothing to do */
+        if (st == FR_OK && y == leaf) {
+            if (want_dx)
+                din[0] = fr_retain(dout[0]);
+        } else if (st == FR_OK && (y->requires_grad || y->grad_fn))
             st = replay_backward(y, dout[0], want_dx ? leaf : NULL);
     }
-    if (st == FR_OK && want_dx && leaf->grad)
+    if (st == FR_OK && want_dx && leaf->grad && !din[0])
         din[0] = fr_retain(leaf->grad);
     fr_release(y);
     fr_release(leaf);
@@ -330,8 +452,51 @@ static void checkpoint_ctx_free(void *p) {
     if (c) {
         free(c->fn_ctx);
         replay_log_free(c->log);
+        read_log_free(c->reads);
     }
     free(c);
+}
+
+/* Runs the segment's no-grad forward for c: what it makes carries a birth
+ * mark of its own, and what it reads and did not make is noted with its
+ * version (c->reads). Returns its output as the tensor the node will own:
+ * made here, it loses the mark (the node makes it a tensor of the graph);
+ * not made here (the input itself, from a block that returns its input),
+ * a new view of it, so the caller's tensor never becomes the node's
+ * output. NULL with the error set. */
+static fr_tensor *forward_watched(checkpoint_ctx *c, fr_tensor *x) {
+    read_log *reads = c->reads;
+    reads->mark = ++marks_made;
+    reads->input = x->storage;
+    replay_log *outer = recording;
+    read_log *outer_reads = watching;
+    recording = c->log;
+    watching = reads;
+    uint64_t outer_mark = fr_set_birth_mark(reads->mark);
+    fr_no_grad_enter();
+    fr_tensor *y = c->fn(c->fn_ctx, x);
+    fr_no_grad_exit();
+    fr_set_birth_mark(outer_mark);
+    watching = outer_reads;
+    recording = outer;
+    if (!y) {
+        if (fr_last_status() == FR_OK)
+            fr_error(FR_ERR_ARG, "checkpoint: the segment produced no output (its function "
+                                 "returned NULL without an error)");
+        return NULL;
+    }
+    if (reads->oom) {
+        fr_release(y);
+        fr_error(FR_ERR_OOM, "checkpoint: out of memory noting what its segment read");
+        return NULL;
+    }
+    if (y->made_in == reads->mark) {
+        y->made_in = 0;
+        return y;
+    }
+    fr_tensor *view = fr_detach(y);
+    fr_release(y);
+    return view;
 }
 
 fr_tensor *fr_checkpoint(fr_segment_fn fn, const void *fn_ctx, size_t ctx_size, fr_tensor *x) {
@@ -349,8 +514,10 @@ fr_tensor *fr_checkpoint(fr_segment_fn fn, const void *fn_ctx, size_t ctx_size, 
      * read the same description */
     checkpoint_ctx *c = calloc(1, sizeof *c);
     replay_log *log = c ? calloc(1, sizeof *log) : NULL;
-    void *copy = log ? malloc(ctx_size ? ctx_size : 1) : NULL;
+    read_log *reads = log ? calloc(1, sizeof *reads) : NULL;
+    void *copy = reads ? malloc(ctx_size ? ctx_size : 1) : NULL;
     if (!copy) {
+        free(reads);
         free(log);
         free(c);
         fr_error(FR_ERR_OOM, "checkpoint: out of memory");
@@ -368,16 +535,11 @@ fr_tensor *fr_checkpoint(fr_segment_fn fn, const void *fn_ctx, size_t ctx_size, 
     *c = (checkpoint_ctx){.fn = fn, .fn_ctx = copy, .random_state = fr_random_state(),
                           .compress_seed = fr_compress_next_seed(),
                           .autocast = fr_autocast_dtype(), .compress = fr_compress_bits(),
-                          .log = log};
+                          .log = log, .reads = reads};
     /* masks only where the input will be kept as codes: on an exact input
      * the replay's masks are the forward's */
     log->masks_on = fr_compress_would_pack(x);
-    replay_log *outer = recording;
-    recording = log;
-    fr_no_grad_enter();
-    fr_tensor *y = fn(copy, x);
-    fr_no_grad_exit();
-    recording = outer;
+    fr_tensor *y = forward_watched(c, x);
     fr_node *node = y ? fr_node_new("checkpoint", checkpoint_backward, 1, &x, 1) : NULL;
     if (!node) {
         checkpoint_ctx_free(c);

@@ -216,7 +216,12 @@ fr_tensor *fr_abn_scale(fr_tensor *gamma, float eps);
  * state and the autocast dtype. So put in ctx everything the segment reads
  * that may change before backward (training flag, strategy, which blocks);
  * pointers in it (layers, parameters) must stay valid until backward. BN
- * running statistics are updated once (the replay runs in recompute mode). */
+ * running statistics are updated once (the replay runs in recompute mode).
+ * A parameter, buffer or constant fn read and did not make that is written
+ * inplace before backward is FR_ERR_VERSION there; fn may return x itself
+ * (the gradient passes through); a tensor fn made, other than its output,
+ * that a recorded op reads later is FR_ERR_GRAPH (its gradient would be
+ * lost; checkpoint_log.h). */
 typedef fr_tensor *(*fr_segment_fn)(void *ctx, fr_tensor *x);
 fr_tensor *fr_checkpoint(fr_segment_fn fn, const void *fn_ctx, size_t ctx_size, fr_tensor *x);
 

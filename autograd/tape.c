@@ -1,5 +1,6 @@
 /* tape.c: grad mode, nodes, saved tensors and the backward engine. */
 #include "autograd.h"
+#include "checkpoint_log.h"
 #include "node.h"
 #include "../tensor/rng.h"
 
@@ -51,19 +52,31 @@ static const char *freed_op(uint64_t seq) {
     return "an op";
 }
 
-/* The live node with this sequence number on the current tape, or NULL. */
-static fr_node *find_node(uint64_t seq) {
-    int lo = 0, hi = tape.len - 1;
+/* The live node with this sequence number on tape t, or NULL. */
+static fr_node *find_node_on(const fr_tape *t, uint64_t seq) {
+    int lo = 0, hi = t->len - 1;
     while (lo <= hi) {
         int mid = lo + (hi - lo) / 2;
-        if (tape.seqs[mid] == seq)
-            return tape.nodes[mid];
-        if (tape.seqs[mid] < seq)
+        if (t->seqs[mid] == seq)
+            return t->nodes[mid];
+        if (t->seqs[mid] < seq)
             lo = mid + 1;
         else
             hi = mid - 1;
     }
     return NULL;
+}
+
+/* The live node with this sequence number on the current tape, or NULL. */
+static fr_node *find_node(uint64_t seq) { return find_node_on(&tape, seq); }
+
+/* Whether the node is alive on a tape set aside by fr_tape_push: a replay
+ * reads a tensor of the graph outside its segment (error path only). */
+static bool on_outer_tape(uint64_t seq) {
+    for (int i = 0; i < n_outer; i++)
+        if (find_node_on(&outer[i], seq))
+            return true;
+    return false;
 }
 
 static bool node_alive(const fr_node *n, uint64_t seq) { return n && find_node(seq) == n; }
@@ -162,13 +175,18 @@ fr_tensor *fr_detach(fr_tensor *t) {
     if (v) {
         v->requires_grad = false;
         v->grad_fn = NULL;
+        v->made_in = 0; /* a constant by the caller's choice (fn_checkpoint.c) */
     }
     return v;
 }
 
 bool fr_should_record(int n, fr_tensor *const *inputs) {
-    if (no_grad_depth > 0)
+    if (no_grad_depth > 0) {
+        /* in a checkpointed segment's forward, what the replay will read
+         * again (checkpoint_log.h) */
+        fr_checkpoint_note_reads(n, inputs);
         return false;
+    }
     for (int i = 0; i < n; i++)
         if (inputs[i] && inputs[i]->requires_grad)
             return true;
@@ -249,6 +267,16 @@ fr_node *fr_node_new(const char *op, fr_backward_fn backward, int n_inputs,
     FR_ASSERT(backward && n_outputs >= 1 && n_inputs >= 0);
     for (int i = 0; i < n_inputs; i++) {
         const fr_tensor *t = inputs[i];
+        if (t && t->requires_grad && t->grad_fn && !node_alive(t->grad_fn, t->grad_fn_gen) &&
+            on_outer_tape(t->grad_fn_gen)) {
+            fr_error(FR_ERR_GRAPH,
+                     "%s: input %d (made by %s) comes from outside the checkpointed segment being "
+                     "replayed, where its gradient cannot go (a segment passes gradient back only "
+                     "through its input); keep the blocks that make and read it in one segment "
+                     "(checkpoint:k over both), or do not checkpoint this model",
+                     op, i, t->grad_fn->op);
+            return NULL;
+        }
         if (t && t->requires_grad && t->grad_fn && !node_alive(t->grad_fn, t->grad_fn_gen)) {
             fr_error(FR_ERR_GRAPH,
                      "%s: input %d comes from a graph (made by %s) that backward (or fr_tape_clear) "
@@ -256,6 +284,8 @@ fr_node *fr_node_new(const char *op, fr_backward_fn backward, int n_inputs,
                      op, i, freed_op(t->grad_fn_gen));
             return NULL;
         }
+        if (fr_checkpoint_check_input(op, i, t) != FR_OK)
+            return NULL;
     }
     if (tape.len == tape.cap && grow_tape(op) != FR_OK)
         return NULL;

@@ -19,6 +19,8 @@ void fr_params_free(fr_params *p) {
     if (!p)
         return;
     for (int i = 0; i < p->count; i++) {
+        if (p->items[i].tensor->name == p->items[i].name)
+            p->items[i].tensor->name = NULL;
         free(p->items[i].name);
         fr_release(p->items[i].tensor);
     }
@@ -62,6 +64,10 @@ fr_status fr_params_add(fr_params *p, const char *name, fr_tensor *t, fr_param_k
         return fr_error(FR_ERR_OOM, "params: out of memory registering %s", name);
     if (kind == FR_PARAMETER)
         fr_set_requires_grad(t, true);
+    /* errors about the tensor can name it (fn_checkpoint.c's version
+     * check); cleared when the registry goes, which owns the name */
+    if (!t->name)
+        t->name = copy;
     p->items[p->count++] = (fr_param){.name = copy, .tensor = fr_retain(t), .kind = kind};
     return FR_OK;
 }

@@ -283,7 +283,9 @@ static fr_status measure(fr_module *seq, fr_tensor *x, const fr_run *run, double
                  * rather than packing its input again */
                 cur_packed = y && (y->packed || fr_live_recipe(y));
                 next = y ? fr_detach(y) : NULL;
-                if (y && st == FR_OK)
+                /* a step with no graph (a block that returns its input)
+                 * has no backward: its gradient passes through */
+                if (y && st == FR_OK && fr_has_grad_fn(y))
                     st = measure_backward(seq->model->params, y, leaf, dev, &backward[s]);
                 fr_release(y);
                 fr_storage_unmark_saved(leaf->storage);

@@ -65,6 +65,14 @@ void fr_storage_unmark_saved(fr_storage *s) {
     }
 }
 
+static _Thread_local uint64_t birth_mark;
+
+uint64_t fr_set_birth_mark(uint64_t mark) {
+    uint64_t before = birth_mark;
+    birth_mark = mark;
+    return before;
+}
+
 static fr_tensor *tensor_header(fr_storage *s, fr_dtype dtype, int ndim, const int64_t *shape) {
     fr_tensor *t = calloc(1, sizeof *t);
     if (!t) {
@@ -81,6 +89,7 @@ static fr_tensor *tensor_header(fr_storage *s, fr_dtype dtype, int ndim, const i
         stride *= shape[i];
     }
     t->refcount = 1;
+    t->made_in = birth_mark;
     atomic_fetch_add(&live_tensors, 1);
     return t;
 }

@@ -79,6 +79,9 @@ typedef struct fr_tensor {
                                       is at packed_version */
     uint64_t packed_version;
     const char *name;              /* optional, static or owned elsewhere */
+    uint64_t made_in;              /* the birth mark in force when this header was made
+                                      (fr_set_birth_mark; 0: none): autograd/ marks what a
+                                      checkpointed segment's no-grad forward makes */
 } fr_tensor;
 
 /* A shape literal: FR_SHAPE(2, 3) is (const int64_t[]){2, 3}. */
@@ -150,6 +153,12 @@ fr_recipe *fr_live_recipe(const fr_tensor *t);
 /* Records an inplace write by `op` (see the version-counter note above);
  * t's recipe no longer describes it and is dropped. */
 void fr_bump_version(fr_tensor *t, const char *op);
+
+/* Every tensor header made on this thread from now on (new tensors and
+ * views alike) gets `mark` in made_in; returns the mark in force before,
+ * for putting it back. autograd/ sets one around a checkpointed segment's
+ * no-grad forward (autograd/fn_checkpoint.c). */
+uint64_t fr_set_birth_mark(uint64_t mark);
 
 /* The tape marks storages it holds for backward; transient activations count
  * as FR_TAG_SAVED in the ledger while at least one mark is on. */
