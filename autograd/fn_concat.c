@@ -310,3 +310,74 @@ fr_tensor *fr_concat(fr_tensor *const *inputs, int count) { return concat(inputs
 fr_tensor *fr_concat_recomputable(fr_tensor *const *inputs, int count) {
     return concat(inputs, count, true);
 }
+
+/* ---- slice: one range of dim 0 or 1, concat's inverse ----
+ * A copy, not a view (fr_narrow's view carries no gradient, tensor.h): its
+ * backward writes dout into zeros of x's shape, at the range. */
+
+typedef struct {
+    int dim, ndim;
+    int64_t start;
+    int64_t shape[FR_MAX_DIMS]; /* of x */
+} slice_ctx;
+
+/* src into dst, where dst is a range of dim `dim` of a contiguous tensor:
+ * contiguous for dim 0, a channel slice for dim 1 (concat's kernel). */
+static fr_status copy_range(fr_tensor *dst, fr_tensor *src, int dim) {
+    return dim == 0 ? fr_copy_(dst, src) : fr_concat_forward(dst, &src, 1);
+}
+
+static fr_status slice_backward(fr_node *node, fr_tensor *const *dout, fr_tensor **din) {
+    const slice_ctx *c = node->ctx;
+    fr_tensor *g = fr_zeros(node->device, dout[0]->dtype, c->ndim, c->shape, FR_TAG_TRANSIENT);
+    fr_tensor *at = g ? fr_narrow(g, c->dim, c->start, dout[0]->shape[c->dim]) : NULL;
+    fr_tensor *d = at ? fr_contiguous(dout[0], FR_TAG_TRANSIENT) : NULL;
+    fr_status st = d ? copy_range(at, d, c->dim) : fr_last_status();
+    fr_release(d);
+    fr_release(at);
+    if (st != FR_OK) {
+        fr_release(g);
+        return st;
+    }
+    din[0] = g;
+    return FR_OK;
+}
+
+fr_tensor *fr_slice(fr_tensor *x, int dim, int64_t start, int64_t length) {
+    if (fr_check_defined("slice", "x", x) != FR_OK)
+        return NULL;
+    fr_tensor *cx = fr_contiguous(x, FR_TAG_TRANSIENT);
+    fr_tensor *range = cx ? fr_narrow(cx, dim, start, length) : NULL;
+    fr_release(cx);
+    if (!range)
+        return NULL;
+    fr_tensor *y = fr_empty(fr_device_of(x), x->dtype, range->ndim, range->shape, FR_TAG_TRANSIENT);
+    fr_tensor *src = y && dim == 0 ? fr_retain(range) : NULL;
+    fr_status st = !y ? fr_last_status()
+                   : dim == 0 ? fr_copy_(y, src)
+                              : fr_concat_forward(y, &range, 1);
+    fr_release(src);
+    fr_release(range);
+    if (st != FR_OK) {
+        fr_release(y);
+        return NULL;
+    }
+    fr_tensor *in[1] = {x};
+    if (fr_should_record(1, in)) {
+        slice_ctx *c = calloc(1, sizeof *c);
+        fr_node *node = c ? fr_node_new("slice", slice_backward, 1, in, 1) : NULL;
+        if (!node) {
+            if (!c)
+                fr_error(FR_ERR_OOM, "slice: out of memory");
+            free(c);
+            fr_release(y);
+            return NULL;
+        }
+        *c = (slice_ctx){.dim = dim, .ndim = x->ndim, .start = start};
+        for (int d = 0; d < x->ndim; d++)
+            c->shape[d] = x->shape[d];
+        fr_node_set_ctx(node, c, NULL);
+        fr_node_set_output(node, 0, y);
+    }
+    return y;
+}

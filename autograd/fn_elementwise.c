@@ -275,9 +275,11 @@ fr_tensor *fr_reshape(fr_tensor *x, int ndim, const int64_t *shape) {
     fr_release(src);
     if (!y)
         return NULL;
-    /* A view starts with no autograd state of its own. */
+    /* A view starts with no autograd state of its own: recorded below, or
+     * a constant made under no_grad, never a view cut from the graph. */
     y->requires_grad = false;
     y->grad_fn = NULL;
+    y->cut_from_graph = false;
     fr_tensor *in[1] = {x};
     if (fr_should_record(1, in)) {
         reduce_ctx *c = calloc(1, sizeof *c);

@@ -134,6 +134,9 @@ fr_tensor *fr_concat(fr_tensor *const *inputs, int count);
  * the ledger; an input written inplace before backward makes the recompute
  * fail with FR_ERR_VERSION. */
 fr_tensor *fr_concat_recomputable(fr_tensor *const *inputs, int count);
+/* x's range [start, start + length) of dim 0 or 1, as a new tensor, with a
+ * gradient (a block's channel split): the differentiable fr_narrow. */
+fr_tensor *fr_slice(fr_tensor *x, int dim, int64_t start, int64_t length);
 
 /* fn_dropout.c: in training zeroes each element with probability p and
  * scales the rest by 1 / (1 - p); in eval returns x itself (a new

@@ -176,6 +176,7 @@ fr_tensor *fr_detach(fr_tensor *t) {
         v->requires_grad = false;
         v->grad_fn = NULL;
         v->made_in = 0; /* a constant by the caller's choice (fn_checkpoint.c) */
+        v->cut_from_graph = false; /* the same: cut on purpose */
     }
     return v;
 }
@@ -187,8 +188,11 @@ bool fr_should_record(int n, fr_tensor *const *inputs) {
         fr_checkpoint_note_reads(n, inputs);
         return false;
     }
+    /* a view cut from the graph is recorded only to be refused
+     * (fr_node_new): an op over it alone made a result without a graph, and
+     * whatever read that result later lost the gradient silently */
     for (int i = 0; i < n; i++)
-        if (inputs[i] && inputs[i]->requires_grad)
+        if (inputs[i] && (inputs[i]->requires_grad || inputs[i]->cut_from_graph))
             return true;
     return false;
 }
@@ -286,6 +290,14 @@ fr_node *fr_node_new(const char *op, fr_backward_fn backward, int n_inputs,
         }
         if (fr_checkpoint_check_input(op, i, t) != FR_OK)
             return NULL;
+        if (t && t->cut_from_graph) {
+            fr_error(FR_ERR_GRAPH,
+                     "%s: input %d is a view (fr_view or fr_narrow) of a tensor that wants a "
+                     "gradient, and such a view carries none; use fr_reshape or fr_slice, which "
+                     "autograd records, or fr_detach the view if a constant is meant",
+                     op, i);
+            return NULL;
+        }
     }
     if (tape.len == tape.cap && grow_tape(op) != FR_OK)
         return NULL;
@@ -328,6 +340,7 @@ fr_node *fr_node_new(const char *op, fr_backward_fn backward, int n_inputs,
 
 void fr_node_set_output(fr_node *node, int index, fr_tensor *t) {
     FR_ASSERT(index >= 0 && index < node->n_outputs);
+    t->cut_from_graph = false; /* a view recorded as an op's output (fr_reshape) */
     t->requires_grad = true;
     t->grad_fn = node;
     t->grad_fn_gen = node->seq;

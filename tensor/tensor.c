@@ -275,6 +275,7 @@ static fr_tensor *view_of(fr_tensor *t) {
     if (!v)
         return NULL;
     t->storage->refcount++;
+    v->cut_from_graph = t->requires_grad || t->cut_from_graph;
     v->offset = t->offset;
     memcpy(v->stride, t->stride, sizeof v->stride);
     return v;

@@ -79,6 +79,9 @@ typedef struct fr_tensor {
                                       is at packed_version */
     uint64_t packed_version;
     const char *name;              /* optional, static or owned elsewhere */
+    bool cut_from_graph;           /* a view (fr_view, fr_narrow) of a tensor that takes part
+                                      in autograd: the view carries no gradient, so autograd/
+                                      refuses it as a recorded op's input (fr_node_new) */
     uint64_t made_in;              /* the birth mark in force when this header was made
                                       (fr_set_birth_mark; 0: none): autograd/ marks what a
                                       checkpointed segment's no-grad forward makes */
@@ -123,7 +126,10 @@ float *fr_data_f32(const fr_tensor *t);
 char *fr_shape_str(const fr_tensor *t, char *buf, size_t len);
 
 /* Views sharing storage. reshape needs a contiguous tensor and the same
- * numel; one entry of shape may be -1. narrow takes dim 0 or 1. */
+ * numel; one entry of shape may be -1. narrow takes dim 0 or 1. Neither is
+ * recorded by autograd: a view of a tensor that wants a gradient carries
+ * none, and a recorded op refuses it as an input (cut_from_graph); the
+ * differentiable views are autograd's fr_reshape and fr_slice. */
 fr_tensor *fr_view(fr_tensor *t, int ndim, const int64_t *shape);
 fr_tensor *fr_narrow(fr_tensor *t, int dim, int64_t start, int64_t length);
 /* t itself (one more reference) when contiguous, else a contiguous copy. */
