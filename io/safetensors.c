@@ -4,7 +4,9 @@
  * The header is parsed by the strict JSON parser of json.c into a tree,
  * then checked against the safetensors schema. The data section is not loaded at open: each tensor is
  * read from the file when asked for, straight into its own storage on the
- * CPU, so opening a checkpoint costs only its header. */
+ * CPU, so opening a checkpoint costs only its header. The checksums
+ * (safetensors.h) follow the same split: the metadata's is checked at open,
+ * a tensor's as its bytes are read. */
 #include "safetensors.h"
 
 #include <errno.h>
@@ -18,6 +20,7 @@
 #include "../cuda/fr_cuda.h"
 #include "json.h"
 #include "outfile.h"
+#include "st_checksum.h"
 
 /* The format is little-endian and tensors are written from memory as they
  * are, so a big-endian host would need byte swaps this file does not have. */
@@ -71,6 +74,14 @@ struct fr_st_file {
     int n_meta;
     char **meta_keys, **meta_vals; /* a value NULL: not a JSON string */
     const char **meta_kinds;       /* what each value is ("a string", "null", ...) */
+    /* FR_ST_CHECKSUM_KEY's CRCs: sums[0] the metadata's, sums[1 + i] entry
+     * e[i]'s; NULL for a file without the field. */
+    uint32_t *sums;
+    /* Which entries' bytes have matched their CRC in this open file, so a
+     * load that verifies first and copies after computes each CRC once.
+     * Written through `const fr_st_file *`: it records what was read, the
+     * file as the API shows it does not change. */
+    bool *checked;
 };
 
 static int entry_cmp(const void *a, const void *b) {
@@ -97,6 +108,8 @@ void fr_st_close(fr_st_file *f) {
     free(f->meta_keys);
     free(f->meta_vals);
     free(f->meta_kinds);
+    free(f->sums);
+    free(f->checked);
     free(f->path);
     free(f);
 }
@@ -233,6 +246,38 @@ static fr_status st_check_layout(fr_st_file *f, uint64_t data_size) {
     return st;
 }
 
+/* FR_ST_CHECKSUM_KEY, when the file has it: its form (one CRC for the
+ * metadata and one per tensor), then the metadata's CRC, which needs nothing
+ * past the header. The tensors' are checked as their bytes are read. */
+static fr_status st_parse_sums(fr_st_file *f) {
+    const char *kind = fr_st_metadata_kind(f, FR_ST_CHECKSUM_KEY);
+    if (!kind)
+        return FR_OK; /* an older frugal's file, or another tool's: unchecked */
+    const char *text = fr_st_metadata(f, FR_ST_CHECKSUM_KEY);
+    f->sums = malloc(((size_t)f->n + 1) * sizeof *f->sums);
+    f->checked = calloc((size_t)f->n + 1, sizeof *f->checked);
+    if (!f->sums || !f->checked)
+        return fr_error(FR_ERR_OOM, "safetensors: %s: out of memory reading the checksums", f->path);
+    if (!text || !fr_st_sums_parse(text, f->sums, f->n + 1))
+        return fr_error(FR_ERR_FORMAT, "safetensors: %s: metadata field \"" FR_ST_CHECKSUM_KEY "\" is not "
+                        "%d CRC-32s of 8 lowercase hex digits separated by spaces (the metadata's, then one "
+                        "per tensor in name order)%s%s", f->path, f->n + 1, text ? "" : ": it is ",
+                        text ? "" : kind);
+    /* frugal writes strings only: another kind of value was put there later */
+    for (int i = 0; i < f->n_meta; i++)
+        if (!f->meta_vals[i])
+            return fr_error(FR_ERR_FORMAT, "safetensors: %s: metadata field \"%s\" is %s, but a file with "
+                            "\"" FR_ST_CHECKSUM_KEY "\" holds only strings: the header was changed after "
+                            "it was written", f->path, f->meta_keys[i], f->meta_kinds[i]);
+    uint32_t crc;
+    FR_TRY(fr_st_crc_metadata(f->n_meta, f->meta_keys, f->meta_vals, FR_ST_CHECKSUM_KEY, &crc));
+    if (crc != f->sums[0])
+        return fr_error(FR_ERR_FORMAT, "safetensors: %s: the __metadata__ does not match its checksum in "
+                        "\"" FR_ST_CHECKSUM_KEY "\" (%08x stored, %08x read): a field was changed after the "
+                        "file was written", f->path, (unsigned)f->sums[0], (unsigned)crc);
+    return FR_OK;
+}
+
 static fr_status st_parse_header(fr_st_file *f, const char *text, size_t len, uint64_t data_size) {
     char context[600];
     snprintf(context, sizeof context, "safetensors: %s: header", f->path);
@@ -272,7 +317,8 @@ static fr_status st_parse_header(fr_st_file *f, const char *text, size_t len, ui
         if (!strcmp(f->e[i - 1].name, f->e[i].name))
             return fr_error(FR_ERR_FORMAT, "safetensors: %s: tensor name '%s' appears twice", f->path,
                             f->e[i].name);
-    return st_check_layout(f, data_size);
+    FR_TRY(st_check_layout(f, data_size));
+    return st_parse_sums(f);
 }
 
 fr_st_file *fr_st_open(const char *path) {
@@ -413,6 +459,26 @@ bool fr_st_is_i64(const fr_st_file *f, int i) {
 
 static fr_status st_pread(const fr_st_file *f, const st_entry *e, void *dst, uint64_t off, size_t n);
 
+/* Whether e's bytes are still to be checked against a CRC as they are read. */
+static bool st_unchecked(const fr_st_file *f, const st_entry *e) {
+    return f->sums && !f->checked[e - f->e];
+}
+
+static uint32_t st_crc_begin(const st_entry *e) {
+    return fr_st_crc_begin(e->name, e->dt->name, e->ndim, e->shape);
+}
+
+/* `crc`: st_crc_begin(e) carried over all of e's bytes, just read. */
+static fr_status st_check_crc(const fr_st_file *f, const st_entry *e, uint32_t crc) {
+    uint32_t want = f->sums[1 + (e - f->e)];
+    if (crc != want)
+        return fr_error(FR_ERR_FORMAT, "safetensors: %s: tensor '%s': its bytes do not match their checksum in "
+                        "\"" FR_ST_CHECKSUM_KEY "\" (%08x stored, %08x read): the file was damaged or changed "
+                        "after it was written", f->path, e->name, (unsigned)want, (unsigned)crc);
+    f->checked[e - f->e] = true;
+    return FR_OK;
+}
+
 /* Reads I64 entry e as i32 into out (NULL: only check), every value range
  * checked: a counter PyTorch keeps in 64 bits fits frugal's 32 unless it is
  * past 2^31 - 1, which is then an error, never a wrapped value. */
@@ -423,6 +489,8 @@ static fr_status st_read_i64_as_i32(const fr_st_file *f, const st_entry *e, int3
         return fr_error(FR_ERR_OOM, "safetensors: %s: out of memory reading tensor '%s'", f->path,
                         e->name);
     fr_status st = st_pread(f, e, v, 0, n * 8);
+    if (st == FR_OK && st_unchecked(f, e))
+        st = st_check_crc(f, e, fr_st_crc_update(st_crc_begin(e), v, n * 8));
     for (size_t k = 0; k < n && st == FR_OK; k++) {
         if (v[k] < INT32_MIN || v[k] > INT32_MAX)
             st = fr_error(FR_ERR_FORMAT, "safetensors: %s: tensor '%s' (I64) holds %lld at element %zu, "
@@ -478,11 +546,16 @@ static fr_status st_pread(const fr_st_file *f, const st_entry *e, void *dst, uin
 }
 
 /* Reads an entry's bytes into `dst`, a contiguous tensor of its size on any
- * device; device tensors are filled through a bounded host staging buffer. */
+ * device, checking its CRC; device tensors are filled through a bounded host
+ * staging buffer. dst == NULL: only the check (fr_st_verify). */
 static fr_status st_fill(const fr_st_file *f, const st_entry *e, fr_tensor *dst) {
     size_t total = (size_t)(e->end - e->begin);
-    if (fr_device_of(dst) == FR_CPU)
-        return st_pread(f, e, fr_data(dst), 0, total);
+    bool sum = st_unchecked(f, e);
+    uint32_t crc = sum ? st_crc_begin(e) : 0;
+    if (dst && fr_device_of(dst) == FR_CPU) {
+        FR_TRY(st_pread(f, e, fr_data(dst), 0, total));
+        return sum ? st_check_crc(f, e, fr_st_crc_update(crc, fr_data(dst), total)) : FR_OK;
+    }
     size_t chunk = total < ST_CHUNK ? total : ST_CHUNK;
     char *stage = malloc(chunk ? chunk : 1);
     if (!stage)
@@ -492,11 +565,22 @@ static fr_status st_fill(const fr_st_file *f, const st_entry *e, fr_tensor *dst)
     for (size_t at = 0; at < total && st == FR_OK; at += chunk) {
         size_t n = total - at < chunk ? total - at : chunk;
         st = st_pread(f, e, stage, at, n);
-        if (st == FR_OK)
+        if (st == FR_OK && sum)
+            crc = fr_st_crc_update(crc, stage, n);
+        if (st == FR_OK && dst)
             st = fr_cuda_memcpy((char *)fr_data(dst) + at, stage, n, FR_COPY_H2D);
     }
     free(stage);
-    return st;
+    return st == FR_OK && sum ? st_check_crc(f, e, crc) : st;
+}
+
+fr_status fr_st_verify(const fr_st_file *f, const char *name) {
+    if (!f || !name)
+        return fr_error(FR_ERR_ARG, "safetensors: verify: file or name is NULL");
+    int i = fr_st_find(f, name);
+    if (i < 0)
+        return fr_error(FR_ERR_ARG, "safetensors: verify: %s: no tensor named '%s'", f->path, name);
+    return st_unchecked(f, &f->e[i]) ? st_fill(f, &f->e[i], NULL) : FR_OK;
 }
 
 fr_tensor *fr_st_get(const fr_st_file *f, const char *name, fr_device dev, fr_mem_tag tag) {

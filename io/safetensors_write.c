@@ -1,7 +1,12 @@
 /* safetensors_write.c: writing safetensors files (fr_st_writer_*); see
  * safetensors.h. Reading is io/safetensors.c. A writer holds references to
  * its tensors and writes them, sorted by name as the reference implementation
- * does, through io/outfile.c, so a failed save leaves no partial file. */
+ * does, through io/outfile.c, so a failed save leaves no partial file.
+ *
+ * The checksums go in the header, which comes first, and the output stream
+ * cannot seek back: each tensor's bytes are therefore streamed twice, once
+ * into its CRC and once into the file (crc32 runs at GB/s; a CUDA tensor is
+ * staged twice). */
 #include "safetensors.h"
 
 #include <errno.h>
@@ -11,6 +16,7 @@
 
 #include "../cuda/fr_cuda.h"
 #include "outfile.h"
+#include "st_checksum.h"
 
 /* Tensors are written from memory as they are (see safetensors.c). */
 FR_STATIC_ASSERT(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__, "safetensors_write.c assumes a little-endian host");
@@ -90,6 +96,9 @@ fr_status fr_st_writer_add(fr_st_writer *w, const char *name, fr_tensor *t) {
 fr_status fr_st_writer_add_metadata(fr_st_writer *w, const char *key, const char *value) {
     if (!w || !key || !value)
         return fr_error(FR_ERR_ARG, "safetensors: add_metadata: writer, key or value is NULL");
+    if (!strcmp(key, FR_ST_CHECKSUM_KEY))
+        return fr_error(FR_ERR_ARG, "safetensors: add_metadata: key '%s' is reserved: save writes the "
+                        "file's checksums under it", key);
     for (int i = 0; i < w->n_meta; i++)
         if (!strcmp(w->meta_keys[i], key))
             return fr_error(FR_ERR_ARG, "safetensors: add_metadata: key '%s' added twice", key);
@@ -169,26 +178,25 @@ static int wentry_cmp(const void *a, const void *b) {
     return strcmp(((const st_wentry *)a)->name, ((const st_wentry *)b)->name);
 }
 
-/* The header text, padded with spaces so the data starts 8-byte aligned. */
-static fr_status st_build_header(fr_st_writer *w, st_buf *b) {
+/* The header text, the checksum field last in the metadata, padded with
+ * spaces so the data starts 8-byte aligned. */
+static fr_status st_build_header(fr_st_writer *w, const char *sums, st_buf *b) {
     char num[64];
     uint64_t offset = 0;
-    buf_puts(b, "{");
-    if (w->n_meta) {
-        buf_puts(b, "\"__metadata__\":{");
-        for (int i = 0; i < w->n_meta; i++) {
-            if (i)
-                buf_puts(b, ",");
-            buf_json_str(b, w->meta_keys[i]);
-            buf_puts(b, ":");
-            buf_json_str(b, w->meta_vals[i]);
-        }
-        buf_puts(b, "}");
+    buf_puts(b, "{\"__metadata__\":{");
+    for (int i = 0; i < w->n_meta; i++) {
+        buf_json_str(b, w->meta_keys[i]);
+        buf_puts(b, ":");
+        buf_json_str(b, w->meta_vals[i]);
+        buf_puts(b, ",");
     }
+    buf_json_str(b, FR_ST_CHECKSUM_KEY);
+    buf_puts(b, ":");
+    buf_json_str(b, sums);
+    buf_puts(b, "}");
     for (int i = 0; i < w->n; i++) {
         const fr_tensor *t = w->e[i].t;
-        if (i || w->n_meta)
-            buf_puts(b, ",");
+        buf_puts(b, ",");
         buf_json_str(b, w->e[i].name);
         buf_puts(b, ":{\"dtype\":\"");
         buf_puts(b, st_names_of_fr[t->dtype]);
@@ -209,15 +217,30 @@ static fr_status st_build_header(fr_st_writer *w, st_buf *b) {
     return b->oom ? fr_error(FR_ERR_OOM, "safetensors: out of memory building the header") : FR_OK;
 }
 
-static fr_status st_write_tensor(FILE *fp, const fr_tensor *t) {
+/* Where a tensor's bytes go: into the file, or into its CRC. */
+typedef fr_status (*st_sink)(void *ctx, const void *p, size_t n);
+
+static fr_status sink_file(void *fp, const void *p, size_t n) {
+    if (n && fwrite(p, 1, n, fp) != n)
+        return fr_error(FR_ERR_IO, "write failed: %s", strerror(errno));
+    return FR_OK;
+}
+
+static fr_status sink_crc(void *crc, const void *p, size_t n) {
+    *(uint32_t *)crc = fr_st_crc_update(*(uint32_t *)crc, p, n);
+    return FR_OK;
+}
+
+/* Hands t's bytes, packed, to `sink` from host memory: a CPU tensor at
+ * once, a device tensor staged in bounded chunks. */
+static fr_status st_stream_tensor(const fr_tensor *t, st_sink sink, void *ctx) {
     fr_tensor *c = fr_contiguous((fr_tensor *)t, FR_TAG_WORKSPACE);
     if (!c)
         return fr_last_status();
     size_t total = fr_nbytes(c);
     fr_status st = FR_OK;
     if (fr_device_of(c) == FR_CPU) {
-        if (total && fwrite(fr_data(c), 1, total, fp) != total)
-            st = fr_error(FR_ERR_IO, "write failed: %s", strerror(errno));
+        st = sink(ctx, fr_data(c), total);
     } else {
         size_t chunk = total < ST_CHUNK ? total : ST_CHUNK;
         char *stage = malloc(chunk ? chunk : 1);
@@ -226,12 +249,36 @@ static fr_status st_write_tensor(FILE *fp, const fr_tensor *t) {
         for (size_t at = 0; stage && at < total && st == FR_OK; at += chunk) {
             size_t n = total - at < chunk ? total - at : chunk;
             st = fr_cuda_memcpy(stage, (const char *)fr_data(c) + at, n, FR_COPY_D2H);
-            if (st == FR_OK && fwrite(stage, 1, n, fp) != n)
-                st = fr_error(FR_ERR_IO, "write failed: %s", strerror(errno));
+            if (st == FR_OK)
+                st = sink(ctx, stage, n);
         }
         free(stage);
     }
     fr_release(c);
+    return st;
+}
+
+/* The checksum field's text (safetensors.h): the metadata's CRC, then each
+ * tensor's in the writer's order, which is by name once save has sorted. */
+static fr_status st_checksums(const fr_st_writer *w, const char *path, char **text) {
+    uint32_t *sums = malloc(((size_t)w->n + 1) * sizeof *sums);
+    if (!sums)
+        return fr_error(FR_ERR_OOM, "safetensors: save %s: out of memory for the checksums", path);
+    fr_status st = fr_st_crc_metadata(w->n_meta, w->meta_keys, w->meta_vals, NULL, &sums[0]);
+    for (int i = 0; i < w->n && st == FR_OK; i++) {
+        const fr_tensor *t = w->e[i].t;
+        sums[i + 1] = fr_st_crc_begin(w->e[i].name, st_names_of_fr[t->dtype], t->ndim, t->shape);
+        st = st_stream_tensor(t, sink_crc, &sums[i + 1]);
+        if (st != FR_OK) {
+            char why[512];
+            snprintf(why, sizeof why, "%s", fr_last_error());
+            fr_error(st, "safetensors: save %s failed (previous file left as it was): tensor '%s': %s", path,
+                     w->e[i].name, why);
+        }
+    }
+    if (st == FR_OK && !(*text = fr_st_sums_format(sums, w->n + 1)))
+        st = fr_error(FR_ERR_OOM, "safetensors: save %s: out of memory for the checksums", path);
+    free(sums);
     return st;
 }
 
@@ -240,8 +287,15 @@ fr_status fr_st_writer_save(fr_st_writer *w, const char *path) {
         return fr_error(FR_ERR_ARG, "safetensors: save: writer or path is NULL");
     if (w->n)
         qsort(w->e, (size_t)w->n, sizeof *w->e, wentry_cmp);
+    char *sums = NULL;
+    FR_TRY(st_checksums(w, path, &sums));
     st_buf hdr = {0};
-    FR_TRY(st_build_header(w, &hdr));
+    fr_status built = st_build_header(w, sums, &hdr);
+    free(sums);
+    if (built != FR_OK) {
+        free(hdr.s);
+        return built;
+    }
     char why[768] = "";
     fr_outfile *out = fr_outfile_open(path);
     if (!out) {
@@ -257,7 +311,7 @@ fr_status fr_st_writer_save(fr_st_writer *w, const char *path) {
     if (fwrite(lenbuf, 1, 8, fp) != 8 || fwrite(hdr.s, 1, hdr.n, fp) != hdr.n)
         st = fr_error(FR_ERR_IO, "header write failed: %s", strerror(errno));
     for (int i = 0; i < w->n && st == FR_OK; i++) {
-        st = st_write_tensor(fp, w->e[i].t);
+        st = st_stream_tensor(w->e[i].t, sink_file, fp);
         if (st != FR_OK) {
             snprintf(why, sizeof why, "tensor '%s': %s", w->e[i].name, fr_last_error());
             fr_error(st, "%s", why);

@@ -1,6 +1,7 @@
 /* params.c: the parameter registry; see params.h. */
 #include "params.h"
 
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -245,9 +246,50 @@ static fr_status check_file(const fr_params *p, const fr_st_file *f, const char 
     return FR_OK;
 }
 
+/* Which BatchNorm statistic a name is, by its last component. */
+typedef enum { STAT_NONE, STAT_MEAN, STAT_VAR, STAT_COUNT } stat_kind;
+
+static stat_kind stat_of(const char *name) {
+    const char *dot = strrchr(name, '.'), *last = dot ? dot + 1 : name;
+    return !strcmp(last, "running_mean")          ? STAT_MEAN
+           : !strcmp(last, "running_var")         ? STAT_VAR
+           : !strcmp(last, "num_batches_tracked") ? STAT_COUNT
+                                                  : STAT_NONE;
+}
+
+fr_status fr_params_check_stats(const fr_param *e, const fr_st_file *f, const char *path, const char *name,
+                                const char *op) {
+    stat_kind kind = e->kind == FR_BUFFER ? stat_of(e->name) : STAT_NONE;
+    if (kind == STAT_NONE || e->tensor->dtype != (kind == STAT_COUNT ? FR_I32 : FR_F32))
+        return FR_OK;
+    /* a CPU copy of the model's dtype: PyTorch's int64 counter reads into it too */
+    fr_tensor *t = fr_empty(FR_CPU, e->tensor->dtype, e->tensor->ndim, e->tensor->shape, FR_TAG_WORKSPACE);
+    fr_status st = t ? fr_st_read_into(f, name, t) : fr_last_status();
+    int64_t n = st == FR_OK ? fr_numel(t) : 0, i = 0;
+    const float *x = kind == STAT_COUNT || !t ? NULL : fr_data_f32(t);
+    const int32_t *k = kind == STAT_COUNT && t ? (const int32_t *)fr_data(t) : NULL;
+    while (i < n && (k ? k[i] >= 0 : isfinite(x[i]) && (kind == STAT_MEAN || x[i] >= 0)))
+        i++;
+    if (i < n && k)
+        st = fr_error(FR_ERR_FORMAT, "%s %s: tensor %s holds %d, expected a count of batches >= 0", op, path,
+                      name, (int)k[i]);
+    else if (i < n)
+        st = fr_error(FR_ERR_FORMAT, "%s %s: tensor %s holds %g at element %lld, expected a finite number%s: "
+                      "BatchNorm statistics no training produces", op, path, name, (double)x[i], (long long)i,
+                      kind == STAT_VAR ? " >= 0 (a variance)" : "");
+    fr_release(t);
+    return st;
+}
+
 fr_status fr_params_read(fr_params *p, const fr_st_file *f, const char *path, const char *prefix) {
     char name[FR_NAME_MAX];
     FR_TRY(check_file(p, f, path, prefix));
+    /* the values last: they read the data, the checks above only the header */
+    for (int i = 0; i < p->count; i++) {
+        snprintf(name, sizeof name, "%s%s", prefix ? prefix : "", p->items[i].name);
+        FR_TRY(fr_params_check_stats(&p->items[i], f, path, name, "load"));
+        FR_TRY(fr_st_verify(f, name));
+    }
     for (int i = 0; i < p->count; i++) {
         snprintf(name, sizeof name, "%s%s", prefix ? prefix : "", p->items[i].name);
         FR_TRY(fr_st_read_into(f, name, p->items[i].tensor));

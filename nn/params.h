@@ -107,13 +107,26 @@ fr_status fr_params_save(const fr_params *p, const char *path);
 
 /* Reads every tensor from an open file, names prefixed with `prefix` (may be
  * NULL). Strict: before anything is copied, each name must be in the file
- * with the registry's shape and dtype, and the file may hold no other name
- * that starts with the prefix. Errors name `path` (used only for messages)
- * and the tensors: FR_ERR_FORMAT for missing or unexpected names (the first
- * few are listed), FR_ERR_SHAPE / FR_ERR_DTYPE for a mismatch. */
+ * with the registry's shape and dtype, the file may hold no other name that
+ * starts with the prefix, each tensor's bytes must match the file's checksum
+ * if it has one (fr_st_verify) and BatchNorm's statistics must be ones
+ * training produces (fr_params_check_stats). Errors name `path` (used only
+ * for messages) and the tensors: FR_ERR_FORMAT for missing or unexpected
+ * names (the first few are listed), damaged bytes or bad statistics,
+ * FR_ERR_SHAPE / FR_ERR_DTYPE for a mismatch. */
 fr_status fr_params_read(fr_params *p, const fr_st_file *f, const char *path, const char *prefix);
 /* Opens `path` and reads every tensor (fr_params_read without prefix). */
 fr_status fr_params_load(fr_params *p, const char *path);
+/* The values file `f` holds under `name` for registry entry `e`, when e is
+ * a BatchNorm statistic (a buffer named running_mean, running_var or
+ * num_batches_tracked, as PyTorch names them): running_mean finite,
+ * running_var finite and >= 0, num_batches_tracked >= 0; FR_OK for anything
+ * else. Call it after e's dtype and shape were checked against the file. A
+ * negative or non-finite variance would otherwise load, and come back as a NaN
+ * loss that no parameter explains. FR_ERR_FORMAT naming `op` ("checkpoint",
+ * "load"), `path`, the tensor, the first bad element and its value. */
+fr_status fr_params_check_stats(const fr_param *e, const fr_st_file *f, const char *path, const char *name,
+                                const char *op);
 
 /* Joins a dotted name into buf: "layer1.0" + "conv1" -> "layer1.0.conv1"
  * (prefix NULL or "" gives just `name`). Returns buf; FR_ASSERTs on

@@ -38,7 +38,8 @@
 
 /* Copies the safetensors file `from` to `to` with metadata field `key` set
  * to `value` (the header's length prefix rewritten; data offsets are
- * relative to the header's end, so they stay valid). */
+ * relative to the header's end, so they stay valid) and without its
+ * checksum field (fr_t_st_unseal), which would refuse any edit first. */
 static bool patch_metadata(const char *from, const char *to, const char *key, const char *value) {
     size_t n;
     char *b = fr_t_read_file(from, &n);
@@ -66,7 +67,7 @@ static bool patch_metadata(const char *from, const char *to, const char *key, co
     o += strlen(value);
     memcpy(out + o, vend, n - (size_t)(vend - b));
     o += n - (size_t)(vend - b);
-    bool ok = fr_t_write_file(to, out, o);
+    bool ok = fr_t_write_file(to, out, o) && fr_t_st_unseal(to);
     free(out);
     free(b);
     return ok;

@@ -6,6 +6,7 @@
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
+#include <zlib.h>
 
 #include "testlib.h"
 
@@ -340,7 +341,8 @@ static void test_unsupported_dtype(void) {
 }
 
 /* PyTorch's int64 num_batches_tracked loads into frugal's i32 counter, with a
- * range check that fails before anything is copied. */
+ * range check that fails before anything is copied; a negative count, in
+ * range or not, is refused too (fr_params_check_stats). */
 static void test_i64_counter_range(void) {
     char path[512];
     make_tmpdir();
@@ -357,8 +359,8 @@ static void test_i64_counter_range(void) {
         fr_params *p = fr_params_new();
         fr_tensor *count = fr_params_new_tensor(p, "bn.num_batches_tracked", FR_BUFFER, FR_I32, 0, NULL);
         fr_tensor *wt = fr_params_new_tensor(p, "bn.w", FR_PARAMETER, FR_F32, 1, FR_SHAPE(1));
-        bool fits = values[v] >= INT32_MIN && values[v] <= INT32_MAX;
-        if (fits) {
+        bool counts = values[v] >= 0 && values[v] <= INT32_MAX;
+        if (counts) {
             CHECK_OK(fr_params_load(p, path));
             CHECK(*(int32_t *)fr_data(count) == (int32_t)values[v] && fr_data_f32(wt)[0] == 1.5f);
         } else {
@@ -736,6 +738,112 @@ static void test_cuda_round_trip(void) {
     remove_tmpdir();
 }
 
+/* ---- checksums ---- */
+
+/* zlib's CRC-32 of the bytes s points to, n of them (0-bytes included). */
+static uint32_t crc_of(uint32_t crc, const void *s, size_t n) { return (uint32_t)crc32(crc, s, (uInt)n); }
+
+/* The field's text is what safetensors.h defines, computed here from the
+ * definition alone; a changed byte anywhere it covers is refused naming the
+ * file and, for data, the tensor, and only the damaged tensor is refused. */
+static void test_checksums(void) {
+    char path[512];
+    make_tmpdir();
+    tmp_path(path, sizeof path, "crc.safetensors");
+    float bv[6] = {0.5f, -1.25f, 3.0f, 7.5f, -0.0f, 1e-3f};
+    int32_t av = -42;
+    fr_tensor *b = fr_from_host(FR_CPU, FR_F32, 2, FR_SHAPE(2, 3), FR_TAG_DATA, bv);
+    fr_tensor *a = fr_from_host(FR_CPU, FR_I32, 0, NULL, FR_TAG_DATA, &av);
+    fr_st_writer *w = fr_st_writer_new();
+    CHECK_OK(fr_st_writer_add(w, "b", b));
+    CHECK_OK(fr_st_writer_add(w, "a", a));
+    CHECK_OK(fr_st_writer_add_metadata(w, "k2", "v2"));
+    CHECK_OK(fr_st_writer_add_metadata(w, "k1", "v1"));
+    CHECK_ERR(fr_st_writer_add_metadata(w, FR_ST_CHECKSUM_KEY, "0"), FR_ERR_ARG, "reserved");
+    CHECK_OK(fr_st_writer_save(w, path));
+    fr_st_writer_free(w);
+    /* metadata: keys sorted, key 0 value 0; a tensor: name 0 dtype 0 shape 0 data */
+    uint32_t meta = crc_of(0, "k1\0v1\0k2\0v2\0", 12);
+    uint32_t ca = crc_of(crc_of(0, "a\0I32\0\0", 7), &av, 4);
+    uint32_t cb = crc_of(crc_of(0, "b\0F32\0" "2,3\0", 10), bv, sizeof bv);
+    char want[64];
+    snprintf(want, sizeof want, "%08x %08x %08x", (unsigned)meta, (unsigned)ca, (unsigned)cb);
+    fr_st_file *f = fr_st_open(path);
+    CHECK_NOTNULL(f);
+    const char *got = f ? fr_st_metadata(f, FR_ST_CHECKSUM_KEY) : NULL;
+    if (!got || strcmp(got, want)) {
+        fprintf(stderr, "    " FR_ST_CHECKSUM_KEY " is \"%s\", the definition gives \"%s\"\n", got ? got : "(none)",
+                want);
+        fr_t_failed_now = 1;
+    }
+    CHECK_OK(fr_st_verify(f, "a"));
+    CHECK_ERR(fr_st_verify(f, "c"), FR_ERR_ARG, "no tensor named 'c'");
+    fr_st_close(f);
+
+    size_t n;
+    char *good = fr_t_read_file(path, &n);
+    CHECK_NOTNULL(good);
+    /* one bit of b: the file opens (its header is whole), a reads, b is refused */
+    CHECK(fr_t_st_flip(path, "b", 5));
+    f = fr_st_open(path);
+    CHECK_NOTNULL(f);
+    if (f) {
+        fr_tensor *t = fr_st_get(f, "a", FR_CPU, FR_TAG_DATA);
+        CHECK(t && *(int32_t *)fr_data(t) == -42);
+        fr_release(t);
+        CHECK_ERR(fr_st_verify(f, "b"), FR_ERR_FORMAT, "tensor 'b': its bytes do not match their checksum");
+        CHECK(strstr(fr_last_error(), path) != NULL);
+        CHECK(fr_st_get(f, "b", FR_CPU, FR_TAG_DATA) == NULL);
+        CHECK_ERR(fr_last_status(), FR_ERR_FORMAT, "tensor 'b'");
+        fr_tensor *dst = fr_zeros(FR_CPU, FR_F32, 2, FR_SHAPE(2, 3), FR_TAG_DATA);
+        CHECK_ERR(fr_st_read_into(f, "b", dst), FR_ERR_FORMAT, "tensor 'b'");
+        fr_release(dst);
+        fr_st_close(f);
+    }
+    /* same-length edits of the header, each refused: a metadata value, a
+     * tensor's name (its CRC covers the name), a value that is no longer a
+     * string, the field's own digits */
+    static const struct {
+        const char *from, *to, *needle;
+    } edits[] = {
+        {"\"v1\"", "\"v9\"", "the __metadata__ does not match its checksum"},
+        {"\"b\":{", "\"c\":{", "tensor 'c': its bytes do not match their checksum"},
+        {"\"k1\":\"v1\"", "\"k1\":null", "metadata field \"k1\" is null"},
+        {"\"" FR_ST_CHECKSUM_KEY "\":\"", "\"" FR_ST_CHECKSUM_KEY "\":\"A", "is not 3 CRC-32s of 8 lowercase hex"},
+    };
+    for (size_t k = 0; k < sizeof edits / sizeof *edits; k++) {
+        char *copy = malloc(n);
+        memcpy(copy, good, n);
+        char *at = memmem(copy, n, edits[k].from, strlen(edits[k].from));
+        CHECK_NOTNULL(at);
+        if (at) {
+            memcpy(at, edits[k].to, strlen(edits[k].to)); /* the last one writes over a digit */
+            CHECK(fr_t_write_file(path, copy, n));
+            f = fr_st_open(path);
+            if (f) { /* a header that opens fails at the read of its damaged tensor */
+                fr_release(fr_st_get(f, "c", FR_CPU, FR_TAG_DATA));
+                fr_st_close(f);
+            }
+            CHECK_ERR(fr_last_status(), FR_ERR_FORMAT, edits[k].needle);
+            CHECK(strstr(fr_last_error(), path) != NULL);
+        }
+        free(copy);
+    }
+    /* without the field it reads as before, damage and all */
+    CHECK(fr_t_write_file(path, good, n) && fr_t_st_unseal(path) && fr_t_st_flip(path, "b", 5));
+    f = fr_st_open(path);
+    fr_tensor *t = f ? fr_st_get(f, "b", FR_CPU, FR_TAG_DATA) : NULL;
+    CHECK(f && !fr_st_metadata_kind(f, FR_ST_CHECKSUM_KEY) && fr_st_metadata_count(f) == 2);
+    CHECK(t && memcmp(fr_data(t), bv, sizeof bv));
+    CHECK_OK(f ? fr_st_verify(f, "b") : FR_ERR_ARG);
+    fr_release(t);
+    fr_st_close(f);
+    free(good);
+    fr_release(a);
+    fr_release(b);
+    remove_tmpdir();
+}
+
 int main(void) {
     RUN(test_round_trip);
     RUN(test_read_into);
@@ -743,6 +851,7 @@ int main(void) {
     RUN(test_unsupported_dtype);
     RUN(test_i64_counter_range);
     RUN(test_atomic_save);
+    RUN(test_checksums);
     RUN(test_pytorch_interop);
     RUN(test_safetensors_package);
     RUN(test_cuda_round_trip);

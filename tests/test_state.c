@@ -7,7 +7,12 @@
  * failure paths: an interrupted save leaves the previous file; a file of
  * another model, a wrong shape, dtype, a missing or unknown tensor, and
  * malformed metadata are refused with the file and the tensor or field
- * named, and the model is left exactly as it was.
+ * named, and the model is left exactly as it was; so are a byte changed
+ * after the save (the file's checksums: a weight's bit, a buffer's, the
+ * optimizer's, a metadata value, the field itself; without the field, as an
+ * older frugal wrote it, the file loads as before) and BatchNorm statistics
+ * no training produces (a negative or non-finite running variance, a
+ * non-finite running mean, a negative batch count).
  *
  * Mixed precision (amp.* metadata): the precision and the loss scaler's
  * state round-trip exactly (the scale bit for bit); a file without them (an
@@ -644,6 +649,163 @@ static void test_amp_malformed(void) {
     fr_t_remove_tmpdir(dir);
 }
 
+/* ---- checksums (io/safetensors.h) ---- */
+
+/* Whether a load of `path` is refused with FR_ERR_FORMAT naming the file
+ * and `needle`, leaving m as it was. */
+static void expect_damaged(const char *path, fr_model *m, fr_optim *opt, const char *needle) {
+    fr_model *before = snapshot(m);
+    fr_train_state st;
+    CHECK_ERR(fr_state_load(path, m, opt, NULL, opt ? &st : NULL), FR_ERR_FORMAT, needle);
+    if (!strstr(fr_last_error(), path)) {
+        fprintf(stderr, "    message does not name the file: %s\n", fr_last_error());
+        fr_t_failed_now = 1;
+    }
+    CHECK(models_equal(before, m));
+    fr_model_free(before);
+}
+
+/* A byte changed after the save, in a weight, in the optimizer's state or
+ * in a metadata value, is refused naming the file (and the tensor); the
+ * same file without its checksum field (as an older frugal wrote it) loads
+ * as before. */
+static void test_checksums_refuse_damage(void) {
+    const char *dir = fr_t_make_tmpdir("ckpt");
+    char path[512];
+    snprintf(path, sizeof path, "%s/sealed.safetensors", dir);
+    fr_model *m = fr_resnet_create("resnet8", IMG_C, CLASSES, 1);
+    fr_optim *opt = fr_sgd_new(m->params, (fr_sgd_options){.lr = 0.1, .momentum = 0.9});
+    fr_train_state st = small_state();
+    CHECK_OK(fr_state_save(path, m, opt, NULL, &st));
+    size_t n = 0;
+    char *good = fr_t_read_file(path, &n);
+    CHECK_NOTNULL(good);
+    /* the field: the metadata's CRC, then one per tensor */
+    fr_st_file *f = fr_st_open(path);
+    const char *sums = f ? fr_st_metadata(f, FR_ST_CHECKSUM_KEY) : NULL;
+    CHECK(sums && strlen(sums) == (size_t)(fr_st_count(f) + 1) * 9 - 1);
+    fr_st_close(f);
+    fr_model *other = fr_resnet_create("resnet8", IMG_C, CLASSES, 2);
+    fr_optim *other_opt = fr_sgd_new(other->params, (fr_sgd_options){.lr = 0.1, .momentum = 0.9});
+
+    /* one bit of a weight: weights-only (validate) and full (resume) loads */
+    CHECK(fr_t_st_flip(path, "layer2.0.conv1.weight", 17));
+    expect_damaged(path, other, NULL, "tensor 'layer2.0.conv1.weight': its bytes do not match their checksum");
+    expect_damaged(path, other, other_opt, "tensor 'layer2.0.conv1.weight': its bytes do not match");
+    /* a buffer, and optimizer state a weights-only load does not use */
+    CHECK(fr_t_write_file(path, good, n) && fr_t_st_flip(path, "bn1.running_mean", 0));
+    expect_damaged(path, other, NULL, "tensor 'bn1.running_mean': its bytes do not match");
+    CHECK(fr_t_write_file(path, good, n) && fr_t_st_flip(path, "optim.step.fc.weight", 3));
+    expect_damaged(path, other, NULL, "tensor 'optim.step.fc.weight': its bytes do not match");
+    /* a metadata value edited in place: "seed":"7" -> "8"; read_info refuses too */
+    char *seed = memmem(good, n, "\"seed\":\"7\"", 10);
+    CHECK_NOTNULL(seed);
+    if (seed) {
+        seed[8] = '8';
+        CHECK(fr_t_write_file(path, good, n));
+        seed[8] = '7';
+        expect_damaged(path, other, other_opt, "the __metadata__ does not match its checksum");
+        fr_state_info info;
+        CHECK_ERR(fr_state_read_info(path, &info), FR_ERR_FORMAT, "the __metadata__ does not match");
+    }
+    /* the field itself damaged: refused for its form */
+    char *field = memmem(good, n, "\"" FR_ST_CHECKSUM_KEY "\":\"", strlen(FR_ST_CHECKSUM_KEY) + 4);
+    CHECK_NOTNULL(field);
+    if (field) {
+        char *digit = field + strlen(FR_ST_CHECKSUM_KEY) + 4, was = *digit;
+        *digit = 'X';
+        CHECK(fr_t_write_file(path, good, n));
+        *digit = was;
+        expect_damaged(path, other, NULL, "metadata field \"" FR_ST_CHECKSUM_KEY "\" is not");
+    }
+    /* undamaged, it loads; without the field too (an older frugal's file),
+     * and then nothing can tell an edit */
+    CHECK(fr_t_write_file(path, good, n));
+    CHECK_OK(fr_state_load(path, other, other_opt, NULL, &st));
+    CHECK(models_equal(m, other));
+    CHECK(fr_t_st_unseal(path));
+    f = fr_st_open(path);
+    CHECK(f && !fr_st_metadata_kind(f, FR_ST_CHECKSUM_KEY));
+    fr_st_close(f);
+    fr_model_free(other);
+    other = fr_resnet_create("resnet8", IMG_C, CLASSES, 3);
+    CHECK_OK(fr_state_load(path, other, NULL, NULL, NULL));
+    CHECK(models_equal(m, other));
+    CHECK(fr_t_st_flip(path, "layer2.0.conv1.weight", 17));
+    CHECK_OK(fr_state_load(path, other, NULL, NULL, NULL));
+    int k = fr_params_find(m->params, "layer2.0.conv1.weight");
+    CHECK(k >= 0 && !same_bits(m->params->items[k].tensor, other->params->items[k].tensor));
+    free(good);
+    fr_optim_free(other_opt);
+    fr_optim_free(opt);
+    fr_model_free(other);
+    fr_model_free(m);
+    fr_t_remove_tmpdir(dir);
+}
+
+/* ---- BatchNorm statistics ---- */
+
+static fr_tensor *stat_tensor(fr_dtype dtype, int ndim, float value, int at) {
+    fr_tensor *t = fr_zeros(FR_CPU, dtype, ndim, FR_SHAPE(16), FR_TAG_PARAM);
+    if (t && dtype == FR_I32)
+        ((int32_t *)fr_data(t))[0] = (int32_t)value;
+    else if (t)
+        fr_data_f32(t)[at] = value;
+    return t;
+}
+
+/* A running variance below 0 or not finite, a running mean not finite, a
+ * negative batch count: refused at load naming the file and the tensor,
+ * not left for validate to meet as a NaN loss it blames on the input. */
+static void test_bn_statistics_checked(void) {
+    const char *dir = fr_t_make_tmpdir("ckpt");
+    char path[512];
+    snprintf(path, sizeof path, "%s/bn.safetensors", dir);
+    fr_model *m = fr_resnet_create("resnet8", IMG_C, CLASSES, 1);
+    /* a negative variance is finite: the save takes it, the load refuses it */
+    fr_tensor *var = m->params->items[fr_params_find(m->params, "layer1.0.bn2.running_var")].tensor;
+    fr_fill_(var, 1.0f);
+    fr_data_f32(var)[2] = -1.0f;
+    fr_train_state st = small_state();
+    CHECK_OK(fr_state_save(path, m, NULL, NULL, &st));
+    fr_model *other = fr_resnet_create("resnet8", IMG_C, CLASSES, 2);
+    expect_damaged(path, other, NULL,
+                   "tensor layer1.0.bn2.running_var holds -1 at element 2, expected a finite number >= 0 "
+                   "(a variance)");
+    /* through the weights loader too, before anything is copied */
+    fr_model *before = snapshot(other);
+    CHECK_ERR(fr_params_load(other->params, path), FR_ERR_FORMAT, "tensor layer1.0.bn2.running_var holds -1");
+    CHECK(models_equal(before, other));
+    fr_model_free(before);
+    /* a zero variance is a statistic training can produce (a constant channel) */
+    fr_data_f32(var)[2] = 0.0f;
+    CHECK_OK(fr_state_save(path, m, NULL, NULL, &st));
+    CHECK_OK(fr_state_load(path, other, NULL, NULL, NULL));
+    static const struct {
+        const char *name;
+        fr_dtype dtype;
+        int ndim, at;
+        float value;
+        const char *needle;
+    } cases[] = {
+        {"bn1.running_var", FR_F32, 1, 0, NAN, "tensor bn1.running_var holds nan at element 0"},
+        {"bn1.running_var", FR_F32, 1, 15, INFINITY, "tensor bn1.running_var holds inf at element 15"},
+        {"bn1.running_mean", FR_F32, 1, 3, -INFINITY, "tensor bn1.running_mean holds -inf at element 3, "
+                                                      "expected a finite number: BatchNorm statistics"},
+        {"bn1.num_batches_tracked", FR_I32, 0, 0, -5,
+         "tensor bn1.num_batches_tracked holds -5, expected a count of batches >= 0"},
+    };
+    for (size_t k = 0; k < sizeof cases / sizeof *cases; k++) {
+        fr_tensor *bad = stat_tensor(cases[k].dtype, cases[k].ndim, cases[k].value, cases[k].at);
+        expect_refused(path, other, NULL, (edit){.replace = cases[k].name, .with = bad}, FR_ERR_FORMAT,
+                       cases[k].needle);
+        fr_release(bad);
+    }
+    fr_model_free(other);
+    fr_model_free(m);
+    fr_t_remove_tmpdir(dir);
+}
+
 int main(void) {
     RUN(test_exact_resume_sgd);
     RUN(test_exact_resume_adamw);
@@ -655,6 +817,8 @@ int main(void) {
     RUN(test_amp_older_file);
     RUN(test_amp_mismatch);
     RUN(test_amp_malformed);
+    RUN(test_checksums_refuse_damage);
+    RUN(test_bn_statistics_checked);
     /* these need the half-precision ops (issue 6) */
     RUN(test_exact_resume_f16);
     RUN(test_exact_resume_bf16);

@@ -633,6 +633,63 @@ static void test_gan_program(void) {
     fr_t_remove_tmpdir(dir);
 }
 
+/* A copy of `from` as `to` with `edit` applied to its bytes (NULL: none). */
+static void copy_edited(const char *from, const char *to, void (*edit)(char *, size_t)) {
+    size_t n = 0;
+    char *b = fr_t_read_file(from, &n);
+    CHECK_NOTNULL(b);
+    if (b && edit)
+        edit(b, n);
+    CHECK(b && fr_t_write_file(to, b, n));
+    free(b);
+}
+
+/* The seed's first digit, one up: a metadata value edited in place. */
+static void edit_seed(char *b, size_t n) {
+    char *at = memmem(b, n, "\"seed\":\"", 8);
+    CHECK_NOTNULL(at);
+    if (at)
+        at[8] = at[8] == '9' ? '0' : (char)(at[8] + 1);
+}
+
+/* validate and train --resume on a checkpoint damaged after its save (a
+ * weight's bit, a metadata value), and on one saved with a negative
+ * running variance, which no checksum can call wrong: each refused with
+ * the file and the tensor or field named, before any evaluation. */
+static void damaged_checkpoints(const char *whole, const char *dir) {
+    char bad[600], args[2048];
+    snprintf(bad, sizeof bad, "%s/damaged.safetensors", dir);
+    copy_edited(whole, bad, NULL);
+    CHECK(fr_t_st_flip(bad, "conv1.weight", 2));
+    snprintf(args, sizeof args, "--checkpoint %s --data mnist:%s --batch 8 --threads 1", bad, dir);
+    expect_output("validate", args, 1, "tensor 'conv1.weight': its bytes do not match their checksum");
+    CHECK(strstr(last_output, bad) && !strstr(last_output, "accuracy"));
+    snprintf(args, sizeof args, "--resume %s --data mnist:%s --threads 1", bad, dir);
+    expect_output("train", args, 1, "tensor 'conv1.weight': its bytes do not match their checksum");
+    copy_edited(whole, bad, edit_seed);
+    expect_output("train", args, 1, "the __metadata__ does not match its checksum");
+    snprintf(args, sizeof args, "--checkpoint %s --data mnist:%s --batch 8 --threads 1", bad, dir);
+    expect_output("validate", args, 1, "the __metadata__ does not match its checksum");
+    CHECK(strstr(last_output, bad) != NULL);
+
+    fr_state_info info;
+    CHECK_OK(fr_state_read_info(whole, &info));
+    fr_model *m = fr_cli_model_create(info.model, info.in_channels, info.num_classes, 0);
+    CHECK_NOTNULL(m);
+    fr_train_state st;
+    int k = m ? fr_params_find(m->params, "bn1.running_var") : -1;
+    CHECK(k >= 0);
+    if (k >= 0) {
+        CHECK_OK(fr_state_load(whole, m, NULL, NULL, &st));
+        fr_data_f32(m->params->items[k].tensor)[0] = -0.5f;
+        CHECK_OK(fr_state_save(bad, m, NULL, NULL, &st));
+        expect_output("validate", args, 1, "tensor bn1.running_var holds -0.5 at element 0, expected a finite "
+                      "number >= 0");
+        CHECK(!strstr(last_output, "the test loss is NaN"));
+    }
+    fr_model_free(m);
+}
+
 static void test_programs(void) {
     if (!programs_built())
         SKIP("examples/train or validate not built");
@@ -661,6 +718,7 @@ static void test_programs(void) {
              dir);
     expect_output("validate", args, 0, "accuracy");
     expect_output("validate", args, 0, "one training step (fwd+bwd), plain");
+    damaged_checkpoints(whole, dir);
 
     /* errors: the library's message, non-zero exit */
     expect_output("train", "--data fashion-mnist:/nonexistent/fm --epochs 1", 1,

@@ -632,6 +632,52 @@ bool fr_t_write_file(const char *path, const void *b, size_t n) {
     return f && fclose(f) == 0 && ok;
 }
 
+bool fr_t_st_unseal(const char *path) {
+    size_t n;
+    char *b = fr_t_read_file(path, &n);
+    uint64_t hlen = 0;
+    for (int i = 7; b && n >= 8 && i >= 0; i--)
+        hlen = hlen << 8 | (unsigned char)b[i];
+    if (!b || n < 8 || hlen > n - 8) {
+        free(b);
+        return false;
+    }
+    size_t klen = strlen(FR_ST_CHECKSUM_KEY) + 4; /* "key":" */
+    char *hdr = b + 8, *key = memmem(hdr, hlen, "\"" FR_ST_CHECKSUM_KEY "\":\"", klen);
+    char *end = key ? memchr(key + klen, '"', (size_t)(hdr + hlen - (key + klen))) : NULL;
+    bool ok = true;
+    if (key && end) {
+        char *from = key[-1] == ',' ? key - 1 : key; /* its comma too, when other fields precede it */
+        size_t cut = (size_t)(end + 1 - from);
+        memmove(from, end + 1, (size_t)(hdr + hlen - (end + 1)));
+        memset(hdr + hlen - cut, ' ', cut);
+        ok = fr_t_write_file(path, b, n);
+    }
+    free(b);
+    return ok;
+}
+
+bool fr_t_st_flip(const char *path, const char *name, size_t at) {
+    size_t n;
+    char *b = fr_t_read_file(path, &n), key[300];
+    uint64_t hlen = 0;
+    for (int i = 7; b && n >= 8 && i >= 0; i--)
+        hlen = hlen << 8 | (unsigned char)b[i];
+    snprintf(key, sizeof key, "\"%s\":{", name);
+    /* the entry's fields follow its name; strstr stops at the 0 byte fr_t_read_file ends with */
+    char *entry = b && n >= 8 && hlen <= n - 8 ? memmem(b + 8, hlen, key, strlen(key)) : NULL;
+    char *offs = entry ? strstr(entry, "\"data_offsets\":[") : NULL;
+    unsigned long long begin, end;
+    bool ok = offs && sscanf(offs, "\"data_offsets\":[%llu,%llu]", &begin, &end) == 2 && at < end - begin &&
+              8 + hlen + end <= n;
+    if (ok) {
+        b[8 + hlen + begin + at] ^= 1;
+        ok = fr_t_write_file(path, b, n);
+    }
+    free(b);
+    return ok;
+}
+
 /* ---- the example programs ---- */
 
 static const char *example_dir(void) {

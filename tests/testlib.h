@@ -246,6 +246,18 @@ void fr_t_check_strategies(fr_model *m, float **init, fr_tensor *x, fr_tensor *l
 char *fr_t_read_file(const char *path, size_t *len);
 /* Writes n bytes to path (created or truncated); whether all were written. */
 bool fr_t_write_file(const char *path, const void *b, size_t n);
+/* Takes FR_ST_CHECKSUM_KEY out of the safetensors file `path` (written by
+ * fr_st_writer: the field is last in its __metadata__), as a frugal from
+ * before checksums would have written it, so that a test that edits the
+ * file reaches the check it means (a value's range, say) instead of the
+ * checksum's. The header keeps its length (spaces after its closing brace).
+ * True also when the file has no such field; false when it cannot be read
+ * or written. */
+bool fr_t_st_unseal(const char *path);
+/* Flips the low bit of byte `at` of tensor `name`'s data in the safetensors
+ * file `path` (written by fr_st_writer), as a bad disk or copy would; false
+ * when the file, the tensor or the byte is not there. */
+bool fr_t_st_flip(const char *path, const char *name, size_t at);
 
 /* ---- the example programs (build/examples/<prog>, the build folder being
  * the one above the running test's) ---- */

@@ -270,6 +270,16 @@ static fr_status check_model(const fr_st_file *f, const char *path, const fr_mod
             return fr_error(FR_ERR_FORMAT, "checkpoint %s: tensor %s is not in model %s", path, name,
                             m->name);
     }
+    /* the values last: they read the data, the checks above only the header */
+    for (int i = 0; i < m->params->count; i++) {
+        const fr_param *e = &m->params->items[i];
+        FR_TRY(fr_params_check_stats(e, f, path, e->name, "checkpoint"));
+    }
+    /* Every tensor's checksum, the optimizer's too when this load does not
+     * read them (validate): a damaged file is refused the first time it is
+     * read, not on the resume that needs the damaged part. */
+    for (int j = 0; j < fr_st_count(f); j++)
+        FR_TRY(fr_st_verify(f, fr_st_name(f, j)));
     return FR_OK;
 }
 

@@ -23,10 +23,12 @@
  * function of the step (train/schedule.h), so the position plus the tensors
  * reproduce the run; there is no other random state in a training step.
  *
- * Saving is atomic (temp file, fsync, rename: safetensors.h). Loading checks
- * every tensor's presence, shape and dtype and every metadata field before
- * it changes anything, so a failed load leaves the model and the optimizer
- * as they were; errors name the file and the tensor or field. */
+ * Saving is atomic (temp file, fsync, rename: safetensors.h) and writes the
+ * file's checksums (FR_ST_CHECKSUM_KEY). Loading checks every tensor's
+ * presence, shape and dtype, every metadata field, every tensor's checksum
+ * when the file has them, and BatchNorm's statistics (fr_params_check_stats)
+ * before it changes anything, so a failed load leaves the model and the
+ * optimizer as they were; errors name the file and the tensor or field. */
 #ifndef FR_STATE_H
 #define FR_STATE_H
 
@@ -103,9 +105,11 @@ fr_status fr_state_read_info(const char *path, fr_state_info *info);
 /* Loads `path` into m (and opt, scaler and state when not NULL). Checks
  * first, then copies: the model name (when the file records one), every
  * parameter and buffer (present, same shape and dtype, no unknown model
- * tensor in the file), and with opt: the optimizer kind and every state
- * tensor's shape and dtype. With state: the file must be a training
- * checkpoint, and m->cfg.precision must be the precision it was trained in.
+ * tensor in the file, BatchNorm statistics training can produce), the
+ * checksum of every tensor in the file, the optimizer's included even when
+ * opt is NULL (FR_ERR_FORMAT naming the file and the tensor), and with opt:
+ * the optimizer kind and every state tensor's shape and dtype. With state:
+ * the file must be a training checkpoint, and m->cfg.precision must be the precision it was trained in.
  * With a scaler: its dtype must be that precision (FR_ERR_ARG naming both),
  * and the file's scaler state, if it holds one, goes through
  * fr_loss_scaler_set_state (refused values are an FR_ERR_FORMAT naming the

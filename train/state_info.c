@@ -40,6 +40,8 @@ static bool known_key(const char *key, bool frugal) {
         "accum", "epochs", "augment", "limit_train", "data", "dist.world_size", "dist.sync_bn", "schedule",
         "schedule.base_lr", "schedule.milestones", "schedule.gamma", "schedule.total_steps",
         "schedule.eta_min", "schedule.warmup_steps", "schedule.warmup_start_factor"};
+    if (!strcmp(key, FR_ST_CHECKSUM_KEY)) /* read by io/safetensors.c, in any file */
+        return true;
     if (!frugal) /* a weights file: only "format" is read, to tell it from a checkpoint */
         return !strcmp(key, "format");
     for (size_t i = 0; i < sizeof keys / sizeof *keys; i++)
