@@ -164,6 +164,10 @@ fr_tensor *fr_group_norm_act(fr_tensor *x, fr_tensor *gamma, fr_tensor *beta, in
         fr_check_defined("group_norm", "weight", gamma) != FR_OK ||
         fr_check_defined("group_norm", "bias", beta) != FR_OK)
         return NULL;
+    if (groups < 1) { /* before (N, groups) statistics are made of it */
+        fr_error(FR_ERR_SHAPE, "group_norm: groups %d must be >= 1", groups);
+        return NULL;
+    }
     int64_t n = x->ndim >= 1 ? x->shape[0] : 0;
     fr_tensor *cx = fr_contiguous(x, FR_TAG_TRANSIENT);
     fr_tensor *mean = cx ? fr_empty(fr_device_of(x), FR_F32, 2, FR_SHAPE(n, groups), FR_TAG_TRANSIENT) : NULL;

@@ -187,6 +187,10 @@ static void test_bad_groups(void) {
     CHECK_ERR(fr_t_status_of(fr_group_norm(x, w, b, 4, 1e-5f)), FR_ERR_SHAPE,
               "group_norm: groups 4 does not divide the 6 channels of x (2, 6, 3, 3)");
     CHECK_ERR(fr_t_status_of(fr_group_norm(x, w, b, 0, 1e-5f)), FR_ERR_SHAPE, "groups 0");
+    /* negative: named as groups, not as a tensor size (it reached the
+     * statistics' allocation first) */
+    CHECK_ERR(fr_t_status_of(fr_group_norm(x, w, b, -2, 1e-5f)), FR_ERR_SHAPE,
+              "group_norm: groups -2 must be >= 1");
     fr_tensor *w5 = fr_t_rand(FR_CPU, 1, FR_SHAPE(5), 2);
     CHECK_ERR(fr_t_status_of(fr_group_norm(x, w5, b, 3, 1e-5f)), FR_ERR_SHAPE, "weight");
     fr_model *m = fr_model_new("bad", 3, 5, 1);
