@@ -445,16 +445,42 @@ static fr_status setup(const options *o, run *r) {
                             "has %lld steps (%lld epochs of %lld): the file does not describe this "
                             "run", o->resume, (long long)st->schedule.total_steps, (long long)steps,
                             (long long)st->epochs, (long long)per_epoch);
+        /* the random streams where the saved run had them: its dropout
+         * masks and compressed codes from here on (a file before the
+         * fields restarts them from the seed: not the same draws) */
+        if (st->has_random) {
+            fr_set_random_state(st->random_state);
+            fr_set_compress_random_state(st->compress_random_state);
+        } else {
+            fr_manual_seed(st->seed);
+        }
         return FR_OK;
     }
+    /* dropout and compression draw from streams of the run's seed, which a
+     * checkpoint saves where they stand (fr_train_state.has_random) */
+    fr_manual_seed(st->seed);
 
     int64_t total = per_epoch * st->epochs;
     double lr = r->opt->lr;
+    /* under every schedule (the cosine one refused it alone, without the
+     * flag's name): a warm-up as long as the run never reached the rate */
+    if (o->warmup >= total)
+        return fr_error(FR_ERR_ARG, "--warmup %lld is not shorter than the run's %lld steps (%d "
+                        "epochs of %lld)", (long long)o->warmup, (long long)total, st->epochs,
+                        (long long)per_epoch);
     if (o->schedule == SCHED_COSINE) {
         FR_TRY(fr_schedule_cosine(&st->schedule, lr, total, 0.0));
     } else if (o->schedule == SCHED_STEP) {
-        int64_t ms[2] = {total / 2, total * 3 / 4};
-        FR_TRY(fr_schedule_step(&st->schedule, lr, ms, ms[0] < ms[1] ? 2 : 0, 0.1));
+        /* x0.1 at 50% and at 75% of the steps, each where it falls after
+         * step 0: on a short run the two meet (2 steps: both at 1), and one
+         * is kept rather than both dropped */
+        int64_t ms[2];
+        int n = 0;
+        if (total / 2 > 0)
+            ms[n++] = total / 2;
+        if (total * 3 / 4 > (n ? ms[0] : 0))
+            ms[n++] = total * 3 / 4;
+        FR_TRY(fr_schedule_step(&st->schedule, lr, ms, n, 0.1));
     } else {
         FR_TRY(fr_schedule_constant(&st->schedule, lr));
     }
@@ -616,6 +642,9 @@ static fr_status train(run *r, const options *o) {
             fr_train_state next = *st;
             next.epoch++;
             next.batch = 0;
+            next.has_random = true;
+            next.random_state = fr_random_state();
+            next.compress_random_state = fr_compress_random_state();
             /* rank 0 writes (the replicas are the same); the others wait for its verdict */
             fr_status saved = r->rank == 0 ? fr_state_save(o->save, r->model, r->opt, &r->scaler, &next) : FR_OK;
             FR_TRY(r->dist ? fr_dist_share_status(r->dist, 0, saved) : saved);

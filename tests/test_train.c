@@ -690,6 +690,36 @@ static void damaged_checkpoints(const char *whole, const char *dir) {
     fr_model_free(m);
 }
 
+/* Runs that draw random numbers in their steps, stopped after one epoch
+ * and resumed, end as the uninterrupted run, tensor for tensor: compress:4's
+ * rounding, and dropout (the MobileNet example's, 0.2). The
+ * checkpoint carries the random streams (random.dropout, random.compress);
+ * before, a resumed run drew the first epoch's masks and codes again. */
+static void resume_draws_the_same(const char *dir) {
+    static const struct {
+        const char *prog, *flags;
+    } runs[] = {{"train", "--model resnet8 --strategy compress:4"}, {"mobilenet", ""}};
+    for (size_t i = 0; i < sizeof runs / sizeof *runs; i++) {
+        if (!fr_t_have_example(runs[i].prog))
+            continue;
+        char args[2048], whole[600], half[600];
+        snprintf(whole, sizeof whole, "%s/%s_whole.safetensors", dir, runs[i].prog);
+        snprintf(half, sizeof half, "%s/%s_half.safetensors", dir, runs[i].prog);
+        const char *common = "--batch 16 --epochs 2 --lr 0.05 --threads 1";
+        snprintf(args, sizeof args, "%s --data mnist:%s %s --save %s", runs[i].flags, dir, common, whole);
+        expect_output(runs[i].prog, args, 0, "epoch 2/2: train loss");
+        snprintf(args, sizeof args, "%s --data mnist:%s %s --stop-after 1 --save %s", runs[i].flags, dir,
+                 common, half);
+        expect_output(runs[i].prog, args, 0, "epoch 1/2: train loss");
+        snprintf(args, sizeof args, "--resume %s --threads 1 --data mnist:%s", half, dir);
+        expect_output(runs[i].prog, args, 0, "epoch 2/2: train loss");
+        if (!same_tensors(whole, half)) {
+            fprintf(stderr, "    %s %s: the resumed run ended elsewhere\n", runs[i].prog, runs[i].flags);
+            fr_t_failed_now = 1;
+        }
+    }
+}
+
 static void test_programs(void) {
     if (!programs_built())
         SKIP("examples/train or validate not built");
@@ -714,6 +744,22 @@ static void test_programs(void) {
     snprintf(whole, sizeof whole, "%s/run.safetensors", dir);
     snprintf(resumed, sizeof resumed, "%s/half.safetensors", dir);
     CHECK(same_tensors(whole, resumed));
+    resume_draws_the_same(dir);
+    /* a warm-up as long as the run, under any schedule, names --warmup
+     * (only cosine refused it, without the flag); a 2-step run's step
+     * schedule keeps its one milestone (both met at step 1 and were dropped) */
+    snprintf(args, sizeof args, "--model resnet8 --data mnist:%s --batch 16 --epochs 1 --threads 1 "
+             "--schedule step --warmup 100", dir);
+    expect_output("train", args, 1, "--warmup 100 is not shorter than the run's 4 steps");
+    char two[600];
+    snprintf(two, sizeof two, "%s/two.safetensors", dir);
+    snprintf(args, sizeof args, "--model resnet8 --data mnist:%s --batch 16 --epochs 1 --threads 1 "
+             "--limit-train 32 --schedule step --save %s", dir, two);
+    expect_output("train", args, 0, "epoch 1/1");
+    fr_state_info two_info;
+    CHECK_OK(fr_state_read_info(two, &two_info));
+    CHECK(two_info.state.schedule.kind == FR_SCHED_STEP && two_info.state.schedule.n_milestones == 1 &&
+          two_info.state.schedule.milestones[0] == 1);
     snprintf(args, sizeof args, "--checkpoint %s/run.safetensors --data mnist:%s --batch 8 --threads 1", dir,
              dir);
     expect_output("validate", args, 0, "accuracy");

@@ -153,6 +153,12 @@ static fr_status fill_writer(fr_st_writer *w, const fr_model *m, const fr_optim 
         FR_TRY(put_int(w, "dist.world_size", st->world_size));
         FR_TRY(put_int(w, "dist.sync_bn", st->sync_bn));
     }
+    if (st->has_random) {
+        snprintf(buf, sizeof buf, "%" PRIu64, st->random_state);
+        FR_TRY(put_str(w, "random.dropout", buf));
+        snprintf(buf, sizeof buf, "%" PRIu64, st->compress_random_state);
+        FR_TRY(put_str(w, "random.compress", buf));
+    }
     return put_schedule(w, &st->schedule);
 }
 

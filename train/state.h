@@ -71,6 +71,13 @@ typedef struct {
     fr_dtype precision;
     bool has_scaler;
     fr_loss_scaler_state scaler;
+    /* The random streams at this position (autograd.h: dropout's and
+     * compression's rounding), so that a resumed run draws the masks and
+     * codes the uninterrupted one would: fr_state_save writes them where
+     * has_random, fr_state_load reads them (has_random false for files
+     * without the fields); the caller applies them. */
+    bool has_random;
+    uint64_t random_state, compress_random_state;
 } fr_train_state;
 
 /* What a checkpoint says about itself, read without touching any model. */

@@ -39,7 +39,8 @@ static bool known_key(const char *key, bool frugal) {
         "optimizer.beta2", "optimizer.eps", "training", "epoch", "batch", "step", "seed", "batch_size",
         "accum", "epochs", "augment", "limit_train", "data", "dist.world_size", "dist.sync_bn", "schedule",
         "schedule.base_lr", "schedule.milestones", "schedule.gamma", "schedule.total_steps",
-        "schedule.eta_min", "schedule.warmup_steps", "schedule.warmup_start_factor"};
+        "schedule.eta_min", "schedule.warmup_steps", "schedule.warmup_start_factor", "random.dropout",
+        "random.compress"};
     if (!strcmp(key, FR_ST_CHECKSUM_KEY)) /* read by io/safetensors.c, in any file */
         return true;
     if (!frugal) /* a weights file: only "format" is read, to tell it from a checkpoint */
@@ -198,20 +199,33 @@ static fr_status get_optim(meta_src m, fr_state_info *info) {
     return get_double(m, "optimizer.weight_decay", 0, MAX_RATE, false, &info->adam.weight_decay);
 }
 
+/* An unsigned 64-bit field written in decimal ("seed", the random streams). */
+static fr_status get_u64(meta_src m, const char *key, uint64_t *out) {
+    const char *s;
+    FR_TRY(get_str(m, key, &s));
+    char *end;
+    errno = 0;
+    unsigned long long v = strtoull(s, &end, 10);
+    if (end == s || *end || errno || *s == '-' || *s == ' ' || *s == '+')
+        return fr_error(FR_ERR_FORMAT, "checkpoint %s: metadata field \"%s\" is \"%s\", expected an "
+                        "unsigned integer", m.path, key, s);
+    *out = v;
+    return FR_OK;
+}
+
 static fr_status get_state(meta_src m, fr_train_state *st) {
     int64_t v;
     const char *s;
     FR_TRY(get_int(m, "epoch", 0, INT32_MAX, &st->epoch));
     FR_TRY(get_int(m, "batch", 0, MAX_COUNT, &st->batch));
     FR_TRY(get_int(m, "step", 0, MAX_COUNT, &st->step));
-    FR_TRY(get_str(m, "seed", &s));
-    char *end;
-    errno = 0;
-    unsigned long long seed = strtoull(s, &end, 10);
-    if (end == s || *end || errno || *s == '-')
-        return fr_error(FR_ERR_FORMAT, "checkpoint %s: metadata field \"seed\" is \"%s\", expected an "
-                        "unsigned integer", m.path, s);
-    st->seed = seed;
+    FR_TRY(get_u64(m, "seed", &st->seed));
+    /* both random streams or neither (files before them) */
+    st->has_random = fr_st_metadata(m.f, "random.dropout") || fr_st_metadata(m.f, "random.compress");
+    if (st->has_random) {
+        FR_TRY(get_u64(m, "random.dropout", &st->random_state));
+        FR_TRY(get_u64(m, "random.compress", &st->compress_random_state));
+    }
     FR_TRY(get_int(m, "batch_size", 1, INT32_MAX, &v));
     st->batch_size = (int)v;
     FR_TRY(get_int(m, "accum", 1, INT32_MAX, &v));
