@@ -30,7 +30,12 @@
  * drop_last, cover N x batch_size x (batches per epoch) images. A short last
  * global batch (R < G images, kept without drop_last) is split the same way,
  * [kG + Rr/N, kG + R(r+1)/N); a process whose part is empty has one batch
- * fewer. Batch indices (fr_loader_seek, fr_loader_batch) count global
+ * fewer. Train with drop_last: data-parallel training (dist/) averages the
+ * processes' mean gradients with equal weights, which equals fr_train_step's
+ * accumulation (each micro-batch weighted by its size) only for equal
+ * parts, and a process with one batch fewer leaves the others waiting in
+ * the step's all-reduce; the short batch is for evaluation, which sums
+ * counts over the processes (train's loaders). Batch indices (fr_loader_seek, fr_loader_batch) count global
  * batches, so a position means the same on every process. Augmentation is
  * seeded by the global position, so image i is augmented the same way
  * whatever the number of processes. */

@@ -51,7 +51,8 @@ static fr_status bcast_entries(fr_dist *d, bool buffers_only) {
             st = fr_error(FR_ERR_ARG, "dist: %s (%zu bytes) is too large to broadcast in one message",
                           p->items[i].name, n);
         } else {
-            fr_dist_wait_begin(d, "MPI_Bcast (the model from rank 0)");
+            fr_dist_wait_begin(d, buffers_only ? "MPI_Bcast (batch norm buffers from rank 0)"
+                                               : "MPI_Bcast (the model from rank 0)");
             int rc = MPI_Bcast(fr_data(t), (int)n, MPI_BYTE, 0, d->ctl);
             fr_dist_wait_end(d);
             if (rc != MPI_SUCCESS)
@@ -61,7 +62,8 @@ static fr_status bcast_entries(fr_dist *d, bool buffers_only) {
     if (st == FR_OK && on_gpu)
         st = fr_cuda_nccl_broadcast_start(d->nccl, bufs, bytes, on_gpu, 0);
     if (st == FR_OK && on_gpu) {
-        fr_dist_wait_begin(d, "NCCL broadcast (the model from rank 0)");
+        fr_dist_wait_begin(d, buffers_only ? "NCCL broadcast (batch norm buffers from rank 0)"
+                                           : "NCCL broadcast (the model from rank 0)");
         st = fr_cuda_nccl_wait(d->nccl);
         fr_dist_wait_end(d);
     }
@@ -259,6 +261,59 @@ static fr_status build_buckets(fr_dist *d) {
     return FR_OK;
 }
 
+/* FNV-1a over bytes, folded into h. */
+static uint64_t fnv(uint64_t h, const void *p, size_t n) {
+    const unsigned char *b = p;
+    for (size_t i = 0; i < n; i++)
+        h = (h ^ b[i]) * 0x100000001b3ull;
+    return h;
+}
+
+/* Every process attaches the same model: the same registry, entry for
+ * entry (name, kind, dtype, shape), and the same options. Checked by one
+ * all-reduce of a hash (min and max agree) before the broadcast, which
+ * sent each tensor with its own local size: another model on one rank
+ * crashed Open MPI's error handler, and other options (--sync-bn on one
+ * rank) hung in a collective until the timeout, reported as a lost
+ * network. */
+static fr_status check_agreement(fr_dist *d) {
+    const fr_params *p = d->model->params;
+    uint64_t h = 0xcbf29ce484222325ull;
+    h = fnv(h, &p->count, sizeof p->count);
+    for (int i = 0; i < p->count; i++) {
+        const fr_tensor *t = p->items[i].tensor;
+        h = fnv(h, p->items[i].name, strlen(p->items[i].name) + 1);
+        h = fnv(h, &p->items[i].kind, sizeof p->items[i].kind);
+        h = fnv(h, &t->dtype, sizeof t->dtype);
+        h = fnv(h, &t->ndim, sizeof t->ndim);
+        h = fnv(h, t->shape, (size_t)t->ndim * sizeof t->shape[0]);
+    }
+    uint64_t model = h;
+    /* the options that shape a collective: the buckets' bounds, batch
+     * norm's all-reduce (no_overlap only moves when a bucket starts) */
+    const fr_dist_options *o = &d->opt;
+    h = fnv(h, &o->bucket_bytes, sizeof o->bucket_bytes);
+    h = fnv(h, &o->first_bucket_bytes, sizeof o->first_bucket_bytes);
+    h = fnv(h, &o->sync_bn, sizeof o->sync_bn);
+    uint64_t mine[2] = {h, ~h}, agreed[2];
+    fr_dist_wait_begin(d, "MPI_Allreduce (checking that every process has the same model)");
+    int rc = MPI_Allreduce(mine, agreed, 2, MPI_UINT64_T, MPI_MIN, d->ctl);
+    fr_dist_wait_end(d);
+    if (rc != MPI_SUCCESS)
+        return mpi_fail("MPI_Allreduce", rc);
+    if (agreed[0] == h && ~agreed[1] == h) /* the least and the greatest are this one */
+        return FR_OK;
+    /* which part differs somewhere: the model, or the options */
+    uint64_t m2[2] = {model, ~model}, a2[2];
+    rc = MPI_Allreduce(m2, a2, 2, MPI_UINT64_T, MPI_MIN, d->ctl);
+    bool same_model = rc == MPI_SUCCESS && a2[0] == model && ~a2[1] == model;
+    return fr_error(FR_ERR_ARG, "dist: rank %d: the processes did not attach the same %s (%s): every "
+                    "process must run the same model with the same options",
+                    d->rank, same_model ? "options" : "model",
+                    same_model ? "bucket sizes, or synchronised batch norm on some processes only"
+                               : "parameter and buffer names, kinds, dtypes or shapes differ");
+}
+
 fr_status fr_dist_attach(fr_dist *d, fr_model *m, const fr_dist_options *o) {
     if (!d || !m)
         return fr_error(FR_ERR_ARG, "dist: attach: dist or model is NULL");
@@ -271,7 +326,9 @@ fr_status fr_dist_attach(fr_dist *d, fr_model *m, const fr_dist_options *o) {
     d->dev = fr_device_of(m->params->items[0].tensor);
     d->stats = (fr_dist_stats){0};
     d->early_bytes = d->all_bytes = 0;
-    fr_status st = d->dev != FR_CPU ? fr_dist_nccl_connect(d) : FR_OK;
+    fr_status st = check_agreement(d);
+    if (st == FR_OK && d->dev != FR_CPU)
+        st = fr_dist_nccl_connect(d);
     if (st == FR_OK)
         st = build_buckets(d);
     if (st == FR_OK)

@@ -20,9 +20,12 @@
 
 #include "internal.h"
 
+/* The monotonic clock, and the condition variable waits on it too
+ * (fr_dist_watchdog_start): a step of the wall clock (NTP, a resumed VM)
+ * must neither end a healthy job nor put off a real timeout. */
 static double now(void) {
     struct timespec t;
-    clock_gettime(CLOCK_REALTIME, &t);
+    clock_gettime(CLOCK_MONOTONIC, &t);
     return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
 }
 
@@ -64,7 +67,11 @@ static void *watch(void *arg) {
 void fr_dist_watchdog_start(fr_dist *d) {
     fr_dist_watchdog *w = &d->wd;
     pthread_mutex_init(&w->mu, NULL);
-    pthread_cond_init(&w->cv, NULL);
+    pthread_condattr_t ca;
+    pthread_condattr_init(&ca);
+    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+    pthread_cond_init(&w->cv, &ca);
+    pthread_condattr_destroy(&ca);
     w->timeout = FR_DIST_DEFAULT_TIMEOUT;
     w->running = pthread_create(&w->thread, NULL, watch, d) == 0;
 }

@@ -420,6 +420,19 @@ static fr_status setup(const options *o, run *r) {
     if (per_epoch == 0)
         return fr_error(FR_ERR_ARG, "--batch %d (a step's images, all processes together) is larger than "
                         "the training set (%lld images)", st->batch_size, (long long)r->train_ds->n);
+    if (r->dist) {
+        /* every process must read the same set: another size (other files
+         * on another machine) left the ranks in different steps, waiting
+         * in a collective until the timeout named a lost network. All equal
+         * iff world * sum(n^2) == sum(n)^2, the same verdict on every rank */
+        double n = (double)r->train_ds->n, sums[2] = {n, n * n};
+        FR_TRY(fr_dist_sum(r->dist, sums, 2));
+        if (sums[1] * r->world != sums[0] * sums[0])
+            return fr_error(FR_ERR_ARG, "--data %s: the processes read training sets of different "
+                            "sizes (this one, rank %d, %lld images; %g on average): every process "
+                            "must read the same files", st->data, r->rank,
+                            (long long)r->train_ds->n, sums[0] / r->world);
+    }
     lc = (fr_loader_config){.batch_size = batch, .device = dev, .prefetch = true,
                             .aug = fr_data_augment(spec.kind, r->test_ds, false), .shards = r->world,
                             .shard = r->rank};

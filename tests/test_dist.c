@@ -465,6 +465,24 @@ static void case_stall(void) {
 static void case_die(void) { doomed_case(true); }
 static void case_error(void) { doomed_case(false); }
 
+/* Processes that attach different models, then the same model with
+ * synchronised batch norm on one only: each a clear error on every rank,
+ * before any broadcast (another model crashed Open MPI's error handler in
+ * the broadcast; sync BN on one rank hung until the timeout). */
+static void case_mismatch(void) {
+    int rank = fr_dist_rank(dist);
+    fr_model *m = fr_resnet_create(rank ? "resnet14" : "resnet8", 1, 2, 3);
+    CHECK_ERR(fr_dist_attach(dist, m, NULL), FR_ERR_ARG, "did not attach the same model");
+    fr_model_free(m);
+    m = fr_resnet_create("resnet8", 1, 2, 3);
+    CHECK_ERR(fr_dist_attach(dist, m, &(fr_dist_options){.sync_bn = rank == 1}), FR_ERR_ARG,
+              "did not attach the same options");
+    fr_clear_error();
+    CHECK_OK(fr_dist_attach(dist, m, NULL)); /* agreed: attaches */
+    fr_dist_detach(dist);
+    fr_model_free(m);
+}
+
 static const struct {
     const char *name;
     void (*fn)(void);
@@ -476,6 +494,7 @@ static const struct {
     {"sync-bn-hosts", case_sync_bn_hosts},
     {"f16-skip", case_f16_skip}, {"die", case_die},
     {"error", case_error},       {"stall", case_stall},
+    {"mismatch", case_mismatch},
     {"exact-cuda", case_exact_cuda}, {"sync-bn-cuda", case_sync_bn_cuda},
     {"f16-skip-cuda", case_f16_skip_cuda}, {"cuda-one-rank", case_cuda_one_rank},
 };
@@ -617,6 +636,7 @@ static void test_exact_hosts(void) { run_case("exact-hosts", false, NULL); }
 static void test_sync_bn_hosts(void) { run_case("sync-bn-hosts", false, NULL); }
 static void test_f16_skip_together(void) { run_case("f16-skip", false, NULL); }
 static void test_dead_rank_ends_job(void) { run_case("die", true, NULL); }
+static void test_mismatched_ranks_refused(void) { run_case("mismatch", false, NULL); }
 static void test_error_aborts_job(void) { run_case("error", true, "rank 1: train step: 3 labels for 16 images"); }
 static void test_stalled_rank_ends_job(void) { run_case("stall", true, "MPI_Barrier has waited"); }
 
@@ -707,6 +727,29 @@ static void test_train_program_resume(void) {
         fclose(b);
 }
 
+/* `train` with another training set on one rank (other files on another
+ * machine): every rank stops naming the sizes, at once; before, the ranks
+ * ran different step counts and waited in a collective until the timeout,
+ * which named a lost network. */
+static void test_train_different_data_refused(void) {
+    char train[1100];
+    NEED_TRAIN_UNDER_MPIRUN(train);
+    if (access(FR_FASHION_MNIST_DIR, R_OK) != 0)
+        SKIP("no Fashion-MNIST in " FR_FASHION_MNIST_DIR);
+#define TRAIN_ARGS train, "--model", "resnet8", "--limit-test", "16", "--batch", "16", "--epochs", "1", \
+                   "--dist-timeout", "60"
+    const char *run[] = {TRAIN_ARGS, "--limit-train", "96", ":", "-np", "1",
+                         TRAIN_ARGS, "--limit-train", "160", NULL};
+#undef TRAIN_ARGS
+    double secs = 0;
+    int rc = launch(1, run, 120, output, sizeof output, &secs);
+    printf("    two training sets: exit %d after %.1f s\n", rc, secs);
+    bool named = strstr(output, "rank 0, 96 images") && strstr(output, "rank 1, 160 images");
+    if (rc <= 0 || !named || secs > 50)
+        printf("%s\n", output);
+    CHECK(rc > 0 && named && secs < 50);
+}
+
 /* `train --batch auto` under mpirun: each process measures its share, and
  * with 2 processes each takes what one process alone finds (both shares are
  * under half the 128 images), a step of twice that. */
@@ -770,10 +813,12 @@ int main(int argc, char **argv) {
     RUN(test_resume);
     RUN(test_f16_skip_together);
     RUN(test_dead_rank_ends_job);
+    RUN(test_mismatched_ranks_refused);
     RUN(test_error_aborts_job);
     RUN(test_stalled_rank_ends_job);
     RUN(test_train_program_resume);
     RUN(test_train_batch_auto);
+    RUN(test_train_different_data_refused);
     RUN(test_train_cuda_refused);
     RUN(test_exact_cuda);
     RUN(test_sync_bn_cuda);
