@@ -281,7 +281,8 @@ static fr_status abn_backward(fr_node *node, const bnact_ctx *c, fr_tensor *dy, 
     fr_tensor *zero = channels_like(t[GAMMA]), *one = channels_like(t[GAMMA]);
     fr_tensor *scale = channels_like(t[GAMMA]), *dgeff = channels_like(t[GAMMA]);
     fr_tensor *dbeta = channels_like(t[GAMMA]), *dgamma = channels_like(t[GAMMA]);
-    fr_tensor *dx = fr_node_needs_grad(node, 0) ? fr_empty_like(xhat, FR_TAG_TRANSIENT) : NULL;
+    /* xhat may have failed (a planner trial's cap): shaped after t[Y] */
+    fr_tensor *dx = xhat && fr_node_needs_grad(node, 0) ? fr_empty_like(xhat, FR_TAG_TRANSIENT) : NULL;
     fr_status st = (dz || !want_dz) && xhat && zero && one && scale && dgeff && dbeta && dgamma &&
                            (dx || !fr_node_needs_grad(node, 0))
                        ? FR_OK

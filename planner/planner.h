@@ -74,7 +74,8 @@ extern "C" {
 typedef struct {
     bool allow_abn;       /* InPlace-ABN may be chosen: it changes the function (model.h) */
     bool allow_compress;  /* compress:8/4/2 may be chosen per block: it changes the
-                             gradients (model.h); profiled 4x as many ways */
+                             gradients (model.h); profiled 4x as many ways; f32 models
+                             only (under f16/bf16 it is left out) */
     int max_accum;        /* most micro-batches to split into [the batch size] */
     size_t optim_bytes;   /* optimizer state held during a step: fr_plan_optim_bytes */
     size_t extra_bytes;   /* anything else held during a step (a batch being prefetched) */

@@ -331,7 +331,10 @@ static fr_status measure_all(fr_model *m, void *profile, const fr_profile_cap *c
             bool dense_recompute = p->barrier[s] && strategy_of(k).recompute && !strategy_of(k).checkpoint;
             bool wanted = (k % FR_PROFILE_BASE_STRATEGIES < 2 || p->allow_abn) &&
                           (!strategy_of(k).checkpoint || p->barrier[s]) && !dense_recompute &&
-                          (!strategy_of(k).compress || p->allow_compress);
+                          (!strategy_of(k).compress ||
+                           /* compression packs f32 activations only: under f16
+                            * or bf16 it is left out, not a failed plan */
+                           (p->allow_compress && p->precision == FR_F32));
             if (!wanted)
                 continue;
             run.strategy = p->strategies[k];

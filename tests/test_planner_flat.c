@@ -141,8 +141,32 @@ static void test_layouts_predicted_exactly(void) {
     fr_model_free(m);
 }
 
+/* A budget between the smallest that works and the leanest one-pass
+ * layout, abn allowed: the planner's capped trials run out of memory inside
+ * abn's backward, which dereferenced its failed x-hat (SIGSEGV); a trial
+ * the cap stops is a strategy ruled out, and the plan comes back. */
+static void test_capped_abn_trials_rule_out(void) {
+    fr_model *m = flat_vgg();
+    fr_optim *opt = fr_sgd_new(m->params, (fr_sgd_options){.lr = 0.01, .momentum = 0.9});
+    fr_plan_options o = {.optim_bytes = fr_plan_optim_bytes(opt), .allow_abn = true};
+    static const size_t budgets[] = {455994, 420000, 380000};
+    for (size_t i = 0; i < sizeof budgets / sizeof *budgets; i++) {
+        fr_memory_plan p;
+        fr_status st = fr_plan_memory(m, FR_SHAPE(8, 3, 16, 16), budgets[i], &o, &p);
+        CHECK(st == FR_OK || st == FR_ERR_ARG);
+        if (st == FR_OK) {
+            CHECK(p.predicted_peak <= budgets[i]);
+            fr_memory_plan_free(&p);
+        }
+        fr_clear_error();
+    }
+    fr_optim_free(opt);
+    fr_model_free(m);
+}
+
 int main(void) {
     RUN(test_recompute_output_is_a_recipe_the_next_step_keeps);
     RUN(test_layouts_predicted_exactly);
+    RUN(test_capped_abn_trials_rule_out);
     return TEST_SUMMARY();
 }
