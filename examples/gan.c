@@ -97,7 +97,7 @@ static void models_free(models *ms) {
 static fr_tensor *noise(int64_t n, fr_rng *rng) {
     float *z = malloc((size_t)n * ZDIM * sizeof *z);
     if (!z) {
-        fr_error(FR_ERR_OOM, "gan: out of memory");
+        fr_error(FR_ERR_OOM, "out of memory");
         return NULL;
     }
     for (int64_t i = 0; i < n * ZDIM; i++)
@@ -176,7 +176,7 @@ static fr_status write_grid(const fr_tensor *img, const char *path) {
     size_t n = (size_t)fr_numel(img);
     float *px = malloc(n * sizeof *px);
     unsigned char *out = malloc(W * W);
-    fr_status st = px && out ? fr_read_f32(img, px, n) : fr_error(FR_ERR_OOM, "gan: out of memory");
+    fr_status st = px && out ? fr_read_f32(img, px, n) : fr_error(FR_ERR_OOM, "out of memory");
     for (int i = 0; st == FR_OK && i < GRID * GRID; i++)
         for (int y = 0; y < S; y++)
             for (int x = 0; x < S; x++) {
@@ -187,7 +187,7 @@ static fr_status write_grid(const fr_tensor *img, const char *path) {
     int len = 0;
     unsigned char *png = st == FR_OK ? stbi_write_png_to_mem(out, W, W, W, 1, &len) : NULL;
     if (st == FR_OK && !png)
-        st = fr_error(FR_ERR_OOM, "gan: --out %s: out of memory encoding the PNG", path);
+        st = fr_error(FR_ERR_OOM, "--out %s: out of memory encoding the PNG", path);
     if (st == FR_OK)
         st = fr_outfile_write(path, png, (size_t)len); /* its error names the path */
     free(png);
@@ -251,12 +251,12 @@ static fr_status held_out(const fr_data_spec *spec, fr_tensor **x, int32_t *labe
     if (!ds)
         return fr_last_status();
     fr_status st = ds->n == SAMPLES ? FR_OK
-                                    : fr_error(FR_ERR_SHAPE, "gan: the test set has %lld images, "
+                                    : fr_error(FR_ERR_SHAPE, "the test set has %lld images, "
                                                "fewer than %d", (long long)ds->n, SAMPLES);
     enum { PX = 28 * 28 };
     float *f = st == FR_OK ? malloc((size_t)SAMPLES * PX * sizeof *f) : NULL;
     if (st == FR_OK && !f)
-        st = fr_error(FR_ERR_OOM, "gan: out of memory");
+        st = fr_error(FR_ERR_OOM, "out of memory");
     if (st == FR_OK) {
         const uint8_t *u = fr_data(ds->images);
         for (size_t i = 0; i < (size_t)SAMPLES * PX; i++)
@@ -339,7 +339,7 @@ static fr_status train(const options *o, run *r) {
     if (!(r->ds = fr_data_open(&spec, true, o->limit)))
         return fr_last_status();
     if (r->ds->c != 1 || r->ds->h != 28 || r->ds->w != 28 || r->ds->n < o->batch)
-        return fr_error(FR_ERR_SHAPE, "gan: --data %s holds %lld images of %lldx%lldx%lld; the models "
+        return fr_error(FR_ERR_SHAPE, "--data %s holds %lld images of %lldx%lldx%lld; the models "
                         "take 1x28x28 grey images and at least --batch (%lld) of them", o->data,
                         (long long)r->ds->n, (long long)r->ds->c, (long long)r->ds->h,
                         (long long)r->ds->w, (long long)o->batch);
@@ -356,7 +356,7 @@ static fr_status train(const options *o, run *r) {
     int n_g = 0;
     const fr_params *gp = r->m.g->params;
     if (!(r->g_inputs = calloc((size_t)gp->count, sizeof *r->g_inputs)))
-        return fr_error(FR_ERR_OOM, "gan: out of memory");
+        return fr_error(FR_ERR_OOM, "out of memory");
     for (int i = 0; i < gp->count; i++)
         if (gp->items[i].kind == FR_PARAMETER)
             r->g_inputs[n_g++] = gp->items[i].tensor;
@@ -388,7 +388,7 @@ static fr_status train(const options *o, run *r) {
         fr_release(z);
         FR_TRY(st);
         if (!isfinite(ld) || !isfinite(lg))
-            return fr_error(FR_ERR_ARG, "gan: step %lld: loss is not finite (D %g, G %g); try a "
+            return fr_error(FR_ERR_ARG, "step %lld: loss is not finite (D %g, G %g); try a "
                             "smaller --lr",
                             (long long)step, ld, lg);
         if (step % 50 == 0 || step == o->steps) {
@@ -403,11 +403,14 @@ static fr_status train(const options *o, run *r) {
         printf(", %.1f ms per step after the first %d", 1000.0 * (t1 - t_warm) /
                (double)(o->steps - WARMUP), WARMUP);
     printf("\n");
+    /* the peaks of the steps, before the sampling pass (a no_grad forward of
+     * the whole grid, which had set the peak under every strategy) */
+    printf("memory ledger (peaks over training):\n");
+    fr_mem_report(stdout);
     if (!(r->fake = samples(r->m.g, &rng)))
         return fr_last_status();
     FR_TRY(write_grid(r->fake, o->out));
-    printf("wrote %s (%dx%d samples)\nmemory ledger (peaks over training):\n", o->out, GRID, GRID);
-    fr_mem_report(stdout);
+    printf("wrote %s (%dx%d samples)\n", o->out, GRID, GRID);
     int32_t real_labels[SAMPLES];
     judgement jf, jr;
     FR_TRY(held_out(&spec, &r->real, real_labels));
@@ -451,6 +454,6 @@ int main(int argc, char **argv) {
     if (s == FR_OK)
         printf("alive at exit: %ld tensors, %zu bytes\n", tensors, bytes);
     if (s == FR_OK && (tensors || bytes))
-        s = fr_error(FR_ERR_ARG, "gan: a leak: %ld tensors and %zu bytes alive at exit", tensors, bytes);
+        s = fr_error(FR_ERR_ARG, "a leak: %ld tensors and %zu bytes alive at exit", tensors, bytes);
     return fr_cli_exit_status("gan", s);
 }

@@ -8,8 +8,8 @@
  * ReLU, linear, hardsigmoid; x times the scale, broadcast), 1x1 project, BN,
  * and the input added back when the shapes allow (fr_norm_add); act is SiLU
  * in the early blocks and hardswish in the later ones. No strategy code: the
- * engine applies the strategy (abn is refused: a block's input is read again
- * by its residual add). */
+ * engine applies the strategy (abn is refused: its norms' activations,
+ * hardswish and SiLU, cannot be inverted). */
 #ifndef FRUGAL_EXAMPLES_MOBILENET_MODEL_H
 #define FRUGAL_EXAMPLES_MOBILENET_MODEL_H
 

@@ -232,6 +232,11 @@ static fr_status measure_train_step(run *r, size_t *peak) {
  * the labels and top-1 predictions (the first maximum, as torch.argmax). */
 static fr_status save_logits(run *r, const options *o) {
     int64_t n = r->ds->n, k = r->model->num_classes;
+    /* a model with its own loss (an autoencoder) outputs no class scores:
+     * its first N x classes values were written as "logits" */
+    if (r->model->loss)
+        return fr_error(FR_ERR_ARG, "--save-logits %s: model %s has its own loss, so its output "
+                        "is not class logits", o->save_logits, r->model->name);
     fr_tensor *logits = fr_empty(FR_CPU, FR_F32, 2, FR_SHAPE(n, k), FR_TAG_DATA);
     fr_tensor *labels = fr_empty(FR_CPU, FR_I32, 1, FR_SHAPE(n), FR_TAG_DATA);
     fr_tensor *preds = fr_empty(FR_CPU, FR_I32, 1, FR_SHAPE(n), FR_TAG_DATA);
@@ -250,6 +255,10 @@ static fr_status save_logits(run *r, const options *o) {
         if (!yhost || at + b > n)
             st = yhost ? fr_error(FR_ERR_ARG, "validate: more test images than the data set holds")
                        : fr_last_status();
+        else if (host->dtype != FR_F32 || host->ndim != 2 || host->shape[0] != b || host->shape[1] != k)
+            st = fr_error(FR_ERR_SHAPE, "--save-logits %s: model %s outputs %dd %s, not (%lld, "
+                          "%lld) f32 logits", o->save_logits, r->model->name, host->ndim,
+                          fr_dtype_name(host->dtype), (long long)b, (long long)k);
         for (int64_t i = 0; st == FR_OK && i < b; i++) {
             const float *row = fr_data_f32(host) + i * k;
             int32_t best = 0;

@@ -6,6 +6,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "testlib.h"
 #include "frugal.h"
@@ -32,7 +33,7 @@ static void test_mobilenet_strategies_equal_plain(void) {
     CHECK_NOTNULL(m);
     if (!m)
         return;
-    /* abn is refused (a block's input is read again by its residual add) */
+    /* abn is refused (hardswish and SiLU cannot be inverted) */
     static const char *const exact[] = {"recompute", "checkpoint", "checkpoint:2",
                                         "recompute+checkpoint", "recompute+checkpoint:3"};
     check_exact(m, 3, 16, exact, (int)(sizeof exact / sizeof *exact));
@@ -193,10 +194,37 @@ static void test_dcgan_strategies(void) {
     fr_model_free(d);
 }
 
+/* validate --save-logits on a model with its own loss (the U-Net, registered
+ * as a program would): refused, no file. Its output's first N x classes
+ * values had been written as "logits" and exit 0. */
+static void test_unet_logits_refused(void) {
+    if (access(FR_FASHION_MNIST_DIR, R_OK) != 0)
+        SKIP("no Fashion-MNIST at " FR_FASHION_MNIST_DIR);
+    CHECK_OK(fr_model_register("unet", false, unet_create, "unet (test)"));
+    fr_model *m = unet_create("unet", 1, 10, 1);
+    CHECK_NOTNULL(m);
+    if (!m)
+        return;
+    const char *dir = fr_t_make_tmpdir("ulog");
+    char path[600], out[600];
+    snprintf(path, sizeof path, "%s/unet.safetensors", dir);
+    snprintf(out, sizeof out, "%s/logits.safetensors", dir);
+    CHECK_OK(fr_state_save(path, m, NULL, NULL, NULL));
+    char *argv[] = {"validate", "--checkpoint", path, "--model", "unet", "--limit-test", "8",
+                    "--batch", "8", "--threads", "1", "--save-logits", out, NULL};
+    int rc = fr_validate_main(13, argv);
+    CHECK(rc == 1 && access(out, F_OK) != 0);
+    CHECK(strstr(fr_last_error(), "model unet has its own loss") != NULL);
+    fr_clear_error();
+    fr_model_free(m);
+    fr_t_remove_tmpdir(dir);
+}
+
 int main(void) {
     RUN(test_dcgan_strategies);
     RUN(test_mobilenet_strategies_equal_plain);
     RUN(test_mobilenet_saved_bytes_targets);
     RUN(test_unet_strategies_equal_plain);
+    RUN(test_unet_logits_refused);
     return TEST_SUMMARY();
 }
