@@ -321,8 +321,9 @@ typedef struct {
     int64_t shape[FR_MAX_DIMS]; /* of x */
 } slice_ctx;
 
-/* src into dst, where dst is a range of dim `dim` of a contiguous tensor:
- * contiguous for dim 0, a channel slice for dim 1 (concat's kernel). */
+/* src into dst of the same shape, where one of them is a range of dim
+ * `dim` of a contiguous tensor: contiguous for dim 0, a channel slice for
+ * dim 1 (concat's kernel, which takes such slices on either side). */
 static fr_status copy_range(fr_tensor *dst, fr_tensor *src, int dim) {
     return dim == 0 ? fr_copy_(dst, src) : fr_concat_forward(dst, &src, 1);
 }
@@ -352,11 +353,7 @@ fr_tensor *fr_slice(fr_tensor *x, int dim, int64_t start, int64_t length) {
     if (!range)
         return NULL;
     fr_tensor *y = fr_empty(fr_device_of(x), x->dtype, range->ndim, range->shape, FR_TAG_TRANSIENT);
-    fr_tensor *src = y && dim == 0 ? fr_retain(range) : NULL;
-    fr_status st = !y ? fr_last_status()
-                   : dim == 0 ? fr_copy_(y, src)
-                              : fr_concat_forward(y, &range, 1);
-    fr_release(src);
+    fr_status st = y ? copy_range(y, range, dim) : fr_last_status();
     fr_release(range);
     if (st != FR_OK) {
         fr_release(y);
