@@ -7,11 +7,6 @@
 /* A transient tensor shaped like `like`, or NULL. */
 static fr_tensor *new_like(const fr_tensor *like) { return fr_empty_like(like, FR_TAG_TRANSIENT); }
 
-/* Refuses an inplace write that would corrupt autograd (fr_check_inplace). */
-static fr_status check_inplace_target(const char *op, const fr_tensor *x) {
-    return fr_check_inplace(op, x);
-}
-
 /* Shapes that differ go to the broadcasting ops (fn_broadcast.c). */
 static bool same_shape(const fr_tensor *a, const fr_tensor *b) {
     if (a->ndim != b->ndim)
@@ -65,7 +60,7 @@ fr_tensor *fr_add(fr_tensor *a, fr_tensor *b) {
 }
 
 fr_tensor *fr_add_(fr_tensor *a, fr_tensor *b) {
-    if (check_inplace_target("add_", a) != FR_OK || fr_check_defined("add_", "b", b) != FR_OK)
+    if (fr_check_inplace("add_", a) != FR_OK || fr_check_defined("add_", "b", b) != FR_OK)
         return NULL;
     fr_tensor *in[2] = {a, b};
     fr_node *node = NULL;
@@ -189,7 +184,7 @@ fr_tensor *fr_scale(fr_tensor *x, float alpha) {
 
 fr_tensor *fr_scale_(fr_tensor *x, float alpha) {
     fr_node *node;
-    if (check_inplace_target("scale_", x) != FR_OK || record_scale("scale_", x, NULL, alpha, &node) != FR_OK)
+    if (fr_check_inplace("scale_", x) != FR_OK || record_scale("scale_", x, NULL, alpha, &node) != FR_OK)
         return NULL;
     if (fr_scale_out(x, x, alpha) != FR_OK)
         return NULL;
